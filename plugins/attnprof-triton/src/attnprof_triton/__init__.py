@@ -1,0 +1,109 @@
+"""attnprof plugin: `triton-flash`, a FlashAttention-style forward kernel written in Triton.
+
+This module imports neither triton nor torch: `check` and `setup` import them when asked,
+so `attnprof list` shows the variant (as unavailable, with the reason) on machines without
+them. The kernel lives in `attnprof_triton._kernel`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnprof import RunSpec, Variant
+
+__version__ = "0.1.0"
+
+VARIANT_NAME = "triton-flash"
+HEAD_DIMS = (16, 32, 64, 128, 256)
+DESCRIPTION = (
+    "FlashAttention-style forward in Triton (this plugin): Q/KV tiling, online softmax, "
+    "causal block skip, GQA; autotuned per shape"
+)
+
+
+def triton_missing() -> str | None:
+    """Why triton cannot be used here, or None when it imports."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising something else
+        return f"needs triton: {exc}"
+    return None
+
+
+def check(spec: RunSpec) -> str | None:
+    """Why `triton-flash` cannot run `spec`, or None."""
+    if spec.head_dim not in HEAD_DIMS:
+        return f"head_dim must be a power of two from 16 to 256 (got {spec.head_dim})"
+    if spec.heads % spec.n_kv_heads:
+        return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
+    if spec.dtype == "fp32" and spec.head_dim > 128:
+        return f"fp32 needs head_dim <= 128 (got {spec.head_dim}): the tiles would not fit in shared memory"
+    missing = triton_missing()
+    if missing:
+        return missing
+    if spec.device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU (torch sees none)"
+        major, minor = torch.cuda.get_device_capability(spec.device)
+        if major < 8:
+            return f"needs compute capability 8.0 or newer (got {major}.{minor})"
+    return None
+
+
+class TritonState:
+    """What setup leaves for forward: the launch configuration the autotuner chose."""
+
+    def __init__(self, config: Any, tma: bool) -> None:
+        self.config = config
+        self.tma = tma
+
+    def __repr__(self) -> str:
+        return f"TritonState({self.config}, tma={self.tma})"
+
+
+def setup(spec: RunSpec) -> TritonState:
+    """Compile and autotune for this shape on throw-away inputs, outside any timed region."""
+    import torch
+
+    from attnprof_triton import _kernel
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
+    q = torch.randn(spec.batch, spec.heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
+    k = torch.randn(spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
+    v = torch.randn_like(k)
+    out = _kernel.attention(q, k, v, spec.causal)
+    if q.is_cuda:
+        torch.cuda.synchronize(q.device)
+    config = _kernel.best_config(q, spec.causal) or _kernel.default_config(spec.seq, spec.head_dim, q.element_size())
+    state = TritonState(config, _kernel._tma_ok(q, k, v, out))
+    del q, k, v, out
+    return state
+
+
+def forward(q: Any, k: Any, v: Any, causal: bool, state: Any = None) -> Any:
+    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch."""
+    from attnprof_triton import _kernel
+
+    return _kernel.attention(q, k, v, causal)
+
+
+def make_variant() -> Variant:
+    """The `triton-flash` Variant (also handy for tests that skip the entry point)."""
+    return Variant(
+        name=VARIANT_NAME,
+        description=DESCRIPTION,
+        forward=forward,
+        devices=("cuda",),
+        dtypes=("bf16", "fp16", "fp32"),
+        check=check,
+        setup=setup,
+        layout="bhsd",
+    )
+
+
+def register_variants(register: Any) -> None:
+    """The `attnprof.variants` entry-point hook."""
+    register(make_variant())

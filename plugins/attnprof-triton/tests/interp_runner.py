@@ -1,0 +1,61 @@
+"""Run triton-flash cases under the Triton interpreter; used by test_triton_plugin.py.
+
+The interpreter has to be on before triton is first imported (triton's own helpers such as
+tl.zeros are jitted at import), so the tests run this file in a fresh process with
+TRITON_INTERPRET=1. It reads a JSON list of cases on stdin and prints one JSON object:
+case id -> {"max_err": float} against a float64 reference, or {"error": "..."}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+from attnprof import RunSpec
+from attnprof.profiling.inputs import make_inputs
+
+
+def reference(q, k, v, causal):
+    group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[2]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def run_case(kernel, case):
+    os.environ[kernel.TMA_ENV] = "1" if case["tma"] else "0"
+    spec = RunSpec(device="cpu", dtype=case["dtype"], batch=case["batch"], heads=case["heads"], seq=case["seq"],
+                   head_dim=case["head_dim"], kv_heads=case["kv_heads"], causal=case["causal"])
+    if case.get("strided"):  # bhsd views of bshd storage
+        q, k, v = (t.transpose(1, 2) for t in make_inputs(spec, seed=case["seed"], layout="bshd"))
+    else:
+        q, k, v = make_inputs(spec, seed=case["seed"])
+    out = kernel.attention(q, k, v, case["causal"], config=kernel.BlockConfig(*case["config"]))
+    if out.shape != q.shape or out.dtype != q.dtype:
+        return {"error": f"got {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {q.dtype}"}
+    return {"max_err": (out.double() - reference(q, k, v, case["causal"])).abs().max().item()}
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("set TRITON_INTERPRET=1")
+    from attnprof_triton import _kernel
+
+    results = {}
+    for case in json.load(sys.stdin):
+        try:
+            results[case["id"]] = run_case(_kernel, case)
+        except Exception as exc:  # report, keep going
+            results[case["id"]] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

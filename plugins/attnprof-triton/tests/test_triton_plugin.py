@@ -1,0 +1,358 @@
+"""Tests of the attnprof-triton plugin.
+
+CPU: entry-point discovery, the unavailable path and its reasons, and (when triton is
+installed) the kernel itself under the Triton interpreter against a float64 reference.
+GPU (`-m gpu`): the autotuned kernel through the Variant, at several shapes, and one
+kernel launch per forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnprof_triton
+from attnprof import RunSpec
+from attnprof import plugins as plugins_mod
+from attnprof.plugins import PLUGINS_ENV, load_variants
+from attnprof.profiling.inputs import make_inputs
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+requires_gpu = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a CUDA GPU and triton")
+
+
+def spec(**overrides) -> RunSpec:
+    fields = dict(device="cuda", dtype="bf16", batch=1, heads=4, seq=128, head_dim=64, kv_heads=None, causal=True)
+    fields.update(overrides)
+    return RunSpec(**fields)
+
+
+def reference(q, k, v, causal: bool):
+    """Attention in float64 on [B, H, S, D] tensors, key/value heads repeated for GQA."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[2]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+class _HideTriton:
+    """A meta-path finder that makes `import triton` fail as on a machine without it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+@pytest.fixture
+def no_triton(monkeypatch):
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_HideTriton(), *sys.meta_path])
+
+
+# --- discovery and availability (CPU) -------------------------------------------------
+
+
+def test_entry_point_is_declared():
+    try:
+        dist = metadata.distribution("attnprof-triton")
+    except metadata.PackageNotFoundError:
+        pytest.skip("attnprof-triton is not installed: pip install -e plugins/attnprof-triton")
+    points = [ep for ep in dist.entry_points if ep.group == "attnprof.variants"]
+    assert [(ep.name, ep.value) for ep in points] == [("triton", "attnprof_triton")]
+
+
+def test_discovered_through_entry_point(monkeypatch):
+    try:
+        version = metadata.version("attnprof-triton")
+    except metadata.PackageNotFoundError:
+        pytest.skip("attnprof-triton is not installed: pip install -e plugins/attnprof-triton")
+    monkeypatch.delenv(PLUGINS_ENV, raising=False)
+    monkeypatch.setattr(plugins_mod, "_cache", {})
+    loaded = load_variants(refresh=True)
+    status = next(p for p in loaded.plugins if p.entry_point == "triton")
+    assert status.ok, status.error
+    assert status.variants == ["triton-flash"]
+    variant = loaded.registry.get("triton-flash")
+    assert variant.source == f"attnprof-triton {version}"
+    assert variant.layout == "bhsd" and variant.devices == ("cuda",)
+    assert variant.setup is not None and variant.check is not None
+
+
+def test_selected_by_name(monkeypatch):
+    monkeypatch.setattr(plugins_mod, "_cache", {})
+    monkeypatch.setenv(PLUGINS_ENV, "attnprof-triton")
+    registry = load_variants(refresh=True).registry
+    if "triton-flash" not in registry:
+        pytest.skip("attnprof-triton is not installed")
+    monkeypatch.setenv(PLUGINS_ENV, "")
+    assert "triton-flash" not in load_variants(refresh=True).registry
+
+
+def test_module_imports_without_triton(no_triton, monkeypatch):
+    monkeypatch.delitem(sys.modules, "attnprof_triton")
+    module = importlib.import_module("attnprof_triton")
+    assert module.register_variants
+    assert "attnprof_triton._kernel" not in sys.modules or HAS_TRITON
+
+
+def test_unavailable_without_triton(no_triton):
+    variant = attnprof_triton.make_variant()
+    assert variant.unavailable_reason(spec()) == "needs triton: No module named 'triton'"
+
+
+def test_unavailable_on_cpu_device():
+    variant = attnprof_triton.make_variant()
+    assert variant.unavailable_reason(spec(device="cpu")) == "needs CUDA"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_unavailable_on_cpu_only_machine():
+    reason = attnprof_triton.make_variant().unavailable_reason(spec())
+    assert reason in ("needs a CUDA GPU (torch sees none)", "needs triton: No module named 'triton'")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (dict(head_dim=80), "head_dim must be a power of two from 16 to 256 (got 80)"),
+        (dict(head_dim=8), "head_dim must be a power of two from 16 to 256 (got 8)"),
+        (dict(head_dim=512), "head_dim must be a power of two from 16 to 256 (got 512)"),
+        (dict(heads=6, kv_heads=4), "heads (6) must be a multiple of kv_heads (4)"),
+        (dict(dtype="fp32", head_dim=256), "fp32 needs head_dim <= 128"),
+    ],
+)
+def test_check_reasons(overrides, expected):
+    reason = attnprof_triton.check(spec(**overrides))
+    assert reason is not None and reason.startswith(expected)
+
+
+def test_check_passes_shape_rules_for_supported_specs():
+    for head_dim in (16, 32, 64, 128, 256):
+        reason = attnprof_triton.check(spec(head_dim=head_dim, heads=8, kv_heads=2))
+        assert reason is None or not reason.startswith(("head_dim", "heads", "fp32")), reason
+
+
+# --- the kernel under the Triton interpreter (CPU) ------------------------------------
+#
+# interp_runner.py runs every case in one fresh process with TRITON_INTERPRET=1 (the
+# interpreter must be on before triton is first imported); each test checks its case.
+# fp16 and fp32 only: the interpreter's bf16 tl.dot is broken (seen with triton 3.9).
+
+# (batch, heads, kv_heads, seq, head_dim, (BLOCK_M, BLOCK_N, warps, stages)): seq a multiple
+# of the tiles and not, BLOCK_M > BLOCK_N (several masked key blocks on the diagonal), GQA
+# groups of 2 and 4.
+INTERP_SHAPES = [
+    (1, 2, 2, 64, 16, (32, 16, 4, 1)),
+    (2, 2, 1, 45, 16, (32, 16, 4, 1)),
+    (1, 4, 2, 70, 32, (32, 32, 4, 1)),
+    (1, 4, 1, 33, 64, (16, 16, 4, 1)),
+]
+
+
+def _interp_cases() -> list[dict]:
+    cases = []
+    for batch, heads, kv_heads, seq, head_dim, config in INTERP_SHAPES:
+        for causal in (False, True):
+            for tma in (False, True):
+                label = f"{batch}x{heads}/kv{kv_heads}x{seq}x{head_dim}-{'causal' if causal else 'full'}-" + (
+                    "tma" if tma else "pointers")
+                cases.append(dict(id=label, batch=batch, heads=heads, kv_heads=kv_heads, seq=seq,
+                                  head_dim=head_dim, config=config, causal=causal, tma=tma, dtype="fp16", seed=3))
+    for causal in (False, True):
+        cases.append(dict(id=f"fp32-{'causal' if causal else 'full'}", batch=1, heads=4, kv_heads=2, seq=50,
+                          head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
+    cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
+                      config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
+    return cases
+
+
+INTERP_CASES = _interp_cases()
+
+
+@pytest.fixture(scope="module")
+def interp_results() -> dict:
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("interp_runner.py"))],
+                          input=json.dumps(INTERP_CASES), capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", INTERP_CASES, ids=[c["id"] for c in INTERP_CASES])
+def test_interpreter_matches_float64(interp_results, case):
+    result = interp_results[case["id"]]
+    assert "error" not in result, result["error"]
+    tolerance = 1e-5 if case["dtype"] == "fp32" else 2e-3
+    assert result["max_err"] <= tolerance, f"max |error| {result['max_err']:.3e} > {tolerance}"
+
+
+@needs_triton
+def test_autotune_space():
+    from attnprof_triton import _kernel
+
+    space = _kernel.autotune_space(8192, 128)
+    assert 4 <= len(space) <= 10
+    assert all(c.block_n <= c.block_m for c in space)
+    assert {c.block_m for c in space} == {64, 128} and {c.block_n for c in space} == {32, 64, 128}
+    assert {c.num_warps for c in space} == {4, 8} and {c.num_stages for c in space} == {2, 3, 4}
+    wide = _kernel.autotune_space(8192, 256)
+    assert wide and all(c.block_n <= 64 for c in wide)
+    assert all(c.block_m == 64 for c in _kernel.autotune_space(48, 64))
+
+
+# --- on the GPU -----------------------------------------------------------------------
+
+GPU_CASES = [
+    # batch, heads, kv_heads, seq, head_dim
+    (2, 4, None, 256, 64),
+    (1, 4, None, 1000, 64),  # seq not a multiple of any tile
+    (2, 8, 2, 777, 128),  # GQA, ragged seq
+    (1, 2, None, 4096, 128),
+    (1, 4, 1, 300, 256),
+    (1, 2, None, 200, 16),
+]
+
+
+def _gpu_spec(case, dtype, causal):
+    batch, heads, kv_heads, seq, head_dim = case
+    return RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=seq, head_dim=head_dim,
+                   kv_heads=kv_heads, causal=causal)
+
+
+TOL = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 1e-4}
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "x".join(str(x) for x in c if x is not None))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gpu_kernel_matches_float64(case, dtype, causal):
+    """The kernel at its default configuration (no autotuning: that is tested below)."""
+    from attnprof_triton import _kernel
+
+    rs = _gpu_spec(case, dtype, causal)
+    q, k, v = make_inputs(rs, seed=0)
+    out = _kernel.attention(q, k, v, causal, config=_kernel.default_config(rs.seq, rs.head_dim))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(("case", "dtype", "causal"), [
+    ((2, 8, 2, 777, 128), "bf16", True),
+    ((1, 4, None, 1024, 64), "fp16", False),
+])
+def test_gpu_variant_autotuned(case, dtype, causal):
+    """Through the Variant as the runner calls it: check, setup (autotunes), forward."""
+    rs = _gpu_spec(case, dtype, causal)
+    variant = attnprof_triton.make_variant()
+    assert variant.unavailable_reason(rs) is None
+    state = variant.setup(rs)
+    assert state.config is not None
+    q, k, v = make_inputs(rs, seed=0)
+    out = variant.forward(q, k, v, causal, state)
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_every_config(monkeypatch, tma, causal):
+    """Each configuration the autotuner may pick compiles and is right, both load paths."""
+    from attnprof_triton import _kernel
+
+    if tma == "1" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or newer")
+    monkeypatch.setenv(_kernel.TMA_ENV, tma)
+    rs = _gpu_spec((1, 4, 2, 1000, 128), "bf16", causal)
+    q, k, v = make_inputs(rs, seed=1)
+    expected = reference(q, k, v, causal)
+    for cfg in _kernel.autotune_space(rs.seq, rs.head_dim):
+        try:
+            out = _kernel.attention(q, k, v, causal, config=cfg)
+        except Exception as exc:  # out of shared memory on a smaller GPU: the autotuner skips these too
+            if "OutOfResources" in type(exc).__name__ or "out of resource" in str(exc):
+                continue
+            raise
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=0, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_fp32():
+    rs = _gpu_spec((1, 4, 2, 300, 64), "fp32", True)
+    variant = attnprof_triton.make_variant()
+    state = variant.setup(rs)
+    q, k, v = make_inputs(rs, seed=2)
+    torch.testing.assert_close(variant.forward(q, k, v, True, state).double(), reference(q, k, v, True),
+                               atol=TOL["fp32"], rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_one_kernel_per_forward():
+    from torch.profiler import ProfilerActivity, profile
+
+    rs = _gpu_spec((2, 8, 2, 1024, 128), "bf16", True)
+    variant = attnprof_triton.make_variant()
+    state = variant.setup(rs)  # autotunes: many launches, all before the profiled region
+    q, k, v = make_inputs(rs, seed=0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        variant.forward(q, k, v, True, state)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    assert kernels == [kernels[0]] and "_attn_fwd" in kernels[0], kernels
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+def test_gpu_cuda_graph_replay(monkeypatch, tma):
+    """The forward can be captured in a CUDA graph (attnprof's timing may replay one)."""
+    from attnprof_triton import _kernel
+
+    if tma == "1" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or newer")
+    monkeypatch.setenv(_kernel.TMA_ENV, tma)
+    rs = _gpu_spec((2, 8, 2, 1024, 128), "bf16", True)
+    variant = attnprof_triton.make_variant()
+    state = variant.setup(rs)
+    q, k, v = make_inputs(rs, seed=0)
+    expected = variant.forward(q, k, v, True, state)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        variant.forward(q, k, v, True, state)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = variant.forward(q, k, v, True, state)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)

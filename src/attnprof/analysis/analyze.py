@@ -1,0 +1,288 @@
+"""`analyze_trace`: per-forward facts, per-kernel facts and findings for one region.
+
+`TraceAnalysis.to_dict()` is the JSON contract:
+
+    forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
+    gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
+    transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
+    input_dtype, annotation_mismatches, notes, region
+
+GPU fields are null for a CPU-only trace; `spread` maps a metric to {min, max} where forwards
+differ; `device` is {name, compute_capability, num_sms} when the trace says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnprof.analysis.findings import Finding, FindingContext, build_findings
+from attnprof.analysis.forwards import find_forwards
+from attnprof.analysis.metrics import (TRACE_DTYPES, ForwardMetrics, KernelStats, forward_metrics, kernel_stats,
+                                       launch_api_summary, median_count, median_value, normalize_dtype, spread_of)
+from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.trace import ParsedTrace, load_trace
+from attnprof.errors import TraceError
+
+DEFAULT_REGION = "attnprof"
+GPU_ANNOTATION_WIDENING_US = 0.002
+
+
+@dataclass
+class TraceAnalysis:
+    """Everything `analyze_trace` found for one region of one trace."""
+
+    region: str
+    source: str
+    forwards: int
+    kernels_per_forward: int | None
+    memcpy_per_forward: int | None
+    memset_per_forward: int | None
+    gpu_time_us: float | None
+    gpu_annotation_time_us: float | None
+    kernel_time_us: float | None
+    cpu_time_us: float
+    self_device_time_total_us: float | None
+    launch_apis: dict[str, int]
+    transposes_per_forward: int
+    cpu_ops_per_forward: int
+    kernels: list[KernelStats]
+    findings: list[Finding]
+    spread: dict[str, dict[str, float]]
+    device: dict[str, Any] | None
+    input_dtype: str | None
+    annotation_mismatches: int | None
+    notes: list[str] = field(default_factory=list)
+    op_counts: dict[str, int] = field(default_factory=dict)  # median per forward, by op name
+    per_forward: list[ForwardMetrics] = field(default_factory=list, repr=False)
+
+    @property
+    def finding_ids(self) -> list[str]:
+        return [f.id for f in self.findings]
+
+    def finding(self, finding_id: str) -> Finding | None:
+        return next((f for f in self.findings if f.id == finding_id), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {
+            "region": self.region,
+            "forwards": self.forwards,
+            "kernels_per_forward": self.kernels_per_forward,
+            "memcpy_per_forward": self.memcpy_per_forward,
+            "memset_per_forward": self.memset_per_forward,
+            "gpu_time_us": r(self.gpu_time_us),
+            "gpu_annotation_time_us": r(self.gpu_annotation_time_us),
+            "kernel_time_us": r(self.kernel_time_us),
+            "cpu_time_us": r(self.cpu_time_us),
+            "self_device_time_total_us": r(self.self_device_time_total_us),
+            "launch_apis": dict(self.launch_apis),
+            "transposes_per_forward": self.transposes_per_forward,
+            "cpu_ops_per_forward": self.cpu_ops_per_forward,
+            "kernels": [k.to_dict() for k in self.kernels],
+            "findings": [f.to_dict() for f in self.findings],
+            "spread": {k: dict(v) for k, v in self.spread.items()},
+            "device": dict(self.device) if self.device else None,
+            "input_dtype": self.input_dtype,
+            "annotation_mismatches": self.annotation_mismatches,
+            "notes": list(self.notes),
+        }
+
+
+def _infer_dtype(attribution) -> tuple[str | None, str | None]:  # noqa: ANN001
+    """The inputs' dtype from `Input type` of the first top-level op that has a tensor input."""
+    trace = attribution.trace
+    names, ops = trace.names, trace.cpu_ops
+    for fwd in attribution.forwards:
+        for i in fwd.ops:
+            if fwd.op_parent.get(i, -1) != -1 or ops.input_types[i] < 0:
+                continue
+            for t in trace.input_types[ops.input_types[i]]:
+                dtype = TRACE_DTYPES.get(t)
+                if dtype:
+                    return dtype, f"Input type of {names[ops.name[i]]}"
+        break
+    return None, None
+
+
+def _device_info(trace: ParsedTrace) -> dict[str, Any] | None:
+    used = sorted({d for d in trace.device.device if d >= 0}) or [0]
+    props = trace.device_properties_for(used[0])
+    if not props:
+        return None
+    info: dict[str, Any] = {"name": props.get("name")}
+    if "computeMajor" in props:
+        info["compute_capability"] = f"{props.get('computeMajor')}.{props.get('computeMinor', 0)}"
+    if props.get("numSms"):
+        info["num_sms"] = props.get("numSms")
+    return info
+
+
+def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str = DEFAULT_REGION,
+                  dtype: str | None = None) -> TraceAnalysis:
+    """Analyse the forwards marked by `record_function(region)` in a trace.
+
+    `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `dtype`
+    (bf16/fp16/fp32) states the inputs' dtype when the trace lacks `Input type` (record_shapes).
+    Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
+    the profiled steps.
+    """
+    trace = load_trace(source)
+    attribution = find_forwards(trace, region)
+    per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
+    n = len(per_forward)
+    if n == 0:  # find_forwards raises first; kept as a guard
+        raise TraceError(f"region {region!r} has no forward in the trace")
+    traced = attribution.device_traced
+
+    spread: dict[str, dict[str, float]] = {}
+
+    def counted(attr: str, key: str) -> int | None:
+        values = [getattr(m, attr) for m in per_forward]
+        if any(v is None for v in values):
+            return None
+        s = spread_of(values)
+        if s:
+            spread[key] = s
+        return median_count(values)
+
+    def timed(attr: str, key: str) -> float | None:
+        values = [getattr(m, attr) for m in per_forward]
+        known = [v for v in values if v is not None]
+        if not known:
+            return None
+        s = spread_of(known)
+        if s:
+            spread[key] = s
+        return median_value(known)
+
+    kernels = kernel_stats(attribution)
+    hint = normalize_dtype(dtype)
+    if dtype is not None and hint is None:
+        raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
+    inferred, inferred_from = _infer_dtype(attribution)
+    input_dtype = hint or inferred
+    dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
+
+    cpu_time = timed("cpu_time_us", "cpu_time_us")
+    gpu_time = timed("gpu_time_us", "gpu_time_us") if traced else None
+    device_totals = [m.device_time_us for m in per_forward]
+    op_names = sorted({name for m in per_forward for name in m.op_counts})
+    op_counts = {name: median_count([m.op_counts.get(name, 0) for m in per_forward]) for name in op_names}
+    analysis = TraceAnalysis(
+        region=region, source=trace.source, forwards=n,
+        kernels_per_forward=counted("kernels", "kernels_per_forward"),
+        memcpy_per_forward=counted("memcpy", "memcpy_per_forward"),
+        memset_per_forward=counted("memset", "memset_per_forward"),
+        gpu_time_us=gpu_time,
+        gpu_annotation_time_us=timed("gpu_annotation_us", "gpu_annotation_time_us"),
+        kernel_time_us=timed("kernel_time_us", "kernel_time_us") if traced else None,
+        cpu_time_us=cpu_time if cpu_time is not None else 0.0,
+        self_device_time_total_us=sum(device_totals) if traced else None,  # type: ignore[arg-type]
+        launch_apis=launch_api_summary(per_forward),
+        transposes_per_forward=counted("transposes", "transposes_per_forward") or 0,
+        cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
+        kernels=kernels, findings=[], spread=spread, device=_device_info(trace),
+        input_dtype=input_dtype, annotation_mismatches=attribution.annotation_mismatches,
+        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward)
+    if not traced:
+        analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
+    elif not trace.device_properties:
+        analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
+    if analysis.annotation_mismatches:
+        analysis.notes.append(f"{analysis.annotation_mismatches} device event(s) differ between the "
+                              f"gpu_user_annotation ranges of {region!r} and the correlated work")
+    analysis.findings = build_findings(FindingContext(
+        attribution=attribution, per_forward=per_forward, kernels=kernels, dtype=input_dtype,
+        dtype_source=dtype_source, cpu_time_us=analysis.cpu_time_us, gpu_time_us=gpu_time))
+    return analysis
+
+
+# --------------------------------------------------------------------------- backend
+
+_SDPA_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_flash_attention_forward": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_efficient_attention_forward": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_cudnn_attention_forward": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+def dispatched_backend(analysis: TraceAnalysis | dict[str, Any]) -> str | None:
+    """Which SDPA backend the forwards dispatched to: "flash", "efficient", "cudnn", "math" or None.
+
+    Kernel names decide first (a kernel that belongs to a backend); then the SDPA ops on the CPU
+    (needed for CPU-only traces); None when neither tells.
+    """
+    if isinstance(analysis, dict):
+        kernels = [k.get("name", "") for k in analysis.get("kernels") or []]
+        op_counts: dict[str, int] = {}
+    else:
+        kernels = [k.name for k in analysis.kernels]
+        op_counts = analysis.op_counts
+    backends = [explain_kernel(name).backend for name in kernels]
+    for backend in ("cudnn", "flash", "efficient"):
+        if backend in backends:
+            return backend
+    for op, backend in _SDPA_OPS.items():
+        if op_counts.get(op):
+            return backend
+    return None
+
+
+# --------------------------------------------------------------------------- key_averages rows
+
+@dataclass(frozen=True)
+class RegionRow:
+    """One row named after the region, as torch.profiler's key_averages() shows it."""
+
+    name: str
+    kind: str  # "cpu" or "gpu"
+    count: int
+    total_us: float
+    avg_us: float
+    meaning: str
+
+
+@dataclass(frozen=True)
+class RegionRows:
+    cpu: RegionRow | None
+    gpu: RegionRow | None
+
+
+CPU_ROW_MEANING = ("CPU row (user_annotation): wall time the CPU thread spent inside record_function, "
+                   "launch calls included; it says nothing about when the GPU ran the work.")
+GPU_ROW_MEANING = ("GPU row (gpu_user_annotation): per forward and stream, from the start of the first to the "
+                   "end of the last GPU op launched inside the range; idle gaps between kernels count, so it can "
+                   "exceed the summed kernel time, and its share of 'Self CUDA' can pass 100%.")
+
+
+def region_rows(source: str | Path | dict[str, Any] | ParsedTrace, region: str = DEFAULT_REGION) -> RegionRows:
+    """The two key_averages-equivalent rows named after the region: the CPU range and its GPU range.
+
+    key_averages() lists both under the same name; they measure different things (see
+    CPU_ROW_MEANING and GPU_ROW_MEANING). Either is None when the trace lacks it.
+    """
+    trace = load_trace(source)
+    names = trace.names
+    cpu = [i for i, n in enumerate(trace.annotations.name) if names[n] == region]
+    gpu = [i for i, n in enumerate(trace.gpu_annotations.name) if names[n] == region]
+
+    def row(kind: str, idx: list[int], durations, meaning: str, widening: float) -> RegionRow | None:  # noqa: ANN001
+        if not idx:
+            return None
+        total = sum(max(durations[i] - widening, 0.0) for i in idx)
+        return RegionRow(name=region, kind=kind, count=len(idx), total_us=round(total, 3),
+                         avg_us=round(total / len(idx), 3), meaning=meaning)
+
+    # Kineto widens each GPU annotation by 2 ns when it writes the trace (1 ns each side, for
+    # display); key_averages() sees the unwidened range, so take it off again.
+    return RegionRows(cpu=row("cpu", cpu, trace.annotations.dur, CPU_ROW_MEANING, 0.0),
+                      gpu=row("gpu", gpu, trace.gpu_annotations.dur, GPU_ROW_MEANING, GPU_ANNOTATION_WIDENING_US))

@@ -1,0 +1,252 @@
+"""Decode GPU kernel names: which library wrote the kernel, what it does, and whether it runs
+on tensor cores. The rules live in `kernel_names.yaml` (ordered regexes, easy to extend).
+
+`explain_kernel(name)` never guesses: a name no rule matches is family "unknown" with
+`tensor_cores` None. `short_kernel_name(name)` strips `void`, template arguments, function
+arguments and namespaces (`void pytorch_flash::flash_fwd_kernel<...>(...)` -> `flash_fwd_kernel`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+RULES_FILE = "kernel_names.yaml"
+
+ARCH_NAMES = {
+    "sm70": "Volta, compute capability 7.0: V100", "sm72": "Volta, compute capability 7.2: Xavier",
+    "sm75": "Turing, compute capability 7.5: T4", "sm80": "Ampere, compute capability 8.0: A100",
+    "sm86": "Ampere, compute capability 8.6: RTX 30, A10, A40", "sm87": "Ampere, compute capability 8.7: Orin",
+    "sm89": "Ada Lovelace, compute capability 8.9: L4, L40, RTX 40",
+    "sm90": "Hopper, compute capability 9.0: H100, H200", "sm100": "Blackwell, compute capability 10.0: B200",
+    "sm103": "Blackwell, compute capability 10.3: B300", "sm120": "Blackwell, compute capability 12.0: RTX 50",
+    "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta", "turing": "Turing", "ampere": "Ampere",
+    "hopper": "Hopper", "blackwell": "Blackwell",
+}
+DTYPE_NAMES = {
+    "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32",
+    "tf32": "TF32 (tensor-float 32)", "f64": "float64", "fp64": "float64", "fp8": "FP8", "f8": "FP8",
+    "e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "int8": "int8", "i8": "int8", "s8": "int8",
+}
+_DTYPE_TOKEN = re.compile(r"bf16|tf32|fp16|fp32|fp64|fp8|f16|f32|f64|f8|e4m3|e5m2|int8|i8|s8")
+
+
+@dataclass(frozen=True)
+class KernelExplanation:
+    """What a kernel name says. `parts` are (token, meaning) pairs in name order."""
+
+    name: str
+    short_name: str
+    family: str
+    library: str | None
+    meaning: str | None
+    tensor_cores: bool | None
+    parts: list[tuple[str, str]] = field(default_factory=list)
+    rule: str | None = None
+    backend: str | None = None  # the SDPA backend this kernel belongs to, when it tells
+
+    @property
+    def is_fused_attention(self) -> bool:
+        return self.family == "fused-attention"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["parts"] = [{"token": t, "meaning": m} for t, m in self.parts]
+        return data
+
+
+@dataclass(frozen=True)
+class _Part:
+    literal: str | None
+    group: str | None
+    meaning: str
+    values: dict[str, str] | None
+    fmt: str | None
+
+
+@dataclass(frozen=True)
+class _Rule:
+    id: str
+    regex: re.Pattern[str]
+    family: str
+    library: str | None
+    meaning: str | None
+    tensor_cores: bool | None
+    backend: str | None
+    parts: tuple[_Part, ...]
+
+
+def _load_rules(text: str | None = None) -> tuple[_Rule, ...]:
+    import yaml  # deferred: only `explain` and analysis need it
+
+    if text is None:
+        text = resources.files("attnprof.analysis").joinpath(RULES_FILE).read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    rules = []
+    for raw in data.get("rules", []):
+        try:
+            regex = re.compile(raw["pattern"])
+        except (KeyError, re.error) as exc:
+            raise ValueError(f"kernel-name rule {raw.get('id', '?')!r} has a bad pattern: {exc}") from None
+        parts = tuple(
+            _Part(literal=p.get("literal"), group=p.get("group"), meaning=str(p.get("meaning", "{decoded}")),
+                  values={str(k): str(v) for k, v in (p.get("values") or {}).items()} or None,
+                  fmt=p.get("format"))
+            for p in raw.get("parts") or ())
+        for part in parts:
+            if part.group and part.group not in regex.groupindex:
+                raise ValueError(f"kernel-name rule {raw['id']!r} names group {part.group!r} "
+                                 "that its pattern lacks")
+        rules.append(_Rule(id=str(raw["id"]), regex=regex, family=str(raw.get("family", "unknown")),
+                           library=raw.get("library"), meaning=raw.get("meaning"),
+                           tensor_cores=raw.get("tensor_cores"), backend=raw.get("backend"), parts=parts))
+    return tuple(rules)
+
+
+@lru_cache(maxsize=1)
+def rules() -> tuple[_Rule, ...]:
+    """The decoder rules from the packaged YAML file, compiled once."""
+    return _load_rules()
+
+
+def _format(kind: str | None, value: str) -> str:
+    if kind == "arch":
+        arch = value.lower()
+        described = ARCH_NAMES.get(arch)
+        if arch.startswith("sm"):
+            return f"compiled for {arch}" + (f" ({described})" if described else "")
+        return f"{described or value} architecture kernel"
+    if kind == "dtype":
+        names: list[str] = []
+        for token in _DTYPE_TOKEN.findall(value.lower()):
+            name = DTYPE_NAMES.get(token, token)
+            if not names or names[-1] != name:
+                names.append(name)
+        return " / ".join(names) if names else value
+    if kind == "ops":
+        ops = [op for op in value.split("_") if op]
+        return "fused ops: " + ", ".join(ops) if ops else "no op names in the kernel name"
+    return value
+
+
+def _explain_with(name: str, rule_set: tuple[_Rule, ...]) -> KernelExplanation:
+    text = name.strip()
+    short = short_kernel_name(text)
+    for rule in rule_set:
+        match = rule.regex.search(text)
+        if match is None:
+            continue
+        parts: list[tuple[str, str]] = []
+        for part in rule.parts:
+            if part.literal is not None:
+                if part.literal in text:
+                    parts.append((part.literal, part.meaning.replace("{value}", part.literal)))
+                continue
+            value = match.group(part.group) if part.group else None
+            if not value:
+                continue
+            if part.values and value in part.values:
+                decoded = part.values[value]
+            else:
+                decoded = _format(part.fmt, value)
+            parts.append((value, part.meaning.replace("{value}", value).replace("{decoded}", decoded)))
+        return KernelExplanation(name=name, short_name=short, family=rule.family, library=rule.library,
+                                 meaning=rule.meaning, tensor_cores=rule.tensor_cores, parts=parts,
+                                 rule=rule.id, backend=rule.backend)
+    return KernelExplanation(name=name, short_name=short, family="unknown", library=None,
+                             meaning=None, tensor_cores=None, parts=[], rule=None, backend=None)
+
+
+@lru_cache(maxsize=4096)
+def explain_kernel(name: str) -> KernelExplanation:
+    """Decode one kernel (or memcpy/memset) name as the trace shows it."""
+    return _explain_with(name, rules())
+
+
+# --------------------------------------------------------------------------- short names
+
+_WRAPPERS = re.compile(r"^(?:Kernel\d*|device_kernel|enable_sm\w*|kernel)$")
+_HINTED = frozenset({"vectorized_elementwise_kernel", "unrolled_elementwise_kernel", "elementwise_kernel",
+                     "elementwise_kernel_with_index", "index_elementwise_kernel", "reduce_kernel"})
+_CALL_HINT = re.compile(r"([A-Za-z_]\w*)\((?!\))")
+_FUNCTOR_HINT = re.compile(r"(\w*Functor\w*)")
+_GENERIC = frozenset({"lambda", "operator", "gpu_kernel_impl", "gpu_kernel_impl_nocast", "launch_kernel",
+                      "AUnaryFunctor", "BUnaryFunctor", "BinaryFunctor", "UnaryFunctor", "func_wrapper_t"})
+
+
+def _split_top(text: str) -> tuple[str, str]:
+    """Split `ns::name<targs>(args)` into the name path with templates removed and the text of
+    its first top-level template argument list ('' if none)."""
+    out: list[str] = []
+    targs: list[str] = []
+    depth_angle = depth_paren = 0
+    i, n = 0, len(text)
+    first_targs_done = False
+    while i < n:
+        if text.startswith("(anonymous namespace)", i) and depth_angle == 0 and depth_paren == 0:
+            out.append("(anonymous namespace)")
+            i += len("(anonymous namespace)")
+            continue
+        ch = text[i]
+        if depth_paren == 0 and ch == "<" and not text.startswith("<<", i):
+            depth_angle += 1
+            if depth_angle > 1 and not first_targs_done:
+                targs.append(ch)
+        elif depth_paren == 0 and ch == ">" and depth_angle > 0:
+            depth_angle -= 1
+            if depth_angle == 0:
+                first_targs_done = True
+            elif not first_targs_done:
+                targs.append(ch)
+        elif depth_angle == 0 and ch == "(":
+            break  # the function's parameter list: the name ended
+        elif depth_angle == 0:
+            out.append(ch)
+        elif not first_targs_done:
+            targs.append(ch)
+        i += 1
+    return "".join(out).strip(), "".join(targs)
+
+
+def _first_targ(targs: str) -> str:
+    depth = 0
+    for i, ch in enumerate(targs):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return targs[:i].strip()
+    return targs.strip()
+
+
+@lru_cache(maxsize=8192)
+def short_kernel_name(name: str) -> str:
+    """A readable short form of a kernel name (see module docstring)."""
+    return _short(name, 0)
+
+
+def _short(name: str, _depth: int) -> str:
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:].lstrip()
+    if text.startswith(("Memcpy ", "Memset ")):
+        return text.split(" (", 1)[0]
+    path, targs = _split_top(text)
+    base = path.split("::")[-1].strip() if path else ""
+    if not base:
+        return name.strip()
+    if _WRAPPERS.match(base) and targs and _depth < 4:
+        inner = _short(_first_targ(targs), _depth + 1)
+        if inner:
+            return inner
+    if base in _HINTED and targs:
+        hint = next((m for m in _CALL_HINT.findall(targs) if m not in _GENERIC), None)
+        if hint is None:
+            hint = next((m for m in _FUNCTOR_HINT.findall(targs) if m not in _GENERIC), None)
+        if hint:
+            return f"{base}<{hint}>"
+    return base

@@ -1,0 +1,54 @@
+"""The Typer app: global options and one sub-command per module. torch is imported by commands only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from attnprof.cli.analyze_cmd import analyze_command
+from attnprof.cli.common import STATE
+from attnprof.cli.compare_cmd import compare_command
+from attnprof.cli.explain_cmd import explain_command
+from attnprof.cli.list_cmd import list_command
+from attnprof.cli.run_cmd import run_command
+
+app = typer.Typer(
+    name="attnprof",
+    help="Profile attention in PyTorch: what each implementation really does on the GPU, and why.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from attnprof import __version__
+
+        typer.echo(f"attnprof {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Load only the built-in variants.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    """Global options, given before the command."""
+    STATE.debug = debug
+    STATE.no_plugins = no_plugins
+
+
+app.command("list")(list_command)
+app.command("run")(run_command)
+app.command("compare")(compare_command)
+app.command("analyze")(analyze_command)
+app.command("explain")(explain_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,40 @@
+"""Config file plus command-line overrides, validated together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnprof.config import Config
+
+
+def build_config(
+    path: Path | None,
+    *,
+    shape: dict[str, Any] | None = None,
+    schedule: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> "Config":
+    """Load `path` (or the built-in default) and apply the options the user gave.
+
+    Any shape option replaces the config's shapes with one shape: the first configured
+    shape with those fields changed.
+    """
+    from attnprof.config import apply_overrides, load_config
+
+    config = load_config(path)
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    if shape:
+        first = config.shapes[0].model_dump()
+        first.update(shape)
+        if "heads" in shape and "kv_heads" not in shape:
+            first["kv_heads"] = None
+        changes["shapes"] = [first]
+    schedule = {k: v for k, v in (schedule or {}).items() if v is not None}
+    if schedule:
+        changes["schedule"] = config.schedule.model_dump() | schedule
+    if "output_dir" in changes:
+        changes["output_dir"] = str(changes["output_dir"])
+    return apply_overrides(config, **changes)

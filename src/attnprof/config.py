@@ -1,0 +1,153 @@
+"""The run configuration: pydantic models and `load_config`. YAML and validation only; no torch."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from attnprof.errors import ConfigError
+
+from attnprof.registry import DEFAULT_REGION  # noqa: F401 - re-exported
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Shape(_Strict):
+    """One attention shape: q is [batch, heads, seq, head_dim]; k and v have kv_heads heads."""
+
+    batch: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    head_dim: int = Field(gt=0, le=512)
+    kv_heads: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _gqa_divides(self) -> "Shape":
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+    @property
+    def label(self) -> str:
+        """`BxHxSxD`, plus `/kvN` for grouped-query attention."""
+        text = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
+        if self.kv_heads is not None and self.kv_heads != self.heads:
+            text += f"/kv{self.kv_heads}"
+        return text
+
+
+class Schedule(_Strict):
+    """torch.profiler schedule: steps skipped, warmed up, then recorded."""
+
+    wait: int = Field(default=1, ge=0)
+    warmup: int = Field(default=1, ge=0)
+    active: int = Field(default=3, ge=1)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps the profiled loop must run for one full cycle."""
+        return self.wait + self.warmup + self.active
+
+
+class Config(_Strict):
+    """Everything one `attnprof run` or `attnprof compare` needs."""
+
+    device: str = "auto"
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    shapes: list[Shape] = Field(min_length=1)
+    causal: bool = True
+    variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    exclude: list[str] = Field(default_factory=list)
+    baseline: str | None = None
+    schedule: Schedule = Field(default_factory=Schedule)
+    seed: int = 0
+    region: str = DEFAULT_REGION
+    output_dir: Path = Path("attnprof-out")
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        if not DEVICE_PATTERN.match(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region_nonempty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _baseline_selected(self) -> "Config":
+        if self.baseline is not None and not any(ch in self.baseline for ch in "*?[") and self.baseline in self.exclude:
+            raise ValueError(f"baseline {self.baseline!r} is excluded")
+        return self
+
+
+def format_validation_error(error: ValidationError) -> list[str]:
+    """One `field.path: message` line per problem, in the order pydantic found them."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(config)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{path}: {message}")
+    return lines
+
+
+def parse_config(data: Any, origin: str = "config") -> Config:
+    """Validate a mapping into a Config; ConfigError carries `field.path: message` lines."""
+    if data is None:
+        raise ConfigError(f"{origin}: the file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = format_validation_error(exc)
+        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(f"  {line}" for line in lines)) from None
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read a YAML config with `yaml.safe_load`; None loads the built-in default config."""
+    if path is None:
+        text = resources.files("attnprof").joinpath("default.yaml").read_text()
+        origin = "built-in default config"
+    else:
+        path = Path(path)
+        origin = str(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{origin}: not valid YAML{where}: {problem}") from None
+    return parse_config(data, origin)
+
+
+def apply_overrides(config: Config, **overrides: Any) -> Config:
+    """A copy of `config` with the non-None overrides applied and validated again."""
+    data = config.model_dump()
+    changed = {key: value for key, value in overrides.items() if value is not None}
+    if not changed:
+        return config
+    data.update(changed)
+    return parse_config(data, "command-line options")

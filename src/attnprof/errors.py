@@ -1,0 +1,65 @@
+"""The project's exceptions. Every message is one line a user can act on.
+
+Only the CLI turns these into printed errors and exit codes.
+"""
+
+from __future__ import annotations
+
+
+class AttnprofError(Exception):
+    """Base class: a failure with a one-line message and an optional hint."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(AttnprofError):
+    """The config file is missing, unreadable or invalid."""
+
+    exit_code = 2
+
+
+class UnknownVariantError(AttnprofError):
+    """A variant name that no registered variant has."""
+
+    exit_code = 2
+
+
+class DuplicateVariantError(AttnprofError):
+    """Two variants registered under one name."""
+
+
+class VariantUnavailableError(AttnprofError):
+    """A variant that cannot run on this device, dtype or shape."""
+
+    exit_code = 3
+
+
+class DeviceError(AttnprofError):
+    """The requested device does not exist on this machine."""
+
+    exit_code = 3
+
+
+class PluginError(AttnprofError):
+    """A plugin failed to import, register, set up or run."""
+
+
+class VariantFailure(AttnprofError):
+    """A variant ran but failed: out-of-memory, NaN output, wrong result, crash."""
+
+
+class TraceError(AttnprofError):
+    """A trace that cannot be analysed: unreadable, empty, or without the region."""
+
+    exit_code = 4
+
+
+class OutputError(AttnprofError):
+    """The output directory cannot be created or written."""
+
+    exit_code = 5

@@ -1,0 +1,234 @@
+"""Is a variant's output right? A float64 reference, relative error, per-dtype thresholds.
+
+Thresholds (relative Frobenius error ‖out − ref‖ / ‖ref‖, the reference computed in float64
+from the same low-precision inputs). Measured on CPU with torch 2.13, standard-normal inputs,
+D in {16, 64, 128, 256}, S up to 8192, causal and not: SDPA math gave 1.7e-3 (bf16),
+2.1e-4 (fp16), 5e-7 (fp32); the naive matmul-softmax-matmul, which rounds the score matrix
+to the working dtype, gave at most 6.0e-3 (bf16), 7.4e-4 (fp16), 5.4e-7 (fp32). The limits
+sit about 2.5x above the worst of those; a wrong mask or scale gives errors of 0.1 and more.
+
+Big shapes: the full float64 reference costs B·H·S² scores, so above `FULL_REFERENCE_LIMIT`
+scores it is computed on a subset: the first and last batch element, up to `SUBSET_HEADS`
+evenly spaced query heads (first and last included, so GQA groups at both ends are
+covered) and up to `SUBSET_ROWS` evenly spaced query rows (row 0 and the last row included),
+each row against all its keys, so the subset is exact, not an approximation. It runs in
+float64 on the device the inputs are on (CPU, or the GPU, where it is cheap). NaN and Inf are
+always checked on the whole output.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from attnprof.profiling.inputs import make_inputs, to_bhsd
+from attnprof.registry import RunSpec, Variant
+
+THRESHOLDS = {"bf16": 1.5e-2, "fp16": 2e-3, "fp32": 1e-5}
+FULL_REFERENCE_LIMIT = 1 << 22  # B·H·S_q·S_kv scores (32 MiB of float64)
+SUBSET_HEADS = 4
+SUBSET_ROWS = 256
+PROBE_SHAPE = (1, 2, 32, 32)  # batch, heads, seq, head_dim of the masking probe
+PROBE_PADDING = 4  # left-padding positions; with causal masking their query rows see no key
+
+
+@dataclass(frozen=True)
+class Check:
+    """The verdict on one output: error, pass/fail, and why it failed (None when it passed).
+
+    `scope` says what the error was computed on: 'full' or the subset used.
+    """
+
+    rel_error: float | None
+    passed: bool
+    reason: str | None = None
+    threshold: float | None = None
+    scope: str = "full"
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of the fields."""
+        return asdict(self)
+
+
+def threshold_for(dtype: str) -> float:
+    """The relative-error limit for `bf16`, `fp16` or `fp32`."""
+    try:
+        return THRESHOLDS[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(THRESHOLDS)}") from None
+
+
+def reference_attention(q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None,
+                        device: Any = "cpu") -> Any:
+    """Softmax(q·kᵀ/√D)·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
+
+    GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
+    Causal masking is top-left aligned (query i sees keys 0..i). `q_rows` (1-D indices)
+    computes only those query rows, each against all the keys it may see.
+    """
+    import torch
+
+    q, k, v = (t.detach().to(device=device, dtype=torch.float64) for t in (q, k, v))
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"query heads {heads} are not a multiple of key/value heads {kv_heads}")
+    if kv_heads != heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    positions = torch.arange(q.shape[2], device=q.device)
+    if q_rows is not None:
+        positions = torch.as_tensor(q_rows, device=q.device, dtype=torch.long)
+        q = q.index_select(2, positions)
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        keys = torch.arange(k.shape[2], device=q.device)
+        scores = scores.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """‖out − ref‖ / ‖ref‖ (Frobenius), in float64; ‖out − ref‖ when ref is all zeros."""
+    import torch
+
+    ref64 = ref.detach().to(torch.float64)
+    diff = out.detach().to(device=ref64.device, dtype=torch.float64) - ref64
+    denom = torch.linalg.vector_norm(ref64).item()
+    num = torch.linalg.vector_norm(diff).item()
+    return num / denom if denom > 0 else num
+
+
+def nonfinite_reason(out: Any) -> str | None:
+    """'NaN in output', 'Inf in output', or None when every element is finite."""
+    import torch
+
+    if torch.isnan(out).any().item():
+        return "NaN in output"
+    if torch.isinf(out).any().item():
+        return "Inf in output"
+    return None
+
+
+def check_output(out: Any, ref: Any, dtype: str, *, scope: str = "full") -> Check:
+    """Compare `out` with the float64 `ref`: fail on NaN/Inf, a shape mismatch, or an error over the dtype's limit."""
+    limit = threshold_for(dtype)
+    if tuple(out.shape) != tuple(ref.shape):
+        return Check(None, False, f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}", limit, scope)
+    bad = nonfinite_reason(out)
+    if bad:
+        return Check(None, False, bad, limit, scope)
+    err = relative_error(out, ref)
+    if not err <= limit:
+        return Check(err, False, f"relative error {err:.1e} > {limit:.0e} ({dtype} limit)", limit, scope)
+    return Check(err, True, None, limit, scope)
+
+
+def _spaced(n: int, count: int) -> list[int]:
+    """Up to `count` evenly spaced indices in [0, n), first and last included."""
+    if n <= count:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+
+
+def reference_subset(batch: int, heads: int, seq: int, *, limit: int = FULL_REFERENCE_LIMIT,
+                     max_heads: int = SUBSET_HEADS, max_rows: int = SUBSET_ROWS) -> dict | None:
+    """The batches, heads and query rows the reference is computed on, or None for all of them."""
+    if batch * heads * seq * seq <= limit:
+        return None
+    return {"batches": sorted({0, batch - 1}), "heads": _spaced(heads, max_heads), "rows": _spaced(seq, max_rows)}
+
+
+def check_variant_output(out: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: str, layout: str = "bhsd",
+                         limit: int = FULL_REFERENCE_LIMIT) -> Check:
+    """Check a variant's output against the float64 reference; q, k, v and out in `layout`.
+
+    NaN/Inf are looked for in the whole output; the error uses the whole reference when
+    B·H·S² ≤ `limit`, else the subset `reference_subset` picks (see the module docstring).
+    """
+    import torch
+
+    out, q, k, v = (to_bhsd(t, layout) for t in (out, q, k, v))
+    threshold = threshold_for(dtype)
+    if tuple(out.shape) != tuple(q.shape):
+        return Check(None, False, f"output shape {tuple(out.shape)} != expected {tuple(q.shape)} (bhsd)", threshold)
+    bad = nonfinite_reason(out)
+    if bad:
+        return Check(None, False, bad, threshold)
+    batch, heads, seq, _ = q.shape
+    subset = reference_subset(batch, heads, seq, limit=limit)
+    if subset is None:
+        return check_output(out, reference_attention(q, k, v, causal), dtype)
+    group = heads // k.shape[1]
+    b_idx = torch.tensor(subset["batches"], device=q.device)
+    h_idx = torch.tensor(subset["heads"], device=q.device)
+    # Each chosen query head with its own key/value head (GQA: head h uses kv head h // group).
+    kv_idx = torch.tensor([h // group for h in subset["heads"]], device=q.device)
+    rows = torch.tensor(subset["rows"], device=q.device)
+    qs = q.index_select(0, b_idx).index_select(1, h_idx)
+    ks = k.index_select(0, b_idx).index_select(1, kv_idx)
+    vs = v.index_select(0, b_idx).index_select(1, kv_idx)
+    ref = reference_attention(qs, ks, vs, causal, q_rows=rows, device=q.device)
+    got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, rows)
+    scope = (f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
+             f"{len(subset['rows'])} of {seq} query rows")
+    return check_output(got, ref, dtype, scope=scope)
+
+
+def check_against_reference(out: Any, q: Any, k: Any, v: Any, causal: bool, dtype: str) -> Check:
+    """`check_variant_output` for output and inputs already in [B, H, S, D]."""
+    return check_variant_output(out, q, k, v, causal=causal, dtype=dtype, layout="bhsd")
+
+
+def accepts_attn_mask(variant: Variant) -> bool:
+    """True when the variant's forward has an `attn_mask` parameter (the masking-probe protocol)."""
+    try:
+        params = inspect.signature(variant.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    param = params.get("attn_mask")
+    return param is not None and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+
+
+def fully_masked_mask(batch: int, seq: int, padding: int, device: Any) -> Any:
+    """A [B, 1, S, S] bool mask (True = may attend): causal plus `padding` left-padded keys.
+
+    Query rows 0..padding-1 can see only padding keys, so every key is masked for them.
+    """
+    import torch
+
+    pos = torch.arange(seq, device=device)
+    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= padding)
+    return allowed.expand(batch, 1, seq, seq).contiguous()
+
+
+def masking_probe(variant: Variant, spec: RunSpec, seed: int = 0) -> bool | None:
+    """Whether the variant returns NaN in fully masked query rows; None when not probed.
+
+    Protocol: the variant's forward declares an `attn_mask` keyword; it is called as
+    `forward(q, k, v, False, state, attn_mask=mask)` with the [B, 1, S, S] bool mask of
+    `fully_masked_mask` (SDPA's convention: True = may attend; causality is in the mask, so
+    `causal` is False). None when the forward has no `attn_mask`, the variant cannot run the
+    spec, or it raises with a mask (e.g. the flash backend, which takes no mask).
+    """
+    import torch
+
+    if not accepts_attn_mask(variant) or variant.unavailable_reason(spec) is not None:
+        return None
+    padding = min(PROBE_PADDING, spec.seq - 1)
+    q, k, v = make_inputs(spec, seed, variant.layout)
+    mask = fully_masked_mask(spec.batch, spec.seq, padding, q.device)
+    try:
+        state = variant.setup(spec) if variant.setup is not None else None
+        out = variant.forward(q, k, v, False, state, attn_mask=mask)
+    except Exception:
+        return None
+    rows = to_bhsd(out, variant.layout)[:, :, :padding]
+    return bool(torch.isnan(rows).any().item())
+
+
+def probe_fully_masked(variant: Variant, device: str, dtype: str, seed: int = 0) -> bool | None:
+    """`masking_probe` on a small non-causal shape (1x2x32x32) on `device` in `dtype`."""
+    batch, heads, seq, head_dim = PROBE_SHAPE
+    spec = RunSpec(device=device, dtype=dtype, batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=False)
+    return masking_probe(variant, spec, seed)

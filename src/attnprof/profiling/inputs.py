@@ -1,0 +1,65 @@
+"""Input tensors for a cell: seeded q, k, v in the variant's layout, and dtype/device helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnprof.errors import DeviceError
+from attnprof.registry import RunSpec
+
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype for `bf16`, `fp16` or `fp32`."""
+    import torch
+
+    return getattr(torch, DTYPE_NAMES[name])
+
+
+def resolve_device(requested: str) -> str:
+    """Turn `auto`, `cpu`, `cuda` or `cuda:N` into a device this machine has, or raise DeviceError."""
+    import torch
+
+    if requested == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        built = "a CPU-only torch build" if torch.version.cuda is None else "no visible CUDA device"
+        raise DeviceError(f"device {requested!r} requested but this machine has {built}",
+                          hint="use --device cpu or --device auto")
+    index = int(requested.split(":", 1)[1]) if ":" in requested else torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(f"device {requested!r} requested but only {count} CUDA device(s) exist")
+    return f"cuda:{index}"
+
+
+def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:
+    """Seeded standard-normal q, k, v for `spec`, in `bhsd` ([B, H, S, D]) or `bshd` layout.
+
+    The values do not depend on the layout: `bshd` tensors are the `bhsd` ones transposed
+    and made contiguous, so every variant sees the same numbers.
+    """
+    import torch
+
+    generator = torch.Generator(device=spec.device).manual_seed(seed)
+    dtype = torch_dtype(spec.dtype)
+    shapes = [
+        (spec.batch, spec.heads, spec.seq, spec.head_dim),
+        (spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim),
+        (spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim),
+    ]
+    tensors = []
+    for shape in shapes:
+        t = torch.randn(shape, generator=generator, dtype=torch.float32, device=spec.device).to(dtype)
+        if layout == "bshd":
+            t = t.transpose(1, 2).contiguous()
+        tensors.append(t)
+    return tensors[0], tensors[1], tensors[2]
+
+
+def to_bhsd(tensor: Any, layout: str) -> Any:
+    """View an output in [B, H, S, D], whatever layout the variant returned it in."""
+    return tensor.transpose(1, 2) if layout == "bshd" else tensor

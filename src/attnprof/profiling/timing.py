@@ -1,0 +1,311 @@
+"""Wall time of one forward: a cold first call, a settling warm-up, then a time-based sample.
+
+How a sample is taken:
+
+* cold: the first call, synchronized and timed on its own (`cold_ms`). It holds compilation,
+  autotuning and cuDNN plan building; users pay for it, so it is reported, not hidden.
+* warm-up: calls until the last `warmup_reps` call times agree within `SETTLE_TOLERANCE` of
+  their median (and at least `warmup_min_s` has passed), or until `warmup_s` runs out.
+* repetitions: the warm-up's last call times estimate one call; reps = ceil(min_time_s /
+  estimate), clamped to [min_reps, max_reps], so tiny and huge shapes both get a sound sample.
+* CUDA: a pair of CUDA events around each call, calls issued back to back, one synchronize at
+  the end. Eager event times include any launch gap the CPU leaves (users pay that too);
+  `cuda_graph=True` replays a captured graph instead, and falls back to eager, saying so in
+  `method`, when the variant cannot be captured. Each replay holds one forward, so its time
+  includes the graph's own launch latency (a few µs; measured on an H200: 1 to 4 µs over
+  graphs of many back-to-back forwards). `flush_l2=True` zeroes a buffer of at least
+  256 MiB (twice the L2, if larger) before each call, outside the events, as triton's do_bench.
+* CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
+
+Statistics: median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
+`unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from attnprof.profiling.memory import oom_guard
+
+UNSTABLE_IQR_RATIO = 0.10
+SETTLE_TOLERANCE = 0.10
+FLUSH_MIN_BYTES = 256 * 1024 * 1024
+SIDE_STREAM_WARMUP = 3
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One forward's timing sample, in microseconds except `cold_ms`."""
+
+    median_us: float
+    iqr_us: float
+    p25_us: float
+    p75_us: float
+    min_us: float
+    reps: int
+    warmup_reps: int
+    cold_ms: float
+    unstable: bool
+    method: str
+    cuda_graph: bool = False
+    flush_l2: bool = False
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of the fields, plus the result-row names `latency_us` (the median),
+        `latency_iqr_us` and `timing_method`."""
+        data = asdict(self)
+        data.update(latency_us=self.median_us, latency_iqr_us=self.iqr_us, timing_method=self.method)
+        return data
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0 ≤ q ≤ 1) by linear interpolation between order statistics."""
+    if not values:
+        raise ValueError("quantile of an empty sample")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile q must be in [0, 1], got {q}")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (the 0.5 quantile)."""
+    return quantile(values, 0.5)
+
+
+def iqr(values: Sequence[float]) -> float:
+    """The interquartile range: 75th minus 25th percentile."""
+    return quantile(values, 0.75) - quantile(values, 0.25)
+
+
+def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
+    """True when IQR / median exceeds `threshold` (default 10 %), or the median is not positive."""
+    if median_value <= 0:
+        return True
+    return iqr_value / median_value > threshold
+
+
+def choose_reps(estimate_s: float, min_time_s: float, min_reps: int, max_reps: int) -> int:
+    """Repetitions that fill `min_time_s` at `estimate_s` a call, clamped to [min_reps, max_reps]."""
+    if min_reps < 1 or max_reps < min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
+    if estimate_s <= 0:
+        return max_reps
+    return max(min_reps, min(max_reps, math.ceil(min_time_s / estimate_s)))
+
+
+def has_settled(times: Sequence[float], window: int, tolerance: float = SETTLE_TOLERANCE) -> bool:
+    """True when the last `window` times spread (max - min) by at most `tolerance` of their median."""
+    if window < 1 or len(times) < window:
+        return False
+    last = list(times[-window:])
+    mid = median(last)
+    return mid > 0 and (max(last) - min(last)) <= tolerance * mid
+
+
+def summarize(samples_s: Sequence[float], *, reps: int, warmup_reps: int, cold_s: float, method: str,
+              cuda_graph: bool = False, flush_l2: bool = False,
+              unstable_threshold: float = UNSTABLE_IQR_RATIO) -> Timing:
+    """Build a Timing from per-call seconds."""
+    us = [s * 1e6 for s in samples_s]
+    p25, mid, p75 = quantile(us, 0.25), quantile(us, 0.5), quantile(us, 0.75)
+    return Timing(
+        median_us=mid, iqr_us=p75 - p25, p25_us=p25, p75_us=p75, min_us=min(us), reps=reps,
+        warmup_reps=warmup_reps, cold_ms=cold_s * 1e3,
+        unstable=is_unstable(mid, p75 - p25, unstable_threshold),
+        method=method, cuda_graph=cuda_graph, flush_l2=flush_l2,
+    )
+
+
+def time_forward(fn: Callable[[], Any], device: str, *, min_time_s: float = 0.25, max_reps: int = 1000,
+                 min_reps: int = 10, warmup_s: float = 1.0, warmup_min_s: float = 0.02, warmup_reps: int = 3,
+                 cuda_graph: bool = False, flush_l2: bool = False,
+                 unstable_threshold: float = UNSTABLE_IQR_RATIO,
+                 clock: Callable[[], float] | None = None) -> Timing:
+    """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
+
+    `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
+    Out-of-memory anywhere inside raises VariantFailure("out of memory: ...").
+    """
+    import torch
+
+    clock = clock or time.perf_counter
+    dev = torch.device(device)
+    with oom_guard():
+        if dev.type == "cuda":
+            with torch.cuda.device(dev):
+                return _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s,
+                                  warmup_reps, cuda_graph, flush_l2, unstable_threshold)
+        return _time_cpu(fn, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
+                         cuda_graph, flush_l2, unstable_threshold)
+
+
+def _warm_up(call_s: Callable[[], float], clock: Callable[[], float], warmup_s: float,
+             warmup_min_s: float, warmup_reps: int) -> tuple[list[float], bool]:
+    """Call until settled or out of budget; return the call times and whether they settled."""
+    times: list[float] = []
+    window = max(1, warmup_reps)
+    start = clock()
+    while True:
+        times.append(call_s())
+        elapsed = clock() - start
+        if len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window):
+            return times, True
+        if elapsed >= warmup_s:
+            return times, False
+
+
+def _estimate(times: Sequence[float], window: int) -> float:
+    return median(list(times[-max(1, window):]))
+
+
+def _rep_note(reps: int, min_time_s: float, min_reps: int, max_reps: int) -> str:
+    return f"{reps} reps (time-based: {min_time_s:g} s, clamped to [{min_reps}, {max_reps}])"
+
+
+def _warm_note(n: int, settled: bool) -> str:
+    return f"warm-up {n} calls ({'settled' if settled else 'time budget'})"
+
+
+def _time_cpu(fn, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
+              cuda_graph, flush_l2, unstable_threshold) -> Timing:
+    def call_s() -> float:
+        t0 = clock()
+        fn()
+        return clock() - t0
+
+    cold = call_s()
+    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps)
+    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    samples = [call_s() for _ in range(reps)]
+    notes = ["time.perf_counter per call", _rep_note(reps, min_time_s, min_reps, max_reps),
+             _warm_note(len(warm), settled)]
+    if cuda_graph:
+        notes.append("cuda-graph n/a on CPU")
+    if flush_l2:
+        notes.append("flush-l2 n/a on CPU")
+    return summarize(samples, reps=reps, warmup_reps=len(warm), cold_s=cold, method="; ".join(notes),
+                     unstable_threshold=unstable_threshold)
+
+
+def flush_buffer(device: Any) -> Any:
+    """A byte buffer at least 256 MiB and twice the device's L2, to zero between timed calls."""
+    import torch
+
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    return torch.empty(max(FLUSH_MIN_BYTES, 2 * l2), dtype=torch.int8, device=device)
+
+
+def _event_time_s(launch: Callable[[], Any]) -> float:
+    """Seconds between CUDA events around `launch()`, synchronized."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def capture_graph(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """Capture one `fn()` into a torch.cuda.CUDAGraph after a side-stream warm-up.
+
+    Returns (graph, output). Raises whatever the capture raised when it fails.
+    """
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(SIDE_STREAM_WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def recover_from_failed_capture(device: Any) -> None:
+    """Undo what a failed capture leaves behind, so later work on the device runs normally.
+
+    When a capture is invalidated (e.g. by a synchronizing `.item()`), torch's capture_end
+    raises before the CUDA RNG generators leave capture mode, and every later random op
+    then fails with "Offset increment outside graph capture". One tiny successful capture
+    runs the generators' capture prologue and epilogue again and clears that state.
+    """
+    import torch
+
+    torch.cuda.synchronize(device)
+    scratch = torch.zeros(1, device=device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            scratch.add_(1)
+    except Exception:  # nothing more to do; the eager fallback still runs
+        pass
+    del graph
+    torch.cuda.synchronize(device)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    detail = text[0][:160] if text else ""
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
+               cuda_graph, flush_l2, unstable_threshold) -> Timing:
+    import torch
+
+    torch.cuda.synchronize(dev)
+    t0 = clock()
+    fn()
+    torch.cuda.synchronize(dev)
+    cold = clock() - t0
+
+    warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps)
+    warm_n = len(warm)
+    launch = fn
+    notes: list[str] = []
+    graph_used = False
+    if cuda_graph:
+        try:
+            graph, _graph_out = capture_graph(fn)
+        except Exception as exc:  # capture is best effort: fall back to eager and say why
+            recover_from_failed_capture(dev)
+            notes.append(f"cuda-graph capture failed ({_one_line(exc)}), fell back to eager")
+        else:
+            launch = graph.replay
+            graph_used = True
+            warm = [_event_time_s(launch) for _ in range(max(1, warmup_reps))]
+    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    cache = flush_buffer(dev) if flush_l2 else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize(dev)
+    for i in range(reps):
+        if cache is not None:
+            cache.zero_()
+        starts[i].record()
+        launch()
+        ends[i].record()
+    torch.cuda.synchronize(dev)
+    samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    del cache
+    head = "cuda-graph replay, CUDA events per replay" if graph_used else "CUDA events per call, eager, back to back"
+    notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
+    if flush_l2:
+        notes.append("L2 flushed before each call (outside the events)")
+    return summarize(samples, reps=reps, warmup_reps=warm_n, cold_s=cold, method="; ".join(notes),
+                     cuda_graph=graph_used, flush_l2=flush_l2, unstable_threshold=unstable_threshold)

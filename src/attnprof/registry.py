@@ -1,0 +1,180 @@
+"""Attention variants by name: the spec a variant declares, and the registry that holds them.
+
+Nothing here imports torch; a variant's own callables import it when they run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from attnprof.errors import DuplicateVariantError, UnknownVariantError
+
+DTYPES = ("bf16", "fp16", "fp32")
+DEVICE_TYPES = ("cpu", "cuda")
+LAYOUTS = ("bhsd", "bshd")
+DEFAULT_REGION = "attnprof"  # the record_function name around each forward
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell to run: the device, dtype and attention shape a variant is asked to handle."""
+
+    device: str
+    dtype: str
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    kv_heads: int | None = None
+    causal: bool = True
+
+    @property
+    def device_type(self) -> str:
+        """`cpu` or `cuda`, without the device index."""
+        return self.device.split(":", 1)[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: `kv_heads` when set (GQA), else `heads`."""
+        return self.kv_heads or self.heads
+
+    @property
+    def shape_label(self) -> str:
+        """`BxHxSxD`, with `/KV` appended when key/value heads differ (GQA)."""
+        label = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
+        if self.n_kv_heads != self.heads:
+            label += f"/kv{self.n_kv_heads}"
+        return label
+
+
+ForwardFn = Callable[..., Any]
+CheckFn = Callable[[RunSpec], "str | None"]
+SetupFn = Callable[[RunSpec], Any]
+
+
+@dataclass
+class Variant:
+    """An attention implementation that attnprof can profile.
+
+    `forward(q, k, v, causal, state)` receives q, k, v in the variant's `layout`
+    (`bhsd` = [batch, heads, seq, head_dim], or `bshd`) and returns the output in
+    the same layout. `state` is what `setup(spec)` returned (None without setup);
+    setup runs once per cell, outside every timed and profiled region.
+    """
+
+    name: str
+    description: str
+    forward: ForwardFn
+    devices: tuple[str, ...] = DEVICE_TYPES
+    dtypes: tuple[str, ...] = DTYPES
+    check: CheckFn | None = None
+    setup: SetupFn | None = None
+    layout: str = "bhsd"
+    source: str = "built-in"
+    load_error: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._+-]*", self.name):
+            raise ValueError(f"variant name {self.name!r}: use lower-case letters, digits, '.', '_', '+', '-'")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"variant {self.name}: layout must be one of {', '.join(LAYOUTS)}")
+        unknown = set(self.devices) - set(DEVICE_TYPES)
+        if unknown:
+            raise ValueError(f"variant {self.name}: unknown devices {sorted(unknown)}")
+        unknown = set(self.dtypes) - set(DTYPES)
+        if unknown:
+            raise ValueError(f"variant {self.name}: unknown dtypes {sorted(unknown)}")
+
+    def unavailable_reason(self, spec: RunSpec) -> str | None:
+        """Why this variant cannot run `spec`, or None when it can."""
+        if self.load_error:
+            return self.load_error
+        if spec.device_type not in self.devices:
+            return f"needs {' or '.join(d.upper() if d == 'cuda' else d for d in self.devices)}"
+        if spec.dtype not in self.dtypes:
+            return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
+        if self.check is not None:
+            try:
+                return self.check(spec)
+            except Exception as exc:  # a plugin's check must not break listing
+                return f"check raised {type(exc).__name__}: {exc}"
+        return None
+
+
+class Registry:
+    """Variants by name. Duplicate names raise; unknown names get close-match suggestions."""
+
+    def __init__(self) -> None:
+        self._variants: dict[str, Variant] = {}
+
+    def register(self, variant: Variant) -> Variant:
+        """Add `variant`; raise DuplicateVariantError if its name is taken."""
+        if not isinstance(variant, Variant):
+            raise TypeError(f"register() takes an attnprof Variant, got {type(variant).__name__}")
+        existing = self._variants.get(variant.name)
+        if existing is not None:
+            raise DuplicateVariantError(
+                f"variant {variant.name!r} from {variant.source} is already registered by {existing.source}"
+            )
+        self._variants[variant.name] = variant
+        return variant
+
+    def names(self) -> list[str]:
+        """All variant names, in registration order (built-ins first, in the blog's order)."""
+        return list(self._variants)
+
+    def all(self) -> list[Variant]:
+        """All variants, in registration order."""
+        return [self._variants[n] for n in self.names()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._variants
+
+    def __len__(self) -> int:
+        return len(self._variants)
+
+    def get(self, name: str) -> Variant:
+        """The variant called `name`; UnknownVariantError with suggestions otherwise."""
+        try:
+            return self._variants[name]
+        except KeyError:
+            raise UnknownVariantError(_unknown_message(name, self.names())) from None
+
+    def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
+        """Variants matching any include pattern and no exclude pattern, in the include order.
+
+        A pattern without wildcards must name a variant exactly, so typos fail loudly.
+        """
+        include = list(include) or ["*"]
+        exclude = list(exclude)
+        for pattern in include + exclude:
+            if not _is_pattern(pattern) and pattern not in self._variants:
+                raise UnknownVariantError(_unknown_message(pattern, self.names()))
+        chosen: list[str] = []
+        for pattern in include:
+            for name in self.names():
+                if fnmatch.fnmatchcase(name, pattern) and name not in chosen:
+                    chosen.append(name)
+        chosen = [n for n in chosen if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+        if not chosen:
+            raise UnknownVariantError(
+                f"no variant matches {', '.join(include)}"
+                + (f" minus {', '.join(exclude)}" if exclude else ""),
+                hint=f"known variants: {', '.join(self.names())}",
+            )
+        return [self._variants[n] for n in chosen]
+
+
+def _is_pattern(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def _unknown_message(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    if close:
+        return f"unknown variant {name!r}; did you mean {', '.join(close)}?"
+    return f"unknown variant {name!r}; known variants: {', '.join(known) or '(none)'}"

@@ -1,0 +1,189 @@
+"""Tables for `attnprof analyze` and `attnprof explain`: formatting only, no metrics computed here.
+
+`render_analysis(analysis, fmt)` takes a `TraceAnalysis` (or its `to_dict()`), fmt "table"
+(tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
+a per-kernel table and the findings. Missing values read "n/a" (never 0); an occupancy the
+profiler did not report reads "unreported"; tensor cores read yes / no / ?.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+STYLES = {"table": "simple", "markdown": "github"}
+NAME_WIDTH = 60
+
+
+def _style(fmt: str) -> str:
+    try:
+        return STYLES[fmt]
+    except KeyError:
+        raise ValueError(f"unknown table format {fmt!r}; expected one of {', '.join(STYLES)}") from None
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}" if digits == 0 else f"{value:,.{digits}f}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}%"
+
+
+def _dims(value: Any) -> str:
+    if not value:
+        return ""
+    return "x".join(str(v) for v in value)
+
+
+def _bytes(value: Any) -> str:
+    if value is None:
+        return ""
+    if value >= 1024:
+        return f"{value / 1024:,.1f} KB"
+    return f"{value} B"
+
+
+def _tensor_cores(value: Any) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def _short(name: str, fmt: str) -> str:
+    if fmt == "table" and len(name) > NAME_WIDTH:
+        return name[:NAME_WIDTH - 1] + "…"
+    return name
+
+
+def _as_dict(analysis: Any) -> dict[str, Any]:
+    return analysis.to_dict() if hasattr(analysis, "to_dict") else dict(analysis)
+
+
+def render_analysis(analysis: Any, fmt: str = "table") -> str:
+    """Summary, kernels and findings of a `TraceAnalysis` (or its dict) as one string."""
+    return render_analysis_dict(_as_dict(analysis), fmt)
+
+
+def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
+    s = (data.get("spread") or {}).get(key)
+    if not s:
+        return ""
+    return f"{_num(s.get('min'), digits)} – {_num(s.get('max'), digits)}"
+
+
+def summary_table(data: dict[str, Any], fmt: str) -> str:
+    """One row per per-forward metric: median and, where forwards differ, min – max."""
+    apis = data.get("launch_apis") or {}
+    api_text = ", ".join(f"{api} {n}" for api, n in sorted(apis.items(), key=lambda kv: (-kv[1], kv[0])))
+    rows = [
+        ["forwards", _num(data.get("forwards")), ""],
+        ["kernels / forward", _num(data.get("kernels_per_forward")), _spread(data, "kernels_per_forward", 0)],
+        ["memcpy / forward", _num(data.get("memcpy_per_forward")), _spread(data, "memcpy_per_forward", 0)],
+        ["memset / forward", _num(data.get("memset_per_forward")), _spread(data, "memset_per_forward", 0)],
+        ["GPU time / forward (µs)", _num(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
+    ]
+    if data.get("gpu_annotation_time_us") is not None:
+        rows.append(["GPU annotation / forward (µs)", _num(data.get("gpu_annotation_time_us")),
+                     _spread(data, "gpu_annotation_time_us")])
+    rows += [
+        ["kernel time / forward (µs)", _num(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
+        ["CPU time / forward (µs)", _num(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
+        ["self device time, all forwards (µs)", _num(data.get("self_device_time_total_us")), ""],
+        ["launch calls / forward", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
+        ["aten::transpose / forward", _num(data.get("transposes_per_forward")),
+         _spread(data, "transposes_per_forward", 0)],
+        ["CPU ops / forward", _num(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
+        ["input dtype", data.get("input_dtype") or "n/a", ""],
+    ]
+    if data.get("annotation_mismatches") is not None:
+        rows.append(["GPU annotation mismatches", _num(data.get("annotation_mismatches")), ""])
+    return tabulate(rows, headers=["metric", "median", "min – max"], tablefmt=_style(fmt), disable_numparse=True)
+
+
+def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
+    """One row per distinct kernel, memcpy or memset, in the order they first ran."""
+    rows = []
+    for k in kernels:
+        is_kernel = k.get("kind", "kernel") == "kernel"
+        achieved = _pct(k.get("achieved_occupancy_pct")) if k.get("achieved_occupancy_pct") is not None else (
+            "unreported" if is_kernel else "")
+        theoretical = ""
+        if k.get("theoretical_occupancy_pct") is not None:
+            theoretical = _pct(k["theoretical_occupancy_pct"])
+            if k.get("occupancy_limiter"):
+                theoretical += f" ({k['occupancy_limiter']})"
+        rows.append([
+            _short(k.get("short_name") or k.get("name", ""), fmt), _num(k.get("count_per_forward")),
+            _num(k.get("time_us")), _dims(k.get("grid")), _dims(k.get("block")),
+            "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
+            _bytes(k.get("shared_memory_bytes")), achieved, theoretical, _tensor_cores(k.get("tensor_cores")),
+            k.get("launch_api") or "",
+        ])
+    headers = ["kernel", "count / fwd", "µs / fwd", "grid", "block", "regs", "shared mem", "achieved occ.",
+               "theoretical occ.", "tensor cores", "launched by"]
+    return tabulate(rows, headers=headers, tablefmt=_style(fmt), disable_numparse=True)
+
+
+def findings_list(findings: list[dict[str, Any]], fmt: str) -> str:
+    if not findings:
+        return "No findings." if fmt == "table" else "_No findings._"
+    if fmt == "markdown":
+        return "\n".join(f"- **`{f['id']}`** {f['message']}" for f in findings)
+    return "\n".join(f"- [{f['id']}] {f['message']}" for f in findings)
+
+
+def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
+    """Like `render_analysis`, from the JSON dict (as `run` stores it)."""
+    _style(fmt)
+    device = data.get("device") or {}
+    where = ""
+    if device.get("name"):
+        where = f" on {device['name']}"
+        if device.get("compute_capability"):
+            where += f" (compute capability {device['compute_capability']})"
+    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
+    heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
+    parts = [heading(title), "", summary_table(data, fmt)]
+    kernels = data.get("kernels") or []
+    if kernels:
+        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt)]
+    elif data.get("kernels_per_forward") is None:
+        parts += ["", "No GPU activity in the trace: GPU metrics are n/a."]
+    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt)]
+    notes = data.get("notes") or []
+    if notes:
+        parts += ["", heading("Notes"), ""] + [f"- {note}" for note in notes]
+    return "\n".join(parts)
+
+
+def render_explanation(explanation: Any, fmt: str = "table") -> str:
+    """`attnprof explain`: what a kernel name says, part by part."""
+    style = _style(fmt)
+    data = explanation.to_dict() if hasattr(explanation, "to_dict") else dict(explanation)
+    facts = [
+        ["kernel", data.get("short_name") or data.get("name")],
+        ["family", data.get("family")],
+        ["library", data.get("library") or "n/a"],
+        ["what it is", data.get("meaning") or "not decoded: no rule matches this name"],
+        ["tensor cores", {True: "yes", False: "no"}.get(data.get("tensor_cores"), "? (the name does not tell)")],
+    ]
+    if data.get("backend"):
+        facts.append(["SDPA backend", data["backend"]])
+    out = [tabulate(facts, tablefmt=style, disable_numparse=True, headers=["", ""] if fmt == "markdown" else ())]
+    parts = data.get("parts") or []
+    rows = [[p["token"], p["meaning"]] if isinstance(p, dict) else list(p) for p in parts]
+    if rows:
+        out += ["", tabulate(rows, headers=["part", "meaning"], tablefmt=style, disable_numparse=True)]
+    return "\n".join(out)

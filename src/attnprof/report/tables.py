@@ -1,0 +1,129 @@
+"""Tables for `list`, `run` and `compare`, rendered with tabulate. Formatting only."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from tabulate import tabulate
+
+STYLES = {"table": "simple", "markdown": "github"}
+
+
+def fmt_number(value: Any, digits: int = 1) -> str:
+    """A number for a table cell; missing values read `n/a`, never 0."""
+    if value is None or value == "":
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        if abs(value) >= 100 or digits == 0:
+            return f"{value:,.0f}"
+        if 0 < abs(value) < 1:
+            return f"{value:.3g}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_count(value: Any) -> str:
+    """A per-forward count: whole numbers without decimals, medians of halves with one."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return fmt_number(value, 1)
+
+
+def render(rows: list[list[Any]], headers: Iterable[str], fmt: str, widths: list[int | None] | None = None) -> str:
+    """One table in the `table` or `markdown` style."""
+    return tabulate(rows, headers=list(headers), tablefmt=STYLES[fmt], maxcolwidths=widths, disable_numparse=True)
+
+
+def variant_list_table(entries: list[dict[str, Any]], fmt: str) -> str:
+    """`attnprof list`: name, availability here, reason, source, description."""
+    rows = [[e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
+            for e in entries]
+    return render(rows, ["variant", "runs here", "why not", "from", "description"], fmt,
+                  widths=[None, None, 40, None, 60] if fmt == "table" else None)
+
+
+def _latency(row: dict[str, Any]) -> str:
+    if row.get("latency_us") is None:
+        return "n/a"
+    text = f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
+    return text + (" (unstable)" if row.get("unstable") else "")
+
+
+def _speedup(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _error(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1e}"
+
+
+def _finding_ids(row: dict[str, Any]) -> str:
+    if "finding_ids" in row:
+        return row["finding_ids"] or ""
+    findings = row.get("findings") or ""
+    return findings if isinstance(findings, str) else " ".join(f["id"] for f in findings)
+
+
+def shape_table(rows: list[dict[str, Any]], fmt: str) -> str:
+    """One comparison table for the rows of one shape."""
+    body = []
+    for row in rows:
+        if row["status"] != "ok" and row.get("forwards") is None:
+            body.append([row["variant"], row["status"]] + ["" for _ in range(10)])
+            continue
+        body.append([
+            row["variant"], row["status"] if row["status"] == "ok" else row["status"],
+            fmt_count(row.get("kernels_per_forward")), fmt_number(row.get("gpu_time_us")),
+            fmt_number(row.get("cpu_time_us")), _latency(row), fmt_number(row.get("tflops")),
+            fmt_number(row.get("pct_of_peak")), fmt_number(row.get("peak_memory_mib")),
+            _error(row.get("rel_error")), _speedup(row.get("speedup_vs_baseline")), _finding_ids(row),
+        ])
+    headers = ["variant", "status", "kernels/fwd", "GPU µs", "CPU µs", "latency µs ± IQR", "TFLOP/s",
+               "% peak", "peak MiB", "rel err", "speed-up", "findings"]
+    widths = [None, 36, None, None, None, None, None, None, None, None, None, 40] if fmt == "table" else None
+    return render(body, headers, fmt, widths)
+
+
+def glance_table(results: list[dict[str, Any]], fmt: str) -> str:
+    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed."""
+    body = []
+    for entry in results:
+        if entry.get("forwards") is None:
+            body.append([entry["variant"], entry["shape"], "", "", "", entry["status"]])
+            continue
+        revealed = "; ".join(f["message"] for f in entry.get("findings", [])) or "nothing unusual"
+        body.append([entry["variant"], entry["shape"], fmt_count(entry.get("kernels_per_forward")),
+                     fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")), revealed])
+    headers = ["variant", "shape", "kernels/fwd", "GPU µs/fwd", "CPU µs/fwd", "what the trace revealed"]
+    return render(body, headers, fmt, [None, None, None, None, None, 90] if fmt == "table" else None)
+
+
+def run_summary_table(row: dict[str, Any], fmt: str) -> str:
+    """`attnprof run`: one variant's figures as a two-column table."""
+    items = [
+        ("variant", f"{row['variant']} ({row['source']})"),
+        ("shape", f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} on {row['device']}"),
+        ("status", row["status"]),
+        ("backend dispatched", row.get("backend") or "n/a"),
+        ("forwards profiled", fmt_count(row.get("forwards"))),
+        ("kernels / forward", fmt_count(row.get("kernels_per_forward"))),
+        ("memcpy / forward", fmt_count(row.get("memcpy_per_forward"))),
+        ("memset / forward", fmt_count(row.get("memset_per_forward"))),
+        ("GPU time / forward (µs)", fmt_number(row.get("gpu_time_us"))),
+        ("kernel time / forward (µs)", fmt_number(row.get("kernel_time_us"))),
+        ("CPU time / forward (µs)", fmt_number(row.get("cpu_time_us"))),
+        ("latency (µs, median ± IQR)", _latency(row)),
+        ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
+        ("TFLOP/s (% of measured peak)", f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"),
+        ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
+        ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
+        ("rel. error vs float64", _error(row.get("rel_error"))),
+        ("trace", row.get("trace") or "n/a"),
+    ]
+    return render([list(item) for item in items], ["metric", "value"], fmt)

@@ -1,0 +1,19 @@
+"""Built-in variants, registered through the same entry-point path as plugins."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from attnprof.registry import Variant
+from attnprof.variants import compiled, handwritten, sdpa
+
+
+def builtin_variants() -> list[Variant]:
+    """Every built-in variant, in the order the blog meets them."""
+    return [*handwritten.variants(), *sdpa.variants(), *compiled.variants()]
+
+
+def register_variants(register: Callable[[Variant], Variant]) -> None:
+    """The built-ins' entry point: register each built-in variant."""
+    for variant in builtin_variants():
+        register(variant)

@@ -1,0 +1,118 @@
+"""F.scaled_dot_product_attention, pinned to one backend or left to dispatch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from attnprof.errors import VariantUnavailableError
+from attnprof.registry import RunSpec, Variant
+
+# backend key -> (SDPBackend member name, devices it exists on)
+BACKENDS = {
+    "math": ("MATH", ("cpu", "cuda")),
+    "efficient": ("EFFICIENT_ATTENTION", ("cuda",)),
+    "flash": ("FLASH_ATTENTION", ("cpu", "cuda")),
+    "cudnn": ("CUDNN_ATTENTION", ("cuda",)),
+}
+
+
+def _compute_capability(device: str) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(device)
+
+
+def _check_flash(spec: RunSpec) -> str | None:
+    if spec.device_type != "cuda":
+        return None
+    if spec.dtype == "fp32":
+        return "flash needs fp16/bf16 on CUDA"
+    if spec.head_dim > 256 or spec.head_dim % 8:
+        return f"flash needs head_dim <= 256 and a multiple of 8 (got {spec.head_dim})"
+    if _compute_capability(spec.device) < (8, 0):
+        return "flash needs compute capability 8.0 or newer"
+    return None
+
+
+def _check_efficient(spec: RunSpec) -> str | None:
+    if spec.head_dim % 8 and spec.dtype != "fp32":
+        return f"efficient needs head_dim a multiple of 8 for fp16/bf16 (got {spec.head_dim})"
+    return None
+
+
+def _check_cudnn(spec: RunSpec) -> str | None:
+    import torch
+
+    if spec.dtype == "fp32":
+        return "cudnn attention needs fp16/bf16"
+    if not torch.backends.cudnn.is_available():
+        return "cuDNN is not available in this torch build"
+    if _compute_capability(spec.device) < (8, 0):
+        return "cudnn attention needs compute capability 8.0 or newer"
+    if spec.head_dim > 256 or spec.head_dim % 8:
+        return f"cudnn attention needs head_dim <= 256 and a multiple of 8 (got {spec.head_dim})"
+    return None
+
+
+CHECKS: dict[str, Callable[[RunSpec], "str | None"]] = {
+    "flash": _check_flash,
+    "efficient": _check_efficient,
+    "cudnn": _check_cudnn,
+}
+
+
+def _sdpa(q: Any, k: Any, v: Any, causal: bool, attn_mask: Any = None) -> Any:
+    import torch.nn.functional as F
+
+    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if attn_mask is not None:
+        extra["attn_mask"] = attn_mask
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal and attn_mask is None, **extra)
+
+
+def pinned_forward(backend: str) -> Callable[..., Any]:
+    """A forward that runs SDPA with only `backend` enabled."""
+    member = BACKENDS[backend][0]
+
+    def forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        try:
+            with sdpa_kernel(getattr(SDPBackend, member)):
+                return _sdpa(q, k, v, causal, attn_mask)
+        except RuntimeError as exc:
+            text = str(exc)
+            if "No available kernel" in text or "No viable backend" in text:
+                raise VariantUnavailableError(
+                    f"SDPA {backend} backend rejected this input "
+                    f"({tuple(q.shape)}, {str(q.dtype).removeprefix('torch.')}, {q.device})"
+                ) from None
+            raise
+
+    forward.__name__ = f"sdpa_{backend}_forward"
+    return forward
+
+
+def dispatched_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
+    """SDPA with every backend enabled: PyTorch picks one."""
+    return _sdpa(q, k, v, causal, attn_mask)
+
+
+def variants() -> list[Variant]:
+    """`sdpa` plus one pinned variant per backend."""
+    pinned = [
+        Variant(
+            name=f"sdpa-{key}",
+            description=f"F.scaled_dot_product_attention pinned to the {key} backend with sdpa_kernel",
+            forward=pinned_forward(key),
+            devices=devices,
+            check=CHECKS.get(key),
+        )
+        for key, (_, devices) in BACKENDS.items()
+    ]
+    dispatched = Variant(
+        name="sdpa",
+        description="F.scaled_dot_product_attention with no backend pinned; reports the backend it chose",
+        forward=dispatched_forward,
+    )
+    return [dispatched, *pinned]

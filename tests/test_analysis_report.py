@@ -1,0 +1,76 @@
+"""report/analysis_tables.py: the text and markdown renderings."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnprof.analysis import analyze_trace, explain_kernel
+from attnprof.report.analysis_tables import render_analysis, render_analysis_dict, render_explanation
+from tracegen import TraceBuilder, build, fused_forward, math_forward, naive_forward
+
+
+def test_table_has_summary_kernels_and_findings():
+    analysis = analyze_trace(build(fused_forward, backend="cudnn"))
+    text = render_analysis(analysis, "table")
+    assert "region 'attnprof', 3 forward(s) on NVIDIA H200 (compute capability 9.0)" in text
+    assert "kernels / forward" in text and "launch calls / forward" in text
+    assert "cuLaunchKernelEx 1, cudaMemsetAsync 1" in text
+    assert "unreported" in text  # the cuDNN kernel's 0% occupancy
+    assert "12.5% (registers)" in text
+    kernel_row = next(line for line in text.splitlines() if line.startswith("cudnn_generated"))
+    assert "yes" in kernel_row and "…" in kernel_row  # long names are cut in the table style
+    assert "- [single-fused-kernel] Each forward runs exactly one kernel" in text
+    assert "|" not in text.split("Findings")[0]
+
+
+def test_markdown_uses_github_tables():
+    text = render_analysis(analyze_trace(build(math_forward)), "markdown")
+    assert text.startswith("### Trace analysis")
+    assert "| metric" in text and "|---" in text
+    assert "- **`fp32-cuda-cores`**" in text
+    assert "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas" in text
+
+
+def test_tensor_cores_column_reads_yes_no_and_question_mark():
+    b = TraceBuilder()
+    with b.step():
+        with b.region():
+            naive_forward(b)
+            b.kernel("some_unknown_kernel", gpu_us=3.0)
+    text = render_analysis(analyze_trace(b.to_dict()), "table")
+    rows = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith(("-", " "))}
+    assert rows["some_unknown_kernel"].split()[-2] == "?"
+    assert rows["softmax_warp_forward"].split()[-2] == "no"
+    assert rows["ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn"].split()[-2] == "yes"
+
+
+def test_cpu_only_reads_na_never_zero():
+    b = TraceBuilder(device_properties=[])
+    with b.step():
+        with b.region():
+            b.leaf("aten::mul")
+    text = render_analysis(analyze_trace(b.to_dict()), "table")
+    gpu_line = next(line for line in text.splitlines() if line.startswith("GPU time / forward"))
+    assert "n/a" in gpu_line and " 0" not in gpu_line
+    assert "No GPU activity" in text and "No findings." in text
+
+
+def test_dict_and_object_render_the_same():
+    analysis = analyze_trace(build(naive_forward))
+    for fmt in ("table", "markdown"):
+        assert render_analysis(analysis, fmt) == render_analysis_dict(analysis.to_dict(), fmt)
+
+
+def test_unknown_format_is_rejected():
+    with pytest.raises(ValueError, match="unknown table format"):
+        render_analysis(analyze_trace(build(naive_forward)), "html")
+
+
+def test_render_explanation():
+    text = render_explanation(explain_kernel("fmha_cutlassF_bf16_aligned_64x64_rf_sm80"), "table")
+    assert "fused-attention" in text and "tensor cores  yes" in text and "SDPA backend  efficient" in text
+    assert "rf" in text and "register file" in text
+    md = render_explanation(explain_kernel("mystery_kernel"), "markdown")
+    assert "| tensor cores | ? (the name does not tell)" in md
+    assert "not decoded" in md and "| part" not in md
+    assert render_explanation(explain_kernel("Memset (Device)").to_dict(), "table").count("memset") >= 1

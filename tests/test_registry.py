@@ -1,0 +1,94 @@
+"""The registry: built-ins, duplicates, close matches, patterns, availability reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnprof.errors import DuplicateVariantError, UnknownVariantError
+from attnprof.plugins import load_variants
+from attnprof.registry import Registry, RunSpec, Variant
+
+BUILTINS = ["naive", "inplace", "sdpa", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "flex", "compiled"]
+CPU = RunSpec(device="cpu", dtype="fp32", batch=1, heads=2, seq=16, head_dim=16)
+
+
+def _noop(q, k, v, causal, state):  # noqa: ANN001, ANN202
+    return q
+
+
+def test_builtins_come_through_the_entry_point() -> None:
+    loaded = load_variants(no_plugins=True, refresh=True)
+    assert loaded.registry.names()[: len(BUILTINS)] == BUILTINS
+    builtin = [p for p in loaded.plugins if p.package == "built-in"]
+    assert len(builtin) == 1 and builtin[0].entry_point == "builtin" and builtin[0].ok
+    assert all(loaded.registry.get(n).source == "built-in" for n in BUILTINS)
+
+
+def test_duplicate_names_raise() -> None:
+    registry = Registry()
+    registry.register(Variant("a", "first", _noop))
+    with pytest.raises(DuplicateVariantError, match="'a'.*already registered"):
+        registry.register(Variant("a", "second", _noop))
+
+
+def test_unknown_name_suggests_close_matches() -> None:
+    registry = load_variants(no_plugins=True).registry
+    with pytest.raises(UnknownVariantError, match="did you mean sdpa-flash"):
+        registry.get("sdpa-flsh")
+    with pytest.raises(UnknownVariantError, match="known variants: naive"):
+        registry.get("zzzzzz")
+
+
+def test_patterns_include_and_exclude() -> None:
+    registry = load_variants(no_plugins=True).registry
+    names = [v.name for v in registry.select(["sdpa-*"])]
+    assert names == ["sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"]
+    names = [v.name for v in registry.select(["sdpa*"], ["sdpa-cudnn", "sdpa-eff*"])]
+    assert names == ["sdpa", "sdpa-math", "sdpa-flash"]
+    assert [v.name for v in registry.select(["inplace", "naive"])] == ["inplace", "naive"]
+    with pytest.raises(UnknownVariantError, match="no variant matches"):
+        registry.select(["nothing-*"])
+    with pytest.raises(UnknownVariantError, match="unknown variant 'naiv'"):
+        registry.select(["naiv"])
+
+
+def test_availability_reasons_on_cpu() -> None:
+    registry = load_variants(no_plugins=True).registry
+    assert registry.get("sdpa-cudnn").unavailable_reason(CPU) == "needs CUDA"
+    assert registry.get("sdpa-efficient").unavailable_reason(CPU) == "needs CUDA"
+    for name in ("naive", "inplace", "sdpa", "sdpa-math", "sdpa-flash"):
+        assert registry.get(name).unavailable_reason(CPU) is None
+
+
+def test_variant_declares_what_it_supports() -> None:
+    variant = Variant("x", "test", _noop, devices=("cuda",), dtypes=("bf16",), check=lambda s: "too long" if s.seq > 8 else None)
+    assert variant.unavailable_reason(CPU) == "needs CUDA"
+    cuda = RunSpec(device="cuda:0", dtype="fp32", batch=1, heads=1, seq=16, head_dim=16)
+    assert variant.unavailable_reason(cuda) == "needs dtype bf16 (got fp32)"
+    cuda_bf16 = RunSpec(device="cuda:0", dtype="bf16", batch=1, heads=1, seq=16, head_dim=16)
+    assert variant.unavailable_reason(cuda_bf16) == "too long"
+
+
+def test_a_raising_check_is_a_reason_not_a_crash() -> None:
+    def broken(spec: RunSpec) -> str:
+        raise ValueError("bad")
+
+    assert Variant("x", "t", _noop, check=broken).unavailable_reason(CPU) == "check raised ValueError: bad"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"name": "Bad Name"}, "variant name"),
+    ({"layout": "sbhd"}, "layout"),
+    ({"devices": ("tpu",)}, "unknown devices"),
+    ({"dtypes": ("fp8",)}, "unknown dtypes"),
+])
+def test_variant_fields_are_validated(kwargs: dict, message: str) -> None:
+    fields = {"name": "ok", "description": "d", "forward": _noop} | kwargs
+    with pytest.raises(ValueError, match=message):
+        Variant(**fields)
+
+
+def test_spec_labels() -> None:
+    assert CPU.shape_label == "1x2x16x16" and CPU.device_type == "cpu" and CPU.n_kv_heads == 2
+    gqa = RunSpec(device="cuda:1", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=16, head_dim=64)
+    assert gqa.shape_label == "2x8x16x64/kv2" and gqa.device_type == "cuda"

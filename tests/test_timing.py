@@ -1,0 +1,171 @@
+import pytest
+import torch
+
+from attnprof.errors import VariantFailure
+from attnprof.profiling import timing
+from attnprof.profiling.timing import choose_reps, has_settled, iqr, is_unstable, median, quantile, time_forward
+
+
+class FakeClock:
+    """A clock that only moves when the timed function says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_quantile_matches_torch_linear():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0]
+    for q in (0.0, 0.25, 0.5, 0.75, 1.0):
+        expected = torch.quantile(torch.tensor(values, dtype=torch.float64), q).item()
+        assert quantile(values, q) == pytest.approx(expected)
+
+
+def test_median_and_iqr():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([1.0, 2.0, 3.0, 4.0]) == 2.5
+    assert iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_unstable_rule_is_iqr_over_median_above_ten_percent():
+    assert not is_unstable(100.0, 10.0)
+    assert is_unstable(100.0, 10.1)
+    assert is_unstable(100.0, 5.0, threshold=0.04)
+    assert is_unstable(0.0, 0.0)
+
+
+def test_choose_reps_fills_time_and_clamps():
+    assert choose_reps(0.001, 0.25, 10, 1000) == 250
+    assert choose_reps(1e-6, 0.25, 10, 1000) == 1000  # tiny call: capped
+    assert choose_reps(2.0, 0.25, 10, 1000) == 10  # huge call: floor
+    assert choose_reps(0.0, 0.25, 10, 1000) == 1000
+    with pytest.raises(ValueError):
+        choose_reps(0.001, 0.25, 10, 5)
+
+
+def test_has_settled():
+    assert has_settled([5.0, 1.0, 1.02, 1.05], window=3)
+    assert not has_settled([1.0, 2.0, 1.0], window=3)
+    assert not has_settled([1.0, 1.0], window=3)
+
+
+def test_time_based_reps_with_fake_clock():
+    clock = FakeClock()
+    durations = iter([0.100] + [0.001] * 10_000)  # first call "compiles" for 100 ms
+
+    def fn():
+        clock.now += next(durations)
+
+    t = time_forward(fn, "cpu", min_time_s=0.05, min_reps=5, max_reps=1000, warmup_min_s=0.0, clock=clock)
+    assert t.reps == 50  # 0.05 s / 1 ms
+    assert t.cold_ms == pytest.approx(100.0)
+    assert t.median_us == pytest.approx(1000.0)
+    assert t.iqr_us == pytest.approx(0.0)
+    assert t.p25_us == pytest.approx(1000.0) and t.p75_us == pytest.approx(1000.0)
+    assert t.warmup_reps == 3  # settled after the window of 3 equal calls
+    assert not t.unstable
+    assert "perf_counter" in t.method and "settled" in t.method
+
+
+def test_warmup_runs_until_times_settle():
+    clock = FakeClock()
+    # cold call, then a slow-down that decays (autotuning, caches), then steady 1 ms
+    durations = iter([0.5, 0.05, 0.02, 0.01, 0.005] + [0.001] * 10_000)
+
+    def fn():
+        clock.now += next(durations)
+
+    t = time_forward(fn, "cpu", min_time_s=0.01, min_reps=3, warmup_min_s=0.0, clock=clock)
+    assert t.warmup_reps == 4 + 3  # the four decaying calls plus a settled window of three
+    assert t.median_us == pytest.approx(1000.0)
+
+
+def test_warmup_stops_at_its_time_budget():
+    clock = FakeClock()
+    state = {"i": 0}
+
+    def fn():  # never settles: alternates 1 ms and 3 ms
+        state["i"] += 1
+        clock.now += 0.001 if state["i"] % 2 else 0.003
+
+    t = time_forward(fn, "cpu", min_time_s=0.02, min_reps=4, warmup_s=0.1, clock=clock)
+    assert "time budget" in t.method
+    assert 40 <= t.warmup_reps <= 60  # ~0.1 s of 2 ms-average calls
+    assert t.unstable  # IQR/median is about 1 here
+
+
+def test_huge_calls_get_min_reps():
+    clock = FakeClock()
+
+    def fn():
+        clock.now += 1.0
+
+    t = time_forward(fn, "cpu", min_time_s=0.25, min_reps=3, max_reps=100, warmup_s=0.5, clock=clock)
+    assert t.reps == 3
+    assert t.median_us == pytest.approx(1e6)
+
+
+def test_real_cheap_function_is_capped_by_max_reps():
+    x = torch.ones(8)
+    t = time_forward(lambda: x + 1, "cpu", min_time_s=0.05, max_reps=200, min_reps=5, warmup_s=0.05)
+    assert 5 <= t.reps <= 200
+    assert 0 < t.p25_us <= t.median_us <= t.p75_us
+    assert t.iqr_us == pytest.approx(t.p75_us - t.p25_us)
+
+
+def test_cpu_notes_graph_and_flush_as_not_applicable():
+    x = torch.ones(4)
+    t = time_forward(lambda: x * 2, "cpu", min_time_s=0.005, min_reps=2, warmup_s=0.01, cuda_graph=True,
+                     flush_l2=True)
+    assert "cuda-graph n/a on CPU" in t.method and "flush-l2 n/a on CPU" in t.method
+    assert t.cuda_graph is False and t.flush_l2 is False
+    assert set(t.to_dict()) >= {"median_us", "iqr_us", "p25_us", "p75_us", "reps", "cold_ms", "unstable", "method"}
+
+
+def test_oom_becomes_one_line_variant_failure():
+    def fn():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB.\nGPU 0 has 80 GiB total")
+
+    with pytest.raises(VariantFailure) as info:
+        time_forward(fn, "cpu")
+    assert info.value.message.startswith("out of memory: ")
+    assert "64.00 GiB" in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_oom_after_warmup_is_caught_too():
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return None
+
+    with pytest.raises(VariantFailure, match="^out of memory"):
+        time_forward(fn, "cpu", min_time_s=0.01, warmup_s=0.01)
+
+
+def test_other_errors_propagate():
+    def fn():
+        raise ValueError("bad shape")
+
+    with pytest.raises(ValueError):
+        time_forward(fn, "cpu")
+
+
+def test_summarize_flags_unstable():
+    t = timing.summarize([1e-3, 1e-3, 2e-3, 2e-3], reps=4, warmup_reps=0, cold_s=0.0, method="x")
+    assert t.unstable and t.median_us == pytest.approx(1500.0)
+
+
+def test_to_dict_carries_result_row_names():
+    t = timing.summarize([1e-3, 2e-3, 3e-3], reps=3, warmup_reps=1, cold_s=0.5, method="m")
+    row = t.to_dict()
+    assert row["latency_us"] == row["median_us"] == pytest.approx(2000.0)
+    assert row["latency_iqr_us"] == row["iqr_us"] and row["timing_method"] == "m"
+    assert row["cold_ms"] == pytest.approx(500.0)
