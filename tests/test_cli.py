@@ -55,7 +55,7 @@ def test_list_shows_availability_and_reasons(cli, write_config) -> None:
 def test_run_profiles_one_variant(cli, write_config, tmp_path: Path) -> None:
     result = cli("run", "--variant", "inplace", "--config", str(write_config()), *FAST)
     assert result.exit_code == 0, result.output
-    assert "kernels / forward" in result.output
+    assert "kernels / forward" in result.output and "latency (µs, median ± IQR)" in result.output
     assert "key_averages" in result.output and "attnprof" in result.output
     traces = list((tmp_path / "out").glob("inplace_1x2x32x16_fp32_causal_cpu_*.json.gz"))
     assert len(traces) == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench

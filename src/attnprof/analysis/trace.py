@@ -38,12 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnprof.analysis import decoding
 from attnprof.errors import TraceError
-
-try:  # an optional, faster decoder; the standard library's is the fallback
-    from orjson import loads as _batch_loads
-except ImportError:  # pragma: no cover - depends on the environment
-    _batch_loads = json.loads
 
 # Device event kinds.
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
@@ -250,149 +246,7 @@ def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
     return trace
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return path.open("r", encoding="utf-8", errors="replace")
-
-
-# --------------------------------------------------------------------------- streaming JSON
-
-_SKIP = re.compile(r"[\s,]*").match
-_WS = re.compile(r"\s*").match
-
-
-class _Stream:
-    """A refillable text buffer over a file, decoding one JSON value at a time."""
-
-    __slots__ = ("fp", "buf", "pos", "eof", "decode", "label")
-
-    def __init__(self, fp: io.TextIOBase, label: str) -> None:
-        self.fp, self.buf, self.pos, self.eof, self.label = fp, "", 0, False, label
-        self.decode = json.JSONDecoder().raw_decode
-
-    def refill(self) -> bool:
-        if self.eof:
-            return False
-        chunk = self.fp.read(_CHUNK_CHARS)
-        if not chunk:
-            self.eof = True
-            return False
-        self.buf = self.buf[self.pos:] + chunk
-        self.pos = 0
-        return True
-
-    def peek(self) -> str:
-        """The next non-space character (skipping commas too), or '' at the end."""
-        while True:
-            self.pos = _SKIP(self.buf, self.pos).end()
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
-            if not self.refill():
-                return ""
-
-    def expect(self, char: str) -> None:
-        while True:
-            self.pos = _WS(self.buf, self.pos).end()
-            if self.pos < len(self.buf):
-                break
-            if not self.refill():
-                raise TraceError(f"trace {self.label} is not valid JSON: ended early (truncated file?)")
-        if self.buf[self.pos] != char:
-            raise TraceError(f"trace {self.label} is not a Chrome trace: expected {char!r} "
-                             f"at character {self.pos}, found {self.buf[self.pos]!r}")
-        self.pos += 1
-
-    def value(self) -> Any:
-        """Decode the JSON value at the cursor, reading more text until it is complete."""
-        while True:
-            self.pos = _WS(self.buf, self.pos).end()
-            if self.pos >= len(self.buf) and self.refill():
-                continue
-            try:
-                obj, end = self.decode(self.buf, self.pos)
-            except json.JSONDecodeError as exc:
-                if self.refill():
-                    continue
-                raise TraceError(f"trace {self.label} is not valid JSON: {exc.msg} "
-                                 f"(truncated file?)") from None
-            # A value that ends exactly at the buffer's end may be cut (a number): read on.
-            if end >= len(self.buf) and not self.eof and self.refill():
-                continue
-            self.pos = end
-            return obj
-
-    def batches(self) -> Iterator[list[Any]]:
-        """Yield the `traceEvents` array as lists of events, a buffer's worth at a time.
-
-        Fast path: cut the buffer after the last `}, {` seen and decode everything before it
-        with one `json.loads` call. JSON's strictness makes a wrong cut (say, inside a string)
-        fail rather than mislead; then an earlier cut is tried, and at last one event is
-        decoded on its own.
-        """
-        self.expect("[")
-        loads = _batch_loads
-        while True:
-            char = self.peek()
-            if char == "]":
-                self.pos += 1
-                return
-            if char == "":
-                raise TraceError(f"trace {self.label} is not valid JSON: the event list is not closed "
-                                 "(truncated file?)")
-            buf, pos = self.buf, self.pos
-            cuts = [m.start() + 1 for m in _BOUNDARY.finditer(buf, max(pos, len(buf) - 65536))]
-            if len(cuts) < 2:
-                cuts = [m.start() + 1 for m in _BOUNDARY.finditer(buf, pos)]
-            batch = None
-            for cut in reversed(cuts[-3:]):
-                if cut <= pos:
-                    break
-                try:
-                    batch = loads("[" + buf[pos:cut] + "]")
-                except ValueError:  # orjson.JSONDecodeError is a ValueError too
-                    continue
-                self.pos = cut
-                break
-            if batch is None:
-                batch = [self.value()]
-            yield batch
-
-
-_BOUNDARY = re.compile(r"\}\s*,\s*\{")
-
-
-def _stream_parse(fp: io.TextIOBase, builder: _Builder, label: str) -> None:
-    stream = _Stream(fp, label)
-    first = stream.peek()
-    if first == "":
-        raise TraceError("trace has no events")
-    if first == "[":  # the bare-array form of the Chrome trace format
-        for batch in stream.batches():
-            builder.add_events(batch)
-        return
-    stream.expect("{")
-    while True:
-        char = stream.peek()
-        if char == "}":
-            return
-        if char == "":
-            raise TraceError(f"trace {label} is not valid JSON: ended early (truncated file?)")
-        key = stream.value()
-        if not isinstance(key, str):
-            raise TraceError(f"trace {label} is not a Chrome trace: a top-level key is not a string")
-        stream.expect(":")
-        if key == "traceEvents":
-            stream.pos = _WS(stream.buf, stream.pos).end()
-            if stream.peek() != "[":
-                raise TraceError(f"trace {label}: 'traceEvents' is not a list")
-            for batch in stream.batches():
-                builder.add_events(batch)
-        else:
-            builder.top_level(key, stream.value())
-
+@@STREAM@@
 
 # --------------------------------------------------------------------------- table builder
 

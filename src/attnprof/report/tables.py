@@ -105,20 +105,14 @@ def glance_table(results: list[dict[str, Any]], fmt: str) -> str:
 
 
 def run_summary_table(row: dict[str, Any], fmt: str) -> str:
-    """`attnprof run`: one variant's figures as a two-column table."""
+    """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it)."""
     items = [
         ("variant", f"{row['variant']} ({row['source']})"),
         ("shape", f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} on {row['device']}"),
         ("status", row["status"]),
         ("backend dispatched", row.get("backend") or "n/a"),
-        ("forwards profiled", fmt_count(row.get("forwards"))),
-        ("kernels / forward", fmt_count(row.get("kernels_per_forward"))),
-        ("memcpy / forward", fmt_count(row.get("memcpy_per_forward"))),
-        ("memset / forward", fmt_count(row.get("memset_per_forward"))),
-        ("GPU time / forward (µs)", fmt_number(row.get("gpu_time_us"))),
-        ("kernel time / forward (µs)", fmt_number(row.get("kernel_time_us"))),
-        ("CPU time / forward (µs)", fmt_number(row.get("cpu_time_us"))),
         ("latency (µs, median ± IQR)", _latency(row)),
+        ("timing method", row.get("timing_method") or "n/a"),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
         ("TFLOP/s (% of measured peak)", f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"),
         ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
