@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -63,16 +64,17 @@ def profile_forward(
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     output = None
     started = time.perf_counter()
-    with torch.no_grad(), profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1),
-    ) as prof:
-        for step in range(schedule.total_steps):
-            with record_function(region):
-                output = forward()
-            if step == schedule.total_steps - 1 and spec.device_type == "cuda":
-                torch.cuda.synchronize(spec.device)  # the last step's kernels must land before the stop
-            prof.step()
+    with warnings.catch_warnings():
+        # torch warns that a schedule keeps only the last cycle; one cycle is all attnprof records
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
+        with torch.no_grad(), profile(activities=activities, schedule=torch.profiler.schedule(
+                wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1)) as prof:
+            for step in range(schedule.total_steps):
+                with record_function(region):
+                    output = forward()
+                if step == schedule.total_steps - 1 and spec.device_type == "cuda":
+                    torch.cuda.synchronize(spec.device)  # the last step's kernels must land before the stop
+                prof.step()
     profile_s = time.perf_counter() - started
     started = time.perf_counter()
     prof.export_chrome_trace(str(trace_path))
