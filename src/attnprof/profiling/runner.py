@@ -98,6 +98,9 @@ def _guard(stage: str, variant: Variant, call: Callable[[], Any]) -> Any:
 def run_cell(variant: Variant, spec: RunSpec, options: RunOptions) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures."""
     result = CellResult(variant=variant.name, source=variant.source, spec=spec)
+    if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
+        result.status, result.reason = "failed", variant.load_error
+        return result
     reason = variant.unavailable_reason(spec)
     if reason:
         result.status, result.reason = "skipped", reason

@@ -12,31 +12,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-STYLES = {"table": "simple", "markdown": "github"}
+from attnprof.report.formatting import fmt_number, table_style
+
 NAME_WIDTH = 60
-
-
-def _style(fmt: str) -> str:
-    try:
-        return STYLES[fmt]
-    except KeyError:
-        raise ValueError(f"unknown table format {fmt!r}; expected one of {', '.join(STYLES)}") from None
-
-
-def _num(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != value:
-            return "n/a"
-        if value.is_integer() and abs(value) < 1e15:
-            return f"{int(value):,}" if digits == 0 else f"{value:,.{digits}f}"
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 def _pct(value: Any) -> str:
@@ -80,7 +58,7 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
     s = (data.get("spread") or {}).get(key)
     if not s:
         return ""
-    return f"{_num(s.get('min'), digits)} – {_num(s.get('max'), digits)}"
+    return f"{fmt_number(s.get('min'), digits)} – {fmt_number(s.get('max'), digits)}"
 
 
 def summary_table(data: dict[str, Any], fmt: str) -> str:
@@ -88,28 +66,28 @@ def summary_table(data: dict[str, Any], fmt: str) -> str:
     apis = data.get("launch_apis") or {}
     api_text = ", ".join(f"{api} {n}" for api, n in sorted(apis.items(), key=lambda kv: (-kv[1], kv[0])))
     rows = [
-        ["forwards", _num(data.get("forwards")), ""],
-        ["kernels / forward", _num(data.get("kernels_per_forward")), _spread(data, "kernels_per_forward", 0)],
-        ["memcpy / forward", _num(data.get("memcpy_per_forward")), _spread(data, "memcpy_per_forward", 0)],
-        ["memset / forward", _num(data.get("memset_per_forward")), _spread(data, "memset_per_forward", 0)],
-        ["GPU time / forward (µs)", _num(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
+        ["forwards", fmt_number(data.get("forwards")), ""],
+        ["kernels / forward", fmt_number(data.get("kernels_per_forward")), _spread(data, "kernels_per_forward", 0)],
+        ["memcpy / forward", fmt_number(data.get("memcpy_per_forward")), _spread(data, "memcpy_per_forward", 0)],
+        ["memset / forward", fmt_number(data.get("memset_per_forward")), _spread(data, "memset_per_forward", 0)],
+        ["GPU time / forward (µs)", fmt_number(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
     ]
     if data.get("gpu_annotation_time_us") is not None:
-        rows.append(["GPU annotation / forward (µs)", _num(data.get("gpu_annotation_time_us")),
+        rows.append(["GPU annotation / forward (µs)", fmt_number(data.get("gpu_annotation_time_us")),
                      _spread(data, "gpu_annotation_time_us")])
     rows += [
-        ["kernel time / forward (µs)", _num(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
-        ["CPU time / forward (µs)", _num(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
-        ["self device time, all forwards (µs)", _num(data.get("self_device_time_total_us")), ""],
+        ["kernel time / forward (µs)", fmt_number(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
+        ["CPU time / forward (µs)", fmt_number(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
+        ["self device time, all forwards (µs)", fmt_number(data.get("self_device_time_total_us")), ""],
         ["launch calls / forward", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
-        ["aten::transpose / forward", _num(data.get("transposes_per_forward")),
+        ["aten::transpose / forward", fmt_number(data.get("transposes_per_forward")),
          _spread(data, "transposes_per_forward", 0)],
-        ["CPU ops / forward", _num(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
+        ["CPU ops / forward", fmt_number(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
         ["input dtype", data.get("input_dtype") or "n/a", ""],
     ]
     if data.get("annotation_mismatches") is not None:
-        rows.append(["GPU annotation mismatches", _num(data.get("annotation_mismatches")), ""])
-    return tabulate(rows, headers=["metric", "median", "min – max"], tablefmt=_style(fmt), disable_numparse=True)
+        rows.append(["GPU annotation mismatches", fmt_number(data.get("annotation_mismatches")), ""])
+    return tabulate(rows, headers=["metric", "median", "min – max"], tablefmt=table_style(fmt), disable_numparse=True)
 
 
 def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
@@ -125,15 +103,15 @@ def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
             if k.get("occupancy_limiter"):
                 theoretical += f" ({k['occupancy_limiter']})"
         rows.append([
-            _short(k.get("short_name") or k.get("name", ""), fmt), _num(k.get("count_per_forward")),
-            _num(k.get("time_us")), _dims(k.get("grid")), _dims(k.get("block")),
+            _short(k.get("short_name") or k.get("name", ""), fmt), fmt_number(k.get("count_per_forward")),
+            fmt_number(k.get("time_us")), _dims(k.get("grid")), _dims(k.get("block")),
             "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
             _bytes(k.get("shared_memory_bytes")), achieved, theoretical, _tensor_cores(k.get("tensor_cores")),
             k.get("launch_api") or "",
         ])
     headers = ["kernel", "count / fwd", "µs / fwd", "grid", "block", "regs", "shared mem", "achieved occ.",
                "theoretical occ.", "tensor cores", "launched by"]
-    return tabulate(rows, headers=headers, tablefmt=_style(fmt), disable_numparse=True)
+    return tabulate(rows, headers=headers, tablefmt=table_style(fmt), disable_numparse=True)
 
 
 def findings_list(findings: list[dict[str, Any]], fmt: str) -> str:
@@ -146,7 +124,7 @@ def findings_list(findings: list[dict[str, Any]], fmt: str) -> str:
 
 def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
     """Like `render_analysis`, from the JSON dict (as `run` stores it)."""
-    _style(fmt)
+    table_style(fmt)
     device = data.get("device") or {}
     where = ""
     if device.get("name"):
@@ -170,7 +148,7 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
 
 def render_explanation(explanation: Any, fmt: str = "table") -> str:
     """`attnprof explain`: what a kernel name says, part by part."""
-    style = _style(fmt)
+    style = table_style(fmt)
     data = explanation.to_dict() if hasattr(explanation, "to_dict") else dict(explanation)
     facts = [
         ["kernel", data.get("short_name") or data.get("name")],

@@ -6,38 +6,11 @@ from typing import Any, Iterable
 
 from tabulate import tabulate
 
-STYLES = {"table": "simple", "markdown": "github"}
-
-
-def fmt_number(value: Any, digits: int = 1) -> str:
-    """A number for a table cell; missing values read `n/a`, never 0."""
-    if value is None or value == "":
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != value:
-            return "n/a"
-        if abs(value) >= 100 or digits == 0:
-            return f"{value:,.0f}"
-        if 0 < abs(value) < 1:
-            return f"{value:.3g}"
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def fmt_count(value: Any) -> str:
-    """A per-forward count: whole numbers without decimals, medians of halves with one."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return fmt_number(value, 1)
-
+from attnprof.report.formatting import fmt_count, fmt_number, table_style
 
 def render(rows: list[list[Any]], headers: Iterable[str], fmt: str, widths: list[int | None] | None = None) -> str:
     """One table in the `table` or `markdown` style."""
-    return tabulate(rows, headers=list(headers), tablefmt=STYLES[fmt], maxcolwidths=widths, disable_numparse=True)
+    return tabulate(rows, headers=list(headers), tablefmt=table_style(fmt), maxcolwidths=widths, disable_numparse=True)
 
 
 def variant_list_table(entries: list[dict[str, Any]], fmt: str) -> str:
