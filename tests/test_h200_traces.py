@@ -28,6 +28,7 @@ COUNTS = {
     (BLOG, "flex"): (1, 0, 0, {"cuLaunchKernel": 1}, 0),
     (BLOG, "compiled"): (3, 0, 1, {"cuLaunchKernel": 1, "cuLaunchKernelEx": 2, "cudaMemsetAsync": 1}, 0),
     (BLOG, "triton-flash"): (1, 0, 0, {"cuLaunchKernelEx": 1}, 0),
+    (BLOG, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),  # FA4 (CuTe DSL), [B, S, H, D] inputs
     # [4, 16, 8192, 8192] scores have more than 2**31 elements: ATen splits each elementwise op in two
     (LONG, "naive"): (11, 1, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 9, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2}, 1),
     (LONG, "inplace"): (11, 0, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 9, "cudaMemsetAsync": 2}, 1),
@@ -37,6 +38,8 @@ COUNTS = {
     (LONG, "sdpa-cudnn"): (1, 0, 1, {"cuLaunchKernelEx": 1, "cudaMemsetAsync": 1}, 0),
     (LONG, "flex"): (1, 0, 0, {"cuLaunchKernel": 1}, 0),
     (LONG, "triton-flash"): (1, 0, 0, {"cuLaunchKernelEx": 1}, 0),
+    (LONG, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),
+    (GQA, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),
     (GQA, "naive"): (21, 1, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 19, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2}, 1),
     (GQA, "sdpa-math"): (89, 0, 0, {"cudaLaunchKernel": 87, "cudaLaunchKernelExC": 2}, 1),
     (GQA, "sdpa-cudnn"): (1, 0, 1, {"cuLaunchKernelEx": 1, "cudaMemsetAsync": 1}, 0),
@@ -52,6 +55,7 @@ FINDINGS = {
     "sdpa-cudnn": ({"single-fused-kernel", "occupancy-unreported", "low-occupancy-by-design"}, {"metadata-transposes", "hidden-memcpy"}),
     "flex": ({"single-fused-kernel"}, {"hidden-memcpy", "mask-rebuilt", "metadata-transposes"}),
     "triton-flash": ({"single-fused-kernel"}, {"hidden-memcpy", "metadata-transposes"}),
+    "flash-attn": ({"single-fused-kernel", "occupancy-unreported"}, {"hidden-memcpy", "metadata-transposes"}),
 }
 
 
