@@ -124,6 +124,7 @@ def test_streaming_survives_tiny_chunks_and_tricky_names(tmp_path, monkeypatch):
 
 def test_streaming_falls_back_to_the_standard_decoder(tmp_path, monkeypatch):
     path = TraceBuilder().write(tmp_path / "t.json")
+    monkeypatch.setattr(trace_module, "_batch_records", None)
     monkeypatch.setattr(trace_module, "_batch_loads", json.loads)
     assert load_trace(path).event_count > 0
 

@@ -37,6 +37,36 @@ def test_help_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_list_no_plugins_does_not_import_torch() -> None:
+    """`list` answers availability from attnprof.devices; the built-in checks do not import torch."""
+    code = ("import sys; from attnprof.cli.app import app\n"
+            "try:\n    app(['--no-plugins', 'list', '--format', 'json'])\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "False"
+    assert {v["name"] for v in json.loads(out.stdout)["variants"]} >= {"naive", "sdpa-cudnn", "flex"}
+
+
+def test_list_availability_matches_torch(cli) -> None:
+    """The torch-free answers agree with torch's own on this machine."""
+    import torch
+
+    result = cli("--no-plugins", "list", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def test_list_cuda_on_a_cpu_machine(cli) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = cli("--no-plugins", "list", "--device", "cuda")
+    assert_one_line_error(result, 3, "device 'cuda' requested")
+
+
 def test_python_dash_m_works() -> None:
     out = subprocess.run([sys.executable, "-m", "attnprof", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("attnprof ")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnprof.errors import DeviceError
 from attnprof.registry import RunSpec
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -18,22 +17,15 @@ def torch_dtype(name: str) -> Any:
 
 
 def resolve_device(requested: str) -> str:
-    """Turn `auto`, `cpu`, `cuda` or `cuda:N` into a device this machine has, or raise DeviceError."""
-    import torch
+    """Turn `auto`, `cpu`, `cuda` or `cuda:N` into a device this machine has, or raise DeviceError.
 
-    if requested == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if requested == "cpu":
-        return "cpu"
-    if not torch.cuda.is_available():
-        built = "a CPU-only torch build" if torch.version.cuda is None else "no visible CUDA device"
-        raise DeviceError(f"device {requested!r} requested but this machine has {built}",
-                          hint="use --device cpu or --device auto")
-    index = int(requested.split(":", 1)[1]) if ":" in requested else torch.cuda.current_device()
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise DeviceError(f"device {requested!r} requested but only {count} CUDA device(s) exist")
-    return f"cuda:{index}"
+    Imports torch first, so the answer is torch's own (see `attnprof.devices` for the torch-free path).
+    """
+    import torch  # noqa: F401 - loaded, attnprof.devices asks torch itself
+
+    from attnprof.devices import resolve_device as resolve
+
+    return resolve(requested)
 
 
 def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:

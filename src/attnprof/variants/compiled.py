@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnprof import devices
 from attnprof.registry import RunSpec, Variant
 from attnprof.variants.handwritten import build_causal_mask, inplace_forward
 
@@ -12,23 +13,20 @@ def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
     return q_idx >= kv_idx
 
 
-def _compile_check(spec: RunSpec) -> str | None:
-    import torch
+# Checks read versions and find modules without importing torch, so `attnprof list` stays fast.
 
-    if not hasattr(torch, "compile"):
-        return "needs torch.compile"
-    if spec.device_type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "torch.compile on CUDA needs triton"
+def _compile_check(spec: RunSpec) -> str | None:
+    version = devices.torch_version()
+    if version is None or version < (2, 0):
+        return "needs torch.compile (torch >= 2.0)"
+    if spec.device_type == "cuda" and not devices.triton_installed():
+        return "torch.compile on CUDA needs triton"
     return None
 
 
 def _flex_check(spec: RunSpec) -> str | None:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
+    version = devices.torch_version()
+    if version is None or version < (2, 5):
         return "needs torch.nn.attention.flex_attention (torch >= 2.5)"
     if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
         return f"flex attention needs a power-of-two head_dim >= 16 (got {spec.head_dim})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from attnprof import devices
 from attnprof.errors import VariantUnavailableError
 from attnprof.registry import RunSpec, Variant
 
@@ -17,9 +18,7 @@ BACKENDS = {
 
 
 def _compute_capability(device: str) -> tuple[int, int]:
-    import torch
-
-    return torch.cuda.get_device_capability(device)
+    return devices.compute_capability(device)  # nvidia-smi unless torch is imported: `list` stays torch-free
 
 
 def _check_flash(spec: RunSpec) -> str | None:
@@ -41,11 +40,9 @@ def _check_efficient(spec: RunSpec) -> str | None:
 
 
 def _check_cudnn(spec: RunSpec) -> str | None:
-    import torch
-
     if spec.dtype == "fp32":
         return "cudnn attention needs fp16/bf16"
-    if not torch.backends.cudnn.is_available():
+    if not devices.cudnn_available():
         return "cuDNN is not available in this torch build"
     if _compute_capability(spec.device) < (8, 0):
         return "cudnn attention needs compute capability 8.0 or newer"

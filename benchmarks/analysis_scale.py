@@ -1,0 +1,313 @@
+"""Trace-analysis throughput: `attnprof analyze` on traces of 100k, 1M and 5M events, and HTA.
+
+Traces come from benchmarks/scaletrace.py: the real H200 traces of the tests, replicated with
+shifted timestamps and new correlation and External ids (every copy keeps cpu ops with input
+types, runtime/driver calls, kernels with launch facts, memcpys, memsets, flows and GPU
+annotations). Each size is written as plain JSON (what `export_chrome_trace("x.json")` writes)
+and, with `--formats json,gz`, gzipped (what attnprof writes).
+
+Every measurement runs in a fresh child process, which reports its own clocks and peak RSS:
+
+  attnprof  load_trace (parse) then analyze_trace (forwards, metrics, findings) and to_dict,
+            in-process: events/s = events / (parse + analysis). Peak RSS is the child's
+            whole-process high-water mark (interpreter and imports included); "above start"
+            subtracts the RSS the child had before parsing.
+  CLI       `attnprof analyze TRACE --format json`, wall time end to end (start-up included).
+  HTA       Holistic Trace Analysis (`pip install -e '.[bench]'`): TraceAnalysis(trace_dir) then
+            get_gpu_kernel_breakdown(), on the same plain-JSON trace, killed after --hta-timeout.
+            HTA parses at a few thousand events/s, so by default it runs at the sizes in
+            --hta-sizes only; a size it does not finish is reported as a lower bound.
+
+Targets (issue #6): >= 1M events/s, and peak memory under 3x the trace's uncompressed size.
+With --cprofile-size, one more attnprof child runs under cProfile and its top functions go
+into the JSON: where the time goes.
+
+Usage (from the repo root; several minutes, mostly HTA):
+    python3 benchmarks/analysis_scale.py --out analysis_scale.json
+    python3 benchmarks/analysis_scale.py --sizes 100k --hta-sizes 100k     # a quick look
+Prints a markdown table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+TARGET_EVENTS_PER_S = 1_000_000
+TARGET_MEMORY_RATIO = 3.0
+
+
+def parse_size(text: str) -> int:
+    """`100k`, `1M`, `5M` or a plain number of events."""
+    text = text.strip().lower()
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
+    return int(float(text.rstrip("km")) * scale)
+
+
+def label(n: int) -> str:
+    """100k, 1M, 5M."""
+    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+def _python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(REPO / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kib * 1024 if sys.platform != "darwin" else kib
+
+
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- children
+
+def child_attnprof(path: str, cprofile: bool) -> dict[str, Any]:
+    """Parse and analyse one trace; clocks, counts and peak RSS."""
+    from attnprof.analysis import analyze_trace, decoding, load_trace
+
+    start_rss = _current_rss_bytes()
+    profiler = None
+    if cprofile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    t0 = time.perf_counter()
+    trace = load_trace(path)
+    t1 = time.perf_counter()
+    analysis = analyze_trace(trace, region="attnprof")
+    document = json.dumps(analysis.to_dict())
+    t2 = time.perf_counter()
+    out: dict[str, Any] = {
+        "events": trace.event_count, "forwards": analysis.forwards, "kernels": len(trace.device),
+        "parse_s": t1 - t0, "analysis_s": t2 - t1, "total_s": t2 - t0, "start_rss_bytes": start_rss,
+        "peak_rss_bytes": _peak_rss_bytes(), "json_bytes": len(document),
+        "decoder": "msgspec" if decoding.fast_decoder_available() else decoding.decode_generic.__module__,
+    }
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        for key in ("tottime", "cumulative"):
+            stream = io.StringIO()
+            pstats.Stats(profiler, stream=stream).sort_stats(key).print_stats(18)
+            out[f"cprofile_{key}"] = [ln for ln in stream.getvalue().splitlines() if ln.strip()]
+    return out
+
+
+def child_hta(trace_dir: str) -> dict[str, Any]:
+    """HTA's kernel breakdown: parse time (TraceAnalysis) and breakdown time, peak RSS."""
+    import contextlib
+    import io
+
+    t0 = time.perf_counter()
+    from hta.trace_analysis import TraceAnalysis
+
+    t1 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        analyzer = TraceAnalysis(trace_dir=trace_dir)
+        t2 = time.perf_counter()
+        kernel_types, kernels = analyzer.get_gpu_kernel_breakdown(visualize=False)
+    t3 = time.perf_counter()
+    return {"import_s": t1 - t0, "parse_s": t2 - t1, "breakdown_s": t3 - t2, "total_s": t3 - t1,
+            "kernel_rows": int(len(kernels)), "peak_rss_bytes": _peak_rss_bytes()}
+
+
+def run_child(args: list[str], timeout: float | None) -> dict[str, Any]:
+    """Run this file as a child with `args`; its JSON result, or {"error": ...}."""
+    try:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
+                             timeout=timeout, env=_python_env(), check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s", "timed_out": True}
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"exit {out.returncode}: {tail}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- parent
+
+def make_traces(n: int, workdir: Path, formats: list[str], reuse: bool) -> dict[str, Any]:
+    """Write the `n`-event trace as JSON (and gzip); reuse files from an earlier run when asked."""
+    sys.path.insert(0, str(HERE))
+    import scaletrace
+
+    plain = workdir / f"scale_{label(n)}.json"
+    meta_path = workdir / f"scale_{label(n)}.meta.json"
+    if reuse and plain.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+    else:
+        started = time.perf_counter()
+        meta = scaletrace.write_trace(plain, n)
+        meta["generate_s"] = time.perf_counter() - started
+        meta_path.write_text(json.dumps(meta))
+    paths = {"json": plain}
+    if "gz" in formats:
+        packed = workdir / f"scale_{label(n)}.json.gz"
+        if not (reuse and packed.exists()):
+            with open(plain, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+        paths["gz"] = packed
+    meta["paths"] = {k: str(v) for k, v in paths.items()}
+    meta["file_bytes"] = {k: v.stat().st_size for k, v in paths.items()}
+    return meta
+
+
+def cli_wall(path: Path) -> float | None:
+    """Seconds of `attnprof analyze PATH --format json`, end to end."""
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "attnprof", "analyze", str(path), "--format", "json"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_python_env(), check=False)
+    wall = time.perf_counter() - started
+    return wall if out.returncode == 0 else None
+
+
+def _mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.0f}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One row per size and format."""
+    head = ("| trace | events | file MiB (uncompressed) | parse s | analysis s | total s | events/s | CLI s | "
+            "peak RSS MiB | x uncompressed | above start MiB | x uncompressed | HTA s | HTA peak MiB | HTA / attnprof |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        a = r["attnprof"]
+        if "error" in a:
+            lines.append(f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['error']} |" + " |" * 11)
+            continue
+        hta = r.get("hta") or {}
+        if not hta:
+            hta_s, hta_mem, ratio = "not run", "", ""
+        elif "error" in hta:
+            hta_s = f"> {hta['timeout_s']:g} (killed)" if hta.get("timed_out") else hta["error"]
+            hta_mem = ""
+            ratio = f"> {hta['timeout_s'] / a['total_s']:.0f}x" if hta.get("timed_out") else ""
+        else:
+            hta_s, hta_mem = f"{hta['total_s']:.1f}", _mib(hta["peak_rss_bytes"])
+            ratio = f"{hta['total_s'] / a['total_s']:.0f}x"
+        above = a["peak_rss_bytes"] - (a["start_rss_bytes"] or 0)
+        lines.append(
+            f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['parse_s']:.2f} | "
+            f"{a['analysis_s']:.2f} | {a['total_s']:.2f} | {a['events_per_s']:,.0f} | "
+            f"{'n/a' if r.get('cli_s') is None else format(r['cli_s'], '.2f')} | {_mib(a['peak_rss_bytes'])} | "
+            f"{a['peak_rss_bytes'] / r['uncompressed_bytes']:.2f} | {_mib(above)} | "
+            f"{above / r['uncompressed_bytes']:.2f} | {hta_s} | {hta_mem} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate, measure, report. 0 when it ran."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("analysis_scale.json"))
+    parser.add_argument("--sizes", default="100k,1M,5M", help="comma-separated event counts")
+    parser.add_argument("--formats", default="json,gz", help="json and/or gz")
+    parser.add_argument("--repeats", type=int, default=3, help="attnprof runs per trace up to 1M events (min kept)")
+    parser.add_argument("--hta-sizes", default="100k,1M", help="sizes HTA runs at ('' for none)")
+    parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds before an HTA child is killed")
+    parser.add_argument("--cprofile-size", default="1M", help="size profiled with cProfile ('' for none)")
+    parser.add_argument("--workdir", type=Path, default=None, help="where traces go (default: a temp dir, removed)")
+    parser.add_argument("--reuse", action="store_true", help="reuse traces already in --workdir")
+    parser.add_argument("--child-attnprof", help=argparse.SUPPRESS)
+    parser.add_argument("--child-cprofile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-hta", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child_attnprof:
+        print(json.dumps(child_attnprof(args.child_attnprof, args.child_cprofile)))
+        return 0
+    if args.child_hta:
+        print(json.dumps(child_hta(args.child_hta)))
+        return 0
+
+    started = time.perf_counter()
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    hta_sizes = {parse_size(s) for s in args.hta_sizes.split(",") if s.strip()}
+    cprofile_size = parse_size(args.cprofile_size) if args.cprofile_size.strip() else None
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="attnprof-scale-")
+        workdir = Path(tmp.name)
+    else:
+        workdir = args.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
+    try:
+        for n in sizes:
+            meta = make_traces(n, workdir, formats, args.reuse)
+            print(f"analysis_scale.py: {label(n)}: {meta['events']:,} events, "
+                  f"{meta['bytes_uncompressed'] / 2**20:,.0f} MiB", file=sys.stderr)
+            hta_result = None
+            for fmt in formats:
+                path = meta["paths"][fmt]
+                runs = [run_child(["--child-attnprof", path], None)
+                        for _ in range(args.repeats if meta["events"] <= 1_500_000 else 1)]
+                ok = [r for r in runs if "error" not in r]
+                best = min(ok, key=lambda r: r["total_s"]) if ok else runs[0]
+                if ok:
+                    best["events_per_s"] = best["events"] / best["total_s"]
+                    best["parse_events_per_s"] = best["events"] / best["parse_s"]
+                    best["all_total_s"] = [round(r["total_s"], 3) for r in ok]
+                row = {"name": f"{label(n)} .{fmt.replace('gz', 'json.gz')}", "size": label(n), "format": fmt,
+                       "events": meta["events"], "forwards": meta["forwards"],
+                       "uncompressed_bytes": meta["bytes_uncompressed"], "file_bytes": meta["file_bytes"][fmt],
+                       "attnprof": best, "cli_s": cli_wall(Path(path))}
+                if fmt == "json" and n in hta_sizes:
+                    hta_dir = workdir / f"hta_{label(n)}"
+                    hta_dir.mkdir(exist_ok=True)
+                    link = hta_dir / "rank0.json"
+                    if not link.exists():
+                        link.symlink_to(Path(path).resolve())
+                    print(f"analysis_scale.py: HTA at {label(n)} (up to {args.hta_timeout:g} s)", file=sys.stderr)
+                    hta_result = run_child(["--child-hta", str(hta_dir)], args.hta_timeout)
+                    hta_result["timeout_s"] = args.hta_timeout
+                    row["hta"] = hta_result
+                rows.append(row)
+            if cprofile_size == n:
+                profiles[label(n)] = run_child(["--child-attnprof", meta["paths"]["json"], "--child-cprofile"], None)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    document = {
+        "benchmark": "analysis_scale", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
+        "targets": {"events_per_s": TARGET_EVENTS_PER_S, "peak_memory_x_uncompressed": TARGET_MEMORY_RATIO},
+        "rows": rows, "cprofile": profiles, "wall_s": time.perf_counter() - started,
+    }
+    args.out.write_text(json.dumps(document, indent=2))
+    print(f"\nattnprof analysis at scale; targets: >= {TARGET_EVENTS_PER_S:,} events/s, peak RSS < "
+          f"{TARGET_MEMORY_RATIO:g}x the uncompressed trace; whole run {document['wall_s']:.0f} s; JSON: {args.out}\n")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
