@@ -69,3 +69,14 @@ def test_no_plugins_hides_them(cli, write_config, crashing) -> None:
     result = cli("--no-plugins", "list", "--config", str(write_config()), "--format", "json")
     names = {v["name"] for v in json.loads(result.stdout)["variants"]}
     assert "crash-setup" not in names and "broken" not in names and "naive" in names
+
+
+def test_a_duplicate_name_is_a_failed_row_not_a_replacement(cli, write_config, site: Site) -> None:  # noqa: F811
+    site.add("attnprof-clash", "2.0", entry="clash", variants=("sdpa-math",))
+    config = write_config(variants=["sdpa-math", "sdpa-math-clash"])
+    result = cli("compare", str(config), "--format", "json", "--no-timing")
+    assert result.exit_code == 1
+    rows = {r["variant"]: r for r in json.loads(result.stdout)["results"]}
+    assert rows["sdpa-math"]["status"] == "ok" and rows["sdpa-math"]["source"] == "built-in"
+    assert rows["sdpa-math-clash"]["status"] == (
+        "failed: variant 'sdpa-math' from attnprof-clash 2.0 is already registered by built-in")

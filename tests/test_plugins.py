@@ -278,6 +278,8 @@ def test_duplicate_of_a_builtin_is_reported(site):
     assert status.variants == ["dup-own"]  # its other variants still load
     assert loaded.registry.get(builtin).source == "built-in"  # the built-in keeps its name
     assert loaded.registry.get("dup-own").source == "attnprof-dup 1.2"
+    clash = loaded.registry.get(f"{builtin}-dup")  # the losing variant, shown as unavailable
+    assert clash.unavailable_reason(SPEC) == status.error and clash.source == "attnprof-dup 1.2"
 
 
 def test_duplicate_between_plugins_first_one_wins(site):

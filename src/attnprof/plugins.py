@@ -155,6 +155,8 @@ def _load_one(ep: metadata.EntryPoint, registry: Registry, builtin: bool) -> Plu
             status.variants.append(variant.name)
         except AttnprofError as exc:
             problems.append(exc.message)
+            # the loser of a name clash stays visible: unavailable in `list`, a failed row in `compare`
+            _placeholder(registry, f"{variant.name}@{ep.name}", source, exc.message)
     if problems:
         status.error = "; ".join(problems)
     return status
