@@ -25,8 +25,11 @@ def test_cpu_environment_keys_and_values():
 
 
 def test_missing_nvidia_smi_gives_none(monkeypatch):
-    monkeypatch.setattr(environment.shutil, "which", lambda name: None)
+    from attnprof import devices
+
+    monkeypatch.setattr(devices.shutil, "which", lambda name: None)
     assert nvidia_driver_version() is None
+    assert devices.nvidia_smi_query("compute_cap") is None
 
 
 def test_triton_absent_gives_none(monkeypatch):

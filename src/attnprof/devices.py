@@ -144,19 +144,28 @@ def _index(device: str) -> int:
     return int(device.split(":", 1)[1]) if ":" in device else 0
 
 
-@functools.lru_cache(maxsize=None)
-def _smi_compute_capabilities() -> tuple[tuple[int, int], ...] | None:
-    """The compute capability of every GPU nvidia-smi lists, or None when it cannot tell."""
+def nvidia_smi_query(field: str) -> list[str] | None:
+    """One value per GPU for an `nvidia-smi --query-gpu` field, or None when nvidia-smi is absent or fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run([exe, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    found = [re.match(r"\s*(\d+)\.(\d+)\s*$", line) for line in out.stdout.splitlines() if line.strip()]
-    if out.returncode != 0 or not found or not all(found):
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return lines if out.returncode == 0 and lines else None
+
+
+@functools.lru_cache(maxsize=None)
+def _smi_compute_capabilities() -> tuple[tuple[int, int], ...] | None:
+    """The compute capability of every GPU nvidia-smi lists, or None when it cannot tell."""
+    lines = nvidia_smi_query("compute_cap")
+    if lines is None:
+        return None
+    found = [re.match(r"(\d+)\.(\d+)$", line) for line in lines]
+    if not all(found):
         return None
     return tuple((int(m.group(1)), int(m.group(2))) for m in found if m)
 

@@ -8,13 +8,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from importlib import metadata
 from typing import Any
-
-NVIDIA_SMI_TIMEOUT_S = 5.0
 
 
 def cpu_model() -> str | None:
@@ -48,16 +44,10 @@ def triton_version() -> str | None:
 
 def nvidia_driver_version() -> str | None:
     """The NVIDIA driver version from `nvidia-smi`, or None when it is absent or fails."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        result = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                                text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
-    return lines[0] if result.returncode == 0 and lines else None
+    from attnprof.devices import nvidia_smi_query
+
+    lines = nvidia_smi_query("driver_version")
+    return lines[0] if lines else None
 
 
 def _gpu_fields(device: str) -> dict[str, Any]:
