@@ -148,6 +148,13 @@ def test_compare_pattern_selection(cli, write_config) -> None:
     assert [r["variant"] for r in json.loads(result.stdout)["results"]] == ["sdpa-math", "sdpa-flash"]
 
 
+def test_explicit_variants_replace_the_config_exclude(cli, write_config) -> None:
+    config = write_config(variants=["*"], exclude=["sdpa*", "naive"])
+    result = cli("compare", str(config), "--variants", "sdpa-math", "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [r["variant"] for r in json.loads(result.stdout)["results"]] == ["sdpa-math"]
+
+
 def test_markdown_tables(cli, write_config) -> None:
     result = cli("compare", str(write_config(variants=["sdpa-math"])), "--format", "markdown", "--no-timing")
     assert result.exit_code == 0

@@ -10,7 +10,7 @@ from attnprof.cli import common as c
 from attnprof.cli.execute import Measure, execute, exit_code
 from attnprof.cli.settings import build_config
 
-PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", help="Include pattern, e.g. 'sdpa-*' (repeatable; overrides the config).", show_default=False)]
+PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
 ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
 BaselineOpt = Annotated[Optional[str], typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
@@ -46,6 +46,8 @@ def compare_command(
     from attnprof.profiling.inputs import resolve_device
     from attnprof.profiling.session import plan_cells, select_variants
 
+    if variants and exclude is None:
+        exclude = []  # an explicit selection replaces the config's include and exclude lists together
     cfg = build_config(config, variants=variants or None, exclude=exclude, baseline=baseline, device=device,
                        dtype=dtype, causal=causal, output_dir=output_dir, region=region, seed=seed,
                        shape=dict(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, head_dim=head_dim),
