@@ -259,3 +259,22 @@ def test_ctrl_c_keeps_finished_cells(cli, write_config, monkeypatch, tmp_path: P
     document = json.loads(json_file.read_text())
     assert document["interrupted"] is True
     assert [r["variant"] for r in document["results"]] == ["naive"]
+
+
+def test_refresh_ceiling_replaces_the_cached_figure(cli, write_config, isolated_cache) -> None:
+    import json as _json
+
+    from attnprof.profiling import ceiling
+
+    config = str(write_config(variants=["sdpa-math"]))
+    assert cli("compare", config, *FAST).exit_code == 0
+    cache = isolated_cache / "ceilings.json"
+    entries = _json.loads(cache.read_text())["entries"]
+    [key] = entries
+    entries[key]["tflops"] = 1e-9  # a stale, absurd figure
+    cache.write_text(_json.dumps({"version": 1, "entries": entries}))
+    ceiling.forget()
+    stale = _json.loads(cli("compare", config, "--format", "json", *FAST).stdout)
+    assert stale["ceiling"]["tflops"] == 1e-9
+    fresh = _json.loads(cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST).stdout)
+    assert fresh["ceiling"]["tflops"] > 1e-6

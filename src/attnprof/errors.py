@@ -45,10 +45,6 @@ class DeviceError(AttnprofError):
     exit_code = 3
 
 
-class PluginError(AttnprofError):
-    """A plugin failed to import, register, set up or run."""
-
-
 class VariantFailure(AttnprofError):
     """A variant ran but failed: out-of-memory, NaN output, wrong result, crash."""
 

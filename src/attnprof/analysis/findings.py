@@ -29,7 +29,6 @@ FINDING_IDS = ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax
                "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes")
 MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
-UPCAST_OPS = ("aten::_to_copy", "aten::to")
 LOW_OCCUPANCY_PCT = 25.0
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
 

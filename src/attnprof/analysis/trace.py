@@ -190,13 +190,6 @@ class ParsedTrace:
     python_function_count: int
     source: str
 
-    @property
-    def has_device_events(self) -> bool:
-        return len(self.device) > 0
-
-    def name_of(self, index: int) -> str:
-        return self.names[index]
-
     def device_properties_for(self, device: int) -> dict[str, Any] | None:
         """The `deviceProperties` entry of a device id, or the only entry, or None."""
         for props in self.device_properties:

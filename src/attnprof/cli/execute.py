@@ -23,6 +23,7 @@ class Measure:
     cuda_graph: bool = False
     flush_l2: bool = False
     check_masking: bool = False
+    refresh_ceiling: bool = False
 
 
 @dataclass
@@ -46,8 +47,8 @@ def execute(command: str, config: "Config", cells: "list[tuple[Variant, RunSpec]
     output_dir = ensure_output_dir(Path(config.output_dir))
     ceiling = None
     if measure.timing:
-        note(f"measuring the {config.dtype} matmul ceiling on {device} (cached after the first run)")
-        ceiling = session.measure_ceiling(device, config.dtype)
+        note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
+        ceiling = session.measure_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
     options = session.run_options(config, timing=measure.timing, min_time_s=measure.min_time_s,
                                   cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2,
                                   check_masking=measure.check_masking, ceiling=ceiling)

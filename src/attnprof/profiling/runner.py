@@ -194,12 +194,9 @@ def _run(variant: Variant, spec: RunSpec, options: RunOptions, result: CellResul
 
 def throughput(spec: RunSpec, latency_us: float, ceiling: Any) -> dict[str, Any]:
     """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency."""
-    from attnprof.analysis import roofline
+    from attnprof.analysis.roofline import achieved_for
 
-    return roofline.achieved(
-        roofline.attention_flops(spec), roofline.min_bytes(spec), latency_us * 1e-6,
-        ceiling.tflops * 1e12, ceiling.bandwidth_gbps * 1e9,
-    ) | {"peak_tflops": ceiling.tflops}
+    return achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps) | {"peak_tflops": ceiling.tflops}
 
 
 def _warm_up(forward: Callable[[], Any], spec: RunSpec, calls: int = 3) -> None:

@@ -28,11 +28,12 @@ def select_variants(config: Config, registry: Registry) -> list[Variant]:
     return registry.select(config.variants, config.exclude)
 
 
-def measure_ceiling(device: str, dtype: str) -> Any:
-    """The device's measured matmul and copy ceilings (cached per device, dtype and torch version)."""
+def measure_ceiling(device: str, dtype: str, refresh: bool = False) -> Any:
+    """The device's measured matmul and copy ceilings (cached per device, dtype and torch version;
+    `refresh` measures again and replaces the cached figure)."""
     from attnprof.profiling.ceiling import matmul_peak_tflops
 
-    return matmul_peak_tflops(device, dtype)
+    return matmul_peak_tflops(device, dtype, refresh=refresh)
 
 
 def result_file_stem(command: str) -> str:

@@ -26,9 +26,7 @@ def fmt_number(value: Any, digits: int = 1) -> str:
     if isinstance(value, float):
         if value != value:
             return "n/a"
-        if digits == 0 or (abs(value) >= 100 and value.is_integer()):
-            return f"{value:,.0f}"
-        if abs(value) >= 1000:
+        if digits == 0 or abs(value) >= 1000 or value.is_integer():
             return f"{value:,.0f}"
         if 0 < abs(value) < 1:
             return f"{value:.3g}"

@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from attnprof.report.formatting import fmt_count, fmt_number, table_style
 
+
 def render(rows: list[list[Any]], headers: Iterable[str], fmt: str, widths: list[int | None] | None = None) -> str:
     """One table in the `table` or `markdown` style."""
     return tabulate(rows, headers=list(headers), tablefmt=table_style(fmt), maxcolwidths=widths, disable_numparse=True)
