@@ -13,6 +13,7 @@ from attnprof.profiling.correctness import (
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
+from attnprof.profiling import timing
 from attnprof.profiling.timing import flush_buffer, time_forward
 from attnprof.registry import RunSpec, Variant
 
@@ -56,6 +57,29 @@ def test_cuda_graph_replay_matches_eager_for_a_big_kernel():
     graphed = time_forward(fn, DEV, cuda_graph=True, **QUICK)
     assert graphed.cuda_graph and graphed.method.startswith("cuda-graph replay")
     assert abs(graphed.median_us - eager.median_us) / eager.median_us < 0.15
+
+
+def test_cuda_graph_spreads_its_launch_over_many_forwards():
+    x = torch.ones(1024, device=DEV)
+    graphed = time_forward(lambda: x + 1, DEV, cuda_graph=True, **QUICK)
+    assert graphed.cuda_graph and graphed.forwards_per_sample == timing.GRAPH_MAX_FORWARDS
+    assert f"divided by {timing.GRAPH_MAX_FORWARDS}" in graphed.method
+    single = time_forward(lambda: x + 1, DEV, cuda_graph=True, flush_l2=True, **QUICK)
+    assert single.cuda_graph and single.forwards_per_sample == 1 and "divided" not in single.method
+    # a one-element add is ~2 µs of GPU work; one replay per forward would add the graph launch
+    assert graphed.median_us < 5.0, graphed
+
+
+def test_cuda_graph_of_many_forwards_matches_one_big_graph():
+    fn = sdpa_fn(b=8, h=16, s=1024, d=64)
+    graphed = time_forward(fn, DEV, cuda_graph=True, **QUICK)
+    assert graphed.forwards_per_sample > 1
+    graph, _ = timing.capture_graph(fn, 100)
+    times = []
+    for _ in range(10):
+        times.append(timing._event_time_s(graph.replay) / 100 * 1e6)
+    reference = sorted(times)[5]
+    assert abs(graphed.median_us - reference) / reference < 0.05, (graphed.median_us, reference)
 
 
 def test_capture_failure_falls_back_and_says_so():

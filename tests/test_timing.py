@@ -3,7 +3,9 @@ import torch
 
 from attnprof.errors import VariantFailure
 from attnprof.profiling import timing
-from attnprof.profiling.timing import choose_reps, has_settled, iqr, is_unstable, median, quantile, time_forward
+from attnprof.profiling.timing import (
+    choose_reps, has_settled, iqr, is_unstable, median, quantile, summarize, time_forward,
+)
 
 
 class FakeClock:
@@ -169,3 +171,23 @@ def test_to_dict_carries_result_row_names():
     assert row["latency_us"] == row["median_us"] == pytest.approx(2000.0)
     assert row["latency_iqr_us"] == row["iqr_us"] and row["timing_method"] == "m"
     assert row["cold_ms"] == pytest.approx(500.0)
+
+
+def test_forwards_per_graph_fills_the_target_and_is_clamped():
+    from attnprof.profiling.timing import GRAPH_MAX_FORWARDS, forwards_per_graph
+
+    assert forwards_per_graph(54.0, target_us=1000.0) == 19  # a small kernel: launch spread over 19
+    assert forwards_per_graph(2600.0, target_us=1000.0) == 1  # a big one already fills a replay
+    assert forwards_per_graph(700.0, target_us=1000.0) == 1
+    assert forwards_per_graph(3.0, target_us=1000.0) == GRAPH_MAX_FORWARDS
+    assert forwards_per_graph(0.0) == GRAPH_MAX_FORWARDS
+    assert forwards_per_graph(10.0, target_us=1000.0, max_forwards=8) == 8
+    with pytest.raises(ValueError):
+        forwards_per_graph(10.0, max_forwards=0)
+
+
+def test_summarize_records_forwards_per_sample():
+    t = summarize([1e-5] * 4, reps=4, warmup_reps=3, cold_s=0.0, method="m", cuda_graph=True,
+                  forwards_per_sample=19)
+    assert t.forwards_per_sample == 19 and t.to_dict()["forwards_per_sample"] == 19
+    assert t.median_us == pytest.approx(10.0)

@@ -52,7 +52,7 @@ WarmupOpt = Annotated[Optional[int], typer.Option(help="Profiler schedule: warm-
 ActiveOpt = Annotated[Optional[int], typer.Option(help="Profiler schedule: recorded steps.", show_default=False)]
 TimingOpt = Annotated[bool, typer.Option("--timing/--no-timing", help="Time the forward outside the profiler (latency, memory, throughput).")]
 MinTimeOpt = Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")]
-CudaGraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays where the variant allows capture.")]
+CudaGraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays (many forwards per graph) where the variant allows capture.")]
 FlushL2Opt = Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")]
 RefreshCeilingOpt = Annotated[bool, typer.Option("--refresh-ceiling", help="Measure the matmul ceiling again instead of using the cached figure.")]
 MaskingOpt = Annotated[bool, typer.Option("--check-masking", help="Probe fully masked rows and report NaN per variant.")]

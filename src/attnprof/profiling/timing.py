@@ -11,10 +11,14 @@ How a sample is taken:
 * CUDA: a pair of CUDA events around each call, calls issued back to back, one synchronize at
   the end. Eager event times include any launch gap the CPU leaves (users pay that too);
   `cuda_graph=True` replays a captured graph instead, and falls back to eager, saying so in
-  `method`, when the variant cannot be captured. Each replay holds one forward, so its time
-  includes the graph's own launch latency (a few µs; measured on an H200: 1 to 4 µs over
-  graphs of many back-to-back forwards). `flush_l2=True` zeroes a buffer of at least
-  256 MiB (twice the L2, if larger) before each call, outside the events, as triton's do_bench.
+  `method`, when the variant cannot be captured. One graph holds k back-to-back forwards,
+  with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
+  `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k. That spreads the graph's
+  own launch latency (1 to 4 µs on an H200) over k forwards instead of adding it to each,
+  and the spread is then that of k-forward averages. `flush_l2=True` zeroes a buffer of at
+  least 256 MiB (twice the L2, if larger) before each call, outside the events, as triton's
+  do_bench; with a graph as well, each graph holds one forward so that every forward
+  starts on a flushed L2 (and its time includes the graph launch).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
 
 Statistics: median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
@@ -34,6 +38,8 @@ UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
 FLUSH_MIN_BYTES = 256 * 1024 * 1024
 SIDE_STREAM_WARMUP = 3
+GRAPH_TARGET_US = 1000.0
+GRAPH_MAX_FORWARDS = 64
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class Timing:
     method: str
     cuda_graph: bool = False
     flush_l2: bool = False
+    forwards_per_sample: int = 1
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of the fields, plus the result-row names `latency_us` (the median),
@@ -109,17 +116,28 @@ def has_settled(times: Sequence[float], window: int, tolerance: float = SETTLE_T
     return mid > 0 and (max(last) - min(last)) <= tolerance * mid
 
 
+def forwards_per_graph(replay_us: float, target_us: float = GRAPH_TARGET_US,
+                       max_forwards: int = GRAPH_MAX_FORWARDS) -> int:
+    """How many forwards one CUDA graph should hold so that a replay takes about `target_us`,
+    given one single-forward replay's time; at least 1, at most `max_forwards`."""
+    if max_forwards < 1:
+        raise ValueError(f"max_forwards must be >= 1, got {max_forwards}")
+    if replay_us <= 0:
+        return max_forwards
+    return max(1, min(max_forwards, round(target_us / replay_us)))
+
+
 def summarize(samples_s: Sequence[float], *, reps: int, warmup_reps: int, cold_s: float, method: str,
-              cuda_graph: bool = False, flush_l2: bool = False,
+              cuda_graph: bool = False, flush_l2: bool = False, forwards_per_sample: int = 1,
               unstable_threshold: float = UNSTABLE_IQR_RATIO) -> Timing:
-    """Build a Timing from per-call seconds."""
+    """Build a Timing from per-forward seconds (each sample may average several forwards)."""
     us = [s * 1e6 for s in samples_s]
     p25, mid, p75 = quantile(us, 0.25), quantile(us, 0.5), quantile(us, 0.75)
     return Timing(
         median_us=mid, iqr_us=p75 - p25, p25_us=p25, p75_us=p75, min_us=min(us), reps=reps,
         warmup_reps=warmup_reps, cold_ms=cold_s * 1e3,
         unstable=is_unstable(mid, p75 - p25, unstable_threshold),
-        method=method, cuda_graph=cuda_graph, flush_l2=flush_l2,
+        method=method, cuda_graph=cuda_graph, flush_l2=flush_l2, forwards_per_sample=forwards_per_sample,
     )
 
 
@@ -214,10 +232,11 @@ def _event_time_s(launch: Callable[[], Any]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def capture_graph(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    """Capture one `fn()` into a torch.cuda.CUDAGraph after a side-stream warm-up.
+def capture_graph(fn: Callable[[], Any], forwards: int = 1) -> tuple[Any, Any]:
+    """Capture `forwards` back-to-back calls of `fn()` into one torch.cuda.CUDAGraph, after a
+    side-stream warm-up, and replay it once.
 
-    Returns (graph, output). Raises whatever the capture raised when it fails.
+    Returns (graph, last output). Raises whatever the capture raised when it fails.
     """
     import torch
 
@@ -230,7 +249,8 @@ def capture_graph(fn: Callable[[], Any]) -> tuple[Any, Any]:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fn()
+        for _ in range(max(1, forwards)):
+            out = fn()
     graph.replay()
     torch.cuda.synchronize()
     return graph, out
@@ -277,18 +297,18 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
     warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps)
     warm_n = len(warm)
     launch = fn
+    per_sample = 1
     notes: list[str] = []
     graph_used = False
     if cuda_graph:
         try:
-            graph, _graph_out = capture_graph(fn)
+            graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
             recover_from_failed_capture(dev)
             notes.append(f"cuda-graph capture failed ({_one_line(exc)}), fell back to eager")
         else:
             launch = graph.replay
             graph_used = True
-            warm = [_event_time_s(launch) for _ in range(max(1, warmup_reps))]
     reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
     cache = flush_buffer(dev) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -301,11 +321,32 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
         launch()
         ends[i].record()
     torch.cuda.synchronize(dev)
-    samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends)]
     del cache
-    head = "cuda-graph replay, CUDA events per replay" if graph_used else "CUDA events per call, eager, back to back"
+    if graph_used:
+        head = (f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
+                f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else ""))
+    else:
+        head = "CUDA events per call, eager, back to back"
     notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
     if flush_l2:
         notes.append("L2 flushed before each call (outside the events)")
     return summarize(samples, reps=reps, warmup_reps=warm_n, cold_s=cold, method="; ".join(notes),
-                     cuda_graph=graph_used, flush_l2=flush_l2, unstable_threshold=unstable_threshold)
+                     cuda_graph=graph_used, flush_l2=flush_l2, forwards_per_sample=per_sample,
+                     unstable_threshold=unstable_threshold)
+
+
+def _graphed(fn: Callable[[], Any], warmup_reps: int, single: bool) -> tuple[Any, int, list[float]]:
+    """A graph of k forwards ready to replay, k, and its warm replay times (seconds per replay).
+
+    A one-forward graph is captured first; its replay time picks k (`forwards_per_graph`),
+    and when k > 1 (never when `single`) a k-forward graph replaces it.
+    """
+    graph, _ = capture_graph(fn)
+    times = [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]
+    forwards = 1 if single else forwards_per_graph(median(times) * 1e6)
+    if forwards == 1:
+        return graph, 1, times
+    del graph
+    graph, _ = capture_graph(fn, forwards)
+    return graph, forwards, [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]
