@@ -62,8 +62,9 @@ def test_cuda_graph_replay_matches_eager_for_a_big_kernel():
 def test_cuda_graph_spreads_its_launch_over_many_forwards():
     x = torch.ones(1024, device=DEV)
     graphed = time_forward(lambda: x + 1, DEV, cuda_graph=True, **QUICK)
-    assert graphed.cuda_graph and graphed.forwards_per_sample == timing.GRAPH_MAX_FORWARDS
-    assert f"divided by {timing.GRAPH_MAX_FORWARDS}" in graphed.method
+    # a one-forward replay of a ~1 µs kernel measures ~17 µs on an H200 (the graph launch), so k is large
+    assert graphed.cuda_graph and graphed.forwards_per_sample >= 16
+    assert f"divided by {graphed.forwards_per_sample}" in graphed.method
     single = time_forward(lambda: x + 1, DEV, cuda_graph=True, flush_l2=True, **QUICK)
     assert single.cuda_graph and single.forwards_per_sample == 1 and "divided" not in single.method
     # a one-element add is ~2 µs of GPU work; one replay per forward would add the graph launch

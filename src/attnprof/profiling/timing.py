@@ -249,8 +249,9 @@ def capture_graph(fn: Callable[[], Any], forwards: int = 1) -> tuple[Any, Any]:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(max(1, forwards)):
-            out = fn()
+        for _ in range(max(1, forwards) - 1):
+            fn()  # dropped at once, as in an eager loop, so the next call reuses its memory
+        out = fn()
     graph.replay()
     torch.cuda.synchronize()
     return graph, out
