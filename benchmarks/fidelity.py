@@ -19,8 +19,10 @@ load (about 250 ms, attnprof's default `min_time_s`), because under sustained lo
 can lower its SM clock (seen: 1980 -> 1845 MHz with the SW power cap active), so a 25 ms
 burst and a 250 ms run of the same kernel can differ by several percent while both timers
 are right. To show when that happens, nvidia-smi samples the SM clock every 20 ms and each
-timing gets the median clock of its own window. "within 5%" holds when both pairs differ
-by at most 5 %. The default (eager) timing is also set against the graph, but that gap is
+timing gets the median clock of its own window. The clock also drifts between timings
+(seen: one 250 ms window dipping to 1485 MHz), so every timing runs `--rounds` times (3),
+interleaved, the order within each compared pair flipping every round, and the medians of
+the rounds are compared. "within 5%" holds when both pairs differ by at most 5 %. The default (eager) timing is also set against the graph, but that gap is
 not an error: an eager call whose CPU dispatch takes longer than its kernel leaves the GPU
 idle between calls, the events see it, and users pay it. Rows with a gap over 5 % are
 marked launch-bound.
@@ -48,6 +50,7 @@ SHAPES = [(8, 16, 1024, 64), (4, 16, 8192, 128)]
 TOLERANCE_PCT = 5.0
 GRAPH_REP_MS = 25  # do_bench_cudagraph replays its graph 10 times: ~250 ms in all
 DO_BENCH_REP_MS = 250
+TIMINGS = ("attnprof", "graph", "attnprof_graph", "attnprof_flush", "do_bench")
 THROTTLE_IDLE = 0x1  # nvidia-smi's 'GPU idle' reason bit; any other bit marks a throttled window
 
 
@@ -100,9 +103,10 @@ class ClockLog:
         return samples
 
 
-def window_clock(samples: list[tuple[float, int, int]], start: float, end: float) -> dict[str, Any] | None:
-    """Median SM MHz and the OR of throttle-reason bits over samples in [start, end], or None."""
-    inside = [(mhz, bits) for when, mhz, bits in samples if start <= when <= end]
+def window_clock(samples: list[tuple[float, int, int]], spans: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """Median and lowest SM MHz and the OR of throttle-reason bits over the samples that fall in
+    any of the (start, end) spans, or None when none does."""
+    inside = [(mhz, bits) for when, mhz, bits in samples if any(a <= when <= b for a, b in spans)]
     if not inside:
         return None
     clocks = sorted(mhz for mhz, _ in inside)
@@ -126,7 +130,56 @@ def pick_variants(registry: Any, names: list[str] | None) -> list[str]:
     return DEFAULT_VARIANTS + [n for n in FUSED_PLUGINS if n in registry]
 
 
-def measure_cell(variant: Any, spec: Any, peak: Any) -> dict[str, Any]:
+def timed_rounds(fn: Callable[[], Any], device: str, rounds: int) -> dict[str, Any]:
+    """Every timing of `fn`, `rounds` times, interleaved (the order of each compared pair flips
+    every round, so drift in the GPU's clock hits both sides); medians of the rounds, the
+    per-round values, and each timing's (start, end) windows for the clock log."""
+    from attnprof.profiling.timing import time_forward
+
+    values: dict[str, list[float | None]] = {key: [] for key in TIMINGS}
+    windows: dict[str, list[tuple[float, float]]] = {key: [] for key in TIMINGS}
+    graph_method = None
+
+    def timed(key: str, measure: Callable[[], float | None]) -> None:
+        start = time.time()
+        values[key].append(measure())
+        windows[key].append((start, time.time()))
+
+    def attnprof_graph() -> float | None:
+        nonlocal graph_method
+        t = time_forward(fn, device, cuda_graph=True)
+        graph_method = t.method
+        return t.median_us if t.cuda_graph else None
+
+    measures: dict[str, Callable[[], float | None]] = {
+        "attnprof": lambda: time_forward(fn, device).median_us,
+        "graph": lambda: graph_time_us(fn),
+        "attnprof_graph": attnprof_graph,
+        "attnprof_flush": lambda: time_forward(fn, device, flush_l2=True).median_us,
+        "do_bench": lambda: do_bench_us(fn),
+    }
+    for i in range(rounds):
+        pairs = [("graph", "attnprof_graph"), ("attnprof_flush", "do_bench")]
+        order = ["attnprof"] + [key for pair in pairs for key in (pair if i % 2 == 0 else pair[::-1])]
+        for key in order:
+            timed(key, measures[key])
+    out: dict[str, Any] = {f"{key}_us": median_or_none(vals) for key, vals in values.items()}
+    out["rounds"] = {key: vals for key, vals in values.items()}
+    out["attnprof_graph_method"] = graph_method
+    out["windows"] = windows
+    return out
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median of the values that are not None, or None when there are none."""
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return None
+    mid = len(present) // 2
+    return present[mid] if len(present) % 2 else (present[mid - 1] + present[mid]) / 2
+
+
+def measure_cell(variant: Any, spec: Any, peak: Any, rounds: int = 3) -> dict[str, Any]:
     """Time one variant at one shape every way and compare; a row dict (status 'ok' or why not)."""
     import torch
 
@@ -134,7 +187,6 @@ def measure_cell(variant: Any, spec: Any, peak: Any) -> dict[str, Any]:
     from attnprof.errors import AttnprofError
     from attnprof.profiling.correctness import check_variant_output
     from attnprof.profiling.inputs import make_inputs
-    from attnprof.profiling.timing import time_forward
 
     row: dict[str, Any] = {"variant": variant.name, "shape": spec.shape_label, "status": "ok"}
     reason = variant.unavailable_reason(spec)
@@ -152,24 +204,7 @@ def measure_cell(variant: Any, spec: Any, peak: Any) -> dict[str, Any]:
             check = check_variant_output(fn(), q, k, v, causal=spec.causal, dtype=spec.dtype, layout=variant.layout)
             row["correct"] = check.passed
             row["rel_error"] = check.rel_error
-            windows = row["windows"] = {}
-
-            def timed(key: str, measure: Callable[[], Any]) -> Any:
-                start = time.time()
-                value = measure()
-                windows[key] = (start, time.time())
-                return value
-
-            eager = timed("attnprof", lambda: time_forward(fn, spec.device))
-            row["attnprof_us"], row["attnprof_iqr_us"] = eager.median_us, eager.iqr_us
-            row["cold_ms"], row["unstable"] = eager.cold_ms, eager.unstable
-            row["graph_us"] = timed("graph", lambda: graph_time_us(fn))
-            graphed = timed("attnprof_graph", lambda: time_forward(fn, spec.device, cuda_graph=True))
-            row["attnprof_graph_us"] = graphed.median_us if graphed.cuda_graph else None
-            row["attnprof_graph_method"] = graphed.method
-            flushed = timed("attnprof_flush", lambda: time_forward(fn, spec.device, flush_l2=True))
-            row["attnprof_flush_us"] = flushed.median_us
-            row["do_bench_us"] = timed("do_bench", lambda: do_bench_us(fn))
+            row.update(timed_rounds(fn, spec.device, rounds))
     except AttnprofError as exc:
         row["status"] = f"failed: {exc.message}"
         return row
@@ -235,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("fidelity.json"), help="JSON output path")
     parser.add_argument("--variants", nargs="*", help="variant names (default: fused SDPA backends + plugins)")
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell (medians reported)")
     args = parser.parse_args(argv)
 
     import torch
@@ -259,11 +295,11 @@ def main(argv: list[str] | None = None) -> int:
             if name not in registry:
                 rows.append({"variant": name, "shape": spec.shape_label, "status": "not registered"})
                 continue
-            rows.append(measure_cell(registry.get(name), spec, peak))
+            rows.append(measure_cell(registry.get(name), spec, peak, args.rounds))
             print(f"  {name} {spec.shape_label}: {rows[-1]['status']}", file=sys.stderr, flush=True)
     samples = clock_log.stop()
     for row in rows:
-        row["sm_clock"] = {key: window_clock(samples, *span) for key, span in row.pop("windows", {}).items()}
+        row["sm_clock"] = {key: window_clock(samples, spans) for key, spans in row.pop("windows", {}).items()}
     table = markdown(rows)
     print(f"bf16 matmul peak {peak.tflops:.0f} TFLOP/s, copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n")
     print(table)

@@ -13,17 +13,52 @@ SAMPLES = [(1.00, 1980, 0x0), (1.02, 1845, 0x4), (1.04, 1845, 0x4), (1.06, 1965,
 
 
 def test_window_clock_takes_median_min_and_throttle_bits_of_its_window():
-    c = fidelity.window_clock(SAMPLES, 1.01, 1.07)
+    c = fidelity.window_clock(SAMPLES, [(1.01, 1.07)])
     assert c == {"sm_mhz": 1845, "min_sm_mhz": 1845, "throttle_bits": 0x4, "samples": 3}
-    assert fidelity.window_clock(SAMPLES, 3.0, 4.0) is None
+    both = fidelity.window_clock(SAMPLES, [(0.99, 1.01), (1.05, 1.07), (1.9, 2.1)])
+    assert both == {"sm_mhz": 1980, "min_sm_mhz": 1965, "throttle_bits": 0x1, "samples": 3}
+    assert fidelity.window_clock(SAMPLES, [(3.0, 4.0)]) is None
 
 
 def test_clock_column_marks_throttled_windows_but_not_idle_ones():
-    row = {"sm_clock": {"attnprof_graph": fidelity.window_clock(SAMPLES, 1.01, 1.07),
-                        "graph": fidelity.window_clock(SAMPLES, 1.9, 2.1)}}
+    row = {"sm_clock": {"attnprof_graph": fidelity.window_clock(SAMPLES, [(1.01, 1.07)]),
+                        "graph": fidelity.window_clock(SAMPLES, [(1.9, 2.1)])}}
     assert fidelity.clocks(row) == "1845* / 1980 / n/a / n/a"
 
 
 def test_diff_pct():
     assert fidelity.diff_pct(105.0, 100.0) == pytest.approx(5.0)
     assert fidelity.diff_pct(None, 100.0) is None and fidelity.diff_pct(1.0, None) is None
+
+
+def test_rounds_interleave_and_flip_each_pair(monkeypatch):
+    from attnprof.profiling import timing
+
+    calls = []
+    fake_time = iter(range(10_000))
+    monkeypatch.setattr(fidelity.time, "time", lambda: float(next(fake_time)))
+
+    class T:
+        def __init__(self, us, graph=False):
+            self.median_us, self.cuda_graph, self.method = us, graph, "m"
+
+    def fake_time_forward(fn, device, cuda_graph=False, flush_l2=False):
+        key = "attnprof_graph" if cuda_graph else "attnprof_flush" if flush_l2 else "attnprof"
+        calls.append(key)
+        return T({"attnprof": 10.0, "attnprof_graph": 5.0, "attnprof_flush": 7.0}[key] + len(calls), graph=cuda_graph)
+
+    monkeypatch.setattr(timing, "time_forward", fake_time_forward)
+    monkeypatch.setattr(fidelity, "graph_time_us", lambda fn: calls.append("graph") or 4.0)
+    monkeypatch.setattr(fidelity, "do_bench_us", lambda fn: calls.append("do_bench") or None)
+    out = fidelity.timed_rounds(lambda: None, "cuda:0", 2)
+    assert calls == ["attnprof", "graph", "attnprof_graph", "attnprof_flush", "do_bench",
+                     "attnprof", "attnprof_graph", "graph", "do_bench", "attnprof_flush"]
+    assert out["rounds"]["attnprof_graph"] == [8.0, 12.0] and out["attnprof_graph_us"] == 10.0
+    assert out["graph_us"] == 4.0 and out["do_bench_us"] is None
+    assert len(out["windows"]["graph"]) == 2 and all(a < b for a, b in out["windows"]["graph"])
+
+
+def test_median_or_none():
+    assert fidelity.median_or_none([3.0, None, 1.0, 2.0]) == 2.0
+    assert fidelity.median_or_none([4.0, 1.0]) == 2.5
+    assert fidelity.median_or_none([None]) is None
