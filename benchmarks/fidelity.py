@@ -20,7 +20,7 @@ can lower its SM clock (seen: 1980 -> 1845 MHz with the SW power cap active), so
 burst and a 250 ms run of the same kernel can differ by several percent while both timers
 are right. To show when that happens, nvidia-smi samples the SM clock every 20 ms and each
 timing gets the median clock of its own window. The clock also drifts between timings
-(seen: one 250 ms window dipping to 1485 MHz), so every timing runs `--rounds` times (3),
+(seen: one 250 ms window dipping to 1485 MHz), so every timing runs `--rounds` times (5),
 interleaved, the order within each compared pair flipping every round, and the medians of
 the rounds are compared. "within 5%" holds when both pairs differ by at most 5 %. The default (eager) timing is also set against the graph, but that gap is
 not an error: an eager call whose CPU dispatch takes longer than its kernel leaves the GPU
@@ -29,7 +29,7 @@ marked launch-bound.
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=src python3 benchmarks/fidelity.py --out fidelity.json
-Prints a markdown table and writes JSON to --out. About a minute on an H200.
+Prints a markdown table and writes JSON to --out. About 90 s on an H200.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("fidelity.json"), help="JSON output path")
     parser.add_argument("--variants", nargs="*", help="variant names (default: fused SDPA backends + plugins)")
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell (medians reported)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell (medians reported)")
     args = parser.parse_args(argv)
 
     import torch
