@@ -18,11 +18,13 @@ as attnprof's --cuda-graph timing does. Each pair also gets the same length of s
 load (about 250 ms, attnprof's default `min_time_s`), because under sustained load an H200
 can lower its SM clock (seen: 1980 -> 1845 MHz with the SW power cap active), so a 25 ms
 burst and a 250 ms run of the same kernel can differ by several percent while both timers
-are right. To show when that happens, nvidia-smi samples the SM clock every 20 ms and each
+are right. To show when that happens, nvidia-smi samples the SM clock every 25 ms
+(attnprof.profiling.clocks, as `run` and `compare` do) and each
 timing gets the median clock of its own window. The clock also drifts between timings
 (seen: one 250 ms window dipping to 1485 MHz), so every timing runs `--rounds` times (5),
 interleaved, the order within each compared pair flipping every round, and the medians of
-the rounds are compared. "within 5%" holds when both pairs differ by at most 5 %. The default (eager) timing is also set against the graph, but that gap is
+the rounds are compared. "within 5%" holds when both pairs differ by at most 5 %. The
+default (eager) timing is also set against the graph, but that gap is
 not an error: an eager call whose CPU dispatch takes longer than its kernel leaves the GPU
 idle between calls, the events see it, and users pay it. Rows with a gap over 5 % are
 marked launch-bound.
@@ -36,11 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 import time
-from datetime import datetime
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,7 +51,6 @@ TOLERANCE_PCT = 5.0
 GRAPH_REP_MS = 25  # do_bench_cudagraph replays its graph 10 times: ~250 ms in all
 DO_BENCH_REP_MS = 250
 TIMINGS = ("attnprof", "graph", "attnprof_graph", "attnprof_flush", "do_bench")
-THROTTLE_IDLE = 0x1  # nvidia-smi's 'GPU idle' reason bit; any other bit marks a throttled window
 
 
 def graph_time_us(fn: Callable[[], Any]) -> float | None:
@@ -70,50 +69,6 @@ def do_bench_us(fn: Callable[[], Any]) -> float | None:
     except Exception:
         return None
     return float(do_bench(fn, rep=DO_BENCH_REP_MS, return_mode="median")) * 1e3
-
-
-class ClockLog:
-    """SM clock samples from `nvidia-smi -lms 20` in the background, read back per time window."""
-
-    def __init__(self, gpu_index: int) -> None:
-        self._file = tempfile.NamedTemporaryFile("w+", suffix=".csv")
-        try:
-            self._proc: subprocess.Popen | None = subprocess.Popen(
-                ["nvidia-smi", "-i", str(gpu_index), "--format=csv,noheader,nounits", "-lms", "20",
-                 "--query-gpu=timestamp,clocks.sm,clocks_throttle_reasons.active"],
-                stdout=self._file, stderr=subprocess.DEVNULL)
-        except OSError:
-            self._proc = None
-
-    def stop(self) -> list[tuple[float, int, int]]:
-        """Stop sampling; (unix time, SM MHz, throttle-reason bits) per sample."""
-        if self._proc is None:
-            return []
-        self._proc.terminate()
-        self._proc.wait()
-        self._file.seek(0)
-        samples = []
-        for line in self._file.read().splitlines():
-            try:
-                stamp, mhz, reasons = (part.strip() for part in line.split(","))
-                when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                samples.append((when, int(mhz), int(reasons, 16)))
-            except ValueError:
-                continue
-        return samples
-
-
-def window_clock(samples: list[tuple[float, int, int]], spans: list[tuple[float, float]]) -> dict[str, Any] | None:
-    """Median and lowest SM MHz and the OR of throttle-reason bits over the samples that fall in
-    any of the (start, end) spans, or None when none does."""
-    inside = [(mhz, bits) for when, mhz, bits in samples if any(a <= when <= b for a, b in spans)]
-    if not inside:
-        return None
-    clocks = sorted(mhz for mhz, _ in inside)
-    bits = 0
-    for _, b in inside:
-        bits |= b
-    return {"sm_mhz": clocks[len(clocks) // 2], "min_sm_mhz": clocks[0], "throttle_bits": bits, "samples": len(inside)}
 
 
 def diff_pct(ours: float | None, theirs: float | None) -> float | None:
@@ -255,12 +210,20 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _window(samples: list[Any], spans: list[tuple[float, float]]) -> dict[str, Any] | None:
+    from attnprof.profiling.clocks import clock_window
+
+    window = clock_window(samples, spans)
+    return None if window is None else asdict(window)
+
+
 def clocks(row: dict[str, Any]) -> str:
-    """Median SM MHz of each compared timing's window (n/a without samples), '*' when throttled."""
+    """Median SM MHz of each compared timing's windows (n/a without samples), '*' when the
+    driver held the clock down (any reason but idle)."""
     parts = []
     for key in ("attnprof_graph", "graph", "attnprof_flush", "do_bench"):
         c = (row.get("sm_clock") or {}).get(key)
-        parts.append("n/a" if c is None else f"{c['sm_mhz']}{'*' if c['throttle_bits'] & ~THROTTLE_IDLE else ''}")
+        parts.append("n/a" if c is None else f"{c['sm_mhz']}{'*' if c['limits'] else ''}")
     return " / ".join(parts)
 
 
@@ -281,11 +244,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from attnprof.plugins import load_variants
     from attnprof.profiling.ceiling import matmul_peak_tflops
+    from attnprof.profiling.clocks import ClockSampler
     from attnprof.profiling.environment import collect_environment
     from attnprof.registry import RunSpec
 
     started = time.perf_counter()
-    clock_log = ClockLog(torch.device(args.device).index or 0)
+    sampler = ClockSampler(args.device).start()
     registry = load_variants().registry
     peak = matmul_peak_tflops(args.device, "bf16")
     rows = []
@@ -297,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows.append(measure_cell(registry.get(name), spec, peak, args.rounds))
             print(f"  {name} {spec.shape_label}: {rows[-1]['status']}", file=sys.stderr, flush=True)
-    samples = clock_log.stop()
+    samples = sampler.stop()
     for row in rows:
-        row["sm_clock"] = {key: window_clock(samples, spans) for key, spans in row.pop("windows", {}).items()}
+        row["sm_clock"] = {key: _window(samples, spans) for key, spans in row.pop("windows", {}).items()}
     table = markdown(rows)
     print(f"bf16 matmul peak {peak.tflops:.0f} TFLOP/s, copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n")
     print(table)

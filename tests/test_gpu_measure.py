@@ -174,3 +174,34 @@ def test_environment_on_gpu():
     env = collect_environment(DEV)
     assert env["gpu_name"] and env["compute_capability"].count(".") == 1
     assert env["torch_cuda"] and env["sm_count"] > 0
+
+
+def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
+    import shutil
+    import time
+
+    from attnprof.profiling.clocks import ClockSampler, clock_window
+    from attnprof.profiling.runner import RunOptions, run_cells
+    from attnprof.variants import sdpa
+
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi")
+    sampler = ClockSampler(DEV).start()
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    start = time.time()
+    while time.time() - start < 0.5:
+        a @ a
+    torch.cuda.synchronize()
+    end = time.time()
+    samples = sampler.stop()
+    assert sampler.unavailable is None and len(samples) >= 5, sampler.unavailable
+    window = clock_window(samples, [(start, end)])
+    assert window is not None and 300 < window.sm_mhz <= window.max_sm_mhz
+    assert "gpu_idle" not in window.limits
+
+    variant = next(v for v in sdpa.variants() if v.name == "sdpa-flash")
+    spec = RunSpec(DEV, "bf16", 2, 8, 1024, 64, causal=True)
+    results, interrupted = run_cells([(variant, spec)], RunOptions(output_dir=tmp_path, min_time_s=0.1))
+    assert not interrupted and results[0].ok, results[0].reason
+    m = results[0].measures
+    assert 300 < m["sm_clock_mhz"] <= m["sm_clock_max_mhz"] and m["sm_clock_min_mhz"] <= m["sm_clock_mhz"]

@@ -14,7 +14,7 @@ ANALYSIS_FIELDS = (
 MEASURE_FIELDS = (
     "backend", "latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "tflops",
     "pct_of_peak", "peak_tflops", "achieved_gbps", "bound", "peak_memory_mib", "rel_error", "passed",
-    "nan_on_fully_masked",
+    "nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits",
 )
 ROW_FIELDS = (
     "variant", "source", "shape", "batch", "heads", "kv_heads", "seq", "head_dim", "dtype", "device",

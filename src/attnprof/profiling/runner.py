@@ -31,6 +31,7 @@ class RunOptions:
     flush_l2: bool = False
     check_masking: bool = False
     ceiling: Any = None
+    sample_clocks: bool = True
 
 
 @dataclass
@@ -47,6 +48,7 @@ class CellResult:
     analysis: dict[str, Any] | None = None
     measures: dict[str, Any] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
+    timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
 
     @property
     def ok(self) -> bool:
@@ -153,9 +155,11 @@ def _run(variant: Variant, spec: RunSpec, options: RunOptions, result: CellResul
 
     with torch.no_grad():
         if options.timing:
+            started = time.time()
             measured = _timed(phases, "timing", lambda: _guard("forward", variant, lambda: timing.time_forward(
                 forward, spec.device, min_time_s=options.min_time_s,
                 cuda_graph=options.cuda_graph, flush_l2=options.flush_l2)))
+            result.timing_window = (started, time.time())
             result.measures.update(measured.to_dict())
         else:
             _timed(phases, "warmup", lambda: _guard("forward", variant, lambda: _warm_up(forward, spec)))
@@ -214,16 +218,47 @@ def run_cells(
     on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
     on_done: Callable[[CellResult], None] | None = None,
 ) -> tuple[list[CellResult], bool]:
-    """Run every cell in order; returns the results and whether Ctrl-C cut the run short."""
+    """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
+
+    On CUDA with timing on, nvidia-smi samples the SM clock throughout (`clocks`), and each
+    timed cell gets the clock of its own timing window in its measures.
+    """
     results: list[CellResult] = []
-    for index, (variant, spec) in enumerate(cells):
-        if on_start:
-            on_start(index, len(cells), variant, spec)
-        try:
-            result = run_cell(variant, spec, options)
-        except KeyboardInterrupt:
-            return results, True
-        results.append(result)
-        if on_done:
-            on_done(result)
-    return results, False
+    sampler = _clock_sampler(cells, options)
+    try:
+        for index, (variant, spec) in enumerate(cells):
+            if on_start:
+                on_start(index, len(cells), variant, spec)
+            try:
+                result = run_cell(variant, spec, options)
+            except KeyboardInterrupt:
+                return results, True
+            results.append(result)
+            if on_done:
+                on_done(result)
+        return results, False
+    finally:
+        if sampler is not None:
+            attach_clocks(results, sampler.device, sampler.stop())
+
+
+def _clock_sampler(cells: list[tuple[Variant, RunSpec]], options: RunOptions) -> Any:
+    """A started ClockSampler for the first CUDA device among the cells, or None."""
+    device = next((spec.device for _, spec in cells if spec.device_type == "cuda"), None)
+    if device is None or not (options.timing and options.sample_clocks):
+        return None
+    from attnprof.profiling.clocks import ClockSampler
+
+    return ClockSampler(device).start()
+
+
+def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) -> None:
+    """Add each timed result's SM clock (`clocks.ClockWindow.to_measures`) on `device`."""
+    from attnprof.profiling.clocks import clock_window
+
+    for result in results:
+        if result.timing_window is None or result.spec.device != device:
+            continue
+        window = clock_window(samples, [result.timing_window])
+        if window is not None:
+            result.measures.update(window.to_measures())

@@ -26,7 +26,23 @@ def _latency(row: dict[str, Any]) -> str:
     if row.get("latency_us") is None:
         return "n/a"
     text = f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
+    if clock_held_down(row):
+        text += f" @ {fmt_count(row['sm_clock_mhz'])} MHz"
     return text + (" (unstable)" if row.get("unstable") else "")
+
+
+def clock_held_down(row: dict[str, Any]) -> bool:
+    """True when the median SM clock while timing was more than 1% under the device's maximum."""
+    mhz, top = row.get("sm_clock_mhz"), row.get("sm_clock_max_mhz")
+    return bool(mhz and top and mhz < 0.99 * top)
+
+
+def _clock(row: dict[str, Any]) -> str:
+    if not row.get("sm_clock_mhz"):
+        return "n/a (not sampled: CPU, no nvidia-smi, or timing off)"
+    text = f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, " \
+           f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
+    return text + (f"; held down by {row['clock_limits']}" if row.get("clock_limits") else "")
 
 
 def _speedup(value: Any) -> str:
@@ -87,6 +103,7 @@ def run_summary_table(row: dict[str, Any], fmt: str) -> str:
         ("backend dispatched", row.get("backend") or "n/a"),
         ("latency (µs, median ± IQR)", _latency(row)),
         ("timing method", row.get("timing_method") or "n/a"),
+        ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
         ("TFLOP/s (% of measured peak)", f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"),
         ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
