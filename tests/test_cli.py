@@ -278,3 +278,20 @@ def test_refresh_ceiling_replaces_the_cached_figure(cli, write_config, isolated_
     assert stale["ceiling"]["tflops"] == 1e-9
     fresh = _json.loads(cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST).stdout)
     assert fresh["ceiling"]["tflops"] > 1e-6
+
+
+def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
+    from attnprof.profiling import runner
+
+    seen = []
+    real = runner.run_cells
+
+    def spy(cells, options, *args, **kwargs):
+        seen.append(options.sample_clocks)
+        return real(cells, options, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_cells", spy)
+    config = str(write_config(variants=["inplace"]))
+    assert cli("compare", config, *FAST).exit_code == 0
+    assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0
+    assert seen == [True, False]

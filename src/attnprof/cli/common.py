@@ -55,6 +55,7 @@ MinTimeOpt = Annotated[float, typer.Option("--min-time", help="Seconds of timed 
 CudaGraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays (many forwards per graph) where the variant allows capture.")]
 FlushL2Opt = Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")]
 RefreshCeilingOpt = Annotated[bool, typer.Option("--refresh-ceiling", help="Measure the matmul ceiling again instead of using the cached figure.")]
+ClocksOpt = Annotated[bool, typer.Option("--clocks/--no-clocks", help="Sample the GPU's SM clock with nvidia-smi while timing (CUDA only).")]
 MaskingOpt = Annotated[bool, typer.Option("--check-masking", help="Probe fully masked rows and report NaN per variant.")]
 
 

@@ -41,6 +41,7 @@ def compare_command(
     flush_l2: c.FlushL2Opt = False,
     check_masking: c.MaskingOpt = False,
     refresh_ceiling: c.RefreshCeilingOpt = False,
+    clocks: c.ClocksOpt = True,
     fmt: c.FormatOpt = c.OutputFormat.table,
 ) -> None:
     """Profile every selected variant at every configured shape and compare them."""
@@ -61,7 +62,7 @@ def compare_command(
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
     resolved = resolve_device(cfg.device)
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, resolved), resolved,
-                      Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling), fmt)
+                      Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling, clocks), fmt)
     _print(outcome, fmt, cfg.baseline)
     raise typer.Exit(exit_code(outcome))
 

@@ -24,6 +24,7 @@ class Measure:
     flush_l2: bool = False
     check_masking: bool = False
     refresh_ceiling: bool = False
+    clocks: bool = True
 
 
 @dataclass
@@ -51,7 +52,8 @@ def execute(command: str, config: "Config", cells: "list[tuple[Variant, RunSpec]
         ceiling = session.measure_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
     options = session.run_options(config, timing=measure.timing, min_time_s=measure.min_time_s,
                                   cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2,
-                                  check_masking=measure.check_masking, ceiling=ceiling)
+                                  check_masking=measure.check_masking, ceiling=ceiling,
+                                  sample_clocks=measure.clocks)
     console = stderr_console()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:

@@ -38,6 +38,7 @@ def run_command(
     flush_l2: c.FlushL2Opt = False,
     check_masking: c.MaskingOpt = False,
     refresh_ceiling: c.RefreshCeilingOpt = False,
+    clocks: c.ClocksOpt = True,
     fmt: c.FormatOpt = c.OutputFormat.table,
 ) -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
@@ -52,7 +53,7 @@ def run_command(
     resolved = resolve_device(cfg.device)
     cells = plan_cells(cfg, [chosen], resolved)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
-    outcome = execute("run", cfg, cells, resolved, Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling), fmt)
+    outcome = execute("run", cfg, cells, resolved, Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling, clocks), fmt)
     _print(outcome, fmt)
     code = exit_code(outcome)
     failed = [r for r in outcome.results if r.status == "failed"]
