@@ -61,7 +61,7 @@ def test_sampler_uses_the_reasons_field_the_driver_knows(monkeypatch, tmp_path):
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"""#!/bin/sh
 case "$*" in *clocks_event_reasons*) echo 'Field "clocks_event_reasons.active" is not a valid field'; exit 2;; esac
-case "$*" in *-lms*) echo "{stamp(T0)}, 1980, 1980, 0x0"; echo "{stamp(T0 + 0.02)}, 1755, 1980, 0x4"; sleep 30;;
+case "$*" in *-lms*) echo "{stamp(T0)}, 1980, 1980, 0x0"; echo "{stamp(T0 + 0.02)}, 1755, 1980, 0x4"; exec sleep 30;;
 *) echo "{stamp(T0)}, 1980, 1980, 0x0";; esac
 """)
     fake.chmod(0o755)
