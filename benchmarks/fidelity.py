@@ -127,11 +127,10 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int) -> dict[str, A
 
 def median_or_none(values: list[float | None]) -> float | None:
     """The median of the values that are not None, or None when there are none."""
-    present = sorted(v for v in values if v is not None)
-    if not present:
-        return None
-    mid = len(present) // 2
-    return present[mid] if len(present) % 2 else (present[mid - 1] + present[mid]) / 2
+    from attnprof.profiling.timing import median
+
+    present = [v for v in values if v is not None]
+    return median(present) if present else None
 
 
 def measure_cell(variant: Any, spec: Any, peak: Any, rounds: int = 3) -> dict[str, Any]:

@@ -144,13 +144,16 @@ def _index(device: str) -> int:
     return int(device.split(":", 1)[1]) if ":" in device else 0
 
 
-def nvidia_smi_query(field: str) -> list[str] | None:
-    """One value per GPU for an `nvidia-smi --query-gpu` field, or None when nvidia-smi is absent or fails."""
+def nvidia_smi_query(field: str, gpu: str | None = None, units: bool = True) -> list[str] | None:
+    """One line per GPU (only `gpu`, an nvidia-smi `-i` value, when given) for an
+    `nvidia-smi --query-gpu` field list, or None when nvidia-smi is absent or fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
+    selector = ["-i", gpu] if gpu else []
+    fmt = "--format=csv,noheader" + ("" if units else ",nounits")
     try:
-        out = subprocess.run([exe, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run([exe, *selector, f"--query-gpu={field}", fmt], capture_output=True,
                              text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return None

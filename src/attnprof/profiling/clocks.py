@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
+from attnprof.devices import nvidia_smi_query
+
 PERIOD_MS = 25
 # nvidia-smi's clocks_event_reasons bits (called clocks_throttle_reasons by older drivers).
 REASONS = {
@@ -127,7 +129,7 @@ class ClockSampler:
             self.unavailable = "no nvidia-smi" if exe is None else "cannot identify the GPU for nvidia-smi"
             return self
         query = next((q for q in (f"timestamp,clocks.sm,clocks.max.sm,{field}" for field in REASON_FIELDS)
-                      if _query_works(exe, selector, q)), None)
+                      if _query_works(selector, q)), None)
         if query is None:
             self.unavailable = "nvidia-smi does not report SM clocks here"
             return self
@@ -159,10 +161,6 @@ class ClockSampler:
         return samples
 
 
-def _query_works(exe: str, selector: str, query: str) -> bool:
-    try:
-        done = subprocess.run([exe, "-i", selector, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0 and bool(parse_samples(done.stdout))
+def _query_works(selector: str, query: str) -> bool:
+    lines = nvidia_smi_query(query, gpu=selector, units=False)
+    return lines is not None and bool(parse_samples("\n".join(lines)))

@@ -14,8 +14,9 @@ How a sample is taken:
   `method`, when the variant cannot be captured. One graph holds k back-to-back forwards,
   with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
   `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k. That spreads the graph's
-  own launch latency (1 to 4 µs on an H200) over k forwards instead of adding it to each,
-  and the spread is then that of k-forward averages. `flush_l2=True` zeroes a buffer of at
+  own launch over k forwards instead of adding it to each (on an H200 a one-forward replay
+  of a ~1 µs kernel measures about 17 µs between its events), and the spread is then that of
+  k-forward averages. `flush_l2=True` zeroes a buffer of at
   least 256 MiB (twice the L2, if larger) before each call, outside the events, as triton's
   do_bench; with a graph as well, each graph holds one forward so that every forward
   starts on a flushed L2 (and its time includes the graph launch).

@@ -39,7 +39,7 @@ def clock_held_down(row: dict[str, Any]) -> bool:
 
 def _clock(row: dict[str, Any]) -> str:
     if not row.get("sm_clock_mhz"):
-        return "n/a (not sampled: CPU, no nvidia-smi, or timing off)"
+        return "n/a (not sampled: CPU, no nvidia-smi, --no-clocks or --no-timing)"
     text = f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, " \
            f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
     return text + (f"; held down by {row['clock_limits']}" if row.get("clock_limits") else "")
