@@ -148,7 +148,7 @@ def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.
     out = os.fdopen(write_fd, "wb")
     try:
         with reader.open_binary(path) as fp:
-            fp.seek(middle)
+            _skip(fp, middle)
             stream = reader.ByteStream(fp, label, base=middle)
             begins = stream.find_event_start()
             out.write(b"%d\n" % (-1 if begins is None else begins))
@@ -166,6 +166,18 @@ def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.
             out.flush()
     finally:
         os._exit(0)
+
+
+def _skip(fp: Any, count: int) -> None:
+    """Move `count` bytes on: a seek, or for gzip reading in large pieces (its seek reads 8 KiB ones)."""
+    if not isinstance(fp, gzip.GzipFile):
+        fp.seek(count)
+        return
+    while count > 0:
+        piece = fp.read(min(count, 1 << 22))
+        if not piece:
+            return
+        count -= len(piece)
 
 
 class _TopLevel:

@@ -380,15 +380,20 @@ class _Builder:
         remap = {
             "name": [self._name(n) for n in other.names],
             "thread": [self._thread(*t) for t in other.threads],
-            "input_types": [self._input_types(t) for t in other.input_types] + [-1],  # [-1] keeps -1
-            "info": [self._kernel_info_index(i) for i in other.kernel_infos] + [-1],
+            "input_types": [self._input_types(t) for t in other.input_types],
+            "info": [self._kernel_info_index(i) for i in other.kernel_infos],
         }
+        for key, index in list(remap.items()):
+            if index == list(range(len(index))):
+                del remap[key]  # the same indices on both sides (threads, often): copied as they are
+            else:
+                index.append(-1)  # index -1 (none) stays -1
         for table in ("cpu_ops", "annotations", "runtime", "device", "gpu_annotations"):
             mine, theirs = getattr(self, table), getattr(other, table)
             for column in fields(mine):
                 values = getattr(theirs, column.name)
                 index = remap.get(column.name)
-                getattr(mine, column.name).extend(values if index is None else map(index.__getitem__, values))
+                getattr(mine, column.name).extend(values if index is None else [index[i] for i in values])
         for count in ("event_count", "non_objects", "overhead_count", "python_function_count"):
             setattr(self, count, getattr(self, count) + getattr(other, count))
 
