@@ -172,8 +172,8 @@ def bare_decode(path: Path) -> dict[str, Any] | None:
     if status != 0 or not out.strip():
         return None
     events, read_s, decode_s = out.split()
-    return {"wall_s": wall, "events": int(events), "read_s": float(read_s), "decode_s": float(decode_s),
-            "peak_rss_bytes": usage.ru_maxrss * 1024}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "events": int(events), "read_s": float(read_s),
+            "decode_s": float(decode_s), "peak_rss_bytes": usage.ru_maxrss * 1024}
 
 
 def child_hta(trace_dir: str) -> dict[str, Any]:
@@ -236,14 +236,17 @@ def make_traces(n: int, workdir: Path, formats: list[str], reuse: bool) -> dict[
 
 
 def cli_run(path: Path) -> dict[str, Any] | None:
-    """Wall time of `attnprof analyze PATH --format json`, end to end, and the peak RSS of the
-    largest process of its tree (the kernel's figure for a waited-for child); None if it failed."""
+    """Wall time of `attnprof analyze PATH --format json`, end to end, its CPU time (with the
+    worker's) and the peak RSS of the largest process of its tree (the kernel's figure for a
+    waited-for child); None if it failed."""
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "attnprof", "analyze", str(path), "--format", "json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_python_env())
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
-    return {"wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024} if status == 0 else None
+    if status != 0:
+        return None
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024}
 
 
 def _mib(n: int | None) -> str:
