@@ -24,6 +24,8 @@ Every measurement runs in a fresh child process:
             HTA parses at a few thousand events/s, so by default it runs at the sizes in
             --hta-sizes only; a size it does not finish is reported as a lower bound.
 
+`--stages-size 1M` times the stages of the analysis (CPU seconds: imports, parse in this process
+and in the worker, find_forwards, forward_metrics, kernel_stats, findings, gc) in one more child.
 CLI and bare runs alternate, `--repeats` times each (the machine is shared: the minimum is kept,
 all runs are in the JSON). Targets: CLI within 1.5x of the bare decode; peak memory under 1x
 the trace's uncompressed size. `--src DIR` measures another checkout's `src` (say, the commit
@@ -132,6 +134,49 @@ def child_attnprof(path: str, cprofile: bool, one_process: bool = False) -> dict
             pstats.Stats(profiler, stream=stream).sort_stats(key).print_stats(18)
             out[f"cprofile_{key}"] = [ln for ln in stream.getvalue().splitlines() if ln.strip()]
     return out
+
+
+def child_stages(path: str) -> dict[str, Any]:
+    """CPU seconds of each stage of the analysis, in one process that imports what the CLI imports."""
+    import gc
+    import resource
+
+    started = time.process_time()
+    import attnprof.cli.app  # noqa: F401 - what `attnprof analyze` has imported when it parses
+    from attnprof.analysis import analyze
+
+    spent: dict[str, float] = {"import attnprof.cli.app": time.process_time() - started, "gc (inside the stages)": 0.0}
+
+    def timed(function: Any, stage: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[stage] = spent.get(stage, 0.0) + time.process_time() - t0
+        return run
+
+    for name, stage in (("load_trace", "parse (this process)"), ("find_forwards", "find_forwards"),
+                        ("forward_metrics", "forward_metrics"), ("kernel_stats", "kernel_stats"),
+                        ("build_findings", "findings")):
+        setattr(analyze, name, timed(getattr(analyze, name), stage))
+    gc_started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started.append(time.process_time())
+        elif gc_started:
+            spent["gc (inside the stages)"] += time.process_time() - gc_started.pop()
+
+    gc.callbacks.append(on_gc)
+    t0, w0 = time.process_time(), time.perf_counter()
+    document = json.dumps(analyze.analyze_trace(path, region="attnprof").to_dict(), indent=2)
+    spent["analyze_trace + to_dict + json, CPU"] = time.process_time() - t0
+    spent["analyze_trace + to_dict + json, wall"] = time.perf_counter() - w0
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent["parse (worker process)"] = worker.ru_utime + worker.ru_stime
+    spent["json_bytes"] = len(document)
+    return spent
 
 
 # The reference: read the file and decode it into a minimal struct, nothing else (run by `python -c`).
@@ -341,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child-attnprof", help=argparse.SUPPRESS)
     parser.add_argument("--child-cprofile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-one-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stages-size", default="", help="size whose analysis stages are timed ('' for none)")
+    parser.add_argument("--child-stages", help=argparse.SUPPRESS)
     parser.add_argument("--child-hta", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     SRC = args.src.resolve()
@@ -351,12 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_hta:
         print(json.dumps(child_hta(args.child_hta)))
         return 0
+    if args.child_stages:
+        print(json.dumps(child_stages(args.child_stages)))
+        return 0
 
     started = time.perf_counter()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     hta_sizes = {parse_size(s) for s in args.hta_sizes.split(",") if s.strip()}
     cprofile_size = parse_size(args.cprofile_size) if args.cprofile_size.strip() else None
+    stages_size = parse_size(args.stages_size) if args.stages_size.strip() else None
+    stages: dict[str, Any] = {}
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="attnprof-scale-")
@@ -390,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
             if cprofile_size == n:
                 profiles[label(n)] = run_child(["--child-attnprof", meta["paths"]["json"], "--child-cprofile"], None)
+            if stages_size == n:
+                stages[label(n)] = run_child(["--child-stages", meta["paths"]["json"]], None)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -397,13 +451,15 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "analysis_scale", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "src": str(SRC),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
         "targets": {"cli_over_bare_decode": TARGET_RATIO, "peak_memory_x_uncompressed": TARGET_MEMORY_RATIO},
-        "rows": rows, "cprofile": profiles, "wall_s": time.perf_counter() - started,
+        "rows": rows, "cprofile": profiles, "stages": stages, "wall_s": time.perf_counter() - started,
     }
     args.out.write_text(json.dumps(document, indent=2))
     print(f"\nattnprof analysis at scale ({SRC}); targets: CLI <= {TARGET_RATIO:g}x the bare msgspec decode, "
           f"peak RSS < {TARGET_MEMORY_RATIO:g}x the uncompressed trace; whole run {document['wall_s']:.0f} s; "
           f"JSON: {args.out}\n")
     print(markdown(rows))
+    for size, spent in stages.items():
+        print(f"\nstages at {size} (CPU s):\n" + "\n".join(f"  {k}: {v:.3f}" for k, v in spent.items()))
     return 0
 
 
