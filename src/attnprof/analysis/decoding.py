@@ -36,6 +36,56 @@ _f = msgspec.field
 _Number = int | float | str | None  # pid and tid: numbers, or text in some exporters
 
 
+# Category codes (the table builder dispatches on them once per event) and the spellings of each.
+(
+    CAT_CPU_OP,
+    CAT_ANNOT,
+    CAT_RUNTIME,
+    CAT_DRIVER,
+    CAT_KERNEL,
+    CAT_MEMCPY,
+    CAT_MEMSET,
+    CAT_GPU_ANNOT,
+    CAT_PYTHON,
+    CAT_OVERHEAD,
+) = range(10)
+CATEGORIES: dict[str | None, int] = {
+    "cpu_op": CAT_CPU_OP,
+    "operator": CAT_CPU_OP,
+    "Operator": CAT_CPU_OP,
+    "user_annotation": CAT_ANNOT,
+    "cuda_runtime": CAT_RUNTIME,
+    "Runtime": CAT_RUNTIME,
+    "runtime": CAT_RUNTIME,
+    "cuda_driver": CAT_DRIVER,
+    "driver": CAT_DRIVER,
+    "kernel": CAT_KERNEL,
+    "Kernel": CAT_KERNEL,
+    "gpu_memcpy": CAT_MEMCPY,
+    "Memcpy": CAT_MEMCPY,
+    "gpu_memset": CAT_MEMSET,
+    "Memset": CAT_MEMSET,
+    "gpu_user_annotation": CAT_GPU_ANNOT,
+    "python_function": CAT_PYTHON,
+    "overhead": CAT_OVERHEAD,
+}
+
+#: Profiler bookkeeping rows that may appear among runtime calls; never device work.
+OVERHEAD_NAMES = frozenset(
+    {
+        "Activity Buffer Request",
+        "Buffer Flush",
+        "Instrumentation",
+        "Resource",
+        "Driver Compiler",
+        "Runtime Triggered Module Loading",
+        "Lazy Function Loading",
+        "Command Buffer Full",
+        "UVM Activity Init",
+    }
+)
+
+
 class CommonArgs(msgspec.Struct, gc=False):
     """The `args` fields read on several kinds of event; ABSENT where the event has no such key."""
 
@@ -69,7 +119,7 @@ class Args(CommonArgs, gc=False):
 
 
 #: The launch-fact fields of `Args` (those `CommonArgs` lacks), in declaration order.
-KERNEL_FACTS: tuple[str, ...] = Args.__struct_fields__[len(CommonArgs.__struct_fields__):]
+KERNEL_FACTS: tuple[str, ...] = Args.__struct_fields__[len(CommonArgs.__struct_fields__) :]
 #: An event's launch facts as a tuple, in KERNEL_FACTS order (grid and block first).
 kernel_facts = attrgetter(*KERNEL_FACTS)
 
@@ -183,9 +233,49 @@ def kernel_info(args: Args) -> KernelInfo:
     else:  # some exporters split static and dynamic shared memory
         parts = [_int_or_none(args.smem_static), _int_or_none(args.smem_dynamic)]
         smem = sum(p or 0 for p in parts) if any(p is not None for p in parts) else None
-    return KernelInfo(_dims(args.grid), _dims(args.block), _int_or_none(_first_present(args.regs, args.regs_alt)),
-                      smem, _float_or_none(args.blocks_per_sm), _float_or_none(args.warps_per_sm),
-                      _float_or_none(_first_present(args.occupancy, args.occupancy_alt, args.occupancy_pct)))
+    return KernelInfo(
+        _dims(args.grid),
+        _dims(args.block),
+        _int_or_none(_first_present(args.regs, args.regs_alt)),
+        smem,
+        _float_or_none(args.blocks_per_sm),
+        _float_or_none(args.warps_per_sm),
+        _float_or_none(_first_present(args.occupancy, args.occupancy_alt, args.occupancy_pct)),
+    )
+
+
+def _tuple_of(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+class KernelInfos:
+    """A trace's distinct KernelInfos in order of first use, looked up by an event's raw launch facts."""
+
+    def __init__(self) -> None:
+        self.items: list[KernelInfo] = []
+        self._ids: dict[KernelInfo, int] = {}
+        self._by_facts: dict[tuple[Any, ...], int] = {}
+
+    def add(self, info: KernelInfo) -> int:
+        """The index of `info`, appended first when it is new."""
+        index = self._ids.get(info)
+        if index is None:
+            index = self._ids[info] = len(self.items)
+            self.items.append(info)
+        return index
+
+    def index_of(self, args: Args) -> int:
+        """The index of the KernelInfo of a kernel event's args, cached by the raw launch facts."""
+        facts = kernel_facts(args)
+        try:
+            if facts[0].__class__ is list or facts[1].__class__ is list:  # grid and block
+                facts = (_tuple_of(facts[0]), _tuple_of(facts[1]), *facts[2:])
+            index = self._by_facts.get(facts)
+        except TypeError:  # an unhashable value: build the info, don't cache the raw facts
+            return self.add(kernel_info(args))
+        if index is None:
+            index = self._by_facts[facts] = self.add(kernel_info(args))
+        return index
 
 
 def _scalar_or_text(value: Any) -> Any:
@@ -209,7 +299,7 @@ def record_from_object(event: Any) -> Record | None:
     if not isinstance(event, dict):
         return None
     fields: dict[str, Any] = {}
-    for name, key in zip(Record.__struct_fields__, Record.__struct_encode_fields__):
+    for name, key in zip(Record.__struct_fields__, Record.__struct_encode_fields__, strict=True):
         if key in event:
             fields[name] = event[key]
     if "ph" in fields and not isinstance(fields["ph"], str):
@@ -221,8 +311,11 @@ def record_from_object(event: Any) -> Record | None:
             fields[name] = _scalar_or_text(fields[name])
     args = fields.pop("args", None)
     if isinstance(args, dict):
-        values = {name: args[key] for name, key in zip(Args.__struct_fields__, Args.__struct_encode_fields__)
-                  if key in args}
+        values = {
+            name: args[key]
+            for name, key in zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True)
+            if key in args
+        }
         if "input_type" in values:
             values["input_type"] = _raw_json(values["input_type"])
         fields["args"] = Args(**values)

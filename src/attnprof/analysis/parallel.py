@@ -9,7 +9,6 @@ it; if it cannot, or the worker fails, it reads on alone.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import os
 import pickle
@@ -82,8 +81,15 @@ def _inflated_size(path: Path) -> int:
         return int.from_bytes(fh.read(4), "little")
 
 
-def _read_split(stream: reader.ByteStream, sink: reader.Sink, path: Path, new_sink: Callable[[], reader.Sink],
-                size: int, share: float, is_object: bool) -> bool:
+def _read_split(
+    stream: reader.ByteStream,
+    sink: reader.Sink,
+    path: Path,
+    new_sink: Callable[[], reader.Sink],
+    size: int,
+    share: float,
+    is_object: bool,
+) -> bool:
     """Read the event list (the cursor is just inside it) with a worker; True when the worker's
     half and the rest of the document are in `sink`, False when nothing was split."""
     start = stream.offset
@@ -126,8 +132,9 @@ class _Worker:
     of the document. It writes that event's offset (a line) and then its sink and the top-level
     pairs after the events (a pickle) to a pipe."""
 
-    def __init__(self, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str,
-                 is_object: bool) -> None:
+    def __init__(
+        self, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str, is_object: bool
+    ) -> None:
         self.middle = middle
         read_fd, write_fd = os.pipe()
         self.pid = os.fork()
@@ -148,10 +155,10 @@ class _Worker:
     def result(self) -> tuple[Any, list[tuple[str, Any]]] | None:
         """The worker's sink and top-level pairs (waits for them); None if it failed."""
         try:
-            status, *part = pickle.load(self.pipe)
-        except Exception:  # noqa: BLE001 - a worker that died or wrote nothing
-            return None
-        return tuple(part) if status == "ok" else None  # type: ignore[return-value]
+            sink, top_level = pickle.load(self.pipe)
+        except (EOFError, OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError):
+            return None  # the worker failed: it wrote nothing, or not all
+        return sink, top_level
 
     def close(self) -> None:
         """End the worker (if it still runs) and reap it."""
@@ -163,11 +170,13 @@ class _Worker:
         os.waitpid(self.pid, 0)
 
 
-def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str,
-          is_object: bool) -> None:
-    out = os.fdopen(write_fd, "wb")
+def _work(
+    write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str, is_object: bool
+) -> None:
+    """The worker's whole life. On any failure it exits without writing its result (the parent
+    then reads on alone)."""
     try:
-        with reader.open_binary(path) as fp:
+        with os.fdopen(write_fd, "wb") as out, reader.open_binary(path) as fp:
             _skip(fp, middle)
             stream = reader.ByteStream(fp, label, base=middle)
             begins = stream.find_event_start()
@@ -178,12 +187,7 @@ def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.
                 stream.events(sink)
                 if is_object:
                     reader.object_rest(stream, top_level, None)  # type: ignore[arg-type]
-                pickle.dump(("ok", sink, top_level.pairs), out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-    except BaseException:  # noqa: BLE001 - any failure: this process reads on alone
-        with contextlib.suppress(BaseException):
-            pickle.dump(("error",), out)
-            out.flush()
+                pickle.dump((sink, top_level.pairs), out, protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         os._exit(0)
 

@@ -23,8 +23,8 @@ from attnprof.errors import TraceError
 
 CHUNK_BYTES = 1 << 19  # 512 KiB: measured fastest (4 MiB chunks decode about 1.5x slower)
 
-_SKIP = re.compile(rb"[\s,]*").match
-_WS = re.compile(rb"\s*").match
+_SKIP = re.compile(rb"[\s,]*")  # white space and commas
+_WS = re.compile(rb"\s*")
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _END = re.compile(rb"\}\s*\]")
 _BOUNDARY_WINDOW = 65536  # bytes searched back from the buffer's end for a cut between events
@@ -101,14 +101,14 @@ class ByteStream:
             self.eof = True
             return False
         self.base += self.pos
-        self.buf = self.buf[self.pos:] + chunk
+        self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
         return True
 
     def peek(self) -> str:
         """The next non-space character (skipping commas too), or '' when there is no more data."""
         while True:
-            self.pos = _SKIP(self.buf, self.pos).end()
+            self.pos = _run_end(_SKIP, self.buf, self.pos)
             if self.pos < len(self.buf):
                 return chr(self.buf[self.pos])
             if not self.refill():
@@ -117,7 +117,7 @@ class ByteStream:
     def expect(self, char: str) -> None:
         """Step over `char` (after white space), or raise TraceError."""
         while True:
-            self.pos = _WS(self.buf, self.pos).end()
+            self.pos = _run_end(_WS, self.buf, self.pos)
             if self.pos < len(self.buf):
                 break
             if not self.refill(past_stop=True):
@@ -131,13 +131,13 @@ class ByteStream:
         """Decode the JSON value at the cursor, reading more bytes (past `stop` too) until it is complete."""
         window = _VALUE_WINDOW  # decode a window first: top-level values are small, the buffer is not
         while True:
-            self.pos = _WS(self.buf, self.pos).end()
+            self.pos = _run_end(_WS, self.buf, self.pos)
             if self.pos >= len(self.buf) and self.refill(past_stop=True):
                 continue
             whole = self.pos + window >= len(self.buf)
             # surrogateescape maps each undecodable byte to one character and back, so the
             # value's length in bytes is exact.
-            text = self.buf[self.pos:self.pos + window].decode("utf-8", "surrogateescape")
+            text = self.buf[self.pos : self.pos + window].decode("utf-8", "surrogateescape")
             try:
                 obj, end = self.decode(text)
             except json.JSONDecodeError as exc:
@@ -221,14 +221,20 @@ class ByteStream:
             self.pos = match.end() - 1
             while len(self.buf) - self.pos < _VALUE_WINDOW and self.refill():
                 pass
-            text = self.buf[self.pos:self.pos + _VALUE_WINDOW].decode("utf-8", "surrogateescape")
+            text = self.buf[self.pos : self.pos + _VALUE_WINDOW].decode("utf-8", "surrogateescape")
             try:
                 event, end = self.decode(text)
             except json.JSONDecodeError:
                 event, end = None, 0
-            if isinstance(event, dict) and text[end:end + 64].lstrip()[:1] in (",", "]"):
+            if isinstance(event, dict) and text[end : end + 64].lstrip()[:1] in (",", "]"):
                 return self.offset
             self.pos += 1
+
+
+def _run_end(pattern: re.Pattern[bytes], buf: bytes, pos: int) -> int:
+    """Where the run of `pattern` (which also matches nothing) that starts at `pos` ends."""
+    match = pattern.match(buf, pos)
+    return match.end() if match else pos
 
 
 def _records(payload: bytes) -> tuple[list[decoding.Record], int]:
@@ -243,7 +249,10 @@ def _records(payload: bytes) -> tuple[list[decoding.Record], int]:
 
 # --------------------------------------------------------------------------- documents
 
-def read_document(stream: ByteStream, sink: Sink, split: Callable[[ByteStream, Sink, bool], bool] | None = None) -> bool:
+
+def read_document(
+    stream: ByteStream, sink: Sink, split: Callable[[ByteStream, Sink, bool], bool] | None = None
+) -> bool:
     """Read a whole Chrome trace (`{"traceEvents": [...], ...}` or a bare event list) into `sink`.
 
     `split(stream, sink, is_object)`, at the start of the event list, may hand its second half
@@ -294,4 +303,4 @@ def object_rest(stream: ByteStream, sink: Sink, split: Callable[[ByteStream, Sin
 
 def read_bytes(data: bytes, sink: Sink, label: str) -> bool:
     """`read_document` over bytes in memory (one process)."""
-    return read_document(ByteStream(io.BytesIO(data), label), sink)  # type: ignore[arg-type]
+    return read_document(ByteStream(io.BytesIO(data), label), sink)

@@ -18,28 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from attnprof.analysis import decoding, parallel, reader
-from attnprof.analysis.decoding import ABSENT, EMPTY_ARGS, KernelInfo, kernel_facts
+from attnprof.analysis.decoding import ABSENT, EMPTY_ARGS, KernelInfo
 from attnprof.errors import TraceError
 
 KERNEL, MEMCPY, MEMSET = 0, 1, 2  # device event kinds
 KIND_NAMES = ("kernel", "memcpy", "memset")
 RUNTIME, DRIVER = 0, 1  # runtime event domains
-
-# Category codes, dispatched on once per event, and each spelling of a category.
-_C_CPU_OP, _C_ANNOT, _C_RUNTIME, _C_DRIVER, _C_KERNEL, _C_MEMCPY, _C_MEMSET, _C_GPU_ANNOT, \
-    _C_PYTHON, _C_OVERHEAD = range(10)
-_CATEGORIES = {
-    "cpu_op": _C_CPU_OP, "operator": _C_CPU_OP, "Operator": _C_CPU_OP, "user_annotation": _C_ANNOT,
-    "cuda_runtime": _C_RUNTIME, "Runtime": _C_RUNTIME, "runtime": _C_RUNTIME, "cuda_driver": _C_DRIVER,
-    "driver": _C_DRIVER, "kernel": _C_KERNEL, "Kernel": _C_KERNEL, "gpu_memcpy": _C_MEMCPY, "Memcpy": _C_MEMCPY,
-    "gpu_memset": _C_MEMSET, "Memset": _C_MEMSET, "gpu_user_annotation": _C_GPU_ANNOT,
-    "python_function": _C_PYTHON, "overhead": _C_OVERHEAD,
-}
-
-#: Profiler bookkeeping rows that may appear among runtime calls; never device work.
-OVERHEAD_NAMES = frozenset({"Activity Buffer Request", "Buffer Flush", "Instrumentation", "Resource",
-                            "Driver Compiler", "Runtime Triggered Module Loading", "Lazy Function Loading",
-                            "Command Buffer Full", "UVM Activity Init"})
 
 
 class _Table:
@@ -189,10 +173,6 @@ def _num(value: Any, default: float | None) -> float | None:
         return default
 
 
-def _tuple_of(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
 def _intern(items: list[Any], ids: dict[Any, int], key: Any) -> int:
     """The index of `key` in `items`, appending it first when it is new."""
     index = ids.get(key)
@@ -213,9 +193,8 @@ class _Builder:
         self.input_types: list[tuple[str, ...]] = []
         self.input_type_ids: dict[tuple[str, ...], int] = {}
         self.raw_input_type_ids: dict[bytes, int] = {}  # the JSON text of an `Input type` -> its index
-        self.kernel_infos: list[KernelInfo] = []
-        self.kernel_info_ids: dict[KernelInfo, int] = {}
-        self.fact_ids: dict[tuple[Any, ...], int] = {}  # raw launch facts -> their KernelInfo's index
+        self.kernel_info_table = decoding.KernelInfos()
+        self.kernel_infos: list[KernelInfo] = self.kernel_info_table.items
         self.cpu_ops = CpuTable()
         self.annotations = CpuTable()
         self.runtime = RuntimeTable()
@@ -233,8 +212,11 @@ class _Builder:
         if key == "deviceProperties":
             if isinstance(value, list):
                 self.device_properties = [p for p in value if isinstance(p, dict)]
-        elif isinstance(value, (str, int, float, bool)) or value is None or (
-                key == "distributedInfo" and isinstance(value, dict)):
+        elif (
+            isinstance(value, (str, int, float, bool))
+            or value is None
+            or (key == "distributedInfo" and isinstance(value, dict))
+        ):
             self.metadata[key] = value
 
     def _name(self, name: Any) -> int:
@@ -256,36 +238,21 @@ class _Builder:
         index = self.raw_input_type_ids[raw] = self._input_types(tuple(value)) if isinstance(value, list) else -1
         return index
 
-    def _kernel_info_index(self, info: KernelInfo) -> int:
-        return _intern(self.kernel_infos, self.kernel_info_ids, info)
-
-    def _kernel_info(self, args: decoding.Args) -> int:
-        """The KernelInfo index of a kernel's args, cached by the raw launch facts."""
-        facts = kernel_facts(args)
-        try:
-            if facts[0].__class__ is list or facts[1].__class__ is list:  # grid and block
-                facts = (_tuple_of(facts[0]), _tuple_of(facts[1])) + facts[2:]
-            index = self.fact_ids.get(facts)
-        except TypeError:  # an unhashable value: build the info, don't cache the raw facts
-            return self._kernel_info_index(decoding.kernel_info(args))
-        if index is None:
-            index = self.fact_ids[facts] = self._kernel_info_index(decoding.kernel_info(args))
-        return index
-
     def add(self, records: list[decoding.Record], non_objects: int = 0) -> None:
         """Reduce a batch of events, in file order, into the tables; `non_objects` more entries
         of the event list were not objects (counted, not kept)."""
-        categories = _CATEGORIES
+        categories, kernel_info_index = decoding.CATEGORIES, self.kernel_info_table.index_of
         name_ids, thread_ids, raw_type_ids = self.name_ids, self.thread_ids, self.raw_input_type_ids
         new_name, new_thread = self._name, self._thread
         cpu, ann, rt, dev, gann = self.cpu_ops, self.annotations, self.runtime, self.device, self.gpu_annotations
-        overhead_names = OVERHEAD_NAMES
+        overhead_names = decoding.OVERHEAD_NAMES
         absent = ABSENT
         cpu_name, cpu_thread, cpu_ts, cpu_dur, cpu_ext, cpu_types = _appenders(cpu)
         ann_name, ann_thread, ann_ts, ann_dur, ann_ext, ann_types = _appenders(ann)
         rt_name, rt_thread, rt_ts, rt_dur, rt_corr, rt_ext, rt_domain = _appenders(rt)
-        dev_kind, dev_name, dev_device, dev_stream, dev_ts, dev_dur, dev_corr, dev_ext, dev_info, dev_nbytes = \
+        dev_kind, dev_name, dev_device, dev_stream, dev_ts, dev_dur, dev_corr, dev_ext, dev_info, dev_nbytes = (
             _appenders(dev)
+        )
         gann_name, gann_device, gann_stream, gann_ts, gann_dur, gann_ext = _appenders(gann)
         self.event_count += len(records) + non_objects
         self.non_objects += non_objects
@@ -303,8 +270,8 @@ class _Builder:
                 ts, dur = _num(ts, None), _num(dur, 0.0)
                 if ts is None:
                     continue
-            if code >= _C_PYTHON:  # counted only: their names and threads are not interned
-                if code == _C_PYTHON:
+            if code >= decoding.CAT_PYTHON:  # counted only: their names and threads are not interned
+                if code == decoding.CAT_PYTHON:
                     self.python_function_count += 1
                 else:
                     self.overhead_count += 1
@@ -325,40 +292,60 @@ class _Builder:
             ext = args.ext
             if ext.__class__ is not int:
                 ext = -1
-            if code == _C_CPU_OP:
-                cpu_name(nid); cpu_thread(thread); cpu_ts(ts); cpu_dur(dur); cpu_ext(ext)
+            if code == decoding.CAT_CPU_OP:
+                cpu_name(nid)
+                cpu_thread(thread)
+                cpu_ts(ts)
+                cpu_dur(dur)
+                cpu_ext(ext)
                 raw = bytes(args.input_type)
                 types = raw_type_ids.get(raw)
                 cpu_types(types if types is not None else self._raw_input_types(raw))
-            elif code == _C_RUNTIME or code == _C_DRIVER:
+            elif code == decoding.CAT_RUNTIME or code == decoding.CAT_DRIVER:
                 if name in overhead_names:
                     self.overhead_count += 1
                     continue
-                rt_name(nid); rt_thread(thread); rt_ts(ts); rt_dur(dur); rt_ext(ext)
+                rt_name(nid)
+                rt_thread(thread)
+                rt_ts(ts)
+                rt_dur(dur)
+                rt_ext(ext)
                 corr = args.corr
                 rt_corr(corr if corr.__class__ is int else -1)
-                rt_domain(DRIVER if code == _C_DRIVER else RUNTIME)
-            elif code == _C_ANNOT:
-                ann_name(nid); ann_thread(thread); ann_ts(ts); ann_dur(dur); ann_ext(ext); ann_types(-1)
+                rt_domain(DRIVER if code == decoding.CAT_DRIVER else RUNTIME)
+            elif code == decoding.CAT_ANNOT:
+                ann_name(nid)
+                ann_thread(thread)
+                ann_ts(ts)
+                ann_dur(dur)
+                ann_ext(ext)
+                ann_types(-1)
             else:  # device work and GPU annotations: device and stream default to pid and tid
                 device, stream = args.device, args.stream
                 if device is absent:
                     device = pid
                 if stream is absent:
                     stream = tid
-                if code == _C_GPU_ANNOT:
-                    gann_name(nid); gann_ts(ts); gann_dur(dur); gann_ext(ext)
+                if code == decoding.CAT_GPU_ANNOT:
+                    gann_name(nid)
+                    gann_ts(ts)
+                    gann_dur(dur)
+                    gann_ext(ext)
                     gann_device(device if device.__class__ is int else -1)
                     gann_stream(stream if stream.__class__ is int else -1)
                     continue
-                kind = KERNEL if code == _C_KERNEL else (MEMCPY if code == _C_MEMCPY else MEMSET)
-                dev_kind(kind); dev_name(nid); dev_ts(ts); dev_dur(dur); dev_ext(ext)
+                kind = KERNEL if code == decoding.CAT_KERNEL else (MEMCPY if code == decoding.CAT_MEMCPY else MEMSET)
+                dev_kind(kind)
+                dev_name(nid)
+                dev_ts(ts)
+                dev_dur(dur)
+                dev_ext(ext)
                 dev_device(device if device.__class__ is int else -1)
                 dev_stream(stream if stream.__class__ is int else -1)
                 corr = args.corr
                 dev_corr(corr if corr.__class__ is int else -1)
                 if kind == KERNEL:
-                    dev_info(self._kernel_info(args))
+                    dev_info(kernel_info_index(args))
                     dev_nbytes(-1)
                 else:
                     dev_info(-1)
@@ -372,7 +359,7 @@ class _Builder:
             "name": [self._name(n) for n in other.names],
             "thread": [self._thread(*t) for t in other.threads],
             "input_types": [self._input_types(t) for t in other.input_types],
-            "info": [self._kernel_info_index(i) for i in other.kernel_infos],
+            "info": [self.kernel_info_table.add(i) for i in other.kernel_infos],
         }
         for key, index in list(remap.items()):
             if index == list(range(len(index))):
@@ -383,8 +370,8 @@ class _Builder:
             mine, theirs = getattr(self, table), getattr(other, table)
             for column in fields(mine):
                 values = getattr(theirs, column.name)
-                index = remap.get(column.name)
-                getattr(mine, column.name).extend(values if index is None else [index[i] for i in values])
+                mapping = remap.get(column.name)
+                getattr(mine, column.name).extend(values if mapping is None else [mapping[i] for i in values])
         for count in ("event_count", "non_objects", "overhead_count", "python_function_count"):
             setattr(self, count, getattr(self, count) + getattr(other, count))
 
