@@ -281,16 +281,16 @@ def test_refresh_ceiling_replaces_the_cached_figure(cli, write_config, isolated_
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
-    from attnprof.profiling import runner
+    import attnprof.pipeline as pipeline
 
     seen = []
-    real = runner.run_cells
+    real = pipeline.run_cells
 
-    def spy(cells, options, *args, **kwargs):
-        seen.append(options.sample_clocks)
-        return real(cells, options, *args, **kwargs)
+    def spy(cells, config, measure, *args, **kwargs):
+        seen.append(measure.clocks)
+        return real(cells, config, measure, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_cells", spy)
+    monkeypatch.setattr(pipeline, "run_cells", spy)
     config = str(write_config(variants=["inplace"]))
     assert cli("compare", config, *FAST).exit_code == 0
     assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0

@@ -19,18 +19,27 @@ BUILTINS = ["naive", "inplace", "sdpa", "sdpa-math", "sdpa-efficient", "sdpa-fla
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Profile every built-in once at the a100 shape (bf16, causal) and keep the results."""
-    from attnprof.config import Schedule
+    from types import SimpleNamespace
+
+    from attnprof.config import Config, MeasureOptions, Schedule
+    from attnprof.pipeline import device_ceiling, run_cell
     from attnprof.plugins import load_variants
-    from attnprof.profiling.ceiling import matmul_peak_tflops
-    from attnprof.profiling.runner import RunOptions, run_cell
     from attnprof.registry import RunSpec
+    from attnprof.report.serialize import json_entry
 
     out = tmp_path_factory.mktemp("gpu")
     spec = RunSpec(device="cuda:0", dtype="bf16", causal=True, **A100_SHAPE)
-    options = RunOptions(schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out, min_time_s=0.1,
-                         ceiling=matmul_peak_tflops("cuda:0", "bf16"))
+    config = Config(shapes=[A100_SHAPE], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out)
+    measure = MeasureOptions(min_time_s=0.1)
+    ceiling = device_ceiling("cuda:0", "bf16")
     registry = load_variants(no_plugins=True).registry
-    return {name: run_cell(registry.get(name), spec, options) for name in BUILTINS}
+    results = {}
+    for name in BUILTINS:
+        result = run_cell(registry.get(name), spec, config, measure, ceiling)
+        entry = json_entry(result)  # the fields as JSON carries them
+        results[name] = SimpleNamespace(status=result.status, reason=result.reason, trace_path=result.trace_path,
+                                        analysis=entry, measures=entry)
+    return results
 
 
 def findings(result) -> set[str]:

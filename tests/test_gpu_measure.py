@@ -181,7 +181,9 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
     import time
 
     from attnprof.profiling.clocks import ClockSampler, clock_window
-    from attnprof.profiling.runner import RunOptions, run_cells
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline import run_cells
+    from attnprof.report.serialize import csv_row
     from attnprof.variants import sdpa
 
     if shutil.which("nvidia-smi") is None:
@@ -201,7 +203,8 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
 
     variant = next(v for v in sdpa.variants() if v.name == "sdpa-flash")
     spec = RunSpec(DEV, "bf16", 2, 8, 1024, 64, causal=True)
-    results, interrupted = run_cells([(variant, spec)], RunOptions(output_dir=tmp_path, min_time_s=0.1))
+    config = Config(shapes=[{"batch": 2, "heads": 8, "seq": 1024, "head_dim": 64}], output_dir=tmp_path)
+    results, interrupted = run_cells([(variant, spec)], config, MeasureOptions(min_time_s=0.1))
     assert not interrupted and results[0].ok, results[0].reason
-    m = results[0].measures
+    m = csv_row(results[0])
     assert 300 < m["sm_clock_mhz"] <= m["sm_clock_max_mhz"] and m["sm_clock_min_mhz"] <= m["sm_clock_mhz"]

@@ -94,6 +94,18 @@ class Config(_Strict):
         return self
 
 
+class MeasureOptions(_Strict):
+    """How each cell is measured: the flags `run` and `compare` share, each with its one default."""
+
+    timing: bool = True
+    min_time_s: float = Field(default=0.25, gt=0)
+    cuda_graph: bool = False
+    flush_l2: bool = False
+    check_masking: bool = False
+    refresh_ceiling: bool = False
+    clocks: bool = True
+
+
 def format_validation_error(error: ValidationError) -> list[str]:
     """One `field.path: message` line per problem, in the order pydantic found them."""
     lines = []

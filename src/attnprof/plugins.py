@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable
 
-from attnprof.errors import AttnprofError
+from attnprof.errors import AttnprofError, one_line
 from attnprof.registry import Registry, Variant
 
 ENTRY_POINT_GROUP = "attnprof.variants"
@@ -121,19 +121,13 @@ def _source(ep: metadata.EntryPoint, builtin: bool) -> str:
     return f"{dist.name} {dist.version}"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    detail = text[0] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
 def _load_one(ep: metadata.EntryPoint, registry: Registry, builtin: bool) -> PluginStatus:
     source = _source(ep, builtin)
     status = PluginStatus(entry_point=ep.name, package=source)
     try:
         target = ep.load()
     except Exception as exc:
-        status.error = f"plugin failed to import: {_one_line(exc)}"
+        status.error = f"plugin failed to import: {one_line(exc)}"
         _placeholder(registry, ep.name, source, status.error)
         return status
     register_fn = getattr(target, "register_variants", None) if isinstance(target, types.ModuleType) else target
@@ -145,7 +139,7 @@ def _load_one(ep: metadata.EntryPoint, registry: Registry, builtin: bool) -> Plu
     try:
         register_fn(_make_register(staged, source))
     except Exception as exc:
-        status.error = f"plugin failed in register_variants: {_one_line(exc)}"
+        status.error = f"plugin failed in register_variants: {one_line(exc)}"
         _placeholder(registry, ep.name, source, status.error)
         return status
     problems = []

@@ -1,59 +1,40 @@
-"""The part `run` and `compare` share: resolve, run the cells with progress, write and print results."""
+"""What `run` and `compare` share at the edge: build the config, run the cells with a progress display on
+stderr, and write the results (through the pipeline)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attnprof.cli.common import OutputFormat, emit, note, stderr_console
-from typing import TYPE_CHECKING
+from attnprof.cli.common import note, stderr_console
+from attnprof.cli.options import config_changes
+from attnprof.cli.settings import build_config
 
 if TYPE_CHECKING:
-    from attnprof.config import Config
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline import RunOutcome
+    from attnprof.pipeline.run import Cell
     from attnprof.registry import RunSpec, Variant
+    from attnprof.results import CellResult
 
 
-@dataclass
-class Measure:
-    """The measurement flags both commands take."""
-
-    timing: bool = True
-    min_time_s: float = 0.25
-    cuda_graph: bool = False
-    flush_l2: bool = False
-    check_masking: bool = False
-    refresh_ceiling: bool = False
-    clocks: bool = True
+def config_from_options(path: Path | None, overrides: dict[str, Any], **more: Any) -> "Config":
+    """The config file (or the built-in default) with the shared overrides and `more` fields applied."""
+    return build_config(path, **config_changes(overrides), **more)
 
 
-@dataclass
-class Outcome:
-    """What a run produced: results, the JSON document, and files written."""
-
-    results: list[Any]
-    document: dict[str, Any]
-    files: tuple[Path, Path]
-    interrupted: bool
-
-
-def execute(command: str, config: "Config", cells: "list[tuple[Variant, RunSpec]]", device: str,
-            measure: Measure, fmt: OutputFormat) -> Outcome:
+def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
+            measure: "MeasureOptions") -> "RunOutcome":
     """Run the cells with a progress display on stderr and write JSON and CSV."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.profiling import session
-    from attnprof.profiling.runner import ensure_output_dir, run_cells
+    from attnprof.pipeline import device_ceiling, ensure_output_dir, finish_run, run_cells
 
-    output_dir = ensure_output_dir(Path(config.output_dir))
+    ensure_output_dir(Path(config.output_dir))
     ceiling = None
     if measure.timing:
         note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
-        ceiling = session.measure_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
-    options = session.run_options(config, timing=measure.timing, min_time_s=measure.min_time_s,
-                                  cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2,
-                                  check_masking=measure.check_masking, ceiling=ceiling,
-                                  sample_clocks=measure.clocks)
+        ceiling = device_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
     console = stderr_console()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -64,21 +45,12 @@ def execute(command: str, config: "Config", cells: "list[tuple[Variant, RunSpec]
             if not console.is_terminal:
                 note(f"[{index + 1}/{total}] {variant.name} @ {spec.shape_label} {spec.dtype} on {spec.device}")
 
-        def on_done(result: Any) -> None:
+        def on_done(result: "CellResult") -> None:
             progress.advance(task)
-            if result.status != "ok":
+            if not result.ok:
                 note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
 
-        results, interrupted = run_cells(cells, options, on_start, on_done)
+        results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
-    document = session.build_document(command, config, device, results, ceiling, interrupted)
-    files = session.write_outputs(session.result_file_stem(command), output_dir, document, results, config.baseline)
-    return Outcome(results, document, files, interrupted)
-
-
-def exit_code(outcome: Outcome) -> int:
-    """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
-    if outcome.interrupted:
-        return 130
-    return 1 if any(r.status == "failed" for r in outcome.results) else 0
+    return finish_run(command, config, device, results, ceiling, interrupted)

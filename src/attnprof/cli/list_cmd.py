@@ -43,6 +43,6 @@ def _probe_spec(cfg: "Config") -> "RunSpec":
     """The first configured shape on the resolved device. The device is resolved without importing
     torch (attnprof.devices), and the built-in variants' checks do not import it either."""
     from attnprof.devices import resolve_device
-    from attnprof.profiling.runner import cell_specs
+    from attnprof.pipeline import cell_specs
 
     return cell_specs(cfg, resolve_device(cfg.device))[0]

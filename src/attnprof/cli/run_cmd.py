@@ -2,67 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import Measure, execute, exit_code
-from attnprof.cli.settings import build_config
+from attnprof.cli.execute import config_from_options, execute
+from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
+
+if TYPE_CHECKING:
+    from attnprof.config import MeasureOptions
+    from attnprof.pipeline import RunOutcome
+    from attnprof.registry import Registry, RunSpec, Variant
 
 VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to profile (see `attnprof list`).")]
 
 
 @c.handle_errors
-def run_command(
-    variant: VariantOpt,
-    config: c.ConfigOpt = None,
-    device: c.DeviceOpt = None,
-    dtype: c.DtypeOpt = None,
-    batch: c.BatchOpt = None,
-    heads: c.HeadsOpt = None,
-    kv_heads: c.KvHeadsOpt = None,
-    seq: c.SeqOpt = None,
-    head_dim: c.HeadDimOpt = None,
-    causal: c.CausalOpt = None,
-    output_dir: c.OutputDirOpt = None,
-    region: c.RegionOpt = None,
-    seed: c.SeedOpt = None,
-    wait: c.WaitOpt = None,
-    warmup: c.WarmupOpt = None,
-    active: c.ActiveOpt = None,
-    timing: c.TimingOpt = True,
-    min_time: c.MinTimeOpt = 0.25,
-    cuda_graph: c.CudaGraphOpt = False,
-    flush_l2: c.FlushL2Opt = False,
-    check_masking: c.MaskingOpt = False,
-    refresh_ceiling: c.RefreshCeilingOpt = False,
-    clocks: c.ClocksOpt = True,
-    fmt: c.FormatOpt = c.OutputFormat.table,
-) -> None:
+@shared_options
+def run_command(variant: VariantOpt, config: c.ConfigOpt = None, fmt: c.FormatOpt = c.OutputFormat.table, *,
+                overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
-    from attnprof.profiling.inputs import resolve_device
-    from attnprof.profiling.session import plan_cells
+    from attnprof.pipeline import plan_cells
+    from attnprof.profiling.inputs import resolve_torch_device
 
-    cfg = build_config(config, device=device, dtype=dtype, causal=causal, output_dir=output_dir, region=region,
-                       seed=seed, shape=dict(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, head_dim=head_dim),
-                       schedule=dict(wait=wait, warmup=warmup, active=active))
+    cfg = config_from_options(config, overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
-    resolved = resolve_device(cfg.device)
-    cells = plan_cells(cfg, [chosen], resolved)
+    device = resolve_torch_device(cfg.device)
+    cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
-    outcome = execute("run", cfg, cells, resolved, Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling, clocks), fmt)
+    outcome = execute("run", cfg, cells, device, measure)
     _print(outcome, fmt)
-    code = exit_code(outcome)
     failed = [r for r in outcome.results if r.status == "failed"]
     if failed:
-        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=code)
-    raise typer.Exit(code)
+        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
+    raise typer.Exit(outcome.exit_code)
 
 
-def _refuse_unavailable(variant, spec, registry) -> None:  # noqa: ANN001
+def _refuse_unavailable(variant: "Variant", spec: "RunSpec", registry: "Registry") -> None:
     reason = variant.unavailable_reason(spec)
     if reason is None:
         return
@@ -72,8 +51,8 @@ def _refuse_unavailable(variant, spec, registry) -> None:  # noqa: ANN001
                                   hint=f"variants that can run here: {', '.join(runnable) or 'none'}")
 
 
-def _print(outcome, fmt: c.OutputFormat) -> None:  # noqa: ANN001
-    from attnprof.report.analysis_tables import render_analysis_dict
+def _print(outcome: "RunOutcome", fmt: c.OutputFormat) -> None:
+    from attnprof.report.analysis_tables import render_analysis
     from attnprof.report.export import to_json
     from attnprof.report.tables import run_summary_table
 
@@ -85,7 +64,7 @@ def _print(outcome, fmt: c.OutputFormat) -> None:  # noqa: ANN001
         c.emit(run_summary_table(entry, style))
         if result.analysis:
             c.emit("")
-            c.emit(render_analysis_dict(result.analysis, style))
+            c.emit(render_analysis(result.analysis, style))
         if result.key_averages_table:
             c.emit("\ntorch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):")
             c.emit(result.key_averages_table if style == "table" else f"```\n{result.key_averages_table}\n```")

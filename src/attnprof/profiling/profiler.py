@@ -20,7 +20,6 @@ class ProfileRun:
     trace_path: Path
     key_averages_table: str
     output: Any
-    profile_s: float
     export_s: float
 
 
@@ -63,7 +62,6 @@ def profile_forward(
         activities.append(ProfilerActivity.CUDA)
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     output = None
-    started = time.perf_counter()
     with warnings.catch_warnings():
         # torch warns that a schedule keeps only the last cycle; one cycle is all attnprof records
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
@@ -75,10 +73,9 @@ def profile_forward(
                 if step == schedule.total_steps - 1 and spec.device_type == "cuda":
                     torch.cuda.synchronize(spec.device)  # the last step's kernels must land before the stop
                 prof.step()
-    profile_s = time.perf_counter() - started
     started = time.perf_counter()
     prof.export_chrome_trace(str(trace_path))
     events = prof.key_averages()
     table = events.table(sort_by=_sort_key(events, spec.device_type), row_limit=row_limit)
     export_s = time.perf_counter() - started
-    return ProfileRun(trace_path, table, output, profile_s, export_s)
+    return ProfileRun(trace_path, table, output, export_s)

@@ -1,6 +1,6 @@
 """Tables for `attnprof analyze` and `attnprof explain`: formatting only, no metrics computed here.
 
-`render_analysis(analysis, fmt)` takes a `TraceAnalysis` (or its `to_dict()`), fmt "table"
+`render_analysis(analysis, fmt)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
 a per-kernel table and the findings. Missing values read "n/a" (never 0); an occupancy the
 profiler did not report reads "unreported"; tensor cores read yes / no / ?.
@@ -45,13 +45,9 @@ def _short(name: str, fmt: str) -> str:
     return name
 
 
-def _as_dict(analysis: Any) -> dict[str, Any]:
-    return analysis.to_dict() if hasattr(analysis, "to_dict") else dict(analysis)
-
-
 def render_analysis(analysis: Any, fmt: str = "table") -> str:
-    """Summary, kernels and findings of a `TraceAnalysis` (or its dict) as one string."""
-    return render_analysis_dict(_as_dict(analysis), fmt)
+    """Summary, kernels and findings of a `TraceAnalysis` as one string."""
+    return render_analysis_dict(analysis.to_dict(), fmt)
 
 
 def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:

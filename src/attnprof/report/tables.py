@@ -53,13 +53,6 @@ def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
 
-def _finding_ids(row: dict[str, Any]) -> str:
-    if "finding_ids" in row:
-        return row["finding_ids"] or ""
-    findings = row.get("findings") or ""
-    return findings if isinstance(findings, str) else " ".join(f["id"] for f in findings)
-
-
 def shape_table(rows: list[dict[str, Any]], fmt: str) -> str:
     """One comparison table for the rows of one shape."""
     body = []
@@ -72,7 +65,7 @@ def shape_table(rows: list[dict[str, Any]], fmt: str) -> str:
             fmt_count(row.get("kernels_per_forward")), fmt_number(row.get("gpu_time_us")),
             fmt_number(row.get("cpu_time_us")), _latency(row), fmt_number(row.get("tflops")),
             fmt_number(row.get("pct_of_peak")), fmt_number(row.get("peak_memory_mib")),
-            _error(row.get("rel_error")), _speedup(row.get("speedup_vs_baseline")), _finding_ids(row),
+            _error(row.get("rel_error")), _speedup(row.get("speedup_vs_baseline")), row.get("finding_ids") or "",
         ])
     headers = ["variant", "status", "kernels/fwd", "GPU µs", "CPU µs", "latency µs ± IQR", "TFLOP/s",
                "% peak", "peak MiB", "rel err", "speed-up", "findings"]

@@ -1,0 +1,142 @@
+"""A whole `run` or `compare`: plan the cells, measure the ceiling, run every cell with the SM clock
+sampled alongside, then write the results through the report layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnprof.config import Config, MeasureOptions
+from attnprof.errors import OutputError
+from attnprof.pipeline.cell import run_cell
+from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.results import CellResult, attach_speedups
+
+Cell = tuple[Variant, RunSpec]
+
+
+@dataclass
+class RunOutcome:
+    """What a run produced: its results, the JSON document, the files written, and whether Ctrl-C cut it short."""
+
+    command: str
+    results: list[CellResult]
+    document: dict[str, Any]
+    files: tuple[Path, Path]
+    interrupted: bool
+
+    @property
+    def exit_code(self) -> int:
+        """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
+        if self.interrupted:
+            return 130
+        return 1 if any(r.status == "failed" for r in self.results) else 0
+
+
+def cell_specs(config: Config, device: str) -> list[RunSpec]:
+    """One RunSpec per configured shape, on the resolved device."""
+    return [RunSpec(device=device, dtype=config.dtype, batch=s.batch, heads=s.heads, seq=s.seq,
+                    head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal)
+            for s in config.shapes]
+
+
+def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
+    """Every shape × every variant, shape-major so each comparison table fills in turn."""
+    return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
+
+
+def select_variants(config: Config, registry: Registry) -> list[Variant]:
+    """The config's include/exclude patterns applied to the registry."""
+    return registry.select(config.variants, config.exclude)
+
+
+def ensure_output_dir(path: Path) -> Path:
+    """Create the output directory and prove it is writable, or raise OutputError."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".attnprof-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write to output directory {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def device_ceiling(device: str, dtype: str, refresh: bool = False) -> Any:
+    """The device's measured matmul and copy ceilings (`profiling.ceiling.Ceiling`)."""
+    from attnprof.profiling.ceiling import matmul_peak_tflops
+
+    return matmul_peak_tflops(device, dtype, refresh=refresh)
+
+
+def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: Any = None,
+              on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
+              on_done: Callable[[CellResult], None] | None = None) -> tuple[list[CellResult], bool]:
+    """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
+
+    On CUDA with timing and clocks on, nvidia-smi samples the SM clock throughout, and each
+    timed result gets the clock of its own timing window. Speed-ups against the config's
+    baseline are set on the results at the end.
+    """
+    results: list[CellResult] = []
+    sampler = _clock_sampler(cells, measure)
+    interrupted = False
+    try:
+        for index, (variant, spec) in enumerate(cells):
+            if on_start:
+                on_start(index, len(cells), variant, spec)
+            try:
+                result = run_cell(variant, spec, config, measure, ceiling)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
+            results.append(result)
+            if on_done:
+                on_done(result)
+    finally:
+        if sampler is not None:
+            attach_clocks(results, sampler.device, sampler.stop())
+    attach_speedups(results, config.baseline)
+    return results, interrupted
+
+
+def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
+    """A started ClockSampler for the first CUDA device among the cells, or None."""
+    device = next((spec.device for _, spec in cells if spec.device_type == "cuda"), None)
+    if device is None or not (measure.timing and measure.clocks):
+        return None
+    from attnprof.profiling.clocks import ClockSampler
+
+    return ClockSampler(device).start()
+
+
+def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) -> None:
+    """Set each timed result's `clock` on `device` from the samples inside its timing window."""
+    from attnprof.profiling.clocks import clock_window
+
+    for result in results:
+        if result.timing_window is not None and result.spec.device == device:
+            result.clock = clock_window(samples, [result.timing_window])
+
+
+def result_file_stem(command: str) -> str:
+    """`compare-YYYYmmdd-HHMMSS`: results accumulate instead of overwriting."""
+    return f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def finish_run(command: str, config: Config, device: str, results: list[CellResult], ceiling: Any,
+               interrupted: bool) -> RunOutcome:
+    """Build the results document and write it as JSON and CSV into the config's output directory."""
+    from attnprof.profiling.environment import collect_environment
+    from attnprof.report.export import write_csv, write_json
+    from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
+
+    document = results_document(command, config, collect_environment(device), ceiling, results, interrupted)
+    stem = Path(config.output_dir) / result_file_stem(command)
+    json_path = write_json(stem.with_suffix(".json"), document)
+    csv_path = write_csv(stem.with_suffix(".csv"), [csv_row(r) for r in results], CSV_FIELDS)
+    return RunOutcome(command, results, document, (json_path, csv_path), interrupted)
