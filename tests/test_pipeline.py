@@ -1,0 +1,122 @@
+"""The pipeline on CPU: one cell top to bottom, failures as rows, Ctrl-C, clocks and the written outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+
+import pytest
+
+from attnprof.config import Config, MeasureOptions, Schedule
+from attnprof.errors import VariantFailure
+from attnprof.pipeline import finish_run, plan_cells, run_cell, run_cells, select_variants
+from attnprof.pipeline.cell import guard, phase
+from attnprof.plugins import load_variants
+from attnprof.registry import RunSpec
+from attnprof.results import CellResult
+
+SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
+SPEC = RunSpec("cpu", "fp32", **SHAPE)
+FAST = MeasureOptions(min_time_s=0.02)
+
+
+@pytest.fixture
+def config(tmp_path) -> Config:
+    return Config(device="cpu", dtype="fp32", shapes=[SHAPE], variants=["naive", "sdpa-math"], baseline="sdpa-math",
+                  schedule=Schedule(wait=0, warmup=1, active=2), output_dir=tmp_path)
+
+
+def builtin(name: str):
+    return load_variants(no_plugins=True).registry.get(name)
+
+
+def test_one_cell_fills_every_part(config) -> None:
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert result.ok, result.reason
+    assert result.timing is not None and result.timing.reps >= 10 and result.latency_us > 0
+    assert result.check is not None and result.check.passed and result.check.threshold == 1e-5
+    assert result.analysis is not None and result.analysis.forwards == 2 and result.analysis.region == "attnprof"
+    assert result.trace_path.exists() and result.trace_path.parent == config.output_dir
+    assert result.memory_mib is None  # no honest per-call peak on CPU
+    assert result.throughput is None  # no ceiling given
+    assert set(result.phases_s) >= {"setup", "timing", "profile", "trace_export", "correctness", "analysis"}
+
+
+def test_without_timing_there_is_no_latency_but_a_trace(config) -> None:
+    result = run_cell(builtin("sdpa-math"), SPEC, config, MeasureOptions(timing=False))
+    assert result.ok and result.timing is None and result.latency_us is None
+    assert result.analysis.forwards == 2 and "warmup" in result.phases_s
+
+
+def test_a_ceiling_gives_throughput(config) -> None:
+    from attnprof.profiling.ceiling import Ceiling
+
+    result = run_cell(builtin("sdpa-math"), SPEC, config, FAST, Ceiling(tflops=1.0, bandwidth_gbps=10.0, source="t"))
+    assert result.throughput is not None and result.throughput.peak_tflops == 1.0
+    assert result.throughput.tflops > 0 and result.throughput.bound in {"compute", "memory"}
+
+
+def test_a_variant_that_cannot_run_is_skipped_and_a_broken_plugin_failed(config) -> None:
+    naive = builtin("naive")
+    skipped = run_cell(replace(naive, devices=("cuda",)), SPEC, config, FAST)
+    assert (skipped.status, skipped.reason) == ("skipped", "needs CUDA")
+    broken = run_cell(replace(naive, load_error="plugin failed to import: boom"), SPEC, config, FAST)
+    assert (broken.status, broken.reason) == ("failed", "plugin failed to import: boom")
+
+
+def test_a_raising_forward_is_a_failed_row_naming_the_stage(config) -> None:
+    def explode(q, k, v, causal, state):
+        raise ValueError("bad shape\nsecond line")
+
+    result = run_cell(replace(builtin("naive"), forward=explode, source="attnprof-x 1.0"), SPEC, config, FAST)
+    assert result.status == "failed"
+    assert result.reason == "forward raised ValueError (plugin attnprof-x 1.0): bad shape"
+
+
+def test_a_wrong_output_fails_after_the_trace_is_analysed(config) -> None:
+    import torch
+
+    result = run_cell(replace(builtin("naive"), forward=lambda q, k, v, c, s: torch.zeros_like(q)), SPEC, config, FAST)
+    assert result.status == "failed" and result.reason.startswith("relative error 1.0e+00 > 1e-05")
+    assert result.analysis is not None and result.check is not None and not result.check.passed
+
+
+def test_guard_and_phase() -> None:
+    result = CellResult("v", "built-in", SPEC)
+    variant = builtin("naive")
+    with pytest.raises(VariantFailure, match="setup raised KeyError: 'x'"):
+        with phase(result, "setup"), guard("setup", variant):
+            raise KeyError("x")
+    with pytest.raises(KeyboardInterrupt):
+        with guard("forward", variant):
+            raise KeyboardInterrupt
+    with phase(result, "setup"):
+        pass
+    assert result.phases_s["setup"] >= 0.0 and list(result.phases_s) == ["setup"]
+
+
+def test_run_cells_keeps_finished_cells_on_ctrl_c_and_sets_speedups(config) -> None:
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    cells = plan_cells(config, select_variants(config, load_variants(no_plugins=True).registry), "cpu")
+    assert [(v.name, s) for v, s in cells] == [("naive", SPEC), ("sdpa-math", SPEC)]
+    results, interrupted = run_cells(cells, config, FAST)
+    assert not interrupted and all(r.ok for r in results)
+    assert results[1].speedup_vs_baseline == pytest.approx(1.0) and results[0].speedup_vs_baseline > 0
+    cells[1] = (replace(cells[1][0], forward=interrupt), SPEC)
+    results, interrupted = run_cells(cells, config, FAST)
+    assert interrupted and [r.variant for r in results] == ["naive"]
+
+
+def test_finish_run_writes_json_and_csv(config) -> None:
+    results, _ = run_cells(plan_cells(config, [builtin("naive")], "cpu"), config, FAST)
+    outcome = finish_run("compare", config, "cpu", results, None, False)
+    json_path, csv_path = outcome.files
+    document = json.loads(json_path.read_text())
+    assert document["command"] == "compare" and document["interrupted"] is False
+    assert document["results"][0]["variant"] == "naive" and document["results"][0]["timing_reps"] >= 10
+    [row] = list(csv.DictReader(csv_path.open()))
+    assert row["variant"] == "naive" and row["status"] == "ok"
+    assert outcome.exit_code == 0
