@@ -109,9 +109,9 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
         with phase(result, "correctness"), guard("correctness check", variant):
-            bhsd = [to_bhsd(t, variant.layout) for t in (run.output, q, k, v)]
-            result.check = correctness.check_against_reference(*bhsd, spec.causal, spec.dtype)
-        del run, bhsd
+            out, q_, k_, v_ = (to_bhsd(t, variant.layout) for t in (run.output, q, k, v))
+            result.check = correctness.check_against_reference(out, q_, k_, v_, spec.causal, spec.dtype)
+        del run, out
         if measure.timing:
             with phase(result, "memory"), guard("forward", variant):
                 result.memory_mib = memory.peak_extra_memory_mib(forward, spec.device)
@@ -125,6 +125,8 @@ def _analyse(result: CellResult, region: str, ceiling: Any) -> None:
     """The trace analysis, the backend it shows, and the throughput of the latency."""
     from attnprof.analysis import analyze_trace, dispatched_backend
 
+    if result.trace_path is None:
+        raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
             result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.spec.dtype)
