@@ -127,7 +127,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int) -> dict[str, A
 
 def median_or_none(values: list[float | None]) -> float | None:
     """The median of the values that are not None, or None when there are none."""
-    from attnprof.profiling.timing import median
+    from attnprof.stats import median
 
     present = [v for v in values if v is not None]
     return median(present) if present else None

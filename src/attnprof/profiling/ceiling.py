@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from attnprof.stats import median
+
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
 CACHE_FILE = "ceilings.json"
 CACHE_VERSION = 1
@@ -191,8 +193,6 @@ def _cpu_matmul_size(tdtype: Any) -> int:
 
 def _median_seconds(fn: Callable[[], Any], dev: Any) -> float:
     import torch
-
-    from attnprof.profiling.timing import median
 
     for _ in range(WARMUP):
         fn()
