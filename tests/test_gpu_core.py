@@ -21,14 +21,14 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Profile every built-in once at the a100 shape (bf16, causal) and keep the results."""
     from attnprof.config import Schedule
     from attnprof.plugins import load_variants
-    from attnprof.profiling.ceiling import matmul_peak_tflops
+    from attnprof.profiling.ceiling import device_ceiling
     from attnprof.profiling.runner import RunOptions, run_cell
     from attnprof.registry import RunSpec
 
     out = tmp_path_factory.mktemp("gpu")
     spec = RunSpec(device="cuda:0", dtype="bf16", causal=True, **A100_SHAPE)
     options = RunOptions(schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out, min_time_s=0.1,
-                         ceiling=matmul_peak_tflops("cuda:0", "bf16"))
+                         ceiling=device_ceiling("cuda:0", "bf16"))
     registry = load_variants(no_plugins=True).registry
     return {name: run_cell(registry.get(name), spec, options) for name in BUILTINS}
 

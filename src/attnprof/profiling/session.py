@@ -31,9 +31,9 @@ def select_variants(config: Config, registry: Registry) -> list[Variant]:
 def measure_ceiling(device: str, dtype: str, refresh: bool = False) -> Any:
     """The device's measured matmul and copy ceilings (cached per device, dtype and torch version;
     `refresh` measures again and replaces the cached figure)."""
-    from attnprof.profiling.ceiling import matmul_peak_tflops
+    from attnprof.profiling.ceiling import device_ceiling
 
-    return matmul_peak_tflops(device, dtype, refresh=refresh)
+    return device_ceiling(device, dtype, refresh=refresh)
 
 
 def result_file_stem(command: str) -> str:
