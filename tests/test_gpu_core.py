@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from attnprof.plugins import load_variants
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 A100_SHAPE = dict(batch=8, heads=16, seq=1024, head_dim=64)
-BUILTINS = ["naive", "inplace", "sdpa", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "flex", "compiled"]
+BUILTINS = load_variants(no_plugins=True).registry.names()
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Profile every built-in once at the a100 shape (bf16, causal) and keep the results."""
     from attnprof.config import Schedule
-    from attnprof.plugins import load_variants
     from attnprof.profiling.ceiling import device_ceiling
     from attnprof.profiling.runner import RunOptions, run_cell
     from attnprof.registry import RunSpec

@@ -86,7 +86,8 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Site:
-    # Start from the user's environment: no ATTNPROF_PLUGINS, and a cache this test owns.
+    # No ATTNPROF_PLUGINS, and an empty cache this test owns: the CLI in test_plugin_cli.py loads without
+    # refresh=True, and plugins.py has no public way to forget loaded registries (or restore the real ones).
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
     monkeypatch.setattr(plugins_mod, "_cache", {})
     (tmp_path / "site").mkdir()
@@ -303,7 +304,8 @@ def test_register_variants_failing_midway_registers_nothing(site):
     ''')
     loaded = load_variants(refresh=True)
     assert "half-first" not in loaded.registry
-    assert _status(loaded, "half").error == "plugin failed in register_variants: ImportError: optional dependency missing"
+    assert _status(loaded, "half").error == ("plugin failed in register_variants: "
+                                             "ImportError: optional dependency missing")
 
 
 def test_check_that_raises_becomes_a_reason(site):
