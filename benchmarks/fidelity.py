@@ -40,9 +40,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_VARIANTS = ["sdpa-efficient", "sdpa-flash", "sdpa-cudnn"]
 FUSED_PLUGINS = ["triton-flash", "flash-attn", "flash-attn2", "flash-attn3", "fa2", "fa3"]
@@ -127,7 +128,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int) -> dict[str, A
 
 def median_or_none(values: list[float | None]) -> float | None:
     """The median of the values that are not None, or None when there are none."""
-    from attnprof.profiling.timing import median
+    from attnprof.stats import median
 
     present = [v for v in values if v is not None]
     return median(present) if present else None
@@ -199,12 +200,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['variant']} | {r['shape']} | {r['status']} |" + " |" * 13)
             continue
-        pct = lambda key: "n/a" if r.get(key) is None else f"{r[key]:+.1f}"  # noqa: E731
+        def pct(key: str, r: dict[str, Any] = r) -> str:
+            return "n/a" if r.get(key) is None else f"{r[key]:+.1f}"
+
         lines.append(
             f"| {r['variant']} | {r['shape']} | {_fmt(r['attnprof_us'])} | {_fmt(r['graph_us'])} | "
             f"{pct('diff_eager_vs_graph_pct')} | {_fmt(r['attnprof_graph_us'])} | {pct('diff_graph_vs_graph_pct')} | "
             f"{_fmt(r['attnprof_flush_us'])} | {_fmt(r['do_bench_us'])} | {pct('diff_flush_vs_do_bench_pct')} | "
-            f"{_fmt(r['within_5pct'])} | {'yes' if r['launch_bound'] else 'no'} | {_fmt(r['tflops'])} | {_fmt(r['pct_of_peak'])} | "
+            f"{_fmt(r['within_5pct'])} | {'yes' if r['launch_bound'] else 'no'} | {_fmt(r['tflops'])} | "
+            f"{_fmt(r['pct_of_peak'])} | "
             f"{_fmt(r['correct'])} | {clocks(r)} |")
     return "\n".join(lines)
 
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from attnprof.plugins import load_variants
-    from attnprof.profiling.ceiling import matmul_peak_tflops
+    from attnprof.profiling.ceiling import device_ceiling
     from attnprof.profiling.clocks import ClockSampler
     from attnprof.profiling.environment import collect_environment
     from attnprof.registry import RunSpec
@@ -250,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sampler = ClockSampler(args.device).start()
     registry = load_variants().registry
-    peak = matmul_peak_tflops(args.device, "bf16")
+    peak = device_ceiling(args.device, "bf16")
     rows = []
     for b, h, s, d in SHAPES:
         spec = RunSpec(device=args.device, dtype="bf16", batch=b, heads=h, seq=s, head_dim=d, causal=True)

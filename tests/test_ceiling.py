@@ -3,7 +3,7 @@ import json
 import pytest
 
 from attnprof.profiling import ceiling
-from attnprof.profiling.ceiling import Ceiling, cache_path, device_key, matmul_peak_tflops, measure_ceiling
+from attnprof.profiling.ceiling import Ceiling, cache_path, device_ceiling, device_key, probe_ceiling
 
 
 @pytest.fixture(autouse=True)
@@ -14,12 +14,12 @@ def fresh(monkeypatch, tmp_path):
     ceiling.forget()
 
 
-def fake_measure(calls, tflops=1.5, gbps=20.0):
-    def measure(device, dtype):
+def fake_probe(calls, tflops=1.5, gbps=20.0):
+    def probe(device, dtype):
         calls.append((device, dtype))
         return Ceiling(tflops, gbps, f"fake {dtype}")
 
-    return measure
+    return probe
 
 
 def never(device, dtype):
@@ -32,37 +32,37 @@ def test_cache_path_follows_env(tmp_path):
 
 def test_round_trip_through_cache_file(tmp_path):
     calls = []
-    first = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
+    first = device_ceiling("cpu", "fp32", probe=fake_probe(calls))
     assert first == Ceiling(1.5, 20.0, "fake fp32") and len(calls) == 1
     data = json.loads(cache_path().read_text())
     entry = data["entries"][device_key("cpu", "fp32")]
     assert entry["tflops"] == 1.5 and entry["bandwidth_gbps"] == 20.0 and "measured_at" in entry
     ceiling.forget()
-    second = matmul_peak_tflops("cpu", "fp32", measure=never)
+    second = device_ceiling("cpu", "fp32", probe=never)
     assert (second.tflops, second.bandwidth_gbps) == (1.5, 20.0)
     assert second.source.startswith("cached") and "fake fp32" in second.source
 
 
 def test_memo_measures_once_per_run():
     calls = []
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
+    device_ceiling("cpu", "bf16", probe=fake_probe(calls))
     cache_path().unlink()
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
+    device_ceiling("cpu", "bf16", probe=fake_probe(calls))
     assert len(calls) == 1
 
 
 def test_dtypes_are_cached_separately():
     calls = []
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
-    matmul_peak_tflops("cpu", "fp16", measure=fake_measure(calls))
+    device_ceiling("cpu", "bf16", probe=fake_probe(calls))
+    device_ceiling("cpu", "fp16", probe=fake_probe(calls))
     assert [c[1] for c in calls] == ["bf16", "fp16"]
     assert len(json.loads(cache_path().read_text())["entries"]) == 2
 
 
 def test_refresh_measures_again():
     calls = []
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls, tflops=1.0))
-    again = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls, tflops=2.0), refresh=True)
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=1.0))
+    again = device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=2.0), refresh=True)
     assert again.tflops == 2.0 and len(calls) == 2
 
 
@@ -70,7 +70,7 @@ def test_unwritable_cache_is_tolerated(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     calls = []
-    got = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls), path=blocker / "ceilings.json")
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls), path=blocker / "ceilings.json")
     assert got.tflops == 1.5 and len(calls) == 1
 
 
@@ -79,13 +79,13 @@ def test_corrupt_or_bad_entries_are_measured_again():
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     calls = []
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls))
     assert len(calls) == 1
     data = json.loads(path.read_text())
     data["entries"][device_key("cpu", "fp32")]["tflops"] = "nonsense"
     path.write_text(json.dumps(data))
     ceiling.forget()
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls))
     assert len(calls) == 2
 
 
@@ -97,6 +97,6 @@ def test_key_names_device_dtype_and_torch():
 
 
 def test_real_cpu_measurement_is_positive_and_labelled():
-    c = measure_ceiling("cpu", "fp32")
+    c = probe_ceiling("cpu", "fp32")
     assert c.tflops > 0 and c.bandwidth_gbps > 0
     assert c.source.startswith("measured:") and "fp32 matmul" in c.source

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from attnprof.plugins import load_variants
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 A100_SHAPE = dict(batch=8, heads=16, seq=1024, head_dim=64)
-BUILTINS = ["naive", "inplace", "sdpa", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "flex", "compiled"]
+BUILTINS = load_variants(no_plugins=True).registry.names()
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +24,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from types import SimpleNamespace
 
     from attnprof.config import Config, MeasureOptions, Schedule
-    from attnprof.pipeline import device_ceiling, run_cell
-    from attnprof.plugins import load_variants
+    from attnprof.pipeline import run_cell
+    from attnprof.profiling.ceiling import device_ceiling
     from attnprof.registry import RunSpec
     from attnprof.report.serialize import json_entry
 

@@ -126,11 +126,11 @@ def test_real_oom_becomes_variant_failure():
 def test_measured_ceiling_is_plausible(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNPROF_CACHE_DIR", str(tmp_path))
     ceiling.forget()
-    c = ceiling.matmul_peak_tflops(DEV, "bf16")
+    c = ceiling.device_ceiling(DEV, "bf16")
     assert 50 < c.tflops < 2500 and 300 < c.bandwidth_gbps < 20000
     assert c.source.startswith("measured: 8192x8192x8192 bf16")
     ceiling.forget()
-    assert ceiling.matmul_peak_tflops(DEV, "bf16").source.startswith("cached")
+    assert ceiling.device_ceiling(DEV, "bf16").source.startswith("cached")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

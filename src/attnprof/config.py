@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from attnprof.errors import ConfigError
 
-from attnprof.registry import DEFAULT_REGION  # noqa: F401 - re-exported
+from attnprof.registry import DEFAULT_REGION
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 

@@ -54,6 +54,11 @@ class LoadedVariants:
 _cache: dict[tuple, LoadedVariants] = {}
 
 
+def forget_loaded_variants() -> None:
+    """Drop every cached registry, so the next `load_variants` reads the entry points again."""
+    _cache.clear()
+
+
 def enabled_plugins_from_env() -> set[str] | None:
     """The plugin names ATTNPROF_PLUGINS allows, or None when it is unset (all load)."""
     raw = os.environ.get(PLUGINS_ENV)

@@ -57,12 +57,10 @@ class Forward:
     tables). `op_parent[i]` is the enclosing op of op `i` (-1: directly under the region);
     `launch_op[r]` is the innermost op around runtime call `r` (-1: none)."""
 
-    index: int
     thread: int
     start: float
     end: float
     ext: int
-    step: str | None
     ops: list[int] = field(default_factory=list)
     op_parent: dict[int, int] = field(default_factory=dict)
     calls: list[int] = field(default_factory=list)  # all runtime/driver calls inside
@@ -76,6 +74,7 @@ class Forward:
 
     @property
     def cpu_time_us(self) -> float:
+        """Wall time of the CPU range."""
         return self.end - self.start
 
     def op_chain(self, op: int) -> list[int]:
@@ -92,7 +91,6 @@ class Attribution:
     """The forwards of one region, with the trace they index into."""
 
     trace: ParsedTrace
-    region: str
     forwards: list[Forward]
     device_traced: bool  # the trace holds device events at all
     has_gpu_annotations: bool
@@ -100,6 +98,7 @@ class Attribution:
 
     @property
     def annotation_mismatches(self) -> int | None:
+        """Device events that GPU annotations and correlation disagree on; None without annotations."""
         if not self.has_gpu_annotations:
             return None
         return sum(f.annotation_mismatches or 0 for f in self.forwards)
@@ -130,7 +129,7 @@ def _sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]
     for i, t in enumerate(threads):
         if t in wanted:
             by_thread[t].append(i)
-    for t, idx in by_thread.items():
+    for idx in by_thread.values():
         idx.sort(key=lambda i: (ts[i], -dur[i]))
     return by_thread
 
@@ -166,7 +165,6 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     if not steps:  # older traces wrote ProfilerStep#N as a cpu_op
         ann = trace.cpu_ops
         steps = [i for i, n in enumerate(ann.name) if names[n].startswith("ProfilerStep#")]
-    step_of: dict[int, str | None] = {}
     if steps:
         steps.sort(key=lambda i: ann.ts[i])
         step_starts = [ann.ts[i] for i in steps]
@@ -176,7 +174,6 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
             # steps do not overlap: only the last one starting at or before the region can hold it
             j = bisect_right(step_starts, start + EPS) - 1
             if j >= 0 and ann.ts[steps[j]] + ann.dur[steps[j]] + EPS >= end:
-                step_of[i] = names[ann.name[steps[j]]]
                 kept.append(i)
         if not kept:
             raise TraceError(f"region {region!r} appears {len(outer)} time(s) but never inside a "
@@ -185,8 +182,8 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
         outer = kept
     outer.sort(key=lambda i: table.ts[i])
 
-    forwards = [Forward(index=k, thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i],
-                        ext=table.ext[i], step=step_of.get(i)) for k, i in enumerate(outer)]
+    forwards = [Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
+                for i in outer]
     notes: list[str] = []
     _attach_ops(trace, forwards, skip_table_rows=set(region_rows) if table is trace.cpu_ops else set())
     _attach_calls(trace, forwards, notes)
@@ -198,7 +195,7 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
             notes.append(f"{unmatched} launch call(s) inside the forwards have no device event in the "
                          "trace (dropped by the profiler, or still running when it stopped)")
     has_gann = _attach_gpu_annotations(trace, forwards, region)
-    return Attribution(trace=trace, region=region, forwards=forwards, device_traced=device_traced,
+    return Attribution(trace=trace, forwards=forwards, device_traced=device_traced,
                        has_gpu_annotations=has_gann, notes=notes)
 
 

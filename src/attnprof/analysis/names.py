@@ -48,11 +48,8 @@ class KernelExplanation:
     rule: str | None = None
     backend: str | None = None  # the SDPA backend this kernel belongs to, when it tells
 
-    @property
-    def is_fused_attention(self) -> bool:
-        return self.family == "fused-attention"
-
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `parts` as [{token, meaning}]."""
         data = asdict(self)
         data["parts"] = [{"token": t, "meaning": m} for t, m in self.parts]
         return data

@@ -45,10 +45,12 @@ class SmLimits:
 
     @property
     def compute_capability(self) -> str:
+        """The compute capability as major.minor ("9.0" for sm90)."""
         digits = self.arch[2:]
         return f"{digits[:-1]}.{digits[-1]}"
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
         return asdict(self)
 
 
@@ -91,6 +93,7 @@ class Occupancy:
     arch: str
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
         return asdict(self)
 
 

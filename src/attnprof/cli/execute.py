@@ -28,7 +28,8 @@ def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
     """Run the cells with a progress display on stderr and write JSON and CSV."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.pipeline import device_ceiling, ensure_output_dir, finish_run, run_cells
+    from attnprof.pipeline import ensure_output_dir, finish_run, run_cells
+    from attnprof.profiling.ceiling import device_ceiling
 
     ensure_output_dir(Path(config.output_dir))
     ceiling = None

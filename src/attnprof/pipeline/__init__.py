@@ -5,8 +5,8 @@
 """
 
 from attnprof.pipeline.cell import run_cell
-from attnprof.pipeline.run import (RunOutcome, attach_clocks, cell_specs, device_ceiling, ensure_output_dir,
+from attnprof.pipeline.run import (RunOutcome, attach_clocks, cell_specs, ensure_output_dir,
                                    finish_run, plan_cells, run_cells, select_variants)
 
-__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "device_ceiling", "ensure_output_dir", "finish_run",
+__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "ensure_output_dir", "finish_run",
            "plan_cells", "run_cell", "run_cells", "select_variants"]

@@ -66,13 +66,6 @@ def ensure_output_dir(path: Path) -> Path:
     return path
 
 
-def device_ceiling(device: str, dtype: str, refresh: bool = False) -> Any:
-    """The device's measured matmul and copy ceilings (`profiling.ceiling.Ceiling`)."""
-    from attnprof.profiling.ceiling import matmul_peak_tflops
-
-    return matmul_peak_tflops(device, dtype, refresh=refresh)
-
-
 def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: Any = None,
               on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
               on_done: Callable[[CellResult], None] | None = None) -> tuple[list[CellResult], bool]:

@@ -18,10 +18,13 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from attnprof.stats import median
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
 CACHE_FILE = "ceilings.json"
@@ -35,7 +38,7 @@ CPU_COPY_BYTES = 64 << 20
 WARMUP = 3
 REPS = 10
 
-_memo: dict[tuple[str, str], "Ceiling"] = {}
+_memo: dict[tuple[str, str], Ceiling] = {}
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class Ceiling:
         return asdict(self)
 
 
-Measure = Callable[[str, str], Ceiling]
+#: Measures one device and dtype now, without the cache: `probe_ceiling`, or a stand-in in tests.
+CeilingProbe = Callable[[str, str], Ceiling]
 
 
 def cache_path() -> Path:
@@ -99,11 +103,11 @@ def write_cache(path: Path, entries: dict[str, Any]) -> bool:
         return False
 
 
-def matmul_peak_tflops(device: str, dtype: str, *, refresh: bool = False, measure: Measure | None = None,
-                       path: Path | None = None) -> Ceiling:
+def device_ceiling(device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None,
+                   path: Path | None = None) -> Ceiling:
     """The measured matmul and copy ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
 
-    `refresh` measures again and overwrites the cache; `measure(device, dtype)` replaces the
+    `refresh` measures again and overwrites the cache; `probe(device, dtype)` replaces the
     real measurement (tests); `path` overrides the cache file.
     """
     path = path or cache_path()
@@ -117,7 +121,7 @@ def matmul_peak_tflops(device: str, dtype: str, *, refresh: bool = False, measur
         ceiling = Ceiling(float(entry["tflops"]), float(entry["bandwidth_gbps"]),
                           f"cached {entry.get('measured_at', '?')}: {entry['source']} ({path})")
     else:
-        ceiling = (measure or measure_ceiling)(device, dtype)
+        ceiling = (probe or probe_ceiling)(device, dtype)
         entries[key] = {**ceiling.to_dict(), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         write_cache(path, entries)
     _memo[memo_key] = ceiling
@@ -138,8 +142,8 @@ def _valid_entry(entry: Any) -> bool:
         return False
 
 
-def measure_ceiling(device: str, dtype: str) -> Ceiling:
-    """Measure matmul TFLOP/s and copy GB/s on `device` now (see the module docstring)."""
+def probe_ceiling(device: str, dtype: str) -> Ceiling:
+    """Measure matmul TFLOP/s and copy GB/s on `device` now, bypassing the cache (see the module docstring)."""
     import torch
 
     from attnprof.profiling.inputs import torch_dtype
@@ -149,20 +153,32 @@ def measure_ceiling(device: str, dtype: str) -> Ceiling:
     cuda = dev.type == "cuda"
     n = GPU_MATMUL_N if cuda else _cpu_matmul_size(tdtype)
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
-    a, b, c = _operands(n, tdtype, dev)
-    mm_s = _median_seconds(lambda: torch.matmul(a, b, out=c), dev)
-    del a, b, c
-    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    src.fill_(1)
-    copy_s = _median_seconds(lambda: dst.copy_(src), dev)
-    del src, dst
+    mm_s = _matmul_seconds(n, tdtype, dev)
+    copy_s = _copy_seconds(nbytes, dev)
     tflops = 2.0 * n ** 3 / mm_s / 1e12
     gbps = 2.0 * nbytes / copy_s / 1e9
     where = "CUDA events" if cuda else "perf_counter"
     source = (f"measured: {n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
               f"median of {REPS} after {WARMUP} warm-ups, {where}")
     return Ceiling(tflops, gbps, source)
+
+
+def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
+    """Median seconds of one n x n x n matmul; the operands are freed on return."""
+    import torch
+
+    a, b, c = _operands(n, tdtype, dev)
+    return _median_seconds(lambda: torch.matmul(a, b, out=c), dev)
+
+
+def _copy_seconds(nbytes: int, dev: Any) -> float:
+    """Median seconds of one device copy of `nbytes`; the buffers are freed on return."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    return _median_seconds(lambda: dst.copy_(src), dev)
 
 
 def _operands(n: int, tdtype: Any, dev: Any) -> tuple[Any, Any, Any]:
@@ -191,8 +207,6 @@ def _cpu_matmul_size(tdtype: Any) -> int:
 
 def _median_seconds(fn: Callable[[], Any], dev: Any) -> float:
     import torch
-
-    from attnprof.profiling.timing import median
 
     for _ in range(WARMUP):
         fn()

@@ -13,11 +13,13 @@ time afterwards. Without nvidia-smi (or on CPU) nothing is sampled and the field
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from attnprof.devices import nvidia_smi_query
 
@@ -90,7 +92,7 @@ def clock_window(samples: Sequence[ClockSample], spans: Sequence[tuple[float, fl
     bits = 0
     for s in inside:
         bits |= s.reasons
-    return ClockWindow(sm_mhz=clocks[len(clocks) // 2], min_sm_mhz=clocks[0],
+    return ClockWindow(sm_mhz=statistics.median_high(clocks), min_sm_mhz=clocks[0],
                        max_sm_mhz=max(s.max_sm_mhz for s in inside), limits=reason_names(bits),
                        samples=len(inside))
 
@@ -121,7 +123,7 @@ class ClockSampler:
         self._proc: subprocess.Popen | None = None
         self._file: Any = None
 
-    def start(self) -> "ClockSampler":
+    def start(self) -> ClockSampler:
         """Start the background nvidia-smi (after checking which reasons field this driver knows)."""
         exe = shutil.which("nvidia-smi")
         selector = gpu_selector(self.device)

@@ -22,7 +22,7 @@ How a sample is taken:
   starts on a flushed L2 (and its time includes the graph launch).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
 
-Statistics: median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
+Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
 `unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
 """
 
@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from attnprof.errors import one_line
 from attnprof.profiling.memory import oom_guard
+from attnprof.stats import median, quantile
 
 UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
@@ -67,29 +70,6 @@ class Timing:
         data = asdict(self)
         data.update(latency_us=self.median_us, latency_iqr_us=self.iqr_us, timing_method=self.method)
         return data
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile (0 ≤ q ≤ 1) by linear interpolation between order statistics."""
-    if not values:
-        raise ValueError("quantile of an empty sample")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile q must be in [0, 1], got {q}")
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float:
-    """The median (the 0.5 quantile)."""
-    return quantile(values, 0.5)
-
-
-def iqr(values: Sequence[float]) -> float:
-    """The interquartile range: 75th minus 25th percentile."""
-    return quantile(values, 0.75) - quantile(values, 0.25)
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
@@ -280,12 +260,6 @@ def recover_from_failed_capture(device: Any) -> None:
     torch.cuda.synchronize(device)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    detail = text[0][:160] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
 def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
                cuda_graph, flush_l2, unstable_threshold) -> Timing:
     import torch
@@ -307,7 +281,7 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
             graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
             recover_from_failed_capture(dev)
-            notes.append(f"cuda-graph capture failed ({_one_line(exc)}), fell back to eager")
+            notes.append(f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager")
         else:
             launch = graph.replay
             graph_used = True
@@ -323,7 +297,7 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
         launch()
         ends[i].record()
     torch.cuda.synchronize(dev)
-    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends)]
+    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends, strict=True)]
     del cache
     if graph_used:
         head = (f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "

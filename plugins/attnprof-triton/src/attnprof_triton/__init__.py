@@ -24,7 +24,7 @@ DESCRIPTION = (
 def triton_missing() -> str | None:
     """Why triton cannot be used here, or None when it imports."""
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install raising something else
         return f"needs triton: {exc}"
@@ -53,19 +53,12 @@ def check(spec: RunSpec) -> str | None:
     return None
 
 
-class TritonState:
-    """What setup leaves for forward: the launch configuration the autotuner chose."""
+def setup(spec: RunSpec) -> None:
+    """Compile and autotune for this shape on throw-away inputs, outside any timed region.
 
-    def __init__(self, config: Any, tma: bool) -> None:
-        self.config = config
-        self.tma = tma
-
-    def __repr__(self) -> str:
-        return f"TritonState({self.config}, tma={self.tma})"
-
-
-def setup(spec: RunSpec) -> TritonState:
-    """Compile and autotune for this shape on throw-away inputs, outside any timed region."""
+    The autotuner keeps its choice per shape (`_kernel.best_config` reads it back), so `forward`
+    launches the tuned kernel and no state is passed on.
+    """
     import torch
 
     from attnprof_triton import _kernel
@@ -74,17 +67,13 @@ def setup(spec: RunSpec) -> TritonState:
     q = torch.randn(spec.batch, spec.heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    out = _kernel.attention(q, k, v, spec.causal)
+    _kernel.attention(q, k, v, spec.causal)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
-    config = _kernel.best_config(q, spec.causal) or _kernel.default_config(spec.seq, spec.head_dim, q.element_size())
-    state = TritonState(config, _kernel._tma_ok(q, k, v, out))
-    del q, k, v, out
-    return state
 
 
-def forward(q: Any, k: Any, v: Any, causal: bool, state: Any = None) -> Any:
-    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch."""
+def forward(q: Any, k: Any, v: Any, causal: bool, state: None = None) -> Any:
+    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch (`state` is unused)."""
     from attnprof_triton import _kernel
 
     return _kernel.attention(q, k, v, causal)

@@ -178,6 +178,7 @@ class BlockConfig(NamedTuple):
     num_stages: int
 
     def as_triton(self) -> Any:
+        """This configuration as a triton.Config."""
         return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n},
                              num_warps=self.num_warps, num_stages=self.num_stages)
 
