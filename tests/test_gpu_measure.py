@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnprof.errors import VariantFailure
-from attnprof.profiling import ceiling
+from attnprof.profiling import ceiling, timing
 from attnprof.profiling.correctness import (
     check_variant_output,
     probe_fully_masked,
@@ -13,7 +13,6 @@ from attnprof.profiling.correctness import (
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
-from attnprof.profiling import timing
 from attnprof.profiling.timing import flush_buffer, time_forward
 from attnprof.registry import RunSpec, Variant
 
@@ -128,9 +127,11 @@ def test_measured_ceiling_is_plausible(tmp_path, monkeypatch):
     ceiling.forget()
     c = ceiling.device_ceiling(DEV, "bf16")
     assert 50 < c.tflops < 2500 and 300 < c.bandwidth_gbps < 20000
-    assert c.source.startswith("measured: 8192x8192x8192 bf16")
+    assert c.source == "measured" and c.method.startswith("8192x8192x8192 bf16")
+    assert c.torch_version == torch.__version__ and c.reason == "no cached figure"
     ceiling.forget()
-    assert ceiling.device_ceiling(DEV, "bf16").source.startswith("cached")
+    cached = ceiling.device_ceiling(DEV, "bf16")
+    assert cached.source == "cached" and cached.tflops == c.tflops and cached.driver_version == c.driver_version
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -180,9 +181,9 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
     import shutil
     import time
 
-    from attnprof.profiling.clocks import ClockSampler, clock_window
     from attnprof.config import Config, MeasureOptions
     from attnprof.pipeline import run_cells
+    from attnprof.profiling.clocks import ClockSampler, clock_window
     from attnprof.report.serialize import csv_row
     from attnprof.variants import sdpa
 
