@@ -261,23 +261,81 @@ def test_ctrl_c_keeps_finished_cells(cli, write_config, monkeypatch, tmp_path: P
     assert [r["variant"] for r in document["results"]] == ["naive"]
 
 
-def test_refresh_ceiling_replaces_the_cached_figure(cli, write_config, isolated_cache) -> None:
-    import json as _json
-
+def test_an_exceeded_cached_ceiling_is_measured_again_without_asking(cli, write_config, isolated_cache) -> None:
     from attnprof.profiling import ceiling
 
     config = str(write_config(variants=["sdpa-math"]))
     assert cli("compare", config, *FAST).exit_code == 0
     cache = isolated_cache / "ceilings.json"
-    entries = _json.loads(cache.read_text())["entries"]
-    [key] = entries
-    entries[key]["tflops"] = 1e-9  # a stale, absurd figure
-    cache.write_text(_json.dumps({"version": 1, "entries": entries}))
+    data = json.loads(cache.read_text())
+    [entry] = data["entries"].values()
+    entry["tflops"] = 1e-9  # measured while the machine was busy, say
+    cache.write_text(json.dumps(data))
     ceiling.forget()
-    stale = _json.loads(cli("compare", config, "--format", "json", *FAST).stdout)
-    assert stale["ceiling"]["tflops"] == 1e-9
-    fresh = _json.loads(cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST).stdout)
-    assert fresh["ceiling"]["tflops"] > 1e-6
+    result = cli("compare", config, "--format", "json", *FAST)
+    document = json.loads(result.stdout)
+    assert document["ceiling"]["tflops"] > 1e-6 and document["ceiling"]["source"] == "measured"
+    assert "fp32 matmul ceiling on cpu: 1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
+    [row] = document["results"]
+    assert 0 < row["pct_of_peak"] < 100 and row["pct_of_peak_note"] is None
+    assert json.loads(cache.read_text())["entries"].popitem()[1]["tflops"] > 1e-6  # the cache holds the fresh one
+    fresh = cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST)
+    assert "measured now (a fresh measurement was asked for)" in fresh.stderr
+
+
+def test_the_cached_note_is_printed_only_when_the_cached_figure_was_used(cli, write_config) -> None:
+    import re
+
+    from attnprof.profiling import ceiling
+
+    args = ("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
+    first = cli(*args)
+    assert first.exit_code == 0, first.output
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, measured now \(no cached figure\)$", first.stderr,
+                     re.MULTILINE), first.stderr
+    assert "cached on" not in first.stderr and "--refresh-ceiling" not in first.stderr
+    ceiling.forget()  # a new process
+    second = cli(*args)
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, cached on \d{4}-\d\d-\d\d "
+                     r"\(--refresh-ceiling measures again\)$", second.stderr, re.MULTILINE), second.stderr
+    assert "measured now" not in second.stderr
+
+
+def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason(cli, write_config, tmp_path,
+                                                                                monkeypatch) -> None:
+    from attnprof.profiling import ceiling
+
+    calls = []
+
+    def absurd(device: str, dtype: str) -> ceiling.Ceiling:
+        calls.append(dtype)
+        return ceiling.Ceiling(1e-9, 1.0, "measured", method="fake")
+
+    monkeypatch.setattr(ceiling, "probe_ceiling", absurd)
+    result = cli("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
+    assert result.exit_code == 0, result.output
+    assert calls == ["fp32", "fp32"]  # at the start, and once more when the cell exceeded it
+    assert "n/a: the fp32 matmul on cpu (1e-09 TFLOP/s) is slower than this attention (" in result.stdout
+    [json_file] = (tmp_path / "out").glob("run-*.json")
+    [row] = json.loads(json_file.read_text())["results"]
+    assert row["pct_of_peak"] is None and row["bound"] is None and row["tflops"] > 1e-9
+    assert row["pct_of_peak_note"].endswith("TFLOP/s): no ceiling")
+    [line] = csv.DictReader(json_file.with_suffix(".csv").open())
+    assert line["pct_of_peak"] == "" and line["pct_of_peak_note"] == row["pct_of_peak_note"]
+
+
+def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> None:
+    result = cli("compare", str(write_config(dtype="bf16", variants=["sdpa-math"])), *FAST)
+    assert result.exit_code == 0, result.output
+    reason = "no meaningful bf16 matmul ceiling on CPU (attention there computes in fp32)"
+    assert f"% of peak is n/a: {reason}" in result.stderr and "cached on" not in result.stderr
+    [json_file] = (tmp_path / "out").glob("compare-*.json")
+    document = json.loads(json_file.read_text())
+    assert document["ceiling"]["source"] == "none" and document["ceiling"]["tflops"] is None
+    [row] = document["results"]
+    assert row["tflops"] > 0 and row["pct_of_peak"] is None and row["pct_of_peak_note"] == reason
+    table_row = next(line for line in result.stdout.splitlines() if line.startswith("sdpa-math"))  # shape table
+    assert "n/a" in table_row and "%" not in table_row
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:

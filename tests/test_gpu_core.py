@@ -25,7 +25,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     from attnprof.config import Config, MeasureOptions, Schedule
     from attnprof.pipeline import run_cell
-    from attnprof.profiling.ceiling import device_ceiling
+    from attnprof.profiling.ceiling import RunCeiling
     from attnprof.registry import RunSpec
     from attnprof.report.serialize import json_entry
 
@@ -33,7 +33,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     spec = RunSpec(device="cuda:0", dtype="bf16", causal=True, **A100_SHAPE)
     config = Config(shapes=[A100_SHAPE], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out)
     measure = MeasureOptions(min_time_s=0.1)
-    ceiling = device_ceiling("cuda:0", "bf16")
+    ceiling = RunCeiling.start("cuda:0", "bf16")
     registry = load_variants(no_plugins=True).registry
     results = {}
     for name in BUILTINS:

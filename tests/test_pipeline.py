@@ -11,9 +11,11 @@ import pytest
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.errors import VariantFailure
 from attnprof.pipeline import finish_run, plan_cells, run_cell, run_cells, select_variants
-from attnprof.pipeline.cell import guard, phase
+from attnprof.pipeline.cell import exceeds, guard, phase, throughput
 from attnprof.plugins import load_variants
+from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec
+from attnprof.report.serialize import csv_row
 from attnprof.results import CellResult
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
@@ -49,12 +51,82 @@ def test_without_timing_there_is_no_latency_but_a_trace(config) -> None:
     assert result.analysis.forwards == 2 and "warmup" in result.phases_s
 
 
-def test_a_ceiling_gives_throughput(config) -> None:
-    from attnprof.profiling.ceiling import Ceiling
+def fixed_ceiling(tflops: float | None, dtype: str = "fp32", calls: list | None = None,
+                  fresh_tflops: float | None = None) -> RunCeiling:
+    """A run ceiling of `tflops` whose measurement again (counted in `calls`) gives `fresh_tflops`."""
 
-    result = run_cell(builtin("sdpa-math"), SPEC, config, FAST, Ceiling(tflops=1.0, bandwidth_gbps=10.0, source="t"))
+    def probe(device: str, dtype: str) -> Ceiling:
+        if calls is not None:
+            calls.append(dtype)
+        return Ceiling(fresh_tflops, 10.0, "measured", method="fake")
+
+    return RunCeiling("cpu", dtype, Ceiling(tflops, 10.0, "cached", method="fake"), probe=probe)
+
+
+def test_a_ceiling_gives_throughput(config) -> None:
+    result = run_cell(builtin("sdpa-math"), SPEC, config, FAST, fixed_ceiling(1.0))
     assert result.throughput is not None and result.throughput.peak_tflops == 1.0
     assert result.throughput.tflops > 0 and result.throughput.bound in {"compute", "memory"}
+    assert 0 < result.throughput.pct_of_peak < 100 and result.throughput.pct_of_peak_note is None
+
+
+def test_an_exceeded_ceiling_is_measured_again_once_then_is_na_with_a_reason(config) -> None:
+    calls: list = []
+    ceiling = fixed_ceiling(1e-9, calls=calls, fresh_tflops=2e-9)  # any attention beats these
+    first = run_cell(builtin("sdpa-math"), SPEC, config, FAST, ceiling)
+    assert calls == ["fp32"] and ceiling.replaced.tflops == 1e-9 and ceiling.current.tflops == 2e-9
+    assert ceiling.current.reason.startswith("sdpa-math at 1x2x32x16 reached ")
+    tp = first.throughput
+    assert tp.pct_of_peak is None and tp.bound is None and tp.peak_tflops == 2e-9 and tp.tflops > 2e-9
+    assert tp.pct_of_peak_note == (f"the fp32 matmul on cpu (2e-09 TFLOP/s) is slower than this attention "
+                                   f"({tp.tflops:.3g} TFLOP/s): no ceiling")
+    second = run_cell(builtin("naive"), SPEC, config, FAST, ceiling)
+    assert calls == ["fp32"] and second.throughput.pct_of_peak is None  # once per run
+    row = csv_row(first)
+    assert row["pct_of_peak"] is None and row["pct_of_peak_note"] == tp.pct_of_peak_note
+
+
+def test_a_fresh_ceiling_that_holds_gives_a_percentage(config) -> None:
+    calls: list = []
+    result = run_cell(builtin("sdpa-math"), SPEC, config, FAST, fixed_ceiling(1e-9, calls=calls, fresh_tflops=1e3))
+    assert calls == ["fp32"] and result.throughput.peak_tflops == 1e3
+    assert 0 < result.throughput.pct_of_peak < 100 and result.throughput.pct_of_peak_note is None
+
+
+def test_no_ceiling_gives_na_with_its_reason_and_measures_nothing(config) -> None:
+    spec = replace(SPEC, dtype="bf16")
+    ceiling = RunCeiling.start("cpu", "bf16")
+    result = run_cell(builtin("sdpa-math"), spec, config, FAST, ceiling)
+    tp = result.throughput
+    assert tp.tflops > 0 and tp.achieved_gbps > 0 and ceiling.replaced is None
+    assert (tp.pct_of_peak, tp.peak_tflops, tp.bound) == (None, None, None)
+    assert tp.pct_of_peak_note == "no meaningful bf16 matmul ceiling on CPU (attention there computes in fp32)"
+
+
+def test_throughput_is_pure_arithmetic() -> None:
+    from attnprof.analysis.roofline import attention_flops
+
+    latency_us = attention_flops(SPEC) / 0.5e12 * 1e6  # 0.5 TFLOP/s
+    half = throughput(SPEC, latency_us, Ceiling(1.0, 10.0, "cached"))
+    assert half.pct_of_peak == pytest.approx(50.0) and half.pct_of_peak_note is None and not exceeds(half)
+    over = throughput(SPEC, latency_us, Ceiling(0.25, 10.0, "cached"))
+    assert exceeds(over) and over.pct_of_peak is None and "(0.25 TFLOP/s) is slower than this attention (0.5 " \
+        in over.pct_of_peak_note
+
+
+def test_a_measurement_again_puts_every_cell_of_the_run_on_the_fresh_ceiling(config) -> None:
+    calls: list = []
+    ceiling = fixed_ceiling(1e9, calls=calls, fresh_tflops=1e3)  # the first cell is far below it
+
+    def sink_the_ceiling(result: CellResult) -> None:  # as if the second cell met a stale, absurdly low figure
+        if result.variant == "naive":
+            ceiling.current = Ceiling(1e-9, 10.0, "cached", method="fake")
+
+    cells = [(builtin("naive"), SPEC), (builtin("sdpa-math"), SPEC)]
+    results, _ = run_cells(cells, config, FAST, ceiling, on_done=sink_the_ceiling)
+    assert calls == ["fp32"] and ceiling.current.reason.startswith("sdpa-math at ")  # the second cell exceeded it
+    assert [r.throughput.peak_tflops for r in results] == [1e3, 1e3]  # the first one was computed against 1e9
+    assert all(0 < r.throughput.pct_of_peak < 100 for r in results)
 
 
 def test_a_variant_that_cannot_run_is_skipped_and_a_broken_plugin_failed(config) -> None:

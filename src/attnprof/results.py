@@ -23,13 +23,18 @@ Status = Literal["ok", "skipped", "failed"]
 
 @dataclass(frozen=True)
 class Throughput:
-    """Achieved rates of one latency against the device's measured ceilings."""
+    """Achieved rates of one latency against the device's measured ceilings.
+
+    `pct_of_peak` is None when there is no ceiling or the latency beat it; `pct_of_peak_note`
+    then says why in one line.
+    """
 
     tflops: float
     pct_of_peak: float | None
     peak_tflops: float | None
     achieved_gbps: float
-    bound: str | None  # "compute" or "memory"; None without both ceilings
+    bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
+    pct_of_peak_note: str | None = None
 
 
 @dataclass

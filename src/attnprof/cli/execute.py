@@ -14,44 +14,63 @@ if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.run import Cell
+    from attnprof.profiling.ceiling import RunCeiling
     from attnprof.registry import RunSpec, Variant
     from attnprof.results import CellResult
 
 
-def config_from_options(path: Path | None, overrides: dict[str, Any], **more: Any) -> "Config":
+def config_from_options(path: Path | None, overrides: dict[str, Any], **more: Any) -> Config:
     """The config file (or the built-in default) with the shared overrides and `more` fields applied."""
     return build_config(path, **config_changes(overrides), **more)
 
 
-def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
-            measure: "MeasureOptions") -> "RunOutcome":
+def execute(command: str, config: Config, cells: list[Cell], device: str,
+            measure: MeasureOptions) -> RunOutcome:
     """Run the cells with a progress display on stderr and write JSON and CSV."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from attnprof.pipeline import ensure_output_dir, finish_run, run_cells
-    from attnprof.profiling.ceiling import device_ceiling
+    from attnprof.profiling.ceiling import RunCeiling
 
     ensure_output_dir(Path(config.output_dir))
     ceiling = None
     if measure.timing:
-        note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
-        ceiling = device_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
+        ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling)
+        note(ceiling_note(ceiling))
     console = stderr_console()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("starting", total=len(cells))
 
-        def on_start(index: int, total: int, variant: "Variant", spec: "RunSpec") -> None:
+        def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
             progress.update(task, description=f"{variant.name} @ {spec.shape_label}")
             if not console.is_terminal:
                 note(f"[{index + 1}/{total}] {variant.name} @ {spec.shape_label} {spec.dtype} on {spec.device}")
 
-        def on_done(result: "CellResult") -> None:
+        def on_done(result: CellResult) -> None:
             progress.advance(task)
             if not result.ok:
                 note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
 
         results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
+    if ceiling is not None and ceiling.replaced is not None:
+        note(ceiling_note(ceiling))
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
-    return finish_run(command, config, device, results, ceiling, interrupted)
+    return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted)
+
+
+def ceiling_note(ceiling: RunCeiling) -> str:
+    """One line on the run's matmul ceiling: cached (and when), measured now (and why), measured again, or none."""
+    current = ceiling.current
+    what = f"{ceiling.dtype} matmul ceiling on {ceiling.device}"
+    if current.source == "none":
+        return f"% of peak is n/a: {current.reason}"
+    if ceiling.replaced is not None:
+        return (f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
+                f"measured again: {current.tflops:.3g} TFLOP/s")
+    if current.source == "cached":
+        when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
+    else:
+        when = f"measured now ({current.reason})"
+    return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"

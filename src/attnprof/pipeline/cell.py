@@ -11,12 +11,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import AttnprofError, TraceError, VariantFailure, VariantUnavailableError, one_line
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Throughput
+
+if TYPE_CHECKING:
+    from attnprof.profiling.ceiling import Ceiling, RunCeiling
 
 
 @contextmanager
@@ -47,10 +50,11 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
 
 
 def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions,
-             ceiling: Any = None) -> CellResult:
+             ceiling: RunCeiling | None = None) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
 
-    `ceiling` is the device's measured `Ceiling` (None: no throughput figures).
+    `ceiling` is the run's ceiling (None: no throughput figures); a cell that exceeds it has it
+    measured again once per run (`cell_throughput`).
     """
     result = CellResult(variant=variant.name, source=variant.source, spec=spec)
     if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
@@ -121,7 +125,7 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
                                                                             config.seed)
 
 
-def _analyse(result: CellResult, region: str, ceiling: Any) -> None:
+def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> None:
     """The trace analysis, the backend it shows, and the throughput of the latency."""
     from attnprof.analysis import analyze_trace, dispatched_backend
 
@@ -133,17 +137,52 @@ def _analyse(result: CellResult, region: str, ceiling: Any) -> None:
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
     result.backend = dispatched_backend(result.analysis)
-    if ceiling is not None and result.latency_us:
-        result.throughput = throughput(result.spec, result.latency_us, ceiling)
+    latency_us = result.latency_us
+    if ceiling is not None and latency_us:
+        result.throughput = cell_throughput(result.variant, result.spec, latency_us, ceiling)
 
 
-def throughput(spec: RunSpec, latency_us: float, ceiling: Any) -> Throughput:
-    """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency."""
+def cell_throughput(variant: str, spec: RunSpec, latency_us: float, ceiling: RunCeiling) -> Throughput:
+    """`throughput` against the run's ceiling; when the cell exceeds it, the ceiling is measured again
+    (once per run) and the throughput computed against the fresh one."""
+    rates = throughput(spec, latency_us, ceiling.current)
+    if exceeds(rates):
+        why = f"{variant} at {spec.shape_label} reached {rates.tflops:.3g} TFLOP/s"
+        if ceiling.measure_again(why):
+            rates = throughput(spec, latency_us, ceiling.current)
+    return rates
+
+
+def exceeds(rates: Throughput) -> bool:
+    """True when the achieved TFLOP/s is above the ceiling it was compared against."""
+    return rates.peak_tflops is not None and rates.tflops > rates.peak_tflops
+
+
+def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling) -> Throughput:
+    """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency.
+
+    Without a ceiling (source "none"), or when the latency beats the ceiling (over 100% is
+    impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
+    an exceeded ceiling gives no `bound` either.
+    """
     from attnprof.analysis.roofline import achieved_for
 
     rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps)
-    return Throughput(tflops=rates["tflops"], pct_of_peak=rates["pct_of_peak"], peak_tflops=ceiling.tflops,
-                      achieved_gbps=rates["achieved_gbps"], bound=rates["bound"])
+    pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
+    if ceiling.tflops is not None and rates["tflops"] > ceiling.tflops:
+        pct = bound = None
+        note = (f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
+                f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling")
+    return Throughput(tflops=rates["tflops"], pct_of_peak=pct, peak_tflops=ceiling.tflops,
+                      achieved_gbps=rates["achieved_gbps"], bound=bound, pct_of_peak_note=note)
+
+
+def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:
+    """Compute every timed result's throughput again against `ceiling` (after it was measured again),
+    so all cells of a run share one ceiling."""
+    for result in results:
+        if result.throughput is not None and (latency_us := result.latency_us):
+            result.throughput = throughput(result.spec, latency_us, ceiling)
 
 
 def _warm_up(forward: Any, spec: RunSpec, calls: int = 3) -> None:

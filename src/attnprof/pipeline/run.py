@@ -8,13 +8,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import OutputError
-from attnprof.pipeline.cell import run_cell
+from attnprof.pipeline.cell import rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, attach_speedups
+
+if TYPE_CHECKING:
+    from attnprof.profiling.ceiling import RunCeiling
 
 Cell = tuple[Variant, RunSpec]
 
@@ -66,14 +69,15 @@ def ensure_output_dir(path: Path) -> Path:
     return path
 
 
-def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: Any = None,
+def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: RunCeiling | None = None,
               on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
               on_done: Callable[[CellResult], None] | None = None) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
     On CUDA with timing and clocks on, nvidia-smi samples the SM clock throughout, and each
     timed result gets the clock of its own timing window. Speed-ups against the config's
-    baseline are set on the results at the end.
+    baseline are set on the results at the end; so is every throughput again when a cell had the
+    ceiling measured again, so all cells share one ceiling.
     """
     results: list[CellResult] = []
     sampler = _clock_sampler(cells, measure)
@@ -93,6 +97,8 @@ def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceilin
     finally:
         if sampler is not None:
             attach_clocks(results, sampler.device, sampler.stop())
+    if ceiling is not None and ceiling.replaced is not None:
+        rethroughput(results, ceiling.current)
     attach_speedups(results, config.baseline)
     return results, interrupted
 

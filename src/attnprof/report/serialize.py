@@ -75,6 +75,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("timing_method", _timing("method")),
     ("tflops", _throughput("tflops")),
     ("pct_of_peak", _throughput("pct_of_peak")),
+    ("pct_of_peak_note", _throughput("pct_of_peak_note")),
     ("peak_tflops", _throughput("peak_tflops")),
     ("achieved_gbps", _throughput("achieved_gbps")),
     ("bound", _throughput("bound")),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tabulate import tabulate
 
@@ -47,6 +48,13 @@ def _clock(row: dict[str, Any]) -> str:
 
 def _speedup(value: Any) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _throughput(row: dict[str, Any]) -> str:
+    """TFLOP/s with its % of the measured peak, or `n/a: why` when there is no meaningful peak."""
+    if row.get("pct_of_peak") is None and row.get("pct_of_peak_note"):
+        return f"{fmt_number(row.get('tflops'))} (n/a: {row['pct_of_peak_note']})"
+    return f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"
 
 
 def _error(value: Any) -> str:
@@ -98,7 +106,7 @@ def run_summary_table(row: dict[str, Any], fmt: str) -> str:
         ("timing method", row.get("timing_method") or "n/a"),
         ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
-        ("TFLOP/s (% of measured peak)", f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"),
+        ("TFLOP/s (% of measured peak)", _throughput(row)),
         ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
