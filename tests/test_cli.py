@@ -315,6 +315,9 @@ def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason
     result = cli("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
     assert result.exit_code == 0, result.output
     assert calls == ["fp32", "fp32"]  # at the start, and once more when the cell exceeded it
+    assert ("1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
+            and "measured again: 1e-09 TFLOP/s; still beaten by sdpa-math @ 1x2x32x16: % of peak is n/a there"
+            in result.stderr), result.stderr
     assert "n/a: the fp32 matmul on cpu (1e-09 TFLOP/s) is slower than this attention (" in result.stdout
     [json_file] = (tmp_path / "out").glob("run-*.json")
     [row] = json.loads(json_file.read_text())["results"]

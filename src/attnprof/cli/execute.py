@@ -54,21 +54,24 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
 
         results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
     if ceiling is not None and ceiling.replaced is not None:
-        note(ceiling_note(ceiling))
+        note(ceiling_note(ceiling, [f"{r.variant} @ {r.spec.shape_label}" for r in results
+                                    if r.throughput is not None and r.throughput.pct_of_peak is None]))
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
     return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted)
 
 
-def ceiling_note(ceiling: RunCeiling) -> str:
-    """One line on the run's matmul ceiling: cached (and when), measured now (and why), measured again, or none."""
+def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
+    """One line on the run's matmul ceiling: cached (and when), measured now (and why), or none; once measured
+    again, that, and the cells (`beaten`) that still beat it."""
     current = ceiling.current
     what = f"{ceiling.dtype} matmul ceiling on {ceiling.device}"
     if current.source == "none":
         return f"% of peak is n/a: {current.reason}"
     if ceiling.replaced is not None:
+        still = f"; still beaten by {', '.join(beaten)}: % of peak is n/a there" if beaten else ""
         return (f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
-                f"measured again: {current.tflops:.3g} TFLOP/s")
+                f"measured again: {current.tflops:.3g} TFLOP/s{still}")
     if current.source == "cached":
         when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
     else:
