@@ -13,11 +13,8 @@ from attnprof.cli import common as c
 TraceArg = Annotated[Path, typer.Argument(help="A torch.profiler Chrome trace (.json or .json.gz).")]
 RegionOpt = Annotated[Optional[str], typer.Option(
     "--region", show_default=False,
-    help="The record_function name around one forward, or a glob pattern (* ? [...]) whose every "
-         "matching range is one forward: 'ProfilerStep#*' makes each profiler step (prof.step()) one "
-         "forward. A string that is exactly a name in the trace means that name only. Default: "
-         "'attnprof' if the trace has it, else the only user annotation if there is one name, "
-         "else 'ProfilerStep#*'; the choice is said on stderr.")]
+    help="The record_function name around one forward, or a glob pattern such as 'ProfilerStep#*'. "
+         "Default: chosen from the trace (see above).")]
 DtypeHintOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False)]
 
@@ -28,6 +25,13 @@ def analyze_command(trace: TraceArg, region: RegionOpt = None, dtype: DtypeHintO
     """Analyse a trace: attribute GPU work to each forward and explain what it shows.
 
     A forward is one range of --region; its GPU work is what was launched inside it (by correlation).
+
+    --region: a record_function name, or a glob pattern (* ? [...]) whose every match is one forward.
+    'ProfilerStep#*' makes each profiler step (prof.step()) one forward.
+    A string that is exactly a name in the trace means that name only.
+
+    Without --region: 'attnprof' if the trace has it, else the only user annotation, else 'ProfilerStep#*'.
+    The choice is said on stderr (and in the JSON as region_choice).
     """
     from attnprof.analysis import analyze_trace
     from attnprof.report.analysis_tables import render_analysis
