@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
-from attnprof.analysis.forwards import Attribution, choose_region, find_forwards
+from attnprof.analysis.forwards import Attribution, find_forwards
 from attnprof.analysis.metrics import (
     TRACE_DTYPES,
     ForwardMetrics,
@@ -31,6 +31,7 @@ from attnprof.analysis.metrics import (
     normalize_dtype,
 )
 from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.regions import choose_region
 from attnprof.analysis.trace import ParsedTrace, load_trace
 from attnprof.errors import TraceError
 from attnprof.stats import median, median_count, spread
