@@ -295,3 +295,14 @@ def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
     assert cli("compare", config, *FAST).exit_code == 0
     assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0
     assert seen == [True, False]
+
+
+@pytest.mark.parametrize("command", [(), ("list",), ("run",), ("compare",)])
+def test_help_shows_flags_as_flags(cli, command) -> None:
+    """Flags take no value, so the help shows no `<bool>` for them (typer's rich help did)."""
+    result = cli(*command, "--help", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "--help" in result.output
+    if command in (("run",), ("compare",)):
+        assert "--no-timing" in result.output and "--cuda-graph" in result.output
+        assert "<int>" in result.output  # options that take a value still show its type
