@@ -306,3 +306,17 @@ def test_help_shows_flags_as_flags(cli, command) -> None:
     if command in (("run",), ("compare",)):
         assert "--no-timing" in result.output and "--cuda-graph" in result.output
         assert "<int>" in result.output  # options that take a value still show its type
+
+
+@pytest.mark.parametrize("command", [("run", "--variant", "naive"), ("compare",), ("list",)])
+def test_config_as_argument_or_option(cli, write_config, command) -> None:
+    """run, compare and list take the config as the argument or with -c/--config, not both."""
+    config = str(write_config(variants=["naive"], baseline=None, seed=7))
+    extra = ("--format", "json") if command[0] == "list" else ("--no-timing", "--format", "json")
+    for given in ((config,), ("-c", config), ("--config", config)):
+        result = cli(*command, *given, *extra)
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["shape"] == "1x2x32x16" if command[0] == "list" else document["config"]["seed"] == 7
+    assert_one_line_error(cli(*command, config, "-c", config, *extra), 2, "two configs given",
+                          "as the argument or with -c, not both")

@@ -21,16 +21,17 @@ BaselineOpt = Annotated[Optional[str], typer.Option(help="Variant the speed-ups 
 
 @c.handle_errors
 @shared_options
-def compare_command(config: c.ConfigArg = None, variants: PatternsOpt = None, exclude: ExcludeOpt = None,
-                    baseline: BaselineOpt = None, fmt: c.FormatOpt = c.OutputFormat.table, *,
-                    overrides: dict[str, Any], measure: "MeasureOptions") -> None:
+def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None, variants: PatternsOpt = None,
+                    exclude: ExcludeOpt = None, baseline: BaselineOpt = None, fmt: c.FormatOpt = c.OutputFormat.table,
+                    *, overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile every selected variant at every configured shape and compare them."""
     from attnprof.pipeline import plan_cells, select_variants
     from attnprof.profiling.inputs import resolve_torch_device
 
     if variants and exclude is None:
         exclude = []  # an explicit selection replaces the config's include and exclude lists together
-    cfg = config_from_options(config, overrides, variants=variants or None, exclude=exclude, baseline=baseline)
+    cfg = config_from_options(c.config_path(config, config_file), overrides, variants=variants or None,
+                              exclude=exclude, baseline=baseline)
     loaded = c.load_variants_for_cli()
     for line in c.plugin_notes(loaded):
         c.note(line)

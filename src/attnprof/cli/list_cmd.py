@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from attnprof.cli.common import ConfigOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputFormat, emit, handle_errors, load_variants_for_cli, note, plugin_notes
+from attnprof.cli.common import (ConfigArg, ConfigOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputFormat, config_path, emit,
+                                handle_errors, load_variants_for_cli, note, plugin_notes)
 from attnprof.cli.settings import build_config
 
 if TYPE_CHECKING:
@@ -14,12 +15,12 @@ if TYPE_CHECKING:
 
 
 @handle_errors
-def list_command(config: ConfigOpt = None, device: DeviceOpt = None, dtype: DtypeOpt = None,
-                 fmt: FormatOpt = OutputFormat.table) -> None:
+def list_command(config: ConfigArg = None, config_file: ConfigOpt = None, device: DeviceOpt = None,
+                 dtype: DtypeOpt = None, fmt: FormatOpt = OutputFormat.table) -> None:
     """List every variant, whether it can run here, and if not, why not."""
     from attnprof.report.tables import variant_list_table
 
-    cfg = build_config(config, device=device, dtype=dtype)
+    cfg = build_config(config_path(config, config_file), device=device, dtype=dtype)
     loaded = load_variants_for_cli()
     spec = _probe_spec(cfg)
     entries = []

@@ -21,13 +21,14 @@ VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to
 
 @c.handle_errors
 @shared_options
-def run_command(variant: VariantOpt, config: c.ConfigOpt = None, fmt: c.FormatOpt = c.OutputFormat.table, *,
+def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
+                fmt: c.FormatOpt = c.OutputFormat.table, *,
                 overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
     from attnprof.pipeline import plan_cells
     from attnprof.profiling.inputs import resolve_torch_device
 
-    cfg = config_from_options(config, overrides)
+    cfg = config_from_options(c.config_path(config, config_file), overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
     device = resolve_torch_device(cfg.device)
