@@ -320,3 +320,15 @@ def test_config_as_argument_or_option(cli, write_config, command) -> None:
         assert document["shape"] == "1x2x32x16" if command[0] == "list" else document["config"]["seed"] == 7
     assert_one_line_error(cli(*command, config, "-c", config, *extra), 2, "two configs given",
                           "as the argument or with -c, not both")
+
+
+# --- what a new user trips over -----------------------------------------------------------------
+
+def test_auto_dtype_rows_carry_the_concrete_dtype(cli, write_config) -> None:
+    """`dtype: auto` on CPU is fp32 in every row, in the document's config and in the table headings."""
+    config = str(write_config(dtype="auto", variants=["sdpa-math"]))
+    document = json.loads(cli("compare", config, "--no-timing", "--format", "json").stdout)
+    assert [r["dtype"] for r in document["results"]] == ["fp32"] and document["config"]["dtype"] == "fp32"
+    assert "1x2x32x16 fp32 causal on cpu" in cli("compare", config, "--no-timing").stdout
+    result = cli("run", "--variant", "naive", "--config", config, "--dtype", "auto", "--no-timing", "--format", "json")
+    assert json.loads(result.stdout)["results"][0]["dtype"] == "fp32"

@@ -8,9 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from attnprof.config import Config, MeasureOptions, Schedule
+from attnprof import devices
+from attnprof.config import Config, MeasureOptions, Schedule, load_config
 from attnprof.errors import VariantFailure
-from attnprof.pipeline import finish_run, plan_cells, run_cell, run_cells, select_variants
+from attnprof.pipeline import (
+    cell_specs,
+    finish_run,
+    plan_cells,
+    resolve_config,
+    run_cell,
+    run_cells,
+    select_variants,
+)
 from attnprof.pipeline.cell import guard, phase
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
@@ -120,3 +129,17 @@ def test_finish_run_writes_json_and_csv(config) -> None:
     [row] = list(csv.DictReader(csv_path.open()))
     assert row["variant"] == "naive" and row["status"] == "ok"
     assert outcome.exit_code == 0
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16")])
+def test_auto_dtype_is_resolved_once_for_the_device(monkeypatch, capability, expected) -> None:
+    """The built-in default's `dtype: auto` is a GPU user's dtype on a GPU, fp32 on CPU; cell specs see
+    only the concrete dtype, and a dtype the config names stays."""
+    monkeypatch.setattr(devices, "compute_capability", lambda device: capability)
+    default = load_config(None)
+    assert default.dtype == "auto"
+    on_gpu = resolve_config(default, "cuda:0")
+    assert on_gpu.dtype == expected and cell_specs(on_gpu, "cuda:0")[0].dtype == expected
+    assert resolve_config(default, "cpu").dtype == "fp32"
+    pinned = default.model_copy(update={"dtype": "fp32"})
+    assert resolve_config(pinned, "cuda:0") is pinned

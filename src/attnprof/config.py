@@ -62,7 +62,7 @@ class Config(_Strict):
     """Everything one `attnprof run` or `attnprof compare` needs."""
 
     device: str = "auto"
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)

@@ -40,7 +40,9 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
     "--config", "-c", help="YAML config (or give it as the argument); the built-in default when omitted.",
     show_default=False)]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
-DtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16 or fp32 (overrides the config).", show_default=False)]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability 8.0 or newer, "
+         "fp16 on an older GPU, fp32 on CPU.", show_default=False)]
 
 
 def config_path(argument: Path | None, option: Path | None) -> Path | None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, execute
+from attnprof.cli.execute import config_from_options, config_on_device, execute
 from attnprof.cli.options import shared_options
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
                     *, overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile every selected variant at every configured shape and compare them."""
     from attnprof.pipeline import plan_cells, select_variants
-    from attnprof.profiling.inputs import resolve_torch_device
 
     if variants and exclude is None:
         exclude = []  # an explicit selection replaces the config's include and exclude lists together
@@ -38,7 +37,7 @@ def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
     chosen = select_variants(cfg, loaded.registry)
     if cfg.baseline and cfg.baseline not in [v.name for v in chosen]:
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
-    device = resolve_torch_device(cfg.device)
+    cfg, device = config_on_device(cfg)
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
     _print(outcome, fmt, cfg.baseline)
     raise typer.Exit(outcome.exit_code)

@@ -37,8 +37,18 @@ class RunOutcome:
         return 1 if any(r.status == "failed" for r in self.results) else 0
 
 
+def resolve_config(config: Config, device: str) -> Config:
+    """`config` for the resolved `device`, with `dtype: auto` made concrete (`devices.resolve_dtype`).
+    Done once, before cell specs, the ceiling, the tables or the results document see the config."""
+    from attnprof.devices import resolve_dtype
+
+    dtype = resolve_dtype(config.dtype, device)
+    return config if dtype == config.dtype else config.model_copy(update={"dtype": dtype})
+
+
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
-    """One RunSpec per configured shape, on the resolved device."""
+    """One RunSpec per configured shape, on the resolved device, with the config's dtype (resolve
+    `dtype: auto` first: `resolve_config`)."""
     return [RunSpec(device=device, dtype=config.dtype, batch=s.batch, heads=s.heads, seq=s.seq,
                     head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal)
             for s in config.shapes]
