@@ -332,3 +332,20 @@ def test_auto_dtype_rows_carry_the_concrete_dtype(cli, write_config) -> None:
     assert "1x2x32x16 fp32 causal on cpu" in cli("compare", config, "--no-timing").stdout
     result = cli("run", "--variant", "naive", "--config", config, "--dtype", "auto", "--no-timing", "--format", "json")
     assert json.loads(result.stdout)["results"][0]["dtype"] == "fp32"
+
+
+def test_baseline_typo_fails_like_a_variant_typo(cli, write_config) -> None:
+    """A baseline no variant has is exit 2 with a suggestion, given with --baseline or in the config."""
+    config = str(write_config())
+    assert_one_line_error(cli("compare", config, "--baseline", "sdpa-mth", "--no-timing"), 2,
+                          "unknown baseline 'sdpa-mth'", "did you mean sdpa-math")
+    typo = str(write_config(baseline="sdpa-mth"))
+    assert_one_line_error(cli("compare", typo, "--no-timing"), 2, "unknown baseline 'sdpa-mth'; did you mean sdpa-math")
+    assert_one_line_error(cli("run", typo, "--variant", "naive", "--no-timing"), 2, "unknown baseline 'sdpa-mth'")
+
+
+def test_a_real_baseline_left_out_is_a_note(cli, write_config) -> None:
+    result = cli("compare", str(write_config()), "--variants", "naive", "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "baseline 'sdpa-math' is not among the selected variants: no speed-ups" in result.stderr
+    assert json.loads(result.stdout)["results"][0]["speedup_vs_baseline"] is None

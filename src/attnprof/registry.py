@@ -137,12 +137,13 @@ class Registry:
     def __len__(self) -> int:
         return len(self._variants)
 
-    def get(self, name: str) -> Variant:
-        """The variant called `name`; UnknownVariantError with suggestions otherwise."""
+    def get(self, name: str, role: str = "variant") -> Variant:
+        """The variant called `name`; UnknownVariantError with suggestions otherwise. `role` says what
+        the name was given as in that message (`unknown baseline 'sdpa-mth'; did you mean sdpa-math?`)."""
         try:
             return self._variants[name]
         except KeyError:
-            raise UnknownVariantError(_unknown_message(name, self.names())) from None
+            raise UnknownVariantError(_unknown_message(name, self.names(), role)) from None
 
     def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
         """Variants matching any include pattern and no exclude pattern, in the include order.
@@ -173,8 +174,8 @@ def _is_pattern(text: str) -> bool:
     return any(ch in text for ch in "*?[")
 
 
-def _unknown_message(name: str, known: list[str]) -> str:
+def _unknown_message(name: str, known: list[str], role: str = "variant") -> str:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     if close:
-        return f"unknown variant {name!r}; did you mean {', '.join(close)}?"
-    return f"unknown variant {name!r}; known variants: {', '.join(known) or '(none)'}"
+        return f"unknown {role} {name!r}; did you mean {', '.join(close)}?"
+    return f"unknown {role} {name!r}; known variants: {', '.join(known) or '(none)'}"

@@ -25,11 +25,12 @@ def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.
                 fmt: c.FormatOpt = c.OutputFormat.table, *,
                 overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
-    from attnprof.pipeline import plan_cells
+    from attnprof.pipeline import check_baseline, plan_cells
 
     cfg = config_from_options(c.config_path(config, config_file), overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
+    check_baseline(cfg, loaded.registry)
     cfg, device = config_on_device(cfg)
     cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)

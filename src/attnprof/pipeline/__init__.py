@@ -9,6 +9,7 @@ from attnprof.pipeline.run import (
     RunOutcome,
     attach_clocks,
     cell_specs,
+    check_baseline,
     device_ceiling,
     ensure_output_dir,
     finish_run,
@@ -18,5 +19,5 @@ from attnprof.pipeline.run import (
     select_variants,
 )
 
-__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "device_ceiling", "ensure_output_dir", "finish_run",
-           "plan_cells", "resolve_config", "run_cell", "run_cells", "select_variants"]
+__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "check_baseline", "device_ceiling", "ensure_output_dir",
+           "finish_run", "plan_cells", "resolve_config", "run_cell", "run_cells", "select_variants"]

@@ -59,8 +59,16 @@ def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cel
     return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
 
 
+def check_baseline(config: Config, registry: Registry) -> None:
+    """UnknownVariantError, with the registry's close-match hint, for a baseline no variant has. (A
+    registered baseline that the selection leaves out is the caller's to mention.)"""
+    if config.baseline is not None:
+        registry.get(config.baseline, role="baseline")
+
+
 def select_variants(config: Config, registry: Registry) -> list[Variant]:
-    """The config's include/exclude patterns applied to the registry."""
+    """The config's include/exclude patterns applied to the registry, after `check_baseline`."""
+    check_baseline(config, registry)
     return registry.select(config.variants, config.exclude)
 
 
