@@ -349,3 +349,26 @@ def test_a_real_baseline_left_out_is_a_note(cli, write_config) -> None:
     assert result.exit_code == 0, result.output
     assert "baseline 'sdpa-math' is not among the selected variants: no speed-ups" in result.stderr
     assert json.loads(result.stdout)["results"][0]["speedup_vs_baseline"] is None
+
+
+def test_default_compare_says_what_the_config_excluded(cli, tmp_path: Path) -> None:
+    """The built-in default on CPU leaves out flex and compiled, and says so (with why) on stderr."""
+    result = cli("compare", "--seq", "32", "--heads", "2", "--head-dim", "16", "--no-timing",
+                 "-o", str(tmp_path / "out"), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert ("excluded by the config: flex, compiled (torch.compile takes tens of seconds on a small CPU; "
+            "--variants flex includes them)") in result.stderr.splitlines()
+    assert not {"flex", "compiled"} & {r["variant"] for r in json.loads(result.stdout)["results"]}
+
+
+def test_plain_exclude_is_named_too_but_not_the_command_lines(cli, write_config) -> None:
+    scoped = {"variants": ["inplace"], "device": "cpu", "reason": "not today"}
+    config = str(write_config(exclude=[scoped, "naive"]))
+    result = cli("compare", config, "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "excluded by the config: inplace (not today); naive" in result.stderr
+    assert [r["variant"] for r in json.loads(result.stdout)["results"]] == ["sdpa-math"]
+    for override in (("--exclude", "naive"), ("--variants", "naive")):
+        result = cli("compare", config, *override, "--no-timing", "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert "excluded by the config" not in result.stderr

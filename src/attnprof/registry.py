@@ -145,6 +145,17 @@ class Registry:
         except KeyError:
             raise UnknownVariantError(_unknown_message(name, self.names(), role)) from None
 
+    def check_patterns(self, patterns: Iterable[str]) -> None:
+        """UnknownVariantError, with suggestions, for the first pattern without wildcards that names no variant."""
+        for pattern in patterns:
+            if not _is_pattern(pattern):
+                self.get(pattern)
+
+    def matching(self, patterns: Iterable[str]) -> list[str]:
+        """Names matching any of `patterns`, in registration order (no check: a pattern may match none)."""
+        patterns = list(patterns)
+        return [n for n in self.names() if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
     def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
         """Variants matching any include pattern and no exclude pattern, in the include order.
 
@@ -152,15 +163,14 @@ class Registry:
         """
         include = list(include) or ["*"]
         exclude = list(exclude)
-        for pattern in include + exclude:
-            if not _is_pattern(pattern) and pattern not in self._variants:
-                raise UnknownVariantError(_unknown_message(pattern, self.names()))
+        self.check_patterns(include + exclude)
         chosen: list[str] = []
         for pattern in include:
-            for name in self.names():
-                if fnmatch.fnmatchcase(name, pattern) and name not in chosen:
+            for name in self.matching([pattern]):
+                if name not in chosen:
                     chosen.append(name)
-        chosen = [n for n in chosen if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+        excluded = self.matching(exclude)
+        chosen = [n for n in chosen if n not in excluded]
         if not chosen:
             raise UnknownVariantError(
                 f"no variant matches {', '.join(include)}"

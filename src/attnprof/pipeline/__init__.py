@@ -10,6 +10,8 @@ from attnprof.pipeline.run import (
     attach_clocks,
     cell_specs,
     check_baseline,
+    check_names,
+    config_exclusions,
     device_ceiling,
     ensure_output_dir,
     finish_run,
@@ -19,5 +21,6 @@ from attnprof.pipeline.run import (
     select_variants,
 )
 
-__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "check_baseline", "device_ceiling", "ensure_output_dir",
-           "finish_run", "plan_cells", "resolve_config", "run_cell", "run_cells", "select_variants"]
+__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "check_baseline", "check_names", "config_exclusions",
+           "device_ceiling", "ensure_output_dir", "finish_run", "plan_cells", "resolve_config", "run_cell", "run_cells",
+           "select_variants"]

@@ -66,10 +66,33 @@ def check_baseline(config: Config, registry: Registry) -> None:
         registry.get(config.baseline, role="baseline")
 
 
-def select_variants(config: Config, registry: Registry) -> list[Variant]:
-    """The config's include/exclude patterns applied to the registry, after `check_baseline`."""
+def check_names(config: Config, registry: Registry) -> None:
+    """Every name the config gives must be registered: include patterns, exclude patterns (for every
+    device) and the baseline; otherwise UnknownVariantError with the registry's close-match hint."""
+    registry.check_patterns(config.variants + [p for entry in config.exclude for p in entry.variants])
     check_baseline(config, registry)
-    return registry.select(config.variants, config.exclude)
+
+
+def select_variants(config: Config, registry: Registry, device: str) -> list[Variant]:
+    """The config's include patterns minus the exclude entries in force on the resolved `device`,
+    after `check_names`."""
+    check_names(config, registry)
+    return registry.select(config.variants, [p for entry in config.exclusions(device) for p in entry.variants])
+
+
+def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
+    """What the exclude entries in force on `device` left out of the include patterns' variants: the
+    names, in registration order, and the reason of each entry that left out any (a variant is named
+    under the first entry that excludes it)."""
+    included = registry.matching(config.variants)
+    taken: set[str] = set()
+    found = []
+    for entry in config.exclusions(device):
+        names = [n for n in registry.matching(entry.variants) if n in included and n not in taken]
+        taken.update(names)
+        if names:
+            found.append((names, entry.reason))
+    return found
 
 
 def ensure_output_dir(path: Path) -> Path:
