@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from attnprof.pipeline import RunOutcome
     from attnprof.registry import Registry
 
-PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
-ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
+PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", metavar="PATTERN", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
+ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
 BaselineOpt = Annotated[Optional[str], typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
 
