@@ -356,3 +356,80 @@ def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
     assert cli("compare", config, *FAST).exit_code == 0
     assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0
     assert seen == [True, False]
+
+
+@pytest.mark.parametrize("command", [(), ("list",), ("run",), ("compare",)])
+def test_help_shows_flags_as_flags(cli, command) -> None:
+    """Flags take no value, so the help shows no `<bool>` for them (typer's rich help did)."""
+    result = cli(*command, "--help", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "--help" in result.output
+    if command in (("run",), ("compare",)):
+        assert "--no-timing" in result.output and "--cuda-graph" in result.output
+        assert "<int>" in result.output  # options that take a value still show its type
+
+
+@pytest.mark.parametrize("command", [("run", "--variant", "naive"), ("compare",), ("list",)])
+def test_config_as_argument_or_option(cli, write_config, command) -> None:
+    """run, compare and list take the config as the argument or with -c/--config, not both."""
+    config = str(write_config(variants=["naive"], baseline=None, seed=7))
+    extra = ("--format", "json") if command[0] == "list" else ("--no-timing", "--format", "json")
+    for given in ((config,), ("-c", config), ("--config", config)):
+        result = cli(*command, *given, *extra)
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["shape"] == "1x2x32x16" if command[0] == "list" else document["config"]["seed"] == 7
+    assert_one_line_error(cli(*command, config, "-c", config, *extra), 2, "two configs given",
+                          "as the argument or with -c, not both")
+
+
+# --- what a new user trips over -----------------------------------------------------------------
+
+def test_auto_dtype_rows_carry_the_concrete_dtype(cli, write_config) -> None:
+    """`dtype: auto` on CPU is fp32 in every row, in the document's config and in the table headings."""
+    config = str(write_config(dtype="auto", variants=["sdpa-math"]))
+    document = json.loads(cli("compare", config, "--no-timing", "--format", "json").stdout)
+    assert [r["dtype"] for r in document["results"]] == ["fp32"] and document["config"]["dtype"] == "fp32"
+    assert "1x2x32x16 fp32 causal on cpu" in cli("compare", config, "--no-timing").stdout
+    result = cli("run", "--variant", "naive", "--config", config, "--dtype", "auto", "--no-timing", "--format", "json")
+    assert json.loads(result.stdout)["results"][0]["dtype"] == "fp32"
+
+
+def test_baseline_typo_fails_like_a_variant_typo(cli, write_config) -> None:
+    """A baseline no variant has is exit 2 with a suggestion, given with --baseline or in the config."""
+    config = str(write_config())
+    assert_one_line_error(cli("compare", config, "--baseline", "sdpa-mth", "--no-timing"), 2,
+                          "unknown baseline 'sdpa-mth'", "did you mean sdpa-math")
+    typo = str(write_config(baseline="sdpa-mth"))
+    assert_one_line_error(cli("compare", typo, "--no-timing"), 2, "unknown baseline 'sdpa-mth'; did you mean sdpa-math")
+    assert_one_line_error(cli("run", typo, "--variant", "naive", "--no-timing"), 2, "unknown baseline 'sdpa-mth'")
+
+
+def test_a_real_baseline_left_out_is_a_note(cli, write_config) -> None:
+    result = cli("compare", str(write_config()), "--variants", "naive", "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "baseline 'sdpa-math' is not among the selected variants: no speed-ups" in result.stderr
+    assert json.loads(result.stdout)["results"][0]["speedup_vs_baseline"] is None
+
+
+def test_default_compare_says_what_the_config_excluded(cli, tmp_path: Path) -> None:
+    """The built-in default on CPU leaves out flex and compiled, and says so (with why) on stderr."""
+    result = cli("compare", "--seq", "32", "--heads", "2", "--head-dim", "16", "--no-timing",
+                 "-o", str(tmp_path / "out"), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert ("excluded by the config: flex, compiled (torch.compile takes tens of seconds on a small CPU; "
+            "--variants flex includes them)") in result.stderr.splitlines()
+    assert not {"flex", "compiled"} & {r["variant"] for r in json.loads(result.stdout)["results"]}
+
+
+def test_plain_exclude_is_named_too_but_not_the_command_lines(cli, write_config) -> None:
+    scoped = {"variants": ["inplace"], "device": "cpu", "reason": "not today"}
+    config = str(write_config(exclude=[scoped, "naive"]))
+    result = cli("compare", config, "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "excluded by the config: inplace (not today); naive" in result.stderr
+    assert [r["variant"] for r in json.loads(result.stdout)["results"]] == ["sdpa-math"]
+    for override in (("--exclude", "naive"), ("--variants", "naive")):
+        result = cli("compare", config, *override, "--no-timing", "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert "excluded by the config" not in result.stderr

@@ -8,9 +8,19 @@ from dataclasses import replace
 
 import pytest
 
-from attnprof.config import Config, MeasureOptions, Schedule
-from attnprof.errors import VariantFailure
-from attnprof.pipeline import finish_run, plan_cells, run_cell, run_cells, select_variants
+from attnprof import devices
+from attnprof.config import Config, MeasureOptions, Schedule, load_config
+from attnprof.errors import UnknownVariantError, VariantFailure
+from attnprof.pipeline import (
+    cell_specs,
+    config_exclusions,
+    finish_run,
+    plan_cells,
+    resolve_config,
+    run_cell,
+    run_cells,
+    select_variants,
+)
 from attnprof.pipeline.cell import exceeds, guard, phase, throughput
 from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
@@ -172,7 +182,7 @@ def test_run_cells_keeps_finished_cells_on_ctrl_c_and_sets_speedups(config) -> N
     def interrupt(*args):
         raise KeyboardInterrupt
 
-    cells = plan_cells(config, select_variants(config, load_variants(no_plugins=True).registry), "cpu")
+    cells = plan_cells(config, select_variants(config, load_variants(no_plugins=True).registry, "cpu"), "cpu")
     assert [(v.name, s) for v, s in cells] == [("naive", SPEC), ("sdpa-math", SPEC)]
     results, interrupted = run_cells(cells, config, FAST)
     assert not interrupted and all(r.ok for r in results)
@@ -192,3 +202,52 @@ def test_finish_run_writes_json_and_csv(config) -> None:
     [row] = list(csv.DictReader(csv_path.open()))
     assert row["variant"] == "naive" and row["status"] == "ok"
     assert outcome.exit_code == 0
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16")])
+def test_auto_dtype_is_resolved_once_for_the_device(monkeypatch, capability, expected) -> None:
+    """The built-in default's `dtype: auto` is a GPU user's dtype on a GPU, fp32 on CPU; cell specs see
+    only the concrete dtype, and a dtype the config names stays."""
+    monkeypatch.setattr(devices, "compute_capability", lambda device: capability)
+    default = load_config(None)
+    assert default.dtype == "auto"
+    on_gpu = resolve_config(default, "cuda:0")
+    assert on_gpu.dtype == expected and cell_specs(on_gpu, "cuda:0")[0].dtype == expected
+    assert resolve_config(default, "cpu").dtype == "fp32"
+    pinned = default.model_copy(update={"dtype": "fp32"})
+    assert resolve_config(pinned, "cuda:0") is pinned
+
+
+def test_default_exclusions_hold_on_cpu_only() -> None:
+    """flex and compiled are left out of the default compare on CPU, with the config's reason, and kept on a GPU."""
+    registry = load_variants(no_plugins=True).registry
+    default = load_config(None)
+    on_cpu = [v.name for v in select_variants(default, registry, "cpu")]
+    on_gpu = [v.name for v in select_variants(default, registry, "cuda:0")]
+    assert "flex" not in on_cpu and "compiled" not in on_cpu
+    assert on_gpu[-2:] == ["flex", "compiled"] and set(on_gpu) - set(on_cpu) == {"flex", "compiled"}
+    [(names, reason)] = config_exclusions(default, registry, "cpu")
+    assert names == ["flex", "compiled"] and reason.startswith("torch.compile takes tens of seconds on a small CPU")
+    assert config_exclusions(default, registry, "cuda:0") == []
+
+
+def test_exclusions_name_each_variant_once_under_its_first_entry(config) -> None:
+    registry = load_variants(no_plugins=True).registry
+    config = config.model_copy(update={"variants": ["naive", "sdpa*"]})
+    config = Config.model_validate(config.model_dump() | {"exclude": [
+        {"variants": ["sdpa-cudnn", "sdpa-flash"], "device": "cuda", "reason": "r1"}, "sdpa-*", "compiled"]})
+    assert config_exclusions(config, registry, "cuda:1") == [(["sdpa-flash", "sdpa-cudnn"], "r1"),
+                                                            (["sdpa-math", "sdpa-efficient"], None)]
+    assert config_exclusions(config, registry, "cpu") == [(["sdpa-math", "sdpa-efficient", "sdpa-flash",
+                                                            "sdpa-cudnn"], None)]
+
+
+def test_names_are_checked_for_every_device(config) -> None:
+    """A typo in an exclusion that applies only on CUDA fails on CPU too; so does a typo'd baseline."""
+    registry = load_variants(no_plugins=True).registry
+    scoped = Config.model_validate(config.model_dump() | {"exclude": [{"variants": ["flx"], "device": "cuda"}]})
+    with pytest.raises(UnknownVariantError, match="unknown variant 'flx'; did you mean flex"):
+        select_variants(scoped, registry, "cpu")
+    typo = config.model_copy(update={"baseline": "sdpa-mth"})
+    with pytest.raises(UnknownVariantError, match="unknown baseline 'sdpa-mth'; did you mean sdpa-math"):
+        select_variants(typo, registry, "cpu")

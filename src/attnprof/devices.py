@@ -205,6 +205,17 @@ def cudnn_available() -> bool:
     return bool(torch.backends.cudnn.is_available())
 
 
+def resolve_dtype(requested: str, device: str) -> str:
+    """The concrete dtype for a config's `dtype` on a resolved `device` (`cpu` or `cuda:N`): `auto` is
+    bf16 on a CUDA device of compute capability 8.0 or newer, fp16 on an older one and fp32 on CPU;
+    bf16, fp16 and fp32 are themselves. Torch-free where `compute_capability` is."""
+    if requested != "auto":
+        return requested
+    if not device.startswith("cuda"):
+        return "fp32"
+    return "bf16" if compute_capability(device) >= (8, 0) else "fp16"
+
+
 def resolve_device(requested: str) -> str:
     """`auto`, `cpu`, `cuda` or `cuda:N` as a device this machine has, or DeviceError; torch-free
     (`attnprof list`); once torch is imported (runs: `profiling.inputs.resolve_device`), torch answers."""

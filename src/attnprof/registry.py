@@ -137,12 +137,24 @@ class Registry:
     def __len__(self) -> int:
         return len(self._variants)
 
-    def get(self, name: str) -> Variant:
-        """The variant called `name`; UnknownVariantError with suggestions otherwise."""
+    def get(self, name: str, role: str = "variant") -> Variant:
+        """The variant called `name`; UnknownVariantError with suggestions otherwise. `role` says what
+        the name was given as in that message (`unknown baseline 'sdpa-mth'; did you mean sdpa-math?`)."""
         try:
             return self._variants[name]
         except KeyError:
-            raise UnknownVariantError(_unknown_message(name, self.names())) from None
+            raise UnknownVariantError(_unknown_message(name, self.names(), role)) from None
+
+    def check_patterns(self, patterns: Iterable[str]) -> None:
+        """UnknownVariantError, with suggestions, for the first pattern without wildcards that names no variant."""
+        for pattern in patterns:
+            if not _is_pattern(pattern):
+                self.get(pattern)
+
+    def matching(self, patterns: Iterable[str]) -> list[str]:
+        """Names matching any of `patterns`, in registration order (no check: a pattern may match none)."""
+        patterns = list(patterns)
+        return [n for n in self.names() if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
     def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
         """Variants matching any include pattern and no exclude pattern, in the include order.
@@ -151,15 +163,14 @@ class Registry:
         """
         include = list(include) or ["*"]
         exclude = list(exclude)
-        for pattern in include + exclude:
-            if not _is_pattern(pattern) and pattern not in self._variants:
-                raise UnknownVariantError(_unknown_message(pattern, self.names()))
+        self.check_patterns(include + exclude)
         chosen: list[str] = []
         for pattern in include:
-            for name in self.names():
-                if fnmatch.fnmatchcase(name, pattern) and name not in chosen:
+            for name in self.matching([pattern]):
+                if name not in chosen:
                     chosen.append(name)
-        chosen = [n for n in chosen if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+        excluded = self.matching(exclude)
+        chosen = [n for n in chosen if n not in excluded]
         if not chosen:
             raise UnknownVariantError(
                 f"no variant matches {', '.join(include)}"
@@ -173,8 +184,8 @@ def _is_pattern(text: str) -> bool:
     return any(ch in text for ch in "*?[")
 
 
-def _unknown_message(name: str, known: list[str]) -> str:
+def _unknown_message(name: str, known: list[str], role: str = "variant") -> str:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     if close:
-        return f"unknown variant {name!r}; did you mean {', '.join(close)}?"
-    return f"unknown variant {name!r}; known variants: {', '.join(known) or '(none)'}"
+        return f"unknown {role} {name!r}; did you mean {', '.join(close)}?"
+    return f"unknown {role} {name!r}; known variants: {', '.join(known) or '(none)'}"

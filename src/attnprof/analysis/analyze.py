@@ -5,10 +5,12 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region
+    input_dtype, annotation_mismatches, notes, region, region_choice
 
-GPU fields are null for a CPU-only trace; `spread` maps a metric to {min, max} where forwards
-differ; `device` is {name, compute_capability, num_sms} when the trace says.
+`region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
+named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
+metric to {min, max} where forwards differ; `device` is {name, compute_capability, num_sms} when
+the trace says.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from attnprof.analysis.metrics import (
     normalize_dtype,
 )
 from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.regions import choose_region
 from attnprof.analysis.trace import ParsedTrace, load_trace
 from attnprof.errors import TraceError
-from attnprof.registry import DEFAULT_REGION
 from attnprof.stats import median, median_count, spread
 
 
@@ -61,6 +63,7 @@ class TraceAnalysis:
     notes: list[str] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)  # median per forward, by op name
     per_forward: list[ForwardMetrics] = field(default_factory=list, repr=False)
+    region_choice: str | None = None  # why this region, when the caller named none
 
     @property
     def finding_ids(self) -> list[str]:
@@ -97,6 +100,7 @@ class TraceAnalysis:
             "input_dtype": self.input_dtype,
             "annotation_mismatches": self.annotation_mismatches,
             "notes": list(self.notes),
+            "region_choice": self.region_choice,
         }
 
 
@@ -129,16 +133,21 @@ def _device_info(trace: ParsedTrace) -> dict[str, Any] | None:
     return info
 
 
-def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str = DEFAULT_REGION,
+def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None,
                   dtype: str | None = None) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
-    `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `dtype`
+    `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `region` is a
+    record_function name or a glob pattern such as `ProfilerStep#*` (each match is one forward);
+    None chooses one (see `choose_region`) and records why in `region_choice`. `dtype`
     (bf16/fp16/fp32) states the inputs' dtype when the trace lacks `Input type` (record_shapes).
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     trace = load_trace(source)
+    region_choice = None
+    if region is None:
+        region, region_choice = choose_region(trace)
     attribution = find_forwards(trace, region)
     per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
     n = len(per_forward)
@@ -195,7 +204,7 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
         kernels=kernels, findings=[], spread=spreads, device=_device_info(trace),
         input_dtype=input_dtype, annotation_mismatches=attribution.annotation_mismatches,
-        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward)
+        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward, region_choice=region_choice)
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
     elif not trace.device_properties:

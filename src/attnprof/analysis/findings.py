@@ -131,7 +131,8 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
 def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
     if not ctx.per_forward or any(not any(m.mask_ops[name] for name in MASK_CORE) for m in ctx.per_forward):
         return None  # the mask is not built in every forward
-    kernel_counts, kernel_names = [], Counter()
+    kernel_counts: list[int] = []
+    kernel_names: Counter[str] = Counter()
     for m in ctx.per_forward:
         if m.mask_kernels is not None:
             kernel_counts.append(len(m.mask_kernels))
@@ -228,7 +229,7 @@ def _cpu_bound(ctx: FindingContext) -> Finding | None:
 def _metadata_transposes(ctx: FindingContext) -> Finding | None:
     if any(m.metadata_transposes is None for m in ctx.per_forward):
         return None  # no CUDA trace: launching or not is unknown
-    n = median_count([m.metadata_transposes for m in ctx.per_forward])
+    n = median_count([m.metadata_transposes or 0 for m in ctx.per_forward])
     if not n:
         return None
     parents: Counter = Counter()

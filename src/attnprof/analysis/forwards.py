@@ -10,15 +10,18 @@ is still running when the window opens has another step's ids, so it is never co
 Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes one per stream),
 they are matched to the forward (by `External id`, else by overlap) and compared with the
 correlated work; disagreements are counted, never fatal.
+
+Which region: `find_forwards` takes a name or a glob pattern; see `analysis.regions`.
 """
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 
+from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
 
@@ -104,25 +107,6 @@ class Attribution:
         return sum(f.annotation_mismatches or 0 for f in self.forwards)
 
 
-def _step_like(name: str) -> str:
-    return "ProfilerStep#*" if name.startswith("ProfilerStep#") else name
-
-
-def _missing_region_error(trace: ParsedTrace, region: str) -> TraceError:
-    names = trace.names
-    counts: Counter[str] = Counter(_step_like(names[n]) for n in trace.annotations.name)
-    gpu_only = Counter(_step_like(names[n]) for n in trace.gpu_annotations.name)
-    for name, n in gpu_only.items():  # a name seen only on the GPU side still helps the user
-        counts.setdefault(name, n)
-    if counts:
-        listed = ", ".join(f"{name!r} ({n})" for name, n in counts.most_common(5))
-        more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
-        return TraceError(f"region {region!r} not found in the trace; annotations present: {listed}{more}",
-                          hint="pass the record_function name that wraps one forward with --region")
-    return TraceError(f"region {region!r} not found: the trace has no record_function annotations",
-                      hint="wrap each forward in torch.profiler.record_function(NAME)")
-
-
 def _sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
     """Indices per thread (only `wanted` threads), sorted by start then longest first."""
     by_thread: dict[int, list[int]] = defaultdict(list)
@@ -135,19 +119,20 @@ def _sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]
 
 
 def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
-    """Find the forwards of `region` and attribute ops and device work to each.
+    """Find the forwards of `region` (a name or a glob pattern, see `resolve_region`) and
+    attribute ops and device work to each.
 
     Raises TraceError when the region is missing or none of its ranges lies in a profiled step.
     """
     names = trace.names
-    name_ids = [i for i, n in enumerate(names) if n == region]
+    name_ids = resolve_region(trace, region)
     table = trace.annotations
-    region_rows = [i for i, n in enumerate(table.name) if names[n] == region] if name_ids else []
+    region_rows = [i for i, n in enumerate(table.name) if n in name_ids] if name_ids else []
     if not region_rows and name_ids:  # older traces: record_function written as a cpu_op
         table = trace.cpu_ops
-        region_rows = [i for i, n in enumerate(table.name) if names[n] == region]
+        region_rows = [i for i, n in enumerate(table.name) if n in name_ids]
     if not region_rows:
-        raise _missing_region_error(trace, region)
+        raise missing_region_error(trace, region)
 
     # Outermost ranges only (a region nested in itself is one forward).
     region_rows.sort(key=lambda i: (table.thread[i], table.ts[i], -table.dur[i]))
@@ -161,11 +146,11 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
         outer.append(i)
 
     ann = trace.annotations
-    steps = [i for i, n in enumerate(ann.name) if names[n].startswith("ProfilerStep#")]
+    steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
     if not steps:  # older traces wrote ProfilerStep#N as a cpu_op
         ann = trace.cpu_ops
-        steps = [i for i, n in enumerate(ann.name) if names[n].startswith("ProfilerStep#")]
-    if steps:
+        steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
+    if steps and not all(names[n].startswith(STEP_PREFIX) for n in name_ids):  # steps are their own step
         steps.sort(key=lambda i: ann.ts[i])
         step_starts = [ann.ts[i] for i in steps]
         kept = []
@@ -194,7 +179,7 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
         if unmatched:
             notes.append(f"{unmatched} launch call(s) inside the forwards have no device event in the "
                          "trace (dropped by the profiler, or still running when it stopped)")
-    has_gann = _attach_gpu_annotations(trace, forwards, region)
+    has_gann = _attach_gpu_annotations(trace, forwards, name_ids)
     return Attribution(trace=trace, forwards=forwards, device_traced=device_traced,
                        has_gpu_annotations=has_gann, notes=notes)
 
@@ -306,9 +291,9 @@ def _attach_device(trace: ParsedTrace, forwards: list[Forward]) -> None:
         fwd.device = sorted(set(work), key=dev.ts.__getitem__)
 
 
-def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], region: str) -> bool:
-    gann, dev, names = trace.gpu_annotations, trace.device, trace.names
-    rows = [i for i, n in enumerate(gann.name) if names[n] == region]
+def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:
+    gann, dev = trace.gpu_annotations, trace.device
+    rows = [i for i, n in enumerate(gann.name) if n in name_ids]
     if not rows:
         return False
     by_ext: dict[int, list[int]] = defaultdict(list)

@@ -145,8 +145,8 @@ def _apply_properties(base: SmLimits, props: dict[str, Any]) -> SmLimits:
 
     changes: dict[str, Any] = {}
     warp = num("warpSize") or base.warp_size
-    if num("maxThreadsPerMultiprocessor"):
-        changes["max_warps_per_sm"] = num("maxThreadsPerMultiprocessor") // warp
+    if threads := num("maxThreadsPerMultiprocessor"):
+        changes["max_warps_per_sm"] = threads // warp
     if num("maxBlocksPerMultiProcessor"):
         changes["max_blocks_per_sm"] = num("maxBlocksPerMultiProcessor")
     if num("regsPerMultiprocessor"):

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from attnprof.errors import AttnprofError
+from attnprof.errors import AttnprofError, ConfigError
 
 
 class OutputFormat(str, Enum):
@@ -34,10 +34,24 @@ class GlobalState:
 STATE = GlobalState()
 
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document).")]
-ConfigArg = Annotated[Optional[Path], typer.Argument(help="YAML config; the built-in default when omitted.", show_default=False)]
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config; the built-in default when omitted.", show_default=False)]
+ConfigArg = Annotated[Optional[Path], typer.Argument(
+    help="YAML config (or give it with -c); the built-in default when omitted.", show_default=False)]
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", "-c", help="YAML config (or give it as the argument); the built-in default when omitted.",
+    show_default=False)]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
-DtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16 or fp32 (overrides the config).", show_default=False)]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability 8.0 or newer, "
+         "fp16 on an older GPU, fp32 on CPU.", show_default=False)]
+
+
+def config_path(argument: Path | None, option: Path | None) -> Path | None:
+    """The config file given as the argument (ConfigArg) or with -c/--config (ConfigOpt); None for the
+    built-in default; ConfigError (exit 2) when both are given."""
+    if argument is not None and option is not None:
+        raise ConfigError(f"two configs given ({argument} and -c {option}): "
+                          "give it as the argument or with -c, not both")
+    return argument if argument is not None else option
 
 
 def stderr_console() -> Any:

@@ -24,6 +24,15 @@ def config_from_options(path: Path | None, overrides: dict[str, Any], **more: An
     return build_config(path, **config_changes(overrides), **more)
 
 
+def config_on_device(config: Config) -> tuple[Config, str]:
+    """The config resolved for its device (`dtype: auto` made concrete), and that device as torch resolves it."""
+    from attnprof.pipeline import resolve_config
+    from attnprof.profiling.inputs import resolve_torch_device
+
+    device = resolve_torch_device(config.device)
+    return resolve_config(config, device), device
+
+
 def execute(command: str, config: Config, cells: list[Cell], device: str,
             measure: MeasureOptions) -> RunOutcome:
     """Run the cells with a progress display on stderr and write JSON and CSV."""

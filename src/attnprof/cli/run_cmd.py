@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, execute
+from attnprof.cli.execute import config_from_options, config_on_device, execute
 from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
 
@@ -21,16 +21,17 @@ VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to
 
 @c.handle_errors
 @shared_options
-def run_command(variant: VariantOpt, config: c.ConfigOpt = None, fmt: c.FormatOpt = c.OutputFormat.table, *,
+def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
+                fmt: c.FormatOpt = c.OutputFormat.table, *,
                 overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
-    from attnprof.pipeline import plan_cells
-    from attnprof.profiling.inputs import resolve_torch_device
+    from attnprof.pipeline import check_baseline, plan_cells
 
-    cfg = config_from_options(config, overrides)
+    cfg = config_from_options(c.config_path(config, config_file), overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
-    device = resolve_torch_device(cfg.device)
+    check_baseline(cfg, loaded.registry)
+    cfg, device = config_on_device(cfg)
     cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
     outcome = execute("run", cfg, cells, device, measure)

@@ -5,8 +5,21 @@
 """
 
 from attnprof.pipeline.cell import run_cell
-from attnprof.pipeline.run import (RunOutcome, attach_clocks, cell_specs, ensure_output_dir,
-                                   finish_run, plan_cells, run_cells, select_variants)
+from attnprof.pipeline.run import (
+    RunOutcome,
+    attach_clocks,
+    cell_specs,
+    check_baseline,
+    check_names,
+    config_exclusions,
+    ensure_output_dir,
+    finish_run,
+    plan_cells,
+    resolve_config,
+    run_cells,
+    select_variants,
+)
 
-__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "ensure_output_dir", "finish_run",
-           "plan_cells", "run_cell", "run_cells", "select_variants"]
+__all__ = ["RunOutcome", "attach_clocks", "cell_specs", "check_baseline", "check_names", "config_exclusions",
+           "ensure_output_dir", "finish_run", "plan_cells", "resolve_config", "run_cell", "run_cells",
+           "select_variants"]

@@ -40,8 +40,18 @@ class RunOutcome:
         return 1 if any(r.status == "failed" for r in self.results) else 0
 
 
+def resolve_config(config: Config, device: str) -> Config:
+    """`config` for the resolved `device`, with `dtype: auto` made concrete (`devices.resolve_dtype`).
+    Done once, before cell specs, the ceiling, the tables or the results document see the config."""
+    from attnprof.devices import resolve_dtype
+
+    dtype = resolve_dtype(config.dtype, device)
+    return config if dtype == config.dtype else config.model_copy(update={"dtype": dtype})
+
+
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
-    """One RunSpec per configured shape, on the resolved device."""
+    """One RunSpec per configured shape, on the resolved device, with the config's dtype (resolve
+    `dtype: auto` first: `resolve_config`)."""
     return [RunSpec(device=device, dtype=config.dtype, batch=s.batch, heads=s.heads, seq=s.seq,
                     head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal)
             for s in config.shapes]
@@ -52,9 +62,40 @@ def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cel
     return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
 
 
-def select_variants(config: Config, registry: Registry) -> list[Variant]:
-    """The config's include/exclude patterns applied to the registry."""
-    return registry.select(config.variants, config.exclude)
+def check_baseline(config: Config, registry: Registry) -> None:
+    """UnknownVariantError, with the registry's close-match hint, for a baseline no variant has. (A
+    registered baseline that the selection leaves out is the caller's to mention.)"""
+    if config.baseline is not None:
+        registry.get(config.baseline, role="baseline")
+
+
+def check_names(config: Config, registry: Registry) -> None:
+    """Every name the config gives must be registered: include patterns, exclude patterns (for every
+    device) and the baseline; otherwise UnknownVariantError with the registry's close-match hint."""
+    registry.check_patterns(config.variants + [p for entry in config.exclude for p in entry.variants])
+    check_baseline(config, registry)
+
+
+def select_variants(config: Config, registry: Registry, device: str) -> list[Variant]:
+    """The config's include patterns minus the exclude entries in force on the resolved `device`,
+    after `check_names`."""
+    check_names(config, registry)
+    return registry.select(config.variants, [p for entry in config.exclusions(device) for p in entry.variants])
+
+
+def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
+    """What the exclude entries in force on `device` left out of the include patterns' variants: the
+    names, in registration order, and the reason of each entry that left out any (a variant is named
+    under the first entry that excludes it)."""
+    included = registry.matching(config.variants)
+    taken: set[str] = set()
+    found = []
+    for entry in config.exclusions(device):
+        names = [n for n in registry.matching(entry.variants) if n in included and n not in taken]
+        taken.update(names)
+        if names:
+            found.append((names, entry.reason))
+    return found
 
 
 def ensure_output_dir(path: Path) -> Path:

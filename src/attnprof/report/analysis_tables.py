@@ -127,7 +127,8 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
         where = f" on {device['name']}"
         if device.get("compute_capability"):
             where += f" (compute capability {device['compute_capability']})"
-    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
+    title = (f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
+             + (f"; {data['region_choice']}" if data.get("region_choice") else ""))
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
     parts = [heading(title), "", summary_table(data, fmt)]
     kernels = data.get("kernels") or []

@@ -61,7 +61,7 @@ CHECKS: dict[str, Callable[[RunSpec], "str | None"]] = {
 def _sdpa(q: Any, k: Any, v: Any, causal: bool, attn_mask: Any = None) -> Any:
     import torch.nn.functional as F
 
-    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    extra: dict[str, Any] = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if attn_mask is not None:
         extra["attn_mask"] = attn_mask
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal and attn_mask is None, **extra)
