@@ -214,6 +214,43 @@ def test_wrap_breaks_long_paths_and_names_after_a_separator() -> None:
     assert bullets(["one " * 30], 30).splitlines()[1].startswith("  one")
 
 
+def test_table_width_reads_columns_the_terminal_or_120(monkeypatch) -> None:
+    import os
+
+    from attnprof.cli.common import MIN_WIDTH, OutputFormat, table_width
+
+    monkeypatch.setenv("COLUMNS", "97")
+    assert table_width(OutputFormat.table, wide=False) == 97
+    assert table_width(OutputFormat.table, wide=True) is None
+    assert table_width(OutputFormat.markdown, wide=False) is None
+    monkeypatch.setenv("COLUMNS", "20")
+    assert table_width(OutputFormat.table, wide=False) == MIN_WIDTH
+    monkeypatch.delenv("COLUMNS")
+
+    def no_terminal(fd=None):
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    assert table_width(OutputFormat.table, wide=False) == 120
+
+
+def test_analyze_fits_columns_unless_wide(cli) -> None:
+    trace = str(H200 / "8x16x1024x64" / "sdpa-math.json.gz")
+    narrow = cli("analyze", trace, env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0, narrow.output
+    assert widest(narrow.output) <= 80 and "--wide shows every column" in narrow.output
+    wide = cli("analyze", trace, "--wide", env={"COLUMNS": "80"})
+    assert wide.exit_code == 0 and widest(wide.output) > 150
+    assert all(c.header in wide.output for c in KERNEL_COLUMNS)
+    markdown = cli("analyze", trace, "--format", "markdown", env={"COLUMNS": "80"})
+    assert markdown.output == cli("analyze", trace, "--format", "markdown", env={"COLUMNS": "300"}).output
+
+
+def test_list_fits_columns(cli) -> None:
+    result = cli("list", env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and widest(result.output) <= 80
+
+
 
 @pytest.mark.parametrize("fmt, width", [("table", 100), ("table", None), ("markdown", None)])
 def test_an_unreliable_speedup_never_reads_as_a_plain_figure(fmt, width, entries) -> None:

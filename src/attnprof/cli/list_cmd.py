@@ -5,7 +5,20 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from attnprof.cli.common import ConfigOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputFormat, emit, handle_errors, load_variants_for_cli, note, plugin_notes
+from attnprof.cli.common import (
+    ConfigOpt,
+    DeviceOpt,
+    DtypeOpt,
+    FormatOpt,
+    OutputFormat,
+    WideOpt,
+    emit,
+    handle_errors,
+    load_variants_for_cli,
+    note,
+    plugin_notes,
+    table_width,
+)
 from attnprof.cli.settings import build_config
 
 if TYPE_CHECKING:
@@ -15,7 +28,7 @@ if TYPE_CHECKING:
 
 @handle_errors
 def list_command(config: ConfigOpt = None, device: DeviceOpt = None, dtype: DtypeOpt = None,
-                 fmt: FormatOpt = OutputFormat.table) -> None:
+                 fmt: FormatOpt = OutputFormat.table, wide: WideOpt = False) -> None:
     """List every variant, whether it can run here, and if not, why not."""
     from attnprof.report.tables import variant_list_table
 
@@ -34,12 +47,12 @@ def list_command(config: ConfigOpt = None, device: DeviceOpt = None, dtype: Dtyp
                                              for p in loaded.problems]}, indent=2))
         return
     emit(f"variants on {spec.device}, {cfg.dtype}, {spec.shape_label}:")
-    emit(variant_list_table(entries, fmt.value))
+    emit(variant_list_table(entries, fmt.value, table_width(fmt, wide)))
     for line in plugin_notes(loaded):
         note(line)
 
 
-def _probe_spec(cfg: "Config") -> "RunSpec":
+def _probe_spec(cfg: Config) -> RunSpec:
     """The first configured shape on the resolved device. The device is resolved without importing
     torch (attnprof.devices), and the built-in variants' checks do not import it either."""
     from attnprof.devices import resolve_device
