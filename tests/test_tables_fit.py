@@ -205,12 +205,25 @@ def test_a_dropped_column_comes_back_when_a_later_drop_made_room() -> None:
     assert "small" in header and "big" not in header and "left out: big (no room at 40 columns)" in text
 
 
+def test_a_header_wraps_between_words_and_keeps_a_lone_symbol_with_the_next() -> None:
+    from attnprof.report.layout import _floor
+
+    assert wrap("µs / fwd", 5) == ["µs", "/ fwd"] and wrap("latency µs ± IQR", 12) == ["latency µs", "± IQR"]
+    assert _floor(Column("µs / fwd"), ["1.0"], last_resort=True) == len("/ fwd") + 2  # never "/ fw" over "d"
+    assert _floor(Column("kernels/fwd"), ["1"], last_resort=True) == len("kernels/") + 2
+    assert _floor(Column("TFLOP/s"), ["1"], last_resort=True) == len("TFLOP/s") + 2
+
+
 def test_wrap_breaks_long_paths_and_names_after_a_separator() -> None:
     path = "/home/someone/projects/attention-study/attnprof-out/naive_1x4x256x64_fp32_causal_cpu.json.gz"
     lines = wrap(path, 40)
     assert "".join(lines) == path and all(len(line) <= 40 for line in lines)
     assert all(line.endswith(("/", "_", "-")) for line in lines[:-1])
     assert wrap("two words", None, "- ") == ["- two words"]
+    assert wrap("single-fused-kernel low-occupancy-by-design", 21) == ["single-fused-kernel", "low-occupancy-by-",
+                                                                        "design"]
+    lines = wrap("[id] " + CUBLAS_NAME, 60)  # a name longer than a line starts where the id ends
+    assert lines[0] == "[id] sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_" and "".join(lines) == "[id] " + CUBLAS_NAME
     assert bullets(["one " * 30], 30).splitlines()[1].startswith("  one")
 
 

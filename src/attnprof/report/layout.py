@@ -24,7 +24,7 @@ BREAK_AFTER = "/_-"
 NO_BREAK = "\u00a0"  # textwrap breaks only at ASCII whitespace
 GAP = 2  # tabulate's "simple" style puts two spaces between columns
 MISSING = ("", "n/a")
-HEADER_BREAKS = re.compile(r"\s+|(?<=\w{3}/)(?=\w{3})")
+HEADER_BREAKS = re.compile(r"[ \t]+|(?<=\w{3}/)(?=\w{3})")  # where a header may wrap (not at NO_BREAK)
 LAST_RESORT = 10  # the narrowest a narrowable column is wrapped to when nothing is left to drop
 
 
@@ -46,16 +46,24 @@ class Column:
 
 
 class _Wrapper(textwrap.TextWrapper):
-    """Starts a word longer than a line on a line of its own and breaks it after its last `/`, `_` or `-`
-    in reach (else at the width)."""
+    """Breaks a word longer than a line after its last `/`, `_` or `-` that fits on the current line;
+    without one, starts it on a line of its own (and breaks it there at the width if it must)."""
 
     def _handle_long_word(self, reversed_chunks: list[str], cur_line: list[str], cur_len: int, width: int) -> None:
-        if cur_line:
-            return  # textwrap then ends the line and comes back with the word on the next
+        space_left = max(width - cur_len, 1)
         chunk = reversed_chunks[-1]
-        end = max(chunk.rfind(sep, 1, max(width, 1)) for sep in BREAK_AFTER) + 1 or max(width, 1)
+        end = max(chunk.rfind(sep, 1, space_left) for sep in BREAK_AFTER) + 1
+        if end <= 0:
+            if cur_line:
+                return  # textwrap ends the line and comes back with the word at the start of the next
+            end = space_left
         cur_line.append(chunk[:end])
         reversed_chunks[-1] = chunk[end:]
+
+
+def _glue(text: str) -> str:
+    """Joins a lone symbol (`±`, `/`, `=`) to the word after it with a no-break space."""
+    return re.sub(r"(?<=\s)([^\w\s]) ", "\\1" + NO_BREAK, text)
 
 
 def wrap(text: str, width: int | None, first: str = "", rest: str = "") -> list[str]:
@@ -69,8 +77,7 @@ def wrap(text: str, width: int | None, first: str = "", rest: str = "") -> list[
             lines.append(lead + paragraph)
             continue
         wrapper = _Wrapper(width, initial_indent=lead, subsequent_indent=rest, break_on_hyphens=False)
-        glued = re.sub(r"(?<=\s)([^\w\s]) ", "\\1" + NO_BREAK, paragraph)
-        lines += [line.replace(NO_BREAK, " ") for line in wrapper.wrap(glued)] or [lead.rstrip()]
+        lines += [line.replace(NO_BREAK, " ") for line in wrapper.wrap(_glue(paragraph))] or [lead.rstrip()]
     return lines
 
 
@@ -98,7 +105,7 @@ def _floor(column: Column, cells: list[str], last_resort: bool) -> int:
     has one; as a last resort (nothing left to drop), to LAST_RESORT."""
     widest = max((_text_width(c) for c in cells), default=0)
     cells_floor = widest if column.narrow is None else min(widest, LAST_RESORT if last_resort else column.narrow)
-    header_floor = max((len(word) + GAP for word in HEADER_BREAKS.split(column.header)), default=0)
+    header_floor = max((len(word) + GAP for word in HEADER_BREAKS.split(_glue(column.header))), default=0)
     return min(_natural(column, cells), max(cells_floor, header_floor))
 
 
