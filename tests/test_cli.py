@@ -312,7 +312,7 @@ def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason
         return ceiling.Ceiling(1e-9, 1.0, "measured", method="fake")
 
     monkeypatch.setattr(ceiling, "probe_ceiling", absurd)
-    result = cli("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
+    result = cli("run", "--variant", "sdpa-math", "--config", str(write_config()), "--wide", *FAST)
     assert result.exit_code == 0, result.output
     assert calls == ["fp32", "fp32"]  # at the start, and once more when the cell exceeded it
     assert ("1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
@@ -328,7 +328,7 @@ def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason
 
 
 def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> None:
-    result = cli("compare", str(write_config(dtype="bf16", variants=["sdpa-math"])), *FAST)
+    result = cli("compare", str(write_config(dtype="bf16", variants=["sdpa-math"])), "--wide", *FAST)
     assert result.exit_code == 0, result.output
     reason = "no meaningful bf16 matmul ceiling on CPU (attention there computes in fp32)"
     assert f"% of peak is n/a: {reason}" in result.stderr and "cached on" not in result.stderr
@@ -337,8 +337,10 @@ def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> No
     assert document["ceiling"]["source"] == "none" and document["ceiling"]["tflops"] is None
     [row] = document["results"]
     assert row["tflops"] > 0 and row["pct_of_peak"] is None and row["pct_of_peak_note"] == reason
-    table_row = next(line for line in result.stdout.splitlines() if line.startswith("sdpa-math"))  # shape table
-    assert "n/a" in table_row and "%" not in table_row
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "% peak" in line)  # the shape table
+    column = lines[header].index("% peak")
+    assert lines[header + 2].startswith("sdpa-math") and lines[header + 2][column:].split()[0] == "n/a"
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:

@@ -167,12 +167,11 @@ def test_a_wrong_output_fails_after_the_trace_is_analysed(config) -> None:
 def test_guard_and_phase() -> None:
     result = CellResult("v", "built-in", SPEC)
     variant = builtin("naive")
-    with pytest.raises(VariantFailure, match="setup raised KeyError: 'x'"):
-        with phase(result, "setup"), guard("setup", variant):
-            raise KeyError("x")
-    with pytest.raises(KeyboardInterrupt):
-        with guard("forward", variant):
-            raise KeyboardInterrupt
+    with pytest.raises(VariantFailure, match="setup raised KeyError: 'x'"), phase(result, "setup"), \
+            guard("setup", variant):
+        raise KeyError("x")
+    with pytest.raises(KeyboardInterrupt), guard("forward", variant):
+        raise KeyboardInterrupt
     with phase(result, "setup"):
         pass
     assert result.phases_s["setup"] >= 0.0 and list(result.phases_s) == ["setup"]
@@ -251,3 +250,37 @@ def test_names_are_checked_for_every_device(config) -> None:
     typo = config.model_copy(update={"baseline": "sdpa-mth"})
     with pytest.raises(UnknownVariantError, match="unknown baseline 'sdpa-mth'; did you mean sdpa-math"):
         select_variants(typo, registry, "cpu")
+def fake_timings(monkeypatch, *spreads: float) -> list[dict]:
+    """Replace time_forward by one returning a Timing per spread in turn (unstable above 10 %);
+    returns the calls it received."""
+    from attnprof.profiling import timing
+
+    calls: list[dict] = []
+    samples = iter(spreads)
+
+    def time_forward(fn, device, **kwargs):
+        calls.append(kwargs)
+        spread = next(samples)
+        return timing.summarize([1e-4 * (1 - spread), 1e-4, 1e-4, 1e-4 * (1 + spread)], reps=4, warmup_reps=3,
+                                cold_s=0.5 / len(calls), method=f"fake {len(calls)}")
+
+    monkeypatch.setattr(timing, "time_forward", time_forward)
+    return calls
+
+
+def test_an_unstable_timing_is_retimed_once_and_the_second_kept(config, monkeypatch) -> None:
+    calls = fake_timings(monkeypatch, 0.5, 0.01)
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert result.ok and len(calls) == 2 and calls[1]["min_time_s"] == FAST.min_time_s
+    assert result.retimed == 1 and result.timing.method == "fake 2" and not result.timing.unstable
+    assert result.timing.cold_ms == pytest.approx(500.0)  # the first sample's cold call: only it was cold
+    assert result.timing_window[0] <= result.timing_window[1]
+
+
+def test_a_stable_timing_is_not_retimed_and_a_still_unstable_one_stays_marked(config, monkeypatch) -> None:
+    calls = fake_timings(monkeypatch, 0.01)
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert len(calls) == 1 and result.retimed == 0
+    calls = fake_timings(monkeypatch, 0.5, 0.6, 0.01)
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert len(calls) == 2 and result.retimed == 1 and result.timing.unstable and result.timing.method == "fake 2"

@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+from tracegen import build, fused_forward
 
 from attnprof.analysis import analyze_trace
 from attnprof.profiling.clocks import ClockWindow
@@ -15,7 +16,6 @@ from attnprof.registry import RunSpec
 from attnprof.report.export import write_csv
 from attnprof.report.serialize import CSV_FIELDS, csv_row, json_entry
 from attnprof.results import CellResult, Throughput, attach_speedups, speed_basis
-from tracegen import build, fused_forward
 
 SPEC = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64)
 OTHER = RunSpec("cuda:0", "bf16", 4, 16, 8192, 128)
@@ -111,3 +111,42 @@ def test_no_speedups_without_a_usable_baseline() -> None:
     assert fast.speedup_vs_baseline is None
     attach_speedups([fast], None)
     assert fast.speedup_vs_baseline is None
+
+
+def shaky(us: float, variant: str) -> CellResult:
+    """A result whose timing is unstable (IQR 50 % of the median)."""
+    timing = summarize([us * 0.5e-6, us * 1e-6, us * 1e-6, us * 1.5e-6], reps=4, warmup_reps=3, cold_s=0.5,
+                       method="cuda events")
+    assert timing.unstable
+    return CellResult(variant, "built-in", SPEC, timing=timing)
+
+
+def test_a_speedup_from_an_unstable_timing_is_unreliable() -> None:
+    base, steady, wobbly = timed(100.0, variant="base"), timed(25.0, variant="steady"), shaky(25.0, "wobbly")
+    attach_speedups([base, steady, wobbly], "base")
+    assert (base.speedup_reliable, steady.speedup_reliable, wobbly.speedup_reliable) == (True, True, False)
+    base, steady = shaky(100.0, "base"), timed(25.0, variant="steady")
+    attach_speedups([base, steady], "base")
+    assert steady.speedup_vs_baseline == pytest.approx(4.0) and steady.speedup_reliable is False
+    assert base.speedup_reliable is True  # its own 1.00x is exact
+
+
+def test_profiler_time_speedups_are_not_marked_and_missing_ones_have_no_verdict() -> None:
+    base = CellResult("base", "built-in", SPEC, analysis=analyze_trace(build(fused_forward, backend="flash")))
+    other = CellResult("other", "built-in", SPEC, analysis=base.analysis)
+    lone = timed(10.0, OTHER, "lone")
+    attach_speedups([base, other, lone], "base")
+    assert other.speedup_vs_baseline == pytest.approx(1.0) and other.speedup_reliable is True
+    assert lone.speedup_vs_baseline is None and lone.speedup_reliable is None
+
+
+def test_retimed_and_speedup_reliable_reach_json_and_csv(tmp_path) -> None:
+    result = full_result()
+    result.retimed, result.speedup_vs_baseline, result.speedup_reliable = 1, 4.1, False
+    row, entry = csv_row(result), json_entry(result)
+    assert (row["retimed"], row["speedup_vs_baseline"], row["speedup_reliable"]) == (1, 4.1, False)
+    assert (entry["retimed"], entry["speedup_reliable"]) == (1, False)
+    path = write_csv(tmp_path / "r.csv", [row], CSV_FIELDS)
+    [line] = list(csv.DictReader(path.open()))
+    assert (line["retimed"], line["speedup_reliable"]) == ("1", "False")
+    assert csv_row(CellResult("v", "built-in", SPEC))["retimed"] is None  # not timed: no count, not 0

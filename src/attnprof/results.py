@@ -43,7 +43,9 @@ class CellResult:
 
     Parts are None when they were not measured: `timing`, `memory_mib` and `throughput` with
     `--no-timing`, `check` when the cell failed before its output existed, `clock` without
-    nvidia-smi, `analysis` when no trace was analysed.
+    nvidia-smi, `analysis` when no trace was analysed. `retimed` counts the samples thrown away
+    because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
+    speed-up rests on a latency that is unstable, the variant's or the baseline's.
     """
 
     variant: str
@@ -60,6 +62,8 @@ class CellResult:
     analysis: TraceAnalysis | None = None
     backend: str | None = None
     speedup_vs_baseline: float | None = None
+    speedup_reliable: bool | None = None
+    retimed: int = 0
     trace_path: Path | None = None
     key_averages_table: str | None = None
     phases_s: dict[str, float] = field(default_factory=dict)
@@ -97,8 +101,15 @@ def speed_basis(result: CellResult) -> tuple[str, float] | None:
     return None
 
 
+def unstable(result: CellResult) -> bool:
+    """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
+    return result.timing is not None and result.timing.unstable
+
+
 def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
-    """Set `speedup_vs_baseline` = baseline time / variant time for the ok results of each baseline spec."""
+    """Set `speedup_vs_baseline` = baseline time / variant time for the ok results of each baseline spec,
+    and `speedup_reliable`: False when it is computed from latencies and either one is unstable (the
+    baseline's own 1.00x is exact)."""
     if not baseline:
         return
     for base in results:
@@ -110,3 +121,5 @@ def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
             mine = speed_time(result, key) if result.spec == base.spec and result.ok else None
             if mine is not None:
                 result.speedup_vs_baseline = base_time / mine
+                shaky = key == "latency_us" and result is not base and (unstable(base) or unstable(result))
+                result.speedup_reliable = not shaky

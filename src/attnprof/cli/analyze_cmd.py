@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from attnprof.cli import common as c
 
 TraceArg = Annotated[Path, typer.Argument(help="A torch.profiler Chrome trace (.json or .json.gz).")]
-RegionOpt = Annotated[Optional[str], typer.Option(
+RegionOpt = Annotated[str | None, typer.Option(
     "--region", show_default=False,
     help="The record_function name around one forward, or a glob pattern such as 'ProfilerStep#*'. "
          "Default: chosen from the trace (see above).")]
-DtypeHintOpt = Annotated[Optional[str], typer.Option(
+DtypeHintOpt = Annotated[str | None, typer.Option(
     "--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False)]
 
 
 @c.handle_errors
 def analyze_command(trace: TraceArg, region: RegionOpt = None, dtype: DtypeHintOpt = None,
-                    fmt: c.FormatOpt = c.OutputFormat.table) -> None:
+                    fmt: c.FormatOpt = c.OutputFormat.table, wide: c.WideOpt = False) -> None:
     """Analyse a trace: attribute GPU work to each forward and explain what it shows.
 
     A forward is one range of --region; its GPU work is what was launched inside it (by correlation).
@@ -42,4 +42,4 @@ def analyze_command(trace: TraceArg, region: RegionOpt = None, dtype: DtypeHintO
     if fmt is c.OutputFormat.json:
         c.emit(json.dumps(analysis.to_dict(), indent=2))
         return
-    c.emit(render_analysis(analysis, fmt.value))
+    c.emit(render_analysis(analysis, fmt.value, c.table_width(fmt, wide)))

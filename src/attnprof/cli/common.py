@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -34,13 +35,13 @@ class GlobalState:
 STATE = GlobalState()
 
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document).")]
-ConfigArg = Annotated[Optional[Path], typer.Argument(
+ConfigArg = Annotated[Path | None, typer.Argument(
     help="YAML config (or give it with -c); the built-in default when omitted.", show_default=False)]
-ConfigOpt = Annotated[Optional[Path], typer.Option(
+ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", "-c", help="YAML config (or give it as the argument); the built-in default when omitted.",
     show_default=False)]
-DeviceOpt = Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
-DtypeOpt = Annotated[Optional[str], typer.Option(
+DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
+DtypeOpt = Annotated[str | None, typer.Option(
     help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability 8.0 or newer, "
          "fp16 on an older GPU, fp32 on CPU.", show_default=False)]
 
@@ -52,6 +53,21 @@ def config_path(argument: Path | None, option: Path | None) -> Path | None:
         raise ConfigError(f"two configs given ({argument} and -c {option}): "
                           "give it as the argument or with -c, not both")
     return argument if argument is not None else option
+WideOpt = Annotated[bool, typer.Option("--wide", help="Print tables in full: every column, nothing cut (default: fit $COLUMNS, the terminal, or 120 columns when stdout is not a terminal).")]
+
+#: The width tables fit when stdout is not a terminal and $COLUMNS is unset (a pipe, a file, CI logs).
+DEFAULT_WIDTH = 120
+#: Tables are never fitted to fewer columns than this; a narrower terminal wraps their lines.
+MIN_WIDTH = 60
+
+
+def table_width(fmt: OutputFormat, wide: bool) -> int | None:
+    """The width tables must fit, computed once per command: None (no limit) with --wide or a format
+    other than table; else $COLUMNS when set, the terminal's width, or DEFAULT_WIDTH when stdout is
+    not a terminal; at least MIN_WIDTH."""
+    if wide or fmt is not OutputFormat.table:
+        return None
+    return max(shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns, MIN_WIDTH)
 
 
 def stderr_console() -> Any:

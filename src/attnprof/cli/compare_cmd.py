@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,16 +15,16 @@ if TYPE_CHECKING:
     from attnprof.pipeline import RunOutcome
     from attnprof.registry import Registry
 
-PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", metavar="PATTERN", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
-ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
-BaselineOpt = Annotated[Optional[str], typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
+PatternsOpt = Annotated[list[str] | None, typer.Option("--variants", metavar="PATTERN", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
+ExcludeOpt = Annotated[list[str] | None, typer.Option("--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
+BaselineOpt = Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
 
 @c.handle_errors
 @shared_options
 def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None, variants: PatternsOpt = None,
                     exclude: ExcludeOpt = None, baseline: BaselineOpt = None, fmt: c.FormatOpt = c.OutputFormat.table,
-                    *, overrides: dict[str, Any], measure: "MeasureOptions") -> None:
+                    wide: c.WideOpt = False, *, overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile every selected variant at every configured shape and compare them."""
     from attnprof.pipeline import check_names, plan_cells, select_variants
 
@@ -43,7 +43,7 @@ def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
     if cfg.baseline and cfg.baseline not in [v.name for v in chosen]:
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
-    _print(outcome, fmt, cfg.baseline)
+    _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
     raise typer.Exit(outcome.exit_code)
 
 
@@ -57,23 +57,12 @@ def _note_exclusions(config: Config, registry: Registry, device: str) -> None:
         c.note(f"excluded by the config: {'; '.join(groups)}")
 
 
-def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None) -> None:
+def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:
     from attnprof.report.export import to_json
-    from attnprof.report.tables import glance_table, shape_table
+    from attnprof.report.tables import compare_report
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    entries = outcome.document["results"]
-    heading = "###" if fmt is c.OutputFormat.markdown else "=="
-    for shape in dict.fromkeys(e["shape"] for e in entries):
-        rows = [e for e in entries if e["shape"] == shape]
-        first = rows[0]
-        title = f"{shape} {first['dtype']} {'causal' if first['causal'] else 'full'} on {first['device']}"
-        if baseline:
-            title += f", speed-up vs {baseline}"
-        c.emit(f"\n{heading} {title}\n")
-        c.emit(shape_table(rows, fmt.value))
-    c.emit(f"\n{heading} at a glance\n")
-    c.emit(glance_table(entries, fmt.value))
+    c.emit(compare_report(outcome.document["results"], fmt.value, baseline, width))
     c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}; traces in {outcome.files[0].parent}")

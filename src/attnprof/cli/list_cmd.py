@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from attnprof.cli.common import (ConfigArg, ConfigOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputFormat, config_path, emit,
-                                handle_errors, load_variants_for_cli, note, plugin_notes)
+from attnprof.cli.common import (ConfigArg, ConfigOpt, DeviceOpt, DtypeOpt, FormatOpt, OutputFormat, WideOpt, config_path,
+                                emit, handle_errors, load_variants_for_cli, note, plugin_notes, table_width)
 from attnprof.cli.settings import build_config
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @handle_errors
 def list_command(config: ConfigArg = None, config_file: ConfigOpt = None, device: DeviceOpt = None,
-                 dtype: DtypeOpt = None, fmt: FormatOpt = OutputFormat.table) -> None:
+                 dtype: DtypeOpt = None, fmt: FormatOpt = OutputFormat.table, wide: WideOpt = False) -> None:
     """List every variant, whether it can run here, and if not, why not."""
     from attnprof.report.tables import variant_list_table
 
@@ -35,7 +35,7 @@ def list_command(config: ConfigArg = None, config_file: ConfigOpt = None, device
                                              for p in loaded.problems]}, indent=2))
         return
     emit(f"variants on {spec.device}, {spec.dtype}, {spec.shape_label}:")
-    emit(variant_list_table(entries, fmt.value))
+    emit(variant_list_table(entries, fmt.value, table_width(fmt, wide)))
     for line in plugin_notes(loaded):
         note(line)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable
 
 import typer
 
@@ -22,18 +22,18 @@ from attnprof.config import MeasureOptions
 CONFIG_OPTIONS: dict[str, Any] = {
     "device": DeviceOpt,
     "dtype": DtypeOpt,
-    "batch": Annotated[Optional[int], typer.Option(help="Batch size (overrides the config's shapes).", show_default=False)],
-    "heads": Annotated[Optional[int], typer.Option(help="Query heads.", show_default=False)],
-    "kv_heads": Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).", show_default=False)],
-    "seq": Annotated[Optional[int], typer.Option(help="Sequence length.", show_default=False)],
-    "head_dim": Annotated[Optional[int], typer.Option("--head-dim", help="Head dimension.", show_default=False)],
-    "causal": Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal masking.", show_default=False)],
-    "output_dir": Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)],
-    "region": Annotated[Optional[str], typer.Option(help="Name of the record_function region around each forward.", show_default=False)],
-    "seed": Annotated[Optional[int], typer.Option(help="Seed for the inputs.", show_default=False)],
-    "wait": Annotated[Optional[int], typer.Option(help="Profiler schedule: steps skipped.", show_default=False)],
-    "warmup": Annotated[Optional[int], typer.Option(help="Profiler schedule: warm-up steps.", show_default=False)],
-    "active": Annotated[Optional[int], typer.Option(help="Profiler schedule: recorded steps.", show_default=False)],
+    "batch": Annotated[int | None, typer.Option(help="Batch size (overrides the config's shapes).", show_default=False)],
+    "heads": Annotated[int | None, typer.Option(help="Query heads.", show_default=False)],
+    "kv_heads": Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads (GQA).", show_default=False)],
+    "seq": Annotated[int | None, typer.Option(help="Sequence length.", show_default=False)],
+    "head_dim": Annotated[int | None, typer.Option("--head-dim", help="Head dimension.", show_default=False)],
+    "causal": Annotated[bool | None, typer.Option("--causal/--no-causal", help="Causal masking.", show_default=False)],
+    "output_dir": Annotated[Path | None, typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)],
+    "region": Annotated[str | None, typer.Option(help="Name of the record_function region around each forward.", show_default=False)],
+    "seed": Annotated[int | None, typer.Option(help="Seed for the inputs.", show_default=False)],
+    "wait": Annotated[int | None, typer.Option(help="Profiler schedule: steps skipped.", show_default=False)],
+    "warmup": Annotated[int | None, typer.Option(help="Profiler schedule: warm-up steps.", show_default=False)],
+    "active": Annotated[int | None, typer.Option(help="Profiler schedule: recorded steps.", show_default=False)],
 }
 
 #: One entry per field of MeasureOptions.

@@ -22,7 +22,7 @@ VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to
 @c.handle_errors
 @shared_options
 def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
-                fmt: c.FormatOpt = c.OutputFormat.table, *,
+                fmt: c.FormatOpt = c.OutputFormat.table, wide: c.WideOpt = False, *,
                 overrides: dict[str, Any], measure: "MeasureOptions") -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
     from attnprof.pipeline import check_baseline, plan_cells
@@ -35,14 +35,14 @@ def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.
     cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
     outcome = execute("run", cfg, cells, device, measure)
-    _print(outcome, fmt)
+    _print(outcome, fmt, c.table_width(fmt, wide))
     failed = [r for r in outcome.results if r.status == "failed"]
     if failed:
         c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
 
 
-def _refuse_unavailable(variant: "Variant", spec: "RunSpec", registry: "Registry") -> None:
+def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> None:
     reason = variant.unavailable_reason(spec)
     if reason is None:
         return
@@ -52,21 +52,13 @@ def _refuse_unavailable(variant: "Variant", spec: "RunSpec", registry: "Registry
                                   hint=f"variants that can run here: {', '.join(runnable) or 'none'}")
 
 
-def _print(outcome: "RunOutcome", fmt: c.OutputFormat) -> None:
-    from attnprof.report.analysis_tables import render_analysis
+def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.export import to_json
-    from attnprof.report.tables import run_summary_table
+    from attnprof.report.tables import run_report
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    style = fmt.value
     for result, entry in zip(outcome.results, outcome.document["results"]):
-        c.emit(run_summary_table(entry, style))
-        if result.analysis:
-            c.emit("")
-            c.emit(render_analysis(result.analysis, style))
-        if result.key_averages_table:
-            c.emit("\ntorch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):")
-            c.emit(result.key_averages_table if style == "table" else f"```\n{result.key_averages_table}\n```")
+        c.emit(run_report(entry, result.analysis, result.key_averages_table, fmt.value, width))
     c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}")

@@ -2,7 +2,9 @@
 
 A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
 whole run (device, output directory) raise. Each stage runs under `phase` (its wall time goes
-into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure).
+into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure). An
+unstable timing (a loaded machine) is taken again, up to `RETIMES` times; the last sample is
+kept and `retimed` counts the samples thrown away.
 """
 
 from __future__ import annotations
@@ -10,16 +12,25 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
-from attnprof.errors import AttnprofError, TraceError, VariantFailure, VariantUnavailableError, one_line
+from attnprof.errors import (
+    AttnprofError,
+    TraceError,
+    VariantFailure,
+    VariantUnavailableError,
+    one_line,
+)
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Throughput
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
+
+RETIMES = 1
 
 
 @contextmanager
@@ -40,7 +51,7 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
         yield
     except (AttnprofError, KeyboardInterrupt):
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any failure of the variant's is what a guard is for)
         from attnprof.profiling.memory import is_oom, oom_failure
 
         if is_oom(exc):
@@ -82,7 +93,7 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
     """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking."""
     import torch
 
-    from attnprof.profiling import correctness, memory, timing
+    from attnprof.profiling import correctness, memory
     from attnprof.profiling.inputs import make_inputs, to_bhsd
     from attnprof.profiling.profiler import profile_forward, trace_file_name
 
@@ -98,11 +109,7 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
 
     with torch.no_grad():
         if measure.timing:
-            started = time.time()
-            with phase(result, "timing"), guard("forward", variant):
-                result.timing = timing.time_forward(forward, spec.device, min_time_s=measure.min_time_s,
-                                                    cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
-            result.timing_window = (started, time.time())
+            _time(forward, variant, measure, result)
         else:
             with phase(result, "warmup"), guard("forward", variant):
                 _warm_up(forward, spec)
@@ -123,6 +130,24 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
             with phase(result, "masking_probe"), guard("masking probe", variant):
                 result.nan_on_fully_masked = correctness.probe_fully_masked(variant, spec.device, spec.dtype,
                                                                             config.seed)
+
+
+def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult) -> None:
+    """Time the forward into `result.timing`. An unstable sample is taken again, up to RETIMES times;
+    the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
+    sample's `cold_ms` (only the first sample's first call was cold)."""
+    from attnprof.profiling import timing
+
+    while True:
+        started = time.time()
+        with phase(result, "timing"), guard("forward", variant):
+            sample = timing.time_forward(forward, result.spec.device, min_time_s=measure.min_time_s,
+                                         cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
+        result.timing_window = (started, time.time())
+        result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
+        if not sample.unstable or result.retimed >= RETIMES:
+            return
+        result.retimed += 1
 
 
 def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> None:

@@ -1,18 +1,20 @@
 """Tables for `attnprof analyze` and `attnprof explain`: formatting only, no metrics computed here.
 
-`render_analysis(analysis, fmt)` takes a `TraceAnalysis`, fmt "table"
+`render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
 a per-kernel table and the findings. Missing values read "n/a" (never 0); an occupancy the
-profiler did not report reads "unreported"; tensor cores read yes / no / ?.
+profiler did not report reads "unreported"; tensor cores read yes / no / ?. `width` None
+(`--wide`, and always for markdown) gives the full tables; a number fits every line of the
+table style to it: kernel names are cut shorter, the less wanted kernel columns dropped, and
+the finding bullets wrapped (see `report.layout`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tabulate import tabulate
-
 from attnprof.report.formatting import fmt_number, table_style
+from attnprof.report.layout import Column, bullets, limit, table, wrap
 
 NAME_WIDTH = 60
 
@@ -45,9 +47,21 @@ def _short(name: str, fmt: str) -> str:
     return name
 
 
-def render_analysis(analysis: Any, fmt: str = "table") -> str:
-    """Summary, kernels and findings of a `TraceAnalysis` as one string."""
-    return render_analysis_dict(analysis.to_dict(), fmt)
+SUMMARY_COLUMNS = (Column("metric"), Column("median", narrow=12), Column("min – max"))
+
+KERNEL_COLUMNS = (
+    Column("kernel", narrow=40, cut=True), Column("count / fwd", drop=8), Column("µs / fwd"), Column("grid", drop=5),
+    Column("block", drop=1), Column("regs", drop=2), Column("shared mem", drop=3), Column("achieved occ.", drop=6),
+    Column("theoretical occ.", drop=7), Column("tensor cores", drop=9), Column("launched by", drop=4),
+)
+
+EXPLAIN_COLUMNS = (Column(""), Column("", narrow=20))
+PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
+
+
+def render_analysis(analysis: Any, fmt: str = "table", width: int | None = None) -> str:
+    """Summary, kernels and findings of a `TraceAnalysis` as one string, fitted to `width` (None: in full)."""
+    return render_analysis_dict(analysis.to_dict(), fmt, width)
 
 
 def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
@@ -57,7 +71,7 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
     return f"{fmt_number(s.get('min'), digits)} – {fmt_number(s.get('max'), digits)}"
 
 
-def summary_table(data: dict[str, Any], fmt: str) -> str:
+def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str:
     """One row per per-forward metric: median and, where forwards differ, min – max."""
     apis = data.get("launch_apis") or {}
     api_text = ", ".join(f"{api} {n}" for api, n in sorted(apis.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -83,10 +97,10 @@ def summary_table(data: dict[str, Any], fmt: str) -> str:
     ]
     if data.get("annotation_mismatches") is not None:
         rows.append(["GPU annotation mismatches", fmt_number(data.get("annotation_mismatches")), ""])
-    return tabulate(rows, headers=["metric", "median", "min – max"], tablefmt=table_style(fmt), disable_numparse=True)
+    return table(SUMMARY_COLUMNS, rows, fmt, width)
 
 
-def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
+def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One row per distinct kernel, memcpy or memset, in the order they first ran."""
     rows = []
     for k in kernels:
@@ -105,22 +119,22 @@ def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
             _bytes(k.get("shared_memory_bytes")), achieved, theoretical, _tensor_cores(k.get("tensor_cores")),
             k.get("launch_api") or "",
         ])
-    headers = ["kernel", "count / fwd", "µs / fwd", "grid", "block", "regs", "shared mem", "achieved occ.",
-               "theoretical occ.", "tensor cores", "launched by"]
-    return tabulate(rows, headers=headers, tablefmt=table_style(fmt), disable_numparse=True)
+    return table(KERNEL_COLUMNS, rows, fmt, width)
 
 
-def findings_list(findings: list[dict[str, Any]], fmt: str) -> str:
+def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One bullet per finding, its id first, wrapped to `width` in the table style."""
     if not findings:
         return "No findings." if fmt == "table" else "_No findings._"
     if fmt == "markdown":
         return "\n".join(f"- **`{f['id']}`** {f['message']}" for f in findings)
-    return "\n".join(f"- [{f['id']}] {f['message']}" for f in findings)
+    return bullets([f"[{f['id']}] {f['message']}" for f in findings], width)
 
 
-def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
+def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | None = None) -> str:
     """Like `render_analysis`, from the JSON dict (as `run` stores it)."""
     table_style(fmt)
+    width = limit(width, fmt)
     device = data.get("device") or {}
     where = ""
     if device.get("name"):
@@ -130,22 +144,21 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
     title = (f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
              + (f"; {data['region_choice']}" if data.get("region_choice") else ""))
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
-    parts = [heading(title), "", summary_table(data, fmt)]
+    parts = [*wrap(heading(title), width), "", summary_table(data, fmt, width)]
     kernels = data.get("kernels") or []
     if kernels:
-        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt)]
+        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]
     elif data.get("kernels_per_forward") is None:
-        parts += ["", "No GPU activity in the trace: GPU metrics are n/a."]
-    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt)]
+        parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
+    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width)]
     notes = data.get("notes") or []
     if notes:
-        parts += ["", heading("Notes"), ""] + [f"- {note}" for note in notes]
+        parts += ["", heading("Notes"), "", bullets(notes, width)]
     return "\n".join(parts)
 
 
-def render_explanation(explanation: Any, fmt: str = "table") -> str:
-    """`attnprof explain`: what a kernel name says, part by part."""
-    style = table_style(fmt)
+def render_explanation(explanation: Any, fmt: str = "table", width: int | None = None) -> str:
+    """`attnprof explain`: what a kernel name says, part by part, fitted to `width` (None: in full)."""
     data = explanation.to_dict() if hasattr(explanation, "to_dict") else dict(explanation)
     facts = [
         ["kernel", data.get("short_name") or data.get("name")],
@@ -156,9 +169,9 @@ def render_explanation(explanation: Any, fmt: str = "table") -> str:
     ]
     if data.get("backend"):
         facts.append(["SDPA backend", data["backend"]])
-    out = [tabulate(facts, tablefmt=style, disable_numparse=True, headers=["", ""] if fmt == "markdown" else ())]
+    out = [table(EXPLAIN_COLUMNS, facts, fmt, width)]
     parts = data.get("parts") or []
     rows = [[p["token"], p["meaning"]] if isinstance(p, dict) else list(p) for p in parts]
     if rows:
-        out += ["", tabulate(rows, headers=["part", "meaning"], tablefmt=style, disable_numparse=True)]
+        out += ["", table(PART_COLUMNS, rows, fmt, width)]
     return "\n".join(out)

@@ -72,6 +72,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("latency_iqr_us", _timing("iqr_us")),
     ("cold_ms", _timing("cold_ms")),
     ("unstable", _timing("unstable")),
+    ("retimed", lambda r: r.retimed if r.timing is not None else None),
     ("timing_method", _timing("method")),
     ("tflops", _throughput("tflops")),
     ("pct_of_peak", _throughput("pct_of_peak")),
@@ -96,6 +97,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("rel_error_threshold", _check("threshold")),
     ("correctness_scope", _check("scope")),
     ("speedup_vs_baseline", lambda r: r.speedup_vs_baseline),
+    ("speedup_reliable", lambda r: r.speedup_reliable),
     ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
     ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
 )

@@ -1,35 +1,68 @@
-"""Tables for `list`, `run` and `compare`, rendered with tabulate. Formatting only."""
+"""Tables for `list`, `run` and `compare`, rendered with tabulate. Formatting only.
+
+Every renderer takes `width`: None (`--wide`, and always for markdown) gives the full tables;
+a number fits every line of the `table` style to it (see `report.layout`): low-value columns
+are dropped, long text is wrapped, and reasons and finding messages move below the tables,
+with the finding ids left in them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from tabulate import tabulate
+from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.layout import (
+    Column,
+    bullets,
+    fit_profiler_table,
+    limit,
+    table,
+    wrap,
+)
 
-from attnprof.report.formatting import fmt_count, fmt_number, table_style
+UNRELIABLE = ("~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
+              "(IQR over 10% of the median) after a re-time")
+
+LIST_COLUMNS = (Column("variant", narrow=16), Column("runs here"), Column("why not", narrow=10, wide=40),
+                Column("from", narrow=10), Column("description", narrow=20, wide=60))
+
+SHAPE_COLUMNS = (
+    Column("variant", narrow=16), Column("status", wide=36), Column("kernels/fwd", drop=6),
+    Column("GPU µs", drop=7), Column("CPU µs", drop=4), Column("latency µs ± IQR", narrow=17),
+    Column("TFLOP/s", drop=3), Column("% peak", drop=2), Column("peak MiB", drop=1), Column("rel err", drop=5),
+    Column("speed-up"), Column("findings", narrow=30, wide=40),
+)
+
+GLANCE_COLUMNS = (
+    Column("variant", narrow=16), Column("shape"), Column("kernels/fwd", drop=2), Column("GPU µs/fwd", drop=3),
+    Column("CPU µs/fwd", drop=1), Column("what the trace revealed", narrow=30, wide=90),
+)
+
+RUN_COLUMNS = (Column("metric"), Column("value", narrow=20))
+
+#: key_averages columns kept when the profiler's table is fitted to a width, most wanted first.
+PROFILER_COLUMNS = ("Self CUDA", "CUDA total", "# of Calls", "Self CPU", "CPU total", "CUDA time avg",
+                    "CPU time avg", "Self CUDA %", "Self CPU %", "CPU total %")
 
 
-def render(rows: list[list[Any]], headers: Iterable[str], fmt: str, widths: list[int | None] | None = None) -> str:
-    """One table in the `table` or `markdown` style."""
-    return tabulate(rows, headers=list(headers), tablefmt=table_style(fmt), maxcolwidths=widths, disable_numparse=True)
-
-
-def variant_list_table(entries: list[dict[str, Any]], fmt: str) -> str:
+def variant_list_table(entries: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """`attnprof list`: name, availability here, reason, source, description."""
     rows = [[e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
             for e in entries]
-    return render(rows, ["variant", "runs here", "why not", "from", "description"], fmt,
-                  widths=[None, None, 40, None, 60] if fmt == "table" else None)
+    return table(LIST_COLUMNS, rows, fmt, width)
 
 
-def _latency(row: dict[str, Any]) -> str:
+def _latency(row: dict[str, Any], say_retimed: bool = False) -> str:
     if row.get("latency_us") is None:
         return "n/a"
     text = f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
     if clock_held_down(row):
         text += f" @ {fmt_count(row['sm_clock_mhz'])} MHz"
-    return text + (" (unstable)" if row.get("unstable") else "")
+    retimed = say_retimed and bool(row.get("retimed"))
+    if row.get("unstable"):
+        return text + (" (unstable, also when re-timed)" if retimed else " (unstable)")
+    return text + (" (re-timed: the first sample was unstable)" if retimed else "")
 
 
 def clock_held_down(row: dict[str, Any]) -> bool:
@@ -46,8 +79,15 @@ def _clock(row: dict[str, Any]) -> str:
     return text + (f"; held down by {row['clock_limits']}" if row.get("clock_limits") else "")
 
 
-def _speedup(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+def speedup_text(row: dict[str, Any]) -> str:
+    """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `UNRELIABLE`);
+    a missing one `n/a`."""
+    value = row.get("speedup_vs_baseline")
+    if value is None:
+        return "n/a"
+    if row.get("speedup_reliable") is False:
+        return f"~{value:.2g}x?" if value < 10 else f"~{value:,.0f}x?"
+    return f"{value:.2f}x"
 
 
 def _throughput(row: dict[str, Any]) -> str:
@@ -61,48 +101,90 @@ def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
 
-def shape_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    """One comparison table for the rows of one shape."""
+def _status_word(row: dict[str, Any]) -> str:
+    return row["status"].partition(":")[0]
+
+
+def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
+    follow it as bullets. A legend follows when a speed-up is unreliable."""
+    width = limit(width, fmt)
     body = []
     for row in rows:
+        status = row["status"] if width is None else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
-            body.append([row["variant"], row["status"]] + ["" for _ in range(10)])
+            body.append([row["variant"], status] + ["" for _ in range(10)])
             continue
         body.append([
-            row["variant"], row["status"] if row["status"] == "ok" else row["status"],
+            row["variant"], status,
             fmt_count(row.get("kernels_per_forward")), fmt_number(row.get("gpu_time_us")),
             fmt_number(row.get("cpu_time_us")), _latency(row), fmt_number(row.get("tflops")),
             fmt_number(row.get("pct_of_peak")), fmt_number(row.get("peak_memory_mib")),
-            _error(row.get("rel_error")), _speedup(row.get("speedup_vs_baseline")), row.get("finding_ids") or "",
+            _error(row.get("rel_error")), speedup_text(row), row.get("finding_ids") or "",
         ])
-    headers = ["variant", "status", "kernels/fwd", "GPU µs", "CPU µs", "latency µs ± IQR", "TFLOP/s",
-               "% peak", "peak MiB", "rel err", "speed-up", "findings"]
-    widths = [None, 36, None, None, None, None, None, None, None, None, None, 40] if fmt == "table" else None
-    return render(body, headers, fmt, widths)
+    notes = _reasons(rows, width) if width is not None else []
+    if any(row.get("speedup_reliable") is False for row in rows):
+        notes += wrap(UNRELIABLE, width)
+    return "\n".join([table(SHAPE_COLUMNS, body, fmt, width)] + (["", *notes] if notes else []))
 
 
-def glance_table(results: list[dict[str, Any]], fmt: str) -> str:
-    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed."""
+def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
+    """One bullet per distinct reason a row is not ok, naming its variants."""
+    grouped: dict[str, list[str]] = {}
+    for row in rows:
+        if row["status"] != "ok":
+            grouped.setdefault(row["status"], []).append(row["variant"])
+    return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
+
+
+def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
+    column holds the finding ids and the messages follow as wrapped bullets."""
+    fitted = limit(width, fmt) is not None
     body = []
     for entry in results:
         if entry.get("forwards") is None:
-            body.append([entry["variant"], entry["shape"], "", "", "", entry["status"]])
+            body.append([entry["variant"], entry["shape"], "", "", "",
+                         _status_word(entry) if fitted else entry["status"]])
             continue
-        revealed = "; ".join(f["message"] for f in entry.get("findings", [])) or "nothing unusual"
+        findings = entry.get("findings", [])
+        revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
         body.append([entry["variant"], entry["shape"], fmt_count(entry.get("kernels_per_forward")),
-                     fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")), revealed])
-    headers = ["variant", "shape", "kernels/fwd", "GPU µs/fwd", "CPU µs/fwd", "what the trace revealed"]
-    return render(body, headers, fmt, [None, None, None, None, None, 90] if fmt == "table" else None)
+                     fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")),
+                     revealed or "nothing unusual"])
+    if not fitted:
+        return table(GLANCE_COLUMNS, body, fmt)
+    columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+    shapes = len({entry["shape"] for entry in results})
+    messages = [f"{e['variant']}{' @ ' + e['shape'] if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+                for e in results for f in e.get("findings", [])]
+    return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
-def run_summary_table(row: dict[str, Any], fmt: str) -> str:
+def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
+    """`attnprof compare`: a titled table per shape, then the at-a-glance table."""
+    heading = "###" if fmt == "markdown" else "=="
+    width = limit(width, fmt)
+    parts = []
+    for shape in dict.fromkeys(e["shape"] for e in entries):
+        rows = [e for e in entries if e["shape"] == shape]
+        first = rows[0]
+        title = f"{shape} {first['dtype']} {'causal' if first['causal'] else 'full'} on {first['device']}"
+        if baseline:
+            title += f", speed-up vs {baseline}"
+        parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
+    parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
+    return "\n".join(parts)
+
+
+def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -> str:
     """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it)."""
     items = [
         ("variant", f"{row['variant']} ({row['source']})"),
         ("shape", f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} on {row['device']}"),
         ("status", row["status"]),
         ("backend dispatched", row.get("backend") or "n/a"),
-        ("latency (µs, median ± IQR)", _latency(row)),
+        ("latency (µs, median ± IQR)", _latency(row, say_retimed=True)),
         ("timing method", row.get("timing_method") or "n/a"),
         ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
@@ -112,4 +194,22 @@ def run_summary_table(row: dict[str, Any], fmt: str) -> str:
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
     ]
-    return render([list(item) for item in items], ["metric", "value"], fmt)
+    return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
+
+
+def run_report(entry: dict[str, Any], analysis: Any, key_averages: str | None, fmt: str,
+               width: int | None = None) -> str:
+    """`attnprof run`, one result: the summary, the trace analysis (when there is one) and the
+    profiler's own key_averages table (fitted to `width` by dropping its less wanted columns)."""
+    from attnprof.report.analysis_tables import render_analysis
+
+    width = limit(width, fmt)
+    parts = [run_summary_table(entry, fmt, width)]
+    if analysis is not None:
+        parts += ["", render_analysis(analysis, fmt, width)]
+    if key_averages:
+        parts += ["", *wrap("torch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are "
+                            "separate):", width)]
+        parts.append(fit_profiler_table(key_averages, width, PROFILER_COLUMNS) if fmt == "table"
+                     else f"```\n{key_averages}\n```")
+    return "\n".join(parts)
