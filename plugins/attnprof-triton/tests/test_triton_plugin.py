@@ -358,3 +358,10 @@ def test_gpu_cuda_graph_replay(monkeypatch, tma):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def test_no_backward_kernel_is_declared_and_skips_backward_modes():
+    variant = attnprof_triton.make_variant()
+    assert variant.has_backward is False
+    for mode in ("bwd", "fwd+bwd"):
+        assert variant.unavailable_reason(spec(device="cuda:0", mode=mode)) == "no backward"

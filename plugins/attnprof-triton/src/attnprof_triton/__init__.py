@@ -2,7 +2,8 @@
 
 This module imports neither triton nor torch: `check` and `setup` import them when asked,
 so `attnprof list` shows the variant (as unavailable, with the reason) on machines without
-them. The kernel lives in `attnprof_triton._kernel`.
+them. The kernel lives in `attnprof_triton._kernel`. It has no backward kernel yet, so the
+variant declares `has_backward=False` and the `bwd` and `fwd+bwd` modes skip it ("no backward").
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def make_variant() -> Variant:
         check=check,
         setup=setup,
         layout="bhsd",
+        has_backward=False,  # forward kernel only: the bwd and fwd+bwd modes skip it with "no backward"
     )
 
 
