@@ -21,6 +21,12 @@ SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
 FAST = MeasureOptions(min_time_s=0.02)
 
 
+def ceiling():
+    from attnprof.profiling.ceiling import Ceiling
+
+    return Ceiling(tflops=1.0, bandwidth_gbps=10.0, source="test")
+
+
 def spec(mode: str, **kw) -> RunSpec:
     return RunSpec("cpu", kw.pop("dtype", "fp32"), **{**SHAPE, **kw}, mode=mode)
 
@@ -38,7 +44,7 @@ def config(tmp_path) -> Config:
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
 @pytest.mark.parametrize("name", ["naive", "sdpa-math", "sdpa"])
 def test_backward_cells_run_and_their_gradients_pass(config, mode, name) -> None:
-    result = run_cell(builtin(name), spec(mode), config, FAST)
+    result = run_cell(builtin(name), spec(mode), config, FAST, ceiling())
     assert result.ok, result.reason
     entry = json_entry(result)
     assert entry["mode"] == mode and entry["status"] == "ok" and entry["passed"] is True
@@ -50,16 +56,20 @@ def test_backward_cells_run_and_their_gradients_pass(config, mode, name) -> None
     factor = "2.5" if mode == "bwd" else "3.5"
     assert entry["flops_convention"].startswith(f"{mode} = {factor} × fwd; fwd = 4·B·H·Sq·Skv·D / 2 (causal)")
     assert entry["forwards"] == 2 and entry["latency_us"] > 0
+    forward_flops = 4 * 1 * 2 * 32 * 32 * 16 / 2
+    assert entry["tflops"] == pytest.approx(float(factor) * forward_flops / (entry["latency_us"] * 1e-6) / 1e12)
     assert f"_causal_{mode}_cpu_" in entry["trace"]
 
 
 def test_the_default_mode_keeps_todays_row_and_adds_mode_and_convention(config) -> None:
-    entry = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    entry = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST, ceiling()))
     assert entry["mode"] == "fwd" and entry["grad_rel_error"] is None
     assert entry["grad_rel_error_dq"] is None and entry["grad_rel_error_threshold"] is None
     assert entry["correctness_scope"] == "full" and entry["passed"] is True
     assert entry["flops_convention"] == "fwd = 4·B·H·Sq·Skv·D / 2 (causal) (tritonbench / flash-attention convention)"
     assert "_causal_cpu_" in entry["trace"]
+    without = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    assert without["tflops"] is None and without["flops_convention"] is None  # no FLOP figure, no convention
 
 
 def test_bwd_times_only_the_backward(config) -> None:
@@ -70,7 +80,7 @@ def test_bwd_times_only_the_backward(config) -> None:
         calls.append(torch.is_grad_enabled())
         return naive.forward(q, k, v, causal, state)
 
-    result = run_cell(replace(naive, forward=counting), spec("bwd"), config, replace(FAST, timing=False))
+    result = run_cell(replace(naive, forward=counting), spec("bwd"), config, FAST.model_copy(update={'timing': False}))
     assert result.ok, result.reason
     # one forward made the graph the backward reuses; memory is off without timing; none ran in the loop
     assert calls == [True]

@@ -53,12 +53,12 @@ class Check:
         return asdict(self)
 
 
-def threshold_for(dtype: str) -> float:
-    """The relative-error limit for `bf16`, `fp16` or `fp32`."""
+def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
+    """The relative-error limit for `bf16`, `fp16` or `fp32` in `limits` (the output's by default)."""
     try:
-        return THRESHOLDS[dtype]
+        return limits[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(THRESHOLDS)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(limits)}") from None
 
 
 def reference_attention(q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None,
@@ -131,6 +131,8 @@ def _spaced(n: int, count: int) -> list[int]:
     """Up to `count` evenly spaced indices in [0, n), first and last included."""
     if n <= count:
         return list(range(n))
+    if count == 1:
+        return [0]
     return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
 
 

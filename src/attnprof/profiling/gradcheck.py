@@ -24,7 +24,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from attnprof.profiling.correctness import _spaced, nonfinite_reason, reference_attention, relative_error
+from attnprof.profiling.correctness import (
+    _spaced,
+    nonfinite_reason,
+    reference_attention,
+    relative_error,
+    threshold_for,
+)
 from attnprof.profiling.inputs import to_bhsd
 
 GRAD_THRESHOLDS = {"bf16": 5e-2, "fp16": 5e-3, "fp32": 2e-5}
@@ -51,10 +57,7 @@ class GradCheck:
 
 def grad_threshold_for(dtype: str) -> float:
     """The gradients' relative-error limit for `bf16`, `fp16` or `fp32`."""
-    try:
-        return GRAD_THRESHOLDS[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(GRAD_THRESHOLDS)}") from None
+    return threshold_for(dtype, GRAD_THRESHOLDS)
 
 
 def grad_subset(batch: int, heads: int, kv_heads: int, seq: int, *,

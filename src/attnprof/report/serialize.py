@@ -49,10 +49,11 @@ def _scope(r: CellResult) -> str | None:
     return f"output: {r.check.scope}; gradients: {r.grad_check.scope}"
 
 
-def _flops_convention(r: CellResult) -> str:
+def _flops_convention(r: CellResult) -> str | None:
+    """How the row's FLOPs (`tflops`) were counted; None when there is no FLOP figure."""
     from attnprof.analysis.roofline import flops_convention
 
-    return flops_convention(r.spec)
+    return flops_convention(r.spec) if r.throughput is not None else None
 
 
 def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
