@@ -129,8 +129,10 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta,
 
 def block_sizes(head_dim: int, elem: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of both backward kernels for this head_dim."""
-    if head_dim * elem > 256:  # head_dim 256 (or fp32 128): smaller tiles keep K, V and the accumulators in SMEM
+    if head_dim * elem > 256:  # head_dim 256 (or fp32 128): small tiles keep K, V and two fp32 accumulators
         return 32, 32, 4, 1
+    if head_dim * elem == 256:  # head_dim 128 (fp32 64): twice the threads share the fp32 accumulators
+        return 64, 64, 8, 2
     return 64, 64, 4, 2
 
 
