@@ -392,7 +392,7 @@ def test_auto_dtype_rows_carry_the_concrete_dtype(cli, write_config) -> None:
     config = str(write_config(dtype="auto", variants=["sdpa-math"]))
     document = json.loads(cli("compare", config, "--no-timing", "--format", "json").stdout)
     assert [r["dtype"] for r in document["results"]] == ["fp32"] and document["config"]["dtype"] == "fp32"
-    assert "1x2x32x16 fp32 causal on cpu" in cli("compare", config, "--no-timing").stdout
+    assert "1x2x32x16 fp32 causal fwd on cpu" in cli("compare", config, "--no-timing").stdout
     result = cli("run", "--variant", "naive", "--config", config, "--dtype", "auto", "--no-timing", "--format", "json")
     assert json.loads(result.stdout)["results"][0]["dtype"] == "fp32"
 

@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
-from attnprof.registry import DEFAULT_REGION
+from attnprof.registry import DEFAULT_REGION, MODES
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -104,6 +104,7 @@ class Config(_Strict):
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
+    modes: list[Literal["fwd", "bwd", "fwd+bwd"]] = Field(default_factory=lambda: ["fwd"], min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     exclude: list[Exclusion] = Field(default_factory=list)
     baseline: str | None = None
@@ -117,6 +118,14 @@ class Config(_Strict):
     def _device_form(cls, value: str) -> str:
         if not DEVICE_PATTERN.match(value):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("modes")
+    @classmethod
+    def _modes_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({m for m in value if value.count(m) > 1}, key=MODES.index)
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} given more than once")
         return value
 
     @field_validator("region")

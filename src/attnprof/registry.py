@@ -17,6 +17,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 DEVICE_TYPES = ("cpu", "cuda")
 LAYOUTS = ("bhsd", "bshd")
 DEFAULT_REGION = "attnprof"  # the record_function name around each forward
+MODES = ("fwd", "bwd", "fwd+bwd")  # what a cell times: the forward, the backward alone, or a whole step
+NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in bwd or fwd+bwd
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,16 @@ class RunSpec:
     head_dim: int
     kv_heads: int | None = None
     causal: bool = True
+    mode: str = "fwd"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+
+    @property
+    def backward(self) -> bool:
+        """True when the mode runs the backward (`bwd` or `fwd+bwd`)."""
+        return self.mode != "fwd"
 
     @property
     def device_type(self) -> str:
@@ -75,6 +87,7 @@ class Variant:
     setup: SetupFn | None = None
     layout: str = "bhsd"
     source: str = "built-in"
+    has_backward: bool = True
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +110,8 @@ class Variant:
             return f"needs {' or '.join(d.upper() if d == 'cuda' else d for d in self.devices)}"
         if spec.dtype not in self.dtypes:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
+        if spec.backward and not self.has_backward:
+            return NO_BACKWARD
         if self.check is not None:
             try:
                 return self.check(spec)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.profiling.correctness import Check
+    from attnprof.profiling.gradcheck import GradCheck
     from attnprof.profiling.timing import Timing
 
 Status = Literal["ok", "skipped", "failed"]
@@ -42,7 +43,8 @@ class CellResult:
     """The outcome of one variant at one spec. `status` is ok, skipped or failed; `reason` says why not ok.
 
     Parts are None when they were not measured: `timing`, `memory_mib` and `throughput` with
-    `--no-timing`, `check` when the cell failed before its output existed, `clock` without
+    `--no-timing`, `check` when the cell failed before its output existed, `grad_check` outside
+    the backward modes (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `clock` without
     nvidia-smi, `analysis` when no trace was analysed. `retimed` counts the samples thrown away
     because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
     speed-up rests on a latency that is unstable, the variant's or the baseline's.
@@ -55,6 +57,7 @@ class CellResult:
     reason: str | None = None
     timing: Timing | None = None
     check: Check | None = None
+    grad_check: GradCheck | None = None
     memory_mib: float | None = None
     nan_on_fully_masked: bool | None = None
     clock: ClockWindow | None = None
@@ -73,6 +76,12 @@ class CellResult:
     def ok(self) -> bool:
         """True when the cell ran and passed its checks."""
         return self.status == "ok"
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the output (and, in the backward modes, the gradients) matched float64; None unchecked."""
+        checks = [c for c in (self.check, self.grad_check) if c is not None]
+        return all(c.passed for c in checks) if checks else None
 
     @property
     def latency_us(self) -> float | None:

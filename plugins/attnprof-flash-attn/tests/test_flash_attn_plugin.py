@@ -281,3 +281,15 @@ def test_gpu_matches_float64(causal, heads, kv_heads, seq, head_dim):
     out = to_bhsd(variant.forward(q, k, v, causal, state), "bshd")
     qr, kr, vr = make_inputs(rs, seed=0)
     torch.testing.assert_close(out.double(), reference(qr, kr, vr, causal), atol=2e-2, rtol=0)
+
+
+def test_backward_support_follows_the_interface_and_the_gpu():
+    fa4, fa3, fa2 = fa.INTERFACES
+    assert fa.make_variant().has_backward is True
+    assert fa.backward_missing(fa4, spec(mode="fwd"), (8, 0)) is None  # the forward needs no backward
+    assert fa.backward_missing(fa4, spec(mode="bwd"), (9, 0)) is None
+    assert fa.backward_missing(fa4, spec(mode="fwd+bwd"), (10, 0)) is None
+    assert fa.backward_missing(fa4, spec(mode="bwd"), (8, 6)) == (
+        "no backward: FA4 (flash_attn.cute) has a backward kernel for compute capability 9.x or 10.x only (got 8.6)")
+    assert fa.backward_missing(fa2, spec(mode="bwd"), (8, 0)) is None
+    assert fa.backward_missing(fa3, spec(mode="fwd+bwd"), (9, 0)) is None

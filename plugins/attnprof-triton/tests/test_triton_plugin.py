@@ -178,7 +178,24 @@ def _interp_cases() -> list[dict]:
                           head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
     cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
                       config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
-    return cases
+    return cases + GRAD_CASES
+
+
+# The backward kernels (fixed tiles, `_backward.block_sizes`): seq a multiple of the tiles and
+# not, GQA groups of 1, 2 and 4, head_dim 16 to 256, the forward with TMA once, fp32 once.
+GRAD_CASES = [
+    dict(id=f"grad-{b}x{h}/kv{kv}x{s}x{d}-{dtype}-{'causal' if causal else 'full'}" + ("-tma" if tma else ""),
+         grad=True, batch=b, heads=h, kv_heads=kv, seq=s, head_dim=d, causal=causal, tma=tma, dtype=dtype, seed=7)
+    for b, h, kv, s, d, causal, tma, dtype in [
+        (1, 2, 2, 64, 16, False, False, "fp16"),
+        (1, 2, 2, 64, 16, True, False, "fp16"),
+        (2, 4, 2, 70, 32, True, False, "fp16"),
+        (1, 4, 1, 45, 32, False, True, "fp16"),
+        (1, 2, 1, 130, 64, True, False, "fp16"),
+        (1, 2, 2, 40, 256, True, False, "fp16"),
+        (1, 4, 2, 50, 32, True, False, "fp32"),
+    ]
+]
 
 
 INTERP_CASES = _interp_cases()
@@ -199,7 +216,19 @@ def interp_results() -> dict:
 
 
 @needs_triton
-@pytest.mark.parametrize("case", INTERP_CASES, ids=[c["id"] for c in INTERP_CASES])
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c["id"] for c in GRAD_CASES])
+def test_interpreter_gradients_match_float64_autograd(interp_results, case):
+    result = interp_results[case["id"]]
+    assert "error" not in result, result["error"]
+    assert result["passed"], result["reason"]
+    assert set(result["grad_rel_errors"]) == {"dq", "dk", "dv"}
+
+
+_FORWARD_CASES = [c for c in INTERP_CASES if not c.get("grad")]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", _FORWARD_CASES, ids=[c["id"] for c in _FORWARD_CASES])
 def test_interpreter_matches_float64(interp_results, case):
     result = interp_results[case["id"]]
     assert "error" not in result, result["error"]
@@ -358,3 +387,11 @@ def test_gpu_cuda_graph_replay(monkeypatch, tma):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def test_the_backward_is_declared_and_runs_where_the_forward_does(no_triton):
+    variant = attnprof_triton.make_variant()
+    assert variant.has_backward is True
+    for mode in ("bwd", "fwd+bwd"):  # no "no backward": the same reasons as the forward
+        assert variant.unavailable_reason(spec(mode=mode)) == variant.unavailable_reason(spec())
+

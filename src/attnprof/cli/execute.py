@@ -52,18 +52,18 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
         task = progress.add_task("starting", total=len(cells))
 
         def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
-            progress.update(task, description=f"{variant.name} @ {spec.shape_label}")
+            progress.update(task, description=f"{variant.name} @ {_cell(spec)}")
             if not console.is_terminal:
-                note(f"[{index + 1}/{total}] {variant.name} @ {spec.shape_label} {spec.dtype} on {spec.device}")
+                note(f"[{index + 1}/{total}] {variant.name} @ {_cell(spec)} {spec.dtype} on {spec.device}")
 
         def on_done(result: CellResult) -> None:
             progress.advance(task)
             if not result.ok:
-                note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
+                note(f"  {result.variant} @ {_cell(result.spec)}: {result.status}: {result.reason}")
 
         results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
     if ceiling is not None and ceiling.replaced is not None:
-        note(ceiling_note(ceiling, [f"{r.variant} @ {r.spec.shape_label}" for r in results
+        note(ceiling_note(ceiling, [f"{r.variant} @ {_cell(r.spec)}" for r in results
                                     if r.throughput is not None and r.throughput.pct_of_peak is None]))
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
@@ -86,3 +86,8 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
     else:
         when = f"measured now ({current.reason})"
     return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"
+
+
+def _cell(spec: "RunSpec") -> str:
+    """The spec's shape, with its mode after it when that is not the default `fwd`."""
+    return f"{spec.shape_label} {spec.mode}" if spec.backward else spec.shape_label

@@ -28,6 +28,10 @@ CONFIG_OPTIONS: dict[str, Any] = {
     "seq": Annotated[int | None, typer.Option(help="Sequence length.", show_default=False)],
     "head_dim": Annotated[int | None, typer.Option("--head-dim", help="Head dimension.", show_default=False)],
     "causal": Annotated[bool | None, typer.Option("--causal/--no-causal", help="Causal masking.", show_default=False)],
+    "mode": Annotated[str | None, typer.Option(
+        "--mode", metavar="fwd|bwd|fwd+bwd", show_default=False,
+        help="What is timed: the forward, the backward alone, or a whole step; comma-separated for several "
+             "(overrides the config's modes).")],
     "output_dir": Annotated[Path | None, typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)],
     "region": Annotated[str | None, typer.Option(help="Name of the record_function region around each forward.", show_default=False)],
     "seed": Annotated[int | None, typer.Option(help="Seed for the inputs.", show_default=False)],
@@ -80,6 +84,8 @@ def shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def config_changes(overrides: dict[str, Any]) -> dict[str, Any]:
     """`build_config` keyword arguments from the shared overrides: plain fields, `shape` and `schedule`."""
-    plain = {k: v for k, v in overrides.items() if k not in SHAPE_FIELDS + SCHEDULE_FIELDS}
+    plain = {k: v for k, v in overrides.items() if k not in SHAPE_FIELDS + SCHEDULE_FIELDS + ("mode",)}
+    if overrides.get("mode") is not None:
+        plain["modes"] = [m.strip() for m in overrides["mode"].split(",")]
     return plain | {"shape": {k: overrides.get(k) for k in SHAPE_FIELDS},
                     "schedule": {k: overrides.get(k) for k in SCHEDULE_FIELDS}}

@@ -47,7 +47,7 @@ def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> 
     if reason is None:
         return
     runnable = [v.name for v in registry.all() if v.unavailable_reason(spec) is None]
-    where = f"{spec.device} with {spec.dtype} at {spec.shape_label}"
+    where = f"{spec.device} with {spec.dtype} at {spec.shape_label}" + (f" in {spec.mode}" if spec.backward else "")
     raise VariantUnavailableError(f"{variant.name} cannot run on {where}: {reason}",
                                   hint=f"variants that can run here: {', '.join(runnable) or 'none'}")
 

@@ -80,6 +80,8 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
         _analyse(result, config.region, ceiling)
         if result.check is not None and not result.check.passed:
             raise VariantFailure(result.check.reason or "output does not match the float64 reference")
+        if result.grad_check is not None and not result.grad_check.passed:
+            raise VariantFailure(result.grad_check.reason or "gradients do not match float64 autograd")
     except VariantUnavailableError as exc:
         result.status, result.reason = "skipped", exc.message
     except VariantFailure as exc:
@@ -90,12 +92,14 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
 
 
 def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult) -> None:
-    """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking."""
+    """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
+    What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
     import torch
 
     from attnprof.profiling import correctness, memory
-    from attnprof.profiling.inputs import make_inputs, to_bhsd
+    from attnprof.profiling.inputs import make_inputs
     from attnprof.profiling.profiler import profile_forward, trace_file_name
+    from attnprof.profiling.steps import build_step, graph_retention
 
     with phase(result, "setup"), guard("input creation", variant):
         q, k, v = make_inputs(spec, config.seed, variant.layout)
@@ -104,43 +108,62 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
         with phase(result, "setup"), guard("setup", variant):
             state = variant.setup(spec)
 
-    def forward() -> Any:
+    def forward(q: Any, k: Any, v: Any) -> Any:
         return variant.forward(q, k, v, spec.causal, state)
 
-    with torch.no_grad():
+    stage = "backward" if spec.backward else "forward"
+    with torch.no_grad(), graph_retention(spec.mode):
+        with phase(result, "setup"), guard("forward", variant):
+            step = build_step(spec, forward, (q, k, v), config.seed)
         if measure.timing:
-            _time(forward, variant, measure, result)
+            _time(step.call, variant, measure, result, stage)
         else:
-            with phase(result, "warmup"), guard("forward", variant):
-                _warm_up(forward, spec)
-        with phase(result, "profile"), guard("forward", variant):
-            run = profile_forward(forward, spec, config.schedule, config.region,
+            with phase(result, "warmup"), guard(stage, variant):
+                _warm_up(step.call, spec)
+        with phase(result, "profile"), guard(stage, variant):
+            run = profile_forward(step.call, spec, config.schedule, config.region,
                                   Path(config.output_dir) / trace_file_name(variant.name, spec))
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
         with phase(result, "correctness"), guard("correctness check", variant):
-            out, q_, k_, v_ = (to_bhsd(t, variant.layout) for t in (run.output, q, k, v))
-            result.check = correctness.check_against_reference(out, q_, k_, v_, spec.causal, spec.dtype)
-        del run, out
+            _check(step, run.output, variant, spec, result)
+        del run
         if measure.timing:
-            with phase(result, "memory"), guard("forward", variant):
-                result.memory_mib = memory.peak_extra_memory_mib(forward, spec.device)
+            with phase(result, "memory"), guard(stage, variant):
+                result.memory_mib = memory.peak_extra_memory_mib(step.whole, spec.device)
         if measure.check_masking:
             with phase(result, "masking_probe"), guard("masking probe", variant):
                 result.nan_on_fully_masked = correctness.probe_fully_masked(variant, spec.device, spec.dtype,
                                                                             config.seed)
 
 
-def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult) -> None:
-    """Time the forward into `result.timing`. An unstable sample is taken again, up to RETIMES times;
+def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: CellResult) -> None:
+    """The output against float64 (`result.check`) and, in the backward modes, dq, dk and dv against
+    float64 autograd on the same inputs and grad_out (`result.grad_check`)."""
+    from attnprof.profiling import correctness
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.inputs import to_bhsd
+
+    out = output.out if spec.backward else output
+    out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
+    result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype)
+    if spec.backward:
+        result.grad_check = check_grads(output.grads, *step.inputs, step.grad_out, causal=spec.causal,
+                                        dtype=spec.dtype, layout=variant.layout)
+
+
+def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult,
+          stage: str = "forward") -> None:
+    """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
+    An unstable sample is taken again, up to RETIMES times;
     the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
     sample's `cold_ms` (only the first sample's first call was cold)."""
     from attnprof.profiling import timing
 
     while True:
         started = time.time()
-        with phase(result, "timing"), guard("forward", variant):
+        with phase(result, "timing"), guard(stage, variant):
             sample = timing.time_forward(forward, result.spec.device, min_time_s=measure.min_time_s,
                                          cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
         result.timing_window = (started, time.time())

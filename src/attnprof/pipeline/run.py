@@ -50,15 +50,15 @@ def resolve_config(config: Config, device: str) -> Config:
 
 
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
-    """One RunSpec per configured shape, on the resolved device, with the config's dtype (resolve
-    `dtype: auto` first: `resolve_config`)."""
+    """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
+    config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
     return [RunSpec(device=device, dtype=config.dtype, batch=s.batch, heads=s.heads, seq=s.seq,
-                    head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal)
-            for s in config.shapes]
+                    head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal, mode=mode)
+            for s in config.shapes for mode in config.modes]
 
 
 def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
-    """Every shape × every variant, shape-major so each comparison table fills in turn."""
+    """Every shape × mode × variant, spec-major so each comparison table fills in turn."""
     return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
 
 

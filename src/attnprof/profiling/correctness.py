@@ -53,25 +53,27 @@ class Check:
         return asdict(self)
 
 
-def threshold_for(dtype: str) -> float:
-    """The relative-error limit for `bf16`, `fp16` or `fp32`."""
+def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
+    """The relative-error limit for `bf16`, `fp16` or `fp32` in `limits` (the output's by default)."""
     try:
-        return THRESHOLDS[dtype]
+        return limits[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(THRESHOLDS)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(limits)}") from None
 
 
 def reference_attention(q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None,
-                        device: Any = "cpu") -> Any:
+                        device: Any = "cpu", differentiable: bool = False) -> Any:
     """Softmax(q·kᵀ/√D)·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
     GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
     Causal masking is top-left aligned (query i sees keys 0..i). `q_rows` (1-D indices)
-    computes only those query rows, each against all the keys it may see.
+    computes only those query rows, each against all the keys it may see. `differentiable`
+    keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
     """
     import torch
 
-    q, k, v = (t.detach().to(device=device, dtype=torch.float64) for t in (q, k, v))
+    q, k, v = (t if differentiable else t.detach() for t in (q, k, v))
+    q, k, v = (t.to(device=device, dtype=torch.float64) for t in (q, k, v))
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"query heads {heads} are not a multiple of key/value heads {kv_heads}")
@@ -129,6 +131,8 @@ def _spaced(n: int, count: int) -> list[int]:
     """Up to `count` evenly spaced indices in [0, n), first and last included."""
     if n <= count:
         return list(range(n))
+    if count == 1:
+        return [0]
     return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
 
 

@@ -26,6 +26,8 @@ class ProfileRun:
 def trace_file_name(variant: str, spec: RunSpec) -> str:
     """A file name that carries the cell's parameters and a timestamp, so runs accumulate."""
     mode = "causal" if spec.causal else "full"
+    if spec.backward:
+        mode += f"_{spec.mode}"
     device = spec.device.replace(":", "")
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
     raw = f"{variant}_{spec.shape_label}_{spec.dtype}_{mode}_{device}_{stamp}.json.gz"
@@ -49,7 +51,8 @@ def profile_forward(
     trace_path: Path,
     row_limit: int = 15,
 ) -> ProfileRun:
-    """Profile `forward` (a no-argument closure) under the schedule, each call in a `region` range.
+    """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
+    schedule, each call in a `region` range.
 
     CPU and CUDA activities on a GPU, CPU alone elsewhere. Only the active steps are recorded;
     the trace is written as gzipped Chrome JSON (Perfetto opens it).

@@ -38,6 +38,24 @@ def _clock(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.clock, attr) if r.clock is not None else None
 
 
+def _grad_error(name: str) -> Callable[[CellResult], Any]:
+    return lambda r: r.grad_check.rel_errors.get(name) if r.grad_check is not None else None
+
+
+def _scope(r: CellResult) -> str | None:
+    """The forward check's scope, and in the backward modes the gradients' after it."""
+    if r.check is None or r.grad_check is None:
+        return r.check.scope if r.check is not None else None
+    return f"output: {r.check.scope}; gradients: {r.grad_check.scope}"
+
+
+def _flops_convention(r: CellResult) -> str | None:
+    """How the row's FLOPs (`tflops`) were counted; None when there is no FLOP figure."""
+    from attnprof.analysis.roofline import flops_convention
+
+    return flops_convention(r.spec) if r.throughput is not None else None
+
+
 def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
     return lambda r: None if (value := read(r)) is None else round(value, 3)
 
@@ -55,6 +73,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("dtype", lambda r: r.spec.dtype),
     ("device", lambda r: r.spec.device),
     ("causal", lambda r: r.spec.causal),
+    ("mode", lambda r: r.spec.mode),
     ("status", _status),
     ("reason", lambda r: r.reason),
     ("forwards", _analysis("forwards")),
@@ -82,7 +101,10 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("bound", _throughput("bound")),
     ("peak_memory_mib", lambda r: r.memory_mib),
     ("rel_error", _check("rel_error")),
-    ("passed", _check("passed")),
+    ("passed", lambda r: r.passed),
+    ("grad_rel_error_dq", _grad_error("dq")),
+    ("grad_rel_error_dk", _grad_error("dk")),
+    ("grad_rel_error_dv", _grad_error("dv")),
     ("nan_on_fully_masked", lambda r: r.nan_on_fully_masked),
     ("sm_clock_mhz", _clock("sm_mhz")),
     ("sm_clock_min_mhz", _clock("min_sm_mhz")),
@@ -95,7 +117,9 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("warmup_reps", _timing("warmup_reps")),
     ("forwards_per_sample", _timing("forwards_per_sample")),
     ("rel_error_threshold", _check("threshold")),
-    ("correctness_scope", _check("scope")),
+    ("grad_rel_error_threshold", lambda r: r.grad_check.threshold if r.grad_check is not None else None),
+    ("correctness_scope", _scope),
+    ("flops_convention", _flops_convention),
     ("speedup_vs_baseline", lambda r: r.speedup_vs_baseline),
     ("speedup_reliable", lambda r: r.speedup_reliable),
     ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
@@ -110,8 +134,10 @@ def csv_row(result: CellResult) -> dict[str, Any]:
 
 
 def json_entry(result: CellResult) -> dict[str, Any]:
-    """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread."""
+    """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
+    and `grad_rel_error` as {dq, dk, dv} (None outside the backward modes)."""
     entry = csv_row(result)
+    entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["finding_ids"] = entry["findings"]
     entry["findings"] = analysis.get("findings", [])

@@ -144,21 +144,40 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
     body = []
     for entry in results:
         if entry.get("forwards") is None:
-            body.append([entry["variant"], entry["shape"], "", "", "",
+            body.append([entry["variant"], _shape_mode(entry), "", "", "",
                          _status_word(entry) if fitted else entry["status"]])
             continue
         findings = entry.get("findings", [])
         revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
-        body.append([entry["variant"], entry["shape"], fmt_count(entry.get("kernels_per_forward")),
+        body.append([entry["variant"], _shape_mode(entry), fmt_count(entry.get("kernels_per_forward")),
                      fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")),
                      revealed or "nothing unusual"])
     if not fitted:
         return table(GLANCE_COLUMNS, body, fmt)
     columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
-    shapes = len({entry["shape"] for entry in results})
-    messages = [f"{e['variant']}{' @ ' + e['shape'] if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+    shapes = len({_shape_mode(entry) for entry in results})
+    messages = [f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
                 for e in results for f in e.get("findings", [])]
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
+
+
+def cell_title(row: dict[str, Any]) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row."""
+    mode = row.get("mode") or "fwd"
+    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {row['device']}"
+
+
+def _shape_mode(entry: dict[str, Any]) -> str:
+    """The shape, with the mode after it when it is not the default `fwd`."""
+    mode = entry.get("mode") or "fwd"
+    return entry["shape"] if mode == "fwd" else f"{entry['shape']} {mode}"
+
+
+def _grad_errors(row: dict[str, Any]) -> str:
+    errors = [row.get(f"grad_rel_error_{name}") for name in ("dq", "dk", "dv")]
+    if all(e is None for e in errors):
+        return "n/a"
+    return ", ".join(f"{name} {_error(e)}" for name, e in zip(("dq", "dk", "dv"), errors, strict=True))
 
 
 def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
@@ -166,10 +185,9 @@ def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None
     heading = "###" if fmt == "markdown" else "=="
     width = limit(width, fmt)
     parts = []
-    for shape in dict.fromkeys(e["shape"] for e in entries):
-        rows = [e for e in entries if e["shape"] == shape]
-        first = rows[0]
-        title = f"{shape} {first['dtype']} {'causal' if first['causal'] else 'full'} on {first['device']}"
+    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
+        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
+        title = cell_title(rows[0])
         if baseline:
             title += f", speed-up vs {baseline}"
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
@@ -181,7 +199,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
     """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it)."""
     items = [
         ("variant", f"{row['variant']} ({row['source']})"),
-        ("shape", f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} on {row['device']}"),
+        ("shape", cell_title(row)),
         ("status", row["status"]),
         ("backend dispatched", row.get("backend") or "n/a"),
         ("latency (µs, median ± IQR)", _latency(row, say_retimed=True)),
@@ -194,6 +212,8 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
     ]
+    if (row.get("mode") or "fwd") != "fwd":
+        items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
 
 

@@ -34,6 +34,7 @@ class Interface:
     module: str
     attr: str = "flash_attn_func"
     min_capability: int = 8  # major compute capability the kernels need
+    backward_capabilities: tuple[int, ...] | None = None  # majors with a backward kernel; None: all above
 
     def load(self) -> Callable[..., Any]:
         """Import the module and return its function (raises what the import raises)."""
@@ -41,7 +42,8 @@ class Interface:
 
 
 INTERFACES = (
-    Interface("FA4 (flash_attn.cute)", "flash_attn.cute", min_capability=8),
+    # FA4's backward (flash_attn/cute/interface.py `_flash_attn_bwd`) asserts compute capability 9.x or 10.x.
+    Interface("FA4 (flash_attn.cute)", "flash_attn.cute", min_capability=8, backward_capabilities=(9, 10)),
     Interface("FA3 (flash_attn_interface)", "flash_attn_interface", min_capability=9),
     Interface("FA2 (flash_attn)", "flash_attn", min_capability=8),
 )
@@ -152,7 +154,19 @@ def check(spec: RunSpec) -> str | None:
         if major < found.interface.min_capability:
             return (f"{found.label} needs compute capability {found.interface.min_capability}.0 "
                     f"or newer (got {major}.{minor})")
+        return backward_missing(found.interface, spec, (major, minor))
     return None
+
+
+def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int, int]) -> str | None:
+    """Why `interface` cannot run the backward of `spec` (its mode bwd or fwd+bwd) on a GPU of
+    `capability`, or None (also for the fwd mode)."""
+    allowed = interface.backward_capabilities
+    if not spec.backward or allowed is None or capability[0] in allowed:
+        return None
+    majors = " or ".join(f"{m}.x" for m in allowed)
+    return (f"no backward: {interface.label} has a backward kernel for compute capability {majors} only "
+            f"(got {capability[0]}.{capability[1]})")
 
 
 def setup(spec: RunSpec) -> FlashState:
@@ -184,6 +198,7 @@ def make_variant() -> Variant:
         check=check,
         setup=setup,
         layout="bshd",
+        has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
     )
 
 
