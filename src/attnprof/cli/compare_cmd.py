@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, execute
+from attnprof.cli.execute import config_from_options, execute, note_outputs
 from attnprof.cli.options import shared_options
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ def compare_command(config: c.ConfigArg = None, variants: PatternsOpt = None, ex
     device = resolve_torch_device(cfg.device)
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
     _print(outcome, fmt, cfg.baseline)
+    note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -62,4 +63,3 @@ def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None) -> 
         c.emit(shape_table(rows, fmt.value))
     c.emit(f"\n{heading} at a glance\n")
     c.emit(glance_table(entries, fmt.value))
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}; traces in {outcome.files[0].parent}")

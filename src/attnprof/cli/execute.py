@@ -3,6 +3,7 @@ stderr, and write the results (through the pipeline)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +26,12 @@ def config_from_options(path: Path | None, overrides: dict[str, Any], **more: An
 
 def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
             measure: "MeasureOptions") -> "RunOutcome":
-    """Run the cells with a progress display on stderr and write JSON and CSV."""
+    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.pipeline import device_ceiling, ensure_output_dir, finish_run, run_cells
+    from attnprof.pipeline import device_ceiling, finish_run, open_run_folder, run_cells
 
-    ensure_output_dir(Path(config.output_dir))
+    folder = open_run_folder(Path(config.output_dir), command)
     ceiling = None
     if measure.timing:
         note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
@@ -50,7 +51,18 @@ def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
             if not result.ok:
                 note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
 
-        results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
+        results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
-    return finish_run(command, config, device, results, ceiling, interrupted)
+    return finish_run(command, config, device, results, ceiling, interrupted, folder)
+
+
+def note_outputs(outcome: RunOutcome) -> None:
+    """Say on stderr, in every format, where the results and traces went and what opens a trace."""
+    folder, traces = outcome.folder, outcome.traces
+    note(f"results: {folder.results_json} and {folder.results_csv.name}")
+    if not traces:
+        note(f"traces: none written (folder {folder.traces})")
+        return
+    where = str(traces[0]) if len(traces) == 1 else f"{len(traces)} files in {folder.traces}{os.sep}"
+    note(f"traces: {where} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)")

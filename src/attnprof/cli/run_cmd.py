@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, execute
+from attnprof.cli.execute import config_from_options, execute, note_outputs
 from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
 
@@ -35,6 +35,7 @@ def run_command(variant: VariantOpt, config: c.ConfigOpt = None, fmt: c.FormatOp
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
     outcome = execute("run", cfg, cells, device, measure)
     _print(outcome, fmt)
+    note_outputs(outcome)
     failed = [r for r in outcome.results if r.status == "failed"]
     if failed:
         c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
@@ -68,4 +69,3 @@ def _print(outcome: "RunOutcome", fmt: c.OutputFormat) -> None:
         if result.key_averages_table:
             c.emit("\ntorch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):")
             c.emit(result.key_averages_table if style == "table" else f"```\n{result.key_averages_table}\n```")
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}")

@@ -47,10 +47,11 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
 
 
 def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions,
-             ceiling: Any = None) -> CellResult:
+             ceiling: Any = None, trace_dir: Path | None = None) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
 
-    `ceiling` is the device's measured `Ceiling` (None: no throughput figures).
+    `ceiling` is the device's measured `Ceiling` (None: no throughput figures); the trace goes into
+    `trace_dir` (default: the config's output directory).
     """
     result = CellResult(variant=variant.name, source=variant.source, spec=spec)
     if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
@@ -61,7 +62,7 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
         result.status, result.reason = "skipped", reason
         return result
     try:
-        _measure(variant, spec, config, measure, result)
+        _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
         _analyse(result, config.region, ceiling)
         if result.check is not None and not result.check.passed:
             raise VariantFailure(result.check.reason or "output does not match the float64 reference")
@@ -74,7 +75,8 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
     return result
 
 
-def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult) -> None:
+def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult,
+             trace_dir: Path) -> None:
     """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking."""
     import torch
 
@@ -104,7 +106,7 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
                 _warm_up(forward, spec)
         with phase(result, "profile"), guard("forward", variant):
             run = profile_forward(forward, spec, config.schedule, config.region,
-                                  Path(config.output_dir) / trace_file_name(variant.name, spec))
+                                  trace_dir / trace_file_name(variant.name, spec))
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from attnprof.config import Schedule
+from attnprof.files import create_new
 from attnprof.registry import RunSpec
 
 
@@ -24,11 +25,11 @@ class ProfileRun:
 
 
 def trace_file_name(variant: str, spec: RunSpec) -> str:
-    """A file name that carries the cell's parameters and a timestamp, so runs accumulate."""
+    """A file name that carries the cell's parameters; a second trace of the same cell in one folder gets
+    `-2` before the extension (see `profile_forward`), so nothing is overwritten."""
     mode = "causal" if spec.causal else "full"
     device = spec.device.replace(":", "")
-    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
-    raw = f"{variant}_{spec.shape_label}_{spec.dtype}_{mode}_{device}_{stamp}.json.gz"
+    raw = f"{variant}_{spec.shape_label}_{spec.dtype}_{mode}_{device}.json.gz"
     return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)
 
 
@@ -52,7 +53,9 @@ def profile_forward(
     """Profile `forward` (a no-argument closure) under the schedule, each call in a `region` range.
 
     CPU and CUDA activities on a GPU, CPU alone elsewhere. Only the active steps are recorded;
-    the trace is written as gzipped Chrome JSON (Perfetto opens it).
+    the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
+    an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
+    written).
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -74,7 +77,7 @@ def profile_forward(
                     torch.cuda.synchronize(spec.device)  # the last step's kernels must land before the stop
                 prof.step()
     started = time.perf_counter()
-    prof.export_chrome_trace(str(trace_path))
+    trace_path = create_new(trace_path, lambda path: prof.export_chrome_trace(str(path)), numbered=True)
     events = prof.key_averages()
     table = events.table(sort_by=_sort_key(events, spec.device_type), row_limit=row_limit)
     export_s = time.perf_counter() - started
