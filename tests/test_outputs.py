@@ -1,21 +1,26 @@
-"""Where the outputs go: one folder per invocation, files that are created whole and never overwritten,
-and the paths on stderr and in the JSON."""
+"""Where the outputs go and what reaches the terminal: one folder per invocation, files that are created
+whole and never overwritten, the paths on stderr and in the JSON, and a stderr free of the profiler's
+native lines and of Python warnings (kept on the result, shown with --debug)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from attnprof.config import Config
+from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.errors import OutputError
 from attnprof.files import create_new, unique_dir
-from attnprof.pipeline import finish_run, open_run_folder
+from attnprof.pipeline import finish_run, open_run_folder, run_cell
 from attnprof.plugins import load_variants
+from attnprof.profiling.profiler import NativeStderr, profile_forward
 from attnprof.registry import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +118,110 @@ def test_every_format_says_where_the_results_went(cli, write_config, fmt: str) -
     assert result.exit_code == 0, result.output
     assert "results: " in result.stderr and "-run" + os.sep + "results.json and results.csv" in result.stderr
     assert "results:" not in result.stdout
+
+
+# --- stderr: no native profiler lines, no warnings; --debug shows them ------------------------
+
+def test_native_stderr_is_captured_at_the_descriptor_and_restored(capfd) -> None:
+    native = NativeStderr()
+    for line in (b"USDT: profiler_start\n", b"\n", b"USDT: profiler_stop\n"):
+        with native.capture():
+            os.write(2, line)
+    os.write(2, b"after\n")
+    assert native.lines() == ["USDT: profiler_start", "USDT: profiler_stop"]
+    assert capfd.readouterr().err == "after\n"
+
+
+def test_profile_forward_keeps_the_profilers_lines_off_the_terminal(capfd, tmp_path: Path) -> None:
+    import torch
+
+    q = torch.randn(1, 2, 8, 4)
+    run = profile_forward(lambda: q @ q.transpose(-1, -2), SPEC, Schedule(wait=1, warmup=1, active=2), "r",
+                          tmp_path / "t.json.gz")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "USDT" not in err, err
+    assert run.trace_path == tmp_path / "t.json.gz" and run.trace_path.stat().st_size > 0
+    assert all("profiler_st" in line for line in run.native_stderr if "USDT" in line)
+
+
+def test_numpy_is_declared() -> None:
+    """Without numpy, importing torch warns "Failed to initialize NumPy" on every run."""
+    text = (ROOT / "pyproject.toml").read_text()
+    dependencies = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL).group(1)
+    assert re.search(r'^\s*"numpy[><=~ ]', dependencies, re.MULTILINE), dependencies
+
+
+@pytest.mark.slow
+def test_a_default_compare_leaves_stderr_clean(write_config, tmp_path: Path) -> None:
+    plain = attnprof("compare", str(write_config(variants=["naive", "sdpa-math"])), "--no-timing", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    for noise in ("USDT", "profiler_start", "Failed to initialize NumPy", "Warning:", "Traceback"):
+        assert noise not in plain.stderr, plain.stderr
+    assert "results: " in plain.stderr
+
+
+def test_debug_shows_the_profilers_captured_lines(cli, write_config) -> None:
+    import torch
+    from torch.profiler import profile
+
+    probe = NativeStderr()
+    with probe.capture(), profile():
+        torch.ones(1)
+    result = cli("--debug", "compare", str(write_config(variants=["naive"])), "--no-timing")
+    assert result.exit_code == 0, result.output
+    captured = [line for line in result.stderr.splitlines() if ": profiler stderr: " in line]
+    if probe.lines():  # this torch prints on stderr when its profiler starts: --debug shows those lines
+        assert captured and all(line.startswith("  naive @ 1x2x32x16: profiler stderr: ") for line in captured)
+    else:
+        assert not captured
+
+
+# --- Python warnings: kept on the result; a pinned backend's refusal is the skip reason ---------
+
+def test_a_refusing_sdpa_backend_is_skipped_with_the_warnings_reasons(tmp_path: Path) -> None:
+    import torch
+
+    flash = builtin("sdpa-flash")
+
+    def wider_values(q, k, v, causal, state):  # flash needs q, k and v of one head_dim
+        return flash.forward(q, k, torch.cat([v, v], dim=-1), causal, state)
+
+    config = Config(device="cpu", dtype="fp32", shapes=[SHAPE], output_dir=tmp_path)
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always")
+        result = run_cell(replace(flash, forward=wider_values), SPEC, config, MeasureOptions(min_time_s=0.02))
+    assert result.status == "skipped"
+    assert result.reason.startswith("Flash attention kernel not used because: Flash attention requires q,k,v "
+                                    "to have the same last dimension"), result.reason
+    assert "\n" not in result.reason and "Triggered internally" not in result.reason
+    assert any("Flash attention kernel not used because" in w for w in result.warnings)
+    assert not outside  # nothing reached the warnings machinery outside the cell
+
+
+def test_a_variants_warnings_are_kept_on_its_result(tmp_path: Path) -> None:
+    def chatty(q, k, v, causal, state):
+        warnings.warn("this kernel is experimental", UserWarning, stacklevel=1)
+        return builtin("naive").forward(q, k, v, causal, state)
+
+    config = Config(device="cpu", dtype="fp32", shapes=[SHAPE], schedule=Schedule(wait=0, warmup=1, active=2),
+                    output_dir=tmp_path)
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always")
+        result = run_cell(replace(builtin("naive"), forward=chatty), SPEC, config, MeasureOptions(timing=False))
+    assert result.ok, result.reason
+    [line] = [w for w in result.warnings if "experimental" in w]
+    assert line.startswith("UserWarning: this kernel is experimental (test_outputs.py:")
+    assert not outside
+
+
+def test_debug_shows_captured_lines(cli, write_config, monkeypatch) -> None:
+    def chatty(q, k, v, causal, state):
+        warnings.warn("this kernel is experimental", UserWarning, stacklevel=1)
+        return q
+
+    monkeypatch.setattr(load_variants(no_plugins=False).registry.get("sdpa-math"), "forward", chatty)
+    config = str(write_config(variants=["sdpa-math"]))
+    quiet = cli("compare", config, "--no-timing")
+    assert "experimental" not in quiet.output
+    loud = cli("--debug", "compare", config, "--no-timing")
+    assert "  sdpa-math @ 1x2x32x16: warning: UserWarning: this kernel is experimental (test_outputs.py:" in loud.stderr

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,6 +48,23 @@ def stderr_console() -> Any:
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+@contextmanager
+def terminal_console() -> Iterator[Any]:
+    """A rich console on a duplicate of file descriptor 2, for a progress display: it keeps reaching the
+    terminal while the profiler's native stderr is captured (descriptor 2 sent to a file)."""
+    from rich.console import Console
+
+    try:
+        stream = os.fdopen(os.dup(sys.stderr.fileno()), "w")
+    except (AttributeError, OSError, ValueError):  # no real stderr (a test runner's): the plain console
+        yield stderr_console()
+        return
+    try:
+        yield Console(file=stream)
+    finally:
+        stream.close()
 
 
 def emit(text: str) -> None:

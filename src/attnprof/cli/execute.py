@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnprof.cli.common import note, stderr_console
+from attnprof.cli.common import STATE, note, terminal_console
 from attnprof.cli.options import config_changes
 from attnprof.cli.settings import build_config
 
@@ -24,8 +24,8 @@ def config_from_options(path: Path | None, overrides: dict[str, Any], **more: An
     return build_config(path, **config_changes(overrides), **more)
 
 
-def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
-            measure: "MeasureOptions") -> "RunOutcome":
+def execute(command: str, config: Config, cells: list[Cell], device: str,
+            measure: MeasureOptions) -> RunOutcome:
     """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -36,25 +36,36 @@ def execute(command: str, config: "Config", cells: "list[Cell]", device: str,
     if measure.timing:
         note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
         ceiling = device_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
-    console = stderr_console()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
+    with terminal_console() as console, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("starting", total=len(cells))
 
-        def on_start(index: int, total: int, variant: "Variant", spec: "RunSpec") -> None:
+        def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
             progress.update(task, description=f"{variant.name} @ {spec.shape_label}")
             if not console.is_terminal:
                 note(f"[{index + 1}/{total}] {variant.name} @ {spec.shape_label} {spec.dtype} on {spec.device}")
 
-        def on_done(result: "CellResult") -> None:
+        def on_done(result: CellResult) -> None:
             progress.advance(task)
             if not result.ok:
                 note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
+            if STATE.debug:
+                note_captured(result)
 
         results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
     return finish_run(command, config, device, results, ceiling, interrupted, folder)
+
+
+def note_captured(result: CellResult) -> None:
+    """With --debug: the profiler's native stderr and the Python warnings captured during a cell."""
+    where = f"  {result.variant} @ {result.spec.shape_label}"
+    for line in result.native_stderr:
+        note(f"{where}: profiler stderr: {line}")
+    for line in result.warnings:
+        note(f"{where}: warning: {line}")
 
 
 def note_outputs(outcome: RunOutcome) -> None:

@@ -2,19 +2,27 @@
 
 A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
 whole run (device, output directory) raise. Each stage runs under `phase` (its wall time goes
-into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure).
+into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure). Python warnings raised during the cell are kept
+on the result (`warnings`), as is the profiler's native stderr (`native_stderr`), never printed.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from attnprof.config import Config, MeasureOptions
-from attnprof.errors import AttnprofError, TraceError, VariantFailure, VariantUnavailableError, one_line
+from attnprof.errors import (
+    AttnprofError,
+    TraceError,
+    VariantFailure,
+    VariantUnavailableError,
+    one_line,
+)
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Throughput
 
@@ -61,18 +69,27 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
     if reason:
         result.status, result.reason = "skipped", reason
         return result
-    try:
-        _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
-        _analyse(result, config.region, ceiling)
-        if result.check is not None and not result.check.passed:
-            raise VariantFailure(result.check.reason or "output does not match the float64 reference")
-    except VariantUnavailableError as exc:
-        result.status, result.reason = "skipped", exc.message
-    except VariantFailure as exc:
-        result.status, result.reason = "failed", exc.message
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
+        try:
+            _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
+            _analyse(result, config.region, ceiling)
+            if result.check is not None and not result.check.passed:
+                raise VariantFailure(result.check.reason or "output does not match the float64 reference")
+        except VariantUnavailableError as exc:
+            result.status, result.reason = "skipped", exc.message
+        except VariantFailure as exc:
+            result.status, result.reason = "failed", exc.message
+    result.warnings = warning_lines(caught)
     if not result.ok and spec.device_type == "cuda":
         _release()  # a failed cell (OOM above all) may leave memory the next cell needs
     return result
+
+
+def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
+    """`Category: first line of the message (file:line)` for each distinct recorded warning, in order."""
+    lines = (f"{w.category.__name__}: {one_line(w.message, with_type=False)} ({Path(w.filename).name}:{w.lineno})"
+             for w in caught)
+    return list(dict.fromkeys(lines))
 
 
 def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult,
@@ -110,6 +127,7 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
+        result.native_stderr = run.native_stderr
         with phase(result, "correctness"), guard("correctness check", variant):
             out, q_, k_, v_ = (to_bhsd(t, variant.layout) for t in (run.output, q, k, v))
             result.check = correctness.check_against_reference(out, q_, k_, v_, spec.causal, spec.dtype)
