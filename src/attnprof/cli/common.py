@@ -16,6 +16,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from attnprof.errors import AttnprofError
+from attnprof.interrupts import interrupt_requested, recording_interrupts
 
 
 class OutputFormat(str, Enum):
@@ -91,13 +92,23 @@ def fail(message: str, hint: str | None = None, code: int = 1, as_json: bool = F
 
 
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn attnprof errors into one-line messages; anything else too, unless --debug."""
+    """Turn attnprof errors into one-line messages; anything else too, unless --debug. Ctrl-C at any
+    moment of the command ends it with exit 130, even when something swallowed the KeyboardInterrupt."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = getattr(kwargs.get("fmt"), "value", None) == "json"
         try:
-            return command(*args, **kwargs)
+            with recording_interrupts():  # Ctrl-C is remembered even where torch or CPython swallows it
+                try:
+                    result = command(*args, **kwargs)
+                except typer.Exit as done:
+                    if interrupt_requested() and done.exit_code != 130:
+                        raise KeyboardInterrupt from None
+                    raise
+                if interrupt_requested():
+                    raise KeyboardInterrupt
+                return result
         except (typer.Exit, typer.Abort):
             raise
         except AttnprofError as exc:

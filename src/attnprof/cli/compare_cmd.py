@@ -52,6 +52,8 @@ def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None) -> 
         c.emit(to_json(outcome.document))
         return
     entries = outcome.document["results"]
+    if not entries:  # interrupted before the first cell finished: nothing to tabulate
+        return
     heading = "###" if fmt is c.OutputFormat.markdown else "=="
     for shape in dict.fromkeys(e["shape"] for e in entries):
         rows = [e for e in entries if e["shape"] == shape]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from attnprof.cli.common import STATE, note, terminal_console
 from attnprof.cli.options import config_changes
 from attnprof.cli.settings import build_config
+from attnprof.interrupts import raise_if_interrupted
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
@@ -26,16 +27,26 @@ def config_from_options(path: Path | None, overrides: dict[str, Any], **more: An
 
 def execute(command: str, config: Config, cells: list[Cell], device: str,
             measure: MeasureOptions) -> RunOutcome:
-    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder."""
+    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
+
+    Ctrl-C at any point after the folder exists ends the run with the finished cells written.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from attnprof.pipeline import device_ceiling, finish_run, open_run_folder, run_cells
 
     folder = open_run_folder(Path(config.output_dir), command)
     ceiling = None
-    if measure.timing:
-        note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
-        ceiling = device_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
+    results: list[CellResult] = []
+    interrupted = False
+    try:
+        raise_if_interrupted()  # Ctrl-C that something swallowed before the run began
+        if measure.timing:
+            note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached "
+                 "(--refresh-ceiling measures again)")
+            ceiling = device_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
+    except KeyboardInterrupt:
+        interrupted = True
     with terminal_console() as console, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -53,7 +64,8 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
             if STATE.debug:
                 note_captured(result)
 
-        results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
+        if not interrupted:
+            results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
     return finish_run(command, config, device, results, ceiling, interrupted, folder)

@@ -1,8 +1,9 @@
 """One cell, top to bottom: inputs, timing, the profiled loop, correctness, memory, then the trace analysis.
 
 A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
-whole run (device, output directory) raise. Each stage runs under `phase` (its wall time goes
-into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure). Python warnings raised during the cell are kept
+whole run (device, output directory) and Ctrl-C raise. Each stage runs under `phase` (its wall
+time goes into `phases_s`) and `guard` (any exception of the variant's becomes a one-line
+failure; after Ctrl-C, KeyboardInterrupt again). Python warnings raised during the cell are kept
 on the result (`warnings`), as is the profiler's native stderr (`native_stderr`), never printed.
 """
 
@@ -23,6 +24,7 @@ from attnprof.errors import (
     VariantUnavailableError,
     one_line,
 )
+from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Throughput
 
@@ -40,18 +42,27 @@ def phase(result: CellResult, name: str) -> Iterator[None]:
 @contextmanager
 def guard(stage: str, variant: Variant) -> Iterator[None]:
     """Turn any exception of the variant's inside the block into a one-line VariantFailure
-    (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through."""
+    (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through.
+
+    Once Ctrl-C has happened (see `attnprof.interrupts`), the block ends in KeyboardInterrupt
+    whether it raised something else (torch swallowed the interrupt) or nothing at all.
+    """
     try:
         yield
-    except (AttnprofError, KeyboardInterrupt):
+    except KeyboardInterrupt:
         raise
     except Exception as exc:
+        if caused_by_interrupt(exc):
+            raise KeyboardInterrupt from None
+        if isinstance(exc, AttnprofError):
+            raise
         from attnprof.profiling.memory import is_oom, oom_failure
 
         if is_oom(exc):
             raise oom_failure(exc) from None
         who = "" if variant.source == "built-in" else f" (plugin {variant.source})"
         raise VariantFailure(f"{stage} raised {type(exc).__name__}{who}: {one_line(exc, with_type=False)}") from None
+    raise_if_interrupted()
 
 
 def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions,

@@ -16,6 +16,11 @@ from typing import Any
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import OutputError
 from attnprof.files import unique_dir
+from attnprof.interrupts import (
+    interrupt_requested,
+    raise_if_interrupted,
+    recording_interrupts,
+)
 from attnprof.pipeline.cell import run_cell
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, attach_speedups
@@ -132,26 +137,30 @@ def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceilin
               trace_dir: Path | None = None) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
-    On CUDA with timing and clocks on, nvidia-smi samples the SM clock throughout, and each
-    timed result gets the clock of its own timing window. Speed-ups against the config's
-    baseline are set on the results at the end. Traces go into `trace_dir` (default: the
-    config's output directory).
+    Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
+    and the cell ended some other way; the finished cells are kept. On CUDA with timing and
+    clocks on, nvidia-smi samples the SM clock throughout, and each timed result gets the clock
+    of its own timing window. Speed-ups against the config's baseline are set at the end.
+    Traces go into `trace_dir` (default: the config's output directory).
     """
     results: list[CellResult] = []
-    sampler = _clock_sampler(cells, measure)
     interrupted = False
+    sampler = _clock_sampler(cells, measure)
     try:
-        for index, (variant, spec) in enumerate(cells):
-            if on_start:
-                on_start(index, len(cells), variant, spec)
+        with recording_interrupts():
             try:
-                result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                for index, (variant, spec) in enumerate(cells):
+                    raise_if_interrupted()  # also one recorded before the cells, and swallowed since
+                    if on_start:
+                        on_start(index, len(cells), variant, spec)
+                    result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                    if interrupt_requested():
+                        raise KeyboardInterrupt
+                    results.append(result)
+                    if on_done:
+                        on_done(result)
             except KeyboardInterrupt:
                 interrupted = True
-                break
-            results.append(result)
-            if on_done:
-                on_done(result)
     finally:
         if sampler is not None:
             attach_clocks(results, sampler.device, sampler.stop())
