@@ -87,11 +87,11 @@ def test_run_profiles_one_variant(cli, write_config, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "kernels / forward" in result.output and "latency (µs, median ± IQR)" in result.output
     assert "key_averages" in result.output and "attnprof" in result.output
-    traces = list((tmp_path / "out").glob("inplace_1x2x32x16_fp32_causal_cpu_*.json.gz"))
-    assert len(traces) == 1
+    [trace] = (tmp_path / "out").glob("*-run/traces/inplace_1x2x32x16_fp32_causal_cpu.json.gz")
+    assert f"traces: {trace} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)" in result.stderr
     again = cli("run", "--variant", "inplace", "--config", str(write_config()), *FAST)
     assert again.exit_code == 0
-    assert len(list((tmp_path / "out").glob("inplace_*.json.gz"))) == 2  # runs accumulate
+    assert len(list((tmp_path / "out").glob("*-run*/traces/inplace_*.json.gz"))) == 2  # each run has its folder
 
 
 def test_run_json_stdout_is_only_json(cli, write_config) -> None:
@@ -121,9 +121,9 @@ def test_compare_writes_tables_json_and_csv(cli, write_config, tmp_path: Path) -
     assert result.exit_code == 0, result.output
     assert "speed-up vs sdpa-math" in result.output
     assert "at a glance" in result.output
-    out = tmp_path / "out"
-    [json_file] = out.glob("compare-*.json")
-    [csv_file] = out.glob("compare-*.csv")
+    [folder] = (tmp_path / "out").glob("*-compare")
+    json_file, csv_file = folder / "results.json", folder / "results.csv"
+    assert len(list((folder / "traces").glob("*.json.gz"))) == 3
     document = json.loads(json_file.read_text())
     assert [r["variant"] for r in document["results"]] == ["naive", "inplace", "sdpa-math"]
     baseline = next(r for r in document["results"] if r["variant"] == "sdpa-math")
@@ -255,7 +255,7 @@ def test_ctrl_c_keeps_finished_cells(cli, write_config, monkeypatch, tmp_path: P
     monkeypatch.setattr(load_variants(no_plugins=False).registry.get("inplace"), "forward", interrupt)
     result = cli("compare", str(write_config()), "--no-timing")
     assert result.exit_code == 130
-    [json_file] = (tmp_path / "out").glob("compare-*.json")
+    [json_file] = (tmp_path / "out").glob("*-compare/results.json")
     document = json.loads(json_file.read_text())
     assert document["interrupted"] is True
     assert [r["variant"] for r in document["results"]] == ["naive"]
@@ -319,7 +319,7 @@ def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason
             and "measured again: 1e-09 TFLOP/s; still beaten by sdpa-math @ 1x2x32x16: % of peak is n/a there"
             in result.stderr), result.stderr
     assert "n/a: the fp32 matmul on cpu (1e-09 TFLOP/s) is slower than this attention (" in result.stdout
-    [json_file] = (tmp_path / "out").glob("run-*.json")
+    [json_file] = (tmp_path / "out").glob("*-run/results.json")
     [row] = json.loads(json_file.read_text())["results"]
     assert row["pct_of_peak"] is None and row["bound"] is None and row["tflops"] > 1e-9
     assert row["pct_of_peak_note"].endswith("TFLOP/s): no ceiling")
@@ -332,7 +332,7 @@ def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> No
     assert result.exit_code == 0, result.output
     reason = "no meaningful bf16 matmul ceiling on CPU (attention there computes in fp32)"
     assert f"% of peak is n/a: {reason}" in result.stderr and "cached on" not in result.stderr
-    [json_file] = (tmp_path / "out").glob("compare-*.json")
+    [json_file] = (tmp_path / "out").glob("*-compare/results.json")
     document = json.loads(json_file.read_text())
     assert document["ceiling"]["source"] == "none" and document["ceiling"]["tflops"] is None
     [row] = document["results"]
@@ -344,7 +344,7 @@ def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> No
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
-    import attnprof.pipeline as pipeline
+    from attnprof import pipeline
 
     seen = []
     real = pipeline.run_cells

@@ -71,6 +71,8 @@ class CellResult:
     key_averages_table: str | None = None
     phases_s: dict[str, float] = field(default_factory=dict)
     timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
+    warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
+    native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
 
     @property
     def ok(self) -> bool:

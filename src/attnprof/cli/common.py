@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from attnprof.errors import AttnprofError, ConfigError
+from attnprof.interrupts import interrupt_requested, recording_interrupts
 
 
 class OutputFormat(str, Enum):
@@ -77,6 +81,23 @@ def stderr_console() -> Any:
     return Console(stderr=True)
 
 
+@contextmanager
+def terminal_console() -> Iterator[Any]:
+    """A rich console on a duplicate of file descriptor 2, for a progress display: it keeps reaching the
+    terminal while the profiler's native stderr is captured (descriptor 2 sent to a file)."""
+    from rich.console import Console
+
+    try:
+        stream = os.fdopen(os.dup(sys.stderr.fileno()), "w")
+    except (AttributeError, OSError, ValueError):  # no real stderr (a test runner's): the plain console
+        yield stderr_console()
+        return
+    try:
+        yield Console(file=stream)
+    finally:
+        stream.close()
+
+
 def emit(text: str) -> None:
     """Write a result to stdout."""
     typer.echo(text)
@@ -101,13 +122,23 @@ def fail(message: str, hint: str | None = None, code: int = 1, as_json: bool = F
 
 
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn attnprof errors into one-line messages; anything else too, unless --debug."""
+    """Turn attnprof errors into one-line messages; anything else too, unless --debug. Ctrl-C at any
+    moment of the command ends it with exit 130, even when something swallowed the KeyboardInterrupt."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = getattr(kwargs.get("fmt"), "value", None) == "json"
         try:
-            return command(*args, **kwargs)
+            with recording_interrupts():  # Ctrl-C is remembered even where torch or CPython swallows it
+                try:
+                    result = command(*args, **kwargs)
+                except typer.Exit as done:
+                    if interrupt_requested() and done.exit_code != 130:
+                        raise KeyboardInterrupt from None
+                    raise
+                if interrupt_requested():
+                    raise KeyboardInterrupt
+                return result
         except (typer.Exit, typer.Abort):
             raise
         except AttnprofError as exc:

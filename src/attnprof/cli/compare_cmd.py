@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, config_on_device, execute
+from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
 from attnprof.cli.options import shared_options
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
     _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
+    note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -64,5 +65,6 @@ def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, wid
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
+    if not outcome.document["results"]:  # interrupted before the first cell finished
+        return
     c.emit(compare_report(outcome.document["results"], fmt.value, baseline, width))
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}; traces in {outcome.files[0].parent}")

@@ -3,12 +3,14 @@ stderr, and write the results (through the pipeline)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnprof.cli.common import note, stderr_console
+from attnprof.cli.common import STATE, note, terminal_console
 from attnprof.cli.options import config_changes
 from attnprof.cli.settings import build_config
+from attnprof.interrupts import raise_if_interrupted
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
@@ -35,20 +37,29 @@ def config_on_device(config: Config) -> tuple[Config, str]:
 
 def execute(command: str, config: Config, cells: list[Cell], device: str,
             measure: MeasureOptions) -> RunOutcome:
-    """Run the cells with a progress display on stderr and write JSON and CSV."""
+    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
+
+    Ctrl-C at any point after the folder exists ends the run with the finished cells written.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.pipeline import ensure_output_dir, finish_run, run_cells
+    from attnprof.pipeline import finish_run, open_run_folder, run_cells
     from attnprof.profiling.ceiling import RunCeiling
 
-    ensure_output_dir(Path(config.output_dir))
+    folder = open_run_folder(Path(config.output_dir), command)
     ceiling = None
-    if measure.timing:
-        ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling)
-        note(ceiling_note(ceiling))
-    console = stderr_console()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
+    results: list[CellResult] = []
+    interrupted = False
+    try:
+        raise_if_interrupted()  # Ctrl-C that something swallowed before the run began
+        if measure.timing:
+            ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling)
+            note(ceiling_note(ceiling))
+    except KeyboardInterrupt:
+        interrupted = True
+    with terminal_console() as console, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("starting", total=len(cells))
 
         def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
@@ -60,14 +71,37 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
             progress.advance(task)
             if not result.ok:
                 note(f"  {result.variant} @ {_cell(result.spec)}: {result.status}: {result.reason}")
+            if STATE.debug:
+                note_captured(result)
 
-        results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done)
+        if not interrupted:
+            results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
     if ceiling is not None and ceiling.replaced is not None:
         note(ceiling_note(ceiling, [f"{r.variant} @ {_cell(r.spec)}" for r in results
                                     if r.throughput is not None and r.throughput.pct_of_peak is None]))
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
-    return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted)
+    return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted, folder)
+
+
+def note_captured(result: CellResult) -> None:
+    """With --debug: the profiler's native stderr and the Python warnings captured during a cell."""
+    where = f"  {result.variant} @ {_cell(result.spec)}"
+    for line in result.native_stderr:
+        note(f"{where}: profiler stderr: {line}")
+    for line in result.warnings:
+        note(f"{where}: warning: {line}")
+
+
+def note_outputs(outcome: RunOutcome) -> None:
+    """Say on stderr, in every format, where the results and traces went and what opens a trace."""
+    folder, traces = outcome.folder, outcome.traces
+    note(f"results: {folder.results_json} and {folder.results_csv.name}")
+    if not traces:
+        note(f"traces: none written (folder {folder.traces})")
+        return
+    where = str(traces[0]) if len(traces) == 1 else f"{len(traces)} files in {folder.traces}{os.sep}"
+    note(f"traces: {where} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)")
 
 
 def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, config_on_device, execute
+from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
 from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
 
@@ -36,6 +36,7 @@ def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
     outcome = execute("run", cfg, cells, device, measure)
     _print(outcome, fmt, c.table_width(fmt, wide))
+    note_outputs(outcome)
     failed = [r for r in outcome.results if r.status == "failed"]
     if failed:
         c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
@@ -61,4 +62,3 @@ def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
         return
     for result, entry in zip(outcome.results, outcome.document["results"]):
         c.emit(run_report(entry, result.analysis, result.key_averages_table, fmt.value, width))
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}")

@@ -1,15 +1,18 @@
 """One cell, top to bottom: inputs, timing, the profiled loop, correctness, memory, then the trace analysis.
 
 A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
-whole run (device, output directory) raise. Each stage runs under `phase` (its wall time goes
-into `phases_s`) and `guard` (any exception of the variant's becomes a one-line failure). An
-unstable timing (a loaded machine) is taken again, up to `RETIMES` times; the last sample is
-kept and `retimed` counts the samples thrown away.
+whole run (device, output directory) and Ctrl-C raise. Each stage runs under `phase` (its wall
+time goes into `phases_s`) and `guard` (any exception of the variant's becomes a one-line
+failure; after Ctrl-C, KeyboardInterrupt again). An unstable timing (a loaded machine) is taken
+again, up to `RETIMES` times; the last sample is kept and `retimed` counts the samples thrown
+away. Python warnings raised during the cell are kept on the result (`warnings`), as is the
+profiler's native stderr (`native_stderr`), never printed.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -24,6 +27,7 @@ from attnprof.errors import (
     VariantUnavailableError,
     one_line,
 )
+from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Throughput
 
@@ -46,26 +50,36 @@ def phase(result: CellResult, name: str) -> Iterator[None]:
 @contextmanager
 def guard(stage: str, variant: Variant) -> Iterator[None]:
     """Turn any exception of the variant's inside the block into a one-line VariantFailure
-    (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through."""
+    (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through.
+
+    Once Ctrl-C has happened (see `attnprof.interrupts`), the block ends in KeyboardInterrupt
+    whether it raised something else (torch swallowed the interrupt) or nothing at all.
+    """
     try:
         yield
-    except (AttnprofError, KeyboardInterrupt):
+    except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 (any failure of the variant's is what a guard is for)
+        if caused_by_interrupt(exc):
+            raise KeyboardInterrupt from None
+        if isinstance(exc, AttnprofError):
+            raise
         from attnprof.profiling.memory import is_oom, oom_failure
 
         if is_oom(exc):
             raise oom_failure(exc) from None
         who = "" if variant.source == "built-in" else f" (plugin {variant.source})"
         raise VariantFailure(f"{stage} raised {type(exc).__name__}{who}: {one_line(exc, with_type=False)}") from None
+    raise_if_interrupted()
 
 
 def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions,
-             ceiling: RunCeiling | None = None) -> CellResult:
+             ceiling: RunCeiling | None = None, trace_dir: Path | None = None) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
 
     `ceiling` is the run's ceiling (None: no throughput figures); a cell that exceeds it has it
-    measured again once per run (`cell_throughput`).
+    measured again once per run (`cell_throughput`). The trace goes into `trace_dir` (default:
+    the config's output directory).
     """
     result = CellResult(variant=variant.name, source=variant.source, spec=spec)
     if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
@@ -75,23 +89,33 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
     if reason:
         result.status, result.reason = "skipped", reason
         return result
-    try:
-        _measure(variant, spec, config, measure, result)
-        _analyse(result, config.region, ceiling)
-        if result.check is not None and not result.check.passed:
-            raise VariantFailure(result.check.reason or "output does not match the float64 reference")
-        if result.grad_check is not None and not result.grad_check.passed:
-            raise VariantFailure(result.grad_check.reason or "gradients do not match float64 autograd")
-    except VariantUnavailableError as exc:
-        result.status, result.reason = "skipped", exc.message
-    except VariantFailure as exc:
-        result.status, result.reason = "failed", exc.message
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
+        try:
+            _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
+            _analyse(result, config.region, ceiling)
+            if result.check is not None and not result.check.passed:
+                raise VariantFailure(result.check.reason or "output does not match the float64 reference")
+            if result.grad_check is not None and not result.grad_check.passed:
+                raise VariantFailure(result.grad_check.reason or "gradients do not match float64 autograd")
+        except VariantUnavailableError as exc:
+            result.status, result.reason = "skipped", exc.message
+        except VariantFailure as exc:
+            result.status, result.reason = "failed", exc.message
+    result.warnings = warning_lines(caught)
     if not result.ok and spec.device_type == "cuda":
         _release()  # a failed cell (OOM above all) may leave memory the next cell needs
     return result
 
 
-def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult) -> None:
+def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
+    """`Category: first line of the message (file:line)` for each distinct recorded warning, in order."""
+    lines = (f"{w.category.__name__}: {one_line(w.message, with_type=False)} ({Path(w.filename).name}:{w.lineno})"
+             for w in caught)
+    return list(dict.fromkeys(lines))
+
+
+def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult,
+             trace_dir: Path) -> None:
     """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
     What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
     import torch
@@ -122,10 +146,11 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
                 _warm_up(step.call, spec)
         with phase(result, "profile"), guard(stage, variant):
             run = profile_forward(step.call, spec, config.schedule, config.region,
-                                  Path(config.output_dir) / trace_file_name(variant.name, spec))
+                                  trace_dir / trace_file_name(variant.name, spec))
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
+        result.native_stderr = run.native_stderr
         with phase(result, "correctness"), guard("correctness check", variant):
             _check(step, run.output, variant, spec, result)
         del run

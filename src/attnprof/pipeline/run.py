@@ -1,5 +1,8 @@
 """A whole `run` or `compare`: plan the cells, measure the ceiling, run every cell with the SM clock
 sampled alongside, then write the results through the report layer.
+
+Each invocation writes into its own folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>/` (`-2`, `-3`,
+... when a parallel invocation took the name): `results.json`, `results.csv` and `traces/`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import OutputError
+from attnprof.files import unique_dir
+from attnprof.interrupts import (
+    interrupt_requested,
+    raise_if_interrupted,
+    recording_interrupts,
+)
 from attnprof.pipeline.cell import rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, attach_speedups
@@ -22,15 +31,52 @@ if TYPE_CHECKING:
 Cell = tuple[Variant, RunSpec]
 
 
+@dataclass(frozen=True)
+class RunFolder:
+    """One invocation's own folder and the paths in it."""
+
+    dir: Path
+
+    @property
+    def results_json(self) -> Path:
+        """The results document."""
+        return self.dir / "results.json"
+
+    @property
+    def results_csv(self) -> Path:
+        """One CSV row per cell."""
+        return self.dir / "results.csv"
+
+    @property
+    def traces(self) -> Path:
+        """The folder of Chrome traces, one per profiled cell."""
+        return self.dir / "traces"
+
+    def to_dict(self) -> dict[str, str]:
+        """The paths as the results document's `files` names them."""
+        return {"dir": str(self.dir), "results_json": str(self.results_json),
+                "results_csv": str(self.results_csv), "traces": str(self.traces)}
+
+
 @dataclass
 class RunOutcome:
-    """What a run produced: its results, the JSON document, the files written, and whether Ctrl-C cut it short."""
+    """What a run produced: its results, the JSON document, its folder, and whether Ctrl-C cut it short."""
 
     command: str
     results: list[CellResult]
     document: dict[str, Any]
-    files: tuple[Path, Path]
+    folder: RunFolder
     interrupted: bool
+
+    @property
+    def files(self) -> tuple[Path, Path]:
+        """The JSON and CSV results files."""
+        return self.folder.results_json, self.folder.results_csv
+
+    @property
+    def traces(self) -> list[Path]:
+        """The traces this run wrote."""
+        return [r.trace_path for r in self.results if r.trace_path is not None]
 
     @property
     def exit_code(self) -> int:
@@ -110,31 +156,49 @@ def ensure_output_dir(path: Path) -> Path:
     return path
 
 
+def open_run_folder(output_dir: Path, command: str) -> RunFolder:
+    """Create this invocation's folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>` with `traces/` in it,
+    exclusively: a name another invocation took gets `-2`, `-3`, ... OutputError when not writable."""
+    ensure_output_dir(output_dir)
+    folder = RunFolder(unique_dir(output_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{command}"))
+    try:
+        folder.traces.mkdir()
+    except OSError as exc:
+        raise OutputError(f"cannot write to output directory {folder.dir}: {exc.strerror or exc}") from None
+    return folder
+
+
 def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: RunCeiling | None = None,
               on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
-              on_done: Callable[[CellResult], None] | None = None) -> tuple[list[CellResult], bool]:
+              on_done: Callable[[CellResult], None] | None = None,
+              trace_dir: Path | None = None) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
-    On CUDA with timing and clocks on, nvidia-smi samples the SM clock throughout, and each
-    timed result gets the clock of its own timing window. Speed-ups against the config's
-    baseline are set on the results at the end; so is every throughput again when a cell had the
-    ceiling measured again, so all cells share one ceiling.
+    Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
+    and the cell ended some other way; the finished cells are kept. On CUDA with timing and
+    clocks on, nvidia-smi samples the SM clock throughout, and each timed result gets the clock
+    of its own timing window. Speed-ups against the config's baseline are set on the results at
+    the end; so is every throughput again when a cell had the ceiling measured again, so all
+    cells share one ceiling. Traces go into `trace_dir` (default: the config's output directory).
     """
     results: list[CellResult] = []
-    sampler = _clock_sampler(cells, measure)
     interrupted = False
+    sampler = _clock_sampler(cells, measure)
     try:
-        for index, (variant, spec) in enumerate(cells):
-            if on_start:
-                on_start(index, len(cells), variant, spec)
+        with recording_interrupts():
             try:
-                result = run_cell(variant, spec, config, measure, ceiling)
+                for index, (variant, spec) in enumerate(cells):
+                    raise_if_interrupted()  # also one recorded before the cells, and swallowed since
+                    if on_start:
+                        on_start(index, len(cells), variant, spec)
+                    result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                    if interrupt_requested():
+                        raise KeyboardInterrupt
+                    results.append(result)
+                    if on_done:
+                        on_done(result)
             except KeyboardInterrupt:
                 interrupted = True
-                break
-            results.append(result)
-            if on_done:
-                on_done(result)
     finally:
         if sampler is not None:
             attach_clocks(results, sampler.device, sampler.stop())
@@ -163,20 +227,18 @@ def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) ->
             result.clock = clock_window(samples, [result.timing_window])
 
 
-def result_file_stem(command: str) -> str:
-    """`compare-YYYYmmdd-HHMMSS`: results accumulate instead of overwriting."""
-    return f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def finish_run(command: str, config: Config, device: str, results: list[CellResult], ceiling: Any,
-               interrupted: bool) -> RunOutcome:
-    """Build the results document and write it as JSON and CSV into the config's output directory."""
+               interrupted: bool, folder: RunFolder | None = None) -> RunOutcome:
+    """Build the results document (naming its files) and write it as `results.json` and `results.csv`
+    into `folder` (default: a new folder in the config's output directory)."""
     from attnprof.profiling.environment import collect_environment
     from attnprof.report.export import write_csv, write_json
     from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
 
-    document = results_document(command, config, collect_environment(device), ceiling, results, interrupted)
-    stem = Path(config.output_dir) / result_file_stem(command)
-    json_path = write_json(stem.with_suffix(".json"), document)
-    csv_path = write_csv(stem.with_suffix(".csv"), [csv_row(r) for r in results], CSV_FIELDS)
-    return RunOutcome(command, results, document, (json_path, csv_path), interrupted)
+    if folder is None:
+        folder = open_run_folder(Path(config.output_dir), command)
+    document = results_document(command, config, collect_environment(device), ceiling, results, interrupted,
+                                files=folder.to_dict())
+    write_json(folder.results_json, document)
+    write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
+    return RunOutcome(command, results, document, folder, interrupted)

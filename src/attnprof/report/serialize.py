@@ -150,8 +150,10 @@ def json_entry(result: CellResult) -> dict[str, Any]:
 
 
 def results_document(command: str, config: Any, environment: dict[str, Any], ceiling: Any,
-                     results: list[CellResult], interrupted: bool) -> dict[str, Any]:
-    """The self-contained JSON document: environment, config, ceiling and every result."""
+                     results: list[CellResult], interrupted: bool,
+                     files: dict[str, str] | None = None) -> dict[str, Any]:
+    """The self-contained JSON document: the files it was written to, environment, config, ceiling and
+    every result. `files` names the run's folder, its results files and its traces folder."""
     from attnprof import __version__
 
     return {
@@ -159,6 +161,7 @@ def results_document(command: str, config: Any, environment: dict[str, Any], cei
         "command": command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "interrupted": interrupted,
+        "files": files,
         "environment": environment,
         "config": config.model_dump(mode="json"),
         "ceiling": None if ceiling is None else ceiling.to_dict(),
