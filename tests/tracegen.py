@@ -369,3 +369,21 @@ def build(forward, steps: int = 3, region: str = "attnprof", builder: TraceBuild
     if sync:
         b.synchronize()
     return b.to_dict()
+
+
+def parsed_contents(trace: Any) -> tuple[Any, ...]:
+    """Every table column and interned list of a ParsedTrace (not its source), for exact comparison."""
+    from dataclasses import fields
+
+    tables = {}
+    for name in ("cpu_ops", "annotations", "runtime", "device", "gpu_annotations"):
+        table = getattr(trace, name)
+        tables[name] = {f.name: list(getattr(table, f.name)) for f in fields(table)}
+    return (tables, trace.names, trace.threads, trace.input_types, trace.kernel_infos, trace.device_properties,
+            trace.metadata, trace.event_count, trace.overhead_count, trace.python_function_count)
+
+
+def real_trace(name: str = "sdpa_cudnn") -> dict[str, Any]:
+    """One of the real H200 traces in tests/data/synthetic/real_h200, loaded."""
+    with gzip.open(REAL_TRACES / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
+        return json.load(fh)
