@@ -4,7 +4,7 @@ Read from `ForwardMetrics.backward_roles` (see `analysis.phases`) only. Ids are 
 
 - ``bwd-dot-do-o``        the dO·O preprocessing kernel (rowsum of dO * O) before the fused backward kernel
 - ``bwd-dq-convert``      dQ accumulated in fp32, then converted to the input dtype by a separate kernel
-- ``bwd-memsets``         memsets in the backward, zeroing buffers (accumulators) before kernels add into them
+- ``bwd-memsets``         memsets in the backward: buffers zeroed before the kernel that uses them, and the op
 - ``grad-accumulation``   kernels of AccumulateGrad that add the new gradients into an existing ``.grad``
 """
 
@@ -65,9 +65,11 @@ def backward_findings(ctx: FindingContext) -> list[tuple[str, str]]:
         count, time, _, works = role
         sizes = sorted({w.nbytes for w in works if w.nbytes >= 0})
         size = f", {_list_bytes(sizes)}" if sizes else ""
+        ops = Counter(w.op for w in works if w.op)
+        under = f", launched under {', '.join(op for op, _ in ops.most_common(2))}" if ops else ""
         found.append(("bwd-memsets", (
-            f"The backward zeroes buffers (accumulators) before kernels add into them: "
-            f"{_cost(count, time, 'memset(s)')}{size}.")))
+            f"The backward zeroes buffers before the kernels that use them (counters or accumulators): "
+            f"{_cost(count, time, 'memset(s)')}{size}{under}.")))
     role = _role(ctx, "grad-accumulation")
     if role:
         count, time, share, works = role

@@ -37,11 +37,13 @@ class PhaseMetrics:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """One device event of a backward role: its short name, duration and bytes (-1: none)."""
+    """One device event of a backward role: its short name, duration, bytes (-1: none) and the
+    innermost op that launched it ("" when none)."""
 
     name: str
     time_us: float
     nbytes: int = -1
+    op: str = ""
 
 
 def _phase(trace: ParsedTrace, events: list[int]) -> PhaseMetrics:
@@ -76,17 +78,18 @@ def backward_roles(trace: ParsedTrace, fwd: Forward) -> dict[str, list[Work]]:
         if e not in fwd.backward_device:
             continue
         name = names[dev.name[e]]
+        call = fwd.device_launch.get(e)
+        op = fwd.launch_op.get(call, -1) if call is not None else -1
+        op_name = names[ops.name[op]] if op >= 0 else ""
         if dev.kind[e] == MEMSET:
-            roles["memset"].append(Work(name, dev.dur[e], dev.nbytes[e]))
+            roles["memset"].append(Work(name, dev.dur[e], dev.nbytes[e], op_name))
             continue
         if dev.kind[e] != KERNEL:
             continue
-        work = Work(short_kernel_name(name), dev.dur[e])
+        work = Work(short_kernel_name(name), dev.dur[e], op=op_name)
         for role, patterns in ROLE_PATTERNS.items():
             if any(p in name for p in patterns):
                 roles[role].append(work)
-        call = fwd.device_launch.get(e)
-        op = fwd.launch_op.get(call, -1) if call is not None else -1
         if op >= 0 and ACCUMULATE_GRAD in names[ops.name[_top_op(fwd, op)]]:
             roles["grad-accumulation"].append(work)
     return roles
