@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import (
+    BF16,
+    CUDNN,
+    FILL,
+    FLASH,
+    GEMM_BF16,
+    MUL,
+    TraceBuilder,
+    build,
+    fused_forward,
+    math_forward,
+    naive_forward,
+)
 
 from attnprof.analysis import FINDING_IDS, analyze_trace
-from tracegen import (BF16, CUDNN, FILL, FLASH, GEMM_BF16, MUL, TraceBuilder, build, fused_forward, math_forward,
-                      naive_forward)
 
 
 def ids(analysis):
