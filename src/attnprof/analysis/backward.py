@@ -35,10 +35,13 @@ ENGINE_PREFIX = "autograd::engine::evaluate_function:"
 ACCUMULATE_GRAD = "AccumulateGrad"
 
 
-def is_backward_op(trace: ParsedTrace, op: int) -> bool:
-    """True for an op of the autograd engine's backward pass."""
+def backward_ops(trace: ParsedTrace) -> list[int]:
+    """The ops of the autograd engine's backward pass, in table order (one pass over the ops)."""
     ops = trace.cpu_ops
-    return ops.fwd_tid[op] > 0 or trace.names[ops.name[op]].startswith(ENGINE_PREFIX)
+    engine = {i for i, name in enumerate(trace.names) if name.startswith(ENGINE_PREFIX)}
+    if not engine and max(ops.fwd_tid, default=-1) <= 0:  # a forward-only trace: no pass over the ops
+        return []
+    return [i for i, (tid, name) in enumerate(zip(ops.fwd_tid, ops.name, strict=True)) if tid > 0 or name in engine]
 
 
 def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
@@ -57,13 +60,13 @@ def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
 class _Linker:
     """Finds the instance (index into the forwards) that a backward op belongs to."""
 
-    def __init__(self, trace: ParsedTrace, forwards: list[Forward]) -> None:
+    def __init__(self, trace: ParsedTrace, forwards: list[Forward], backward: set[int]) -> None:
         ops = trace.cpu_ops
         self.trace, self.forwards = trace, forwards
         by_seq: dict[int, list[int]] = defaultdict(list)
-        for i in range(len(ops)):
-            if ops.seq[i] >= 0 and not is_backward_op(trace, i):
-                by_seq[ops.seq[i]].append(i)
+        for i, seq in enumerate(ops.seq):
+            if seq >= 0 and i not in backward:
+                by_seq[seq].append(i)
         for idx in by_seq.values():
             idx.sort(key=ops.ts.__getitem__)
         self.by_seq = by_seq
@@ -129,8 +132,9 @@ def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str
     """Find each instance's backward ops (see the module docstring) and add their ops, runtime
     calls and launches to the instance; `Forward.backward_calls` marks which calls they are."""
     ops, rt = trace.cpu_ops, trace.runtime
-    tops = _outermost(trace, [i for i in range(len(ops)) if is_backward_op(trace, i)]) if forwards else []
-    linker = _Linker(trace, forwards) if tops else None
+    candidates = backward_ops(trace) if forwards else []
+    tops = _outermost(trace, candidates)
+    linker = _Linker(trace, forwards, set(candidates)) if tops else None
     owner: dict[int, int] = {}
     current: dict[int, int | None] = {}
     for top in sorted(tops, key=ops.ts.__getitem__):
@@ -159,9 +163,9 @@ def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str
         calls = [c for c in idx[bisect_left(st, t0 - fw.EPS):bisect_right(st, t1 + fw.EPS)]
                  if rt.ts[c] + rt.dur[c] <= t1 + fw.EPS]
         _attach_to(trace, fwd, top, _nested(trace, op_threads, op_starts, top), calls)
-    for fwd in forwards:
-        fwd.calls.sort(key=rt.ts.__getitem__)
-        fwd.launches.sort(key=rt.ts.__getitem__)
+    for k in set(owner.values()):  # backward calls were appended: back to time order
+        forwards[k].calls.sort(key=rt.ts.__getitem__)
+        forwards[k].launches.sort(key=rt.ts.__getitem__)
     _note(trace, forwards, notes)
 
 
@@ -176,12 +180,14 @@ def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None
     if outside:
         notes.append(f"the backward of {outside} of {len(forwards)} region instance(s) ran after the region "
                      "ended (.backward() outside it); linked by sequence number, it is still counted")
-    counted = set().union(*(f.calls for f in forwards)) if forwards else set()
     region_threads = {f.thread for f in forwards}
+    if not set(rt.thread) - region_threads:
+        return
+    counted = set().union(*(f.calls for f in forwards)) if forwards else set()
     starts = [f.start for f in forwards]
     left_out = 0
-    for i in range(len(rt)):
-        if rt.thread[i] in region_threads or i in counted:
+    for i, thread in enumerate(rt.thread):
+        if thread in region_threads or i in counted:
             continue
         k = bisect_right(starts, rt.ts[i]) - 1
         if k >= 0 and rt.ts[i] <= forwards[k].end and fw.launch_kind(names[rt.name[i]]) is not None:

@@ -102,7 +102,8 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     if chain:
         cause = f"caused by {chain}"
         ops = chain.split(" → ")
-        if not ops[0].endswith("_") and not ops[0].startswith("autograd::") and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
+        out_of_place = not ops[0].endswith("_") and not ops[0].startswith("autograd::")  # not a backward op
+        if out_of_place and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
             cause += f" (the out-of-place {ops[0]} copies its input before writing)"
     else:
         cause = "launched directly inside the region, under no ATen op"

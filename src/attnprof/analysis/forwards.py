@@ -361,8 +361,9 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_id
             hi = bisect_right(st, gann.ts[a] + gann.dur[a] + EPS)
             end = gann.ts[a] + gann.dur[a] + EPS
             inside.update(i for i in idx[lo:hi] if dev.ts[i] + dev.dur[i] <= end)
-        # backward work runs on other threads: Kineto's annotation covers the forward phase only
-        forward_phase = set(fwd.device) - fwd.backward_device
-        inside -= fwd.backward_device
+        forward_phase = fwd.device
+        if fwd.backward_device:  # Kineto's annotation covers the forward phase only
+            forward_phase = set(fwd.device) - fwd.backward_device
+            inside -= fwd.backward_device
         fwd.annotation_mismatches = len(inside.symmetric_difference(forward_phase))
     return True

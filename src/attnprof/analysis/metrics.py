@@ -215,7 +215,12 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     metrics.mask_kernels = _kernels_under(trace, fwd, mask_roots) if mask_roots else []
     softmax_roots = {i for i in fwd.ops if op_name[i] == SAFE_SOFTMAX}
     metrics.safe_softmax_kernels = _kernels_under(trace, fwd, softmax_roots) if softmax_roots else []
-    metrics.phases = phase_metrics(trace, fwd)
+    if fwd.backward_device:
+        metrics.phases = phase_metrics(trace, fwd)
+    else:  # all of it is forward work, counted above
+        metrics.phases = {"forward": PhaseMetrics(metrics.kernels, metrics.memcpy, metrics.memset,
+                                                  metrics.kernel_time_us, metrics.gpu_time_us or 0.0),
+                          "backward": PhaseMetrics()}
     metrics.backward_roles = backward_roles(trace, fwd)
     return metrics
 

@@ -8,7 +8,7 @@ without the time its thread sat blocked waiting for the autograd engine.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from attnprof.analysis.backward import ACCUMULATE_GRAD
 from attnprof.analysis.forwards import Forward
@@ -32,7 +32,8 @@ class PhaseMetrics:
 
     def to_dict(self) -> dict[str, float]:
         """The fields as a dict."""
-        return asdict(self)
+        return {"kernels": self.kernels, "memcpy": self.memcpy, "memset": self.memset,
+                "kernel_time_us": self.kernel_time_us, "gpu_time_us": self.gpu_time_us}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +49,16 @@ class Work:
 
 def _phase(trace: ParsedTrace, events: list[int]) -> PhaseMetrics:
     dev = trace.device
-    kinds = [dev.kind[e] for e in events]
-    metrics = PhaseMetrics(kernels=kinds.count(KERNEL), memcpy=kinds.count(MEMCPY), memset=kinds.count(MEMSET))
-    metrics.kernel_time_us = float(sum(dev.dur[e] for e in events if dev.kind[e] == KERNEL))
-    if events:
-        metrics.gpu_time_us = max(dev.ts[e] + dev.dur[e] for e in events) - min(dev.ts[e] for e in events)
-    return metrics
+    counts = [0, 0, 0]  # by kind: KERNEL, MEMCPY, MEMSET
+    kernel_time, start, end = 0.0, float("inf"), float("-inf")
+    for e in events:
+        kind, ts, dur = dev.kind[e], dev.ts[e], dev.dur[e]
+        counts[kind] += 1
+        if kind == KERNEL:
+            kernel_time += dur
+        start, end = min(start, ts), max(end, ts + dur)
+    return PhaseMetrics(kernels=counts[KERNEL], memcpy=counts[MEMCPY], memset=counts[MEMSET],
+                        kernel_time_us=kernel_time, gpu_time_us=end - start if events else 0.0)
 
 
 def phase_metrics(trace: ParsedTrace, fwd: Forward) -> dict[str, PhaseMetrics]:
@@ -74,6 +79,8 @@ def backward_roles(trace: ParsedTrace, fwd: Forward) -> dict[str, list[Work]]:
     "memset" (every memset), "grad-accumulation" (kernels launched under an AccumulateGrad op)."""
     dev, names, ops = trace.device, trace.names, trace.cpu_ops
     roles: dict[str, list[Work]] = {"dot-do-o": [], "convert-dq": [], "memset": [], "grad-accumulation": []}
+    if not fwd.backward_device:
+        return roles
     for e in fwd.device:
         if e not in fwd.backward_device:
             continue
@@ -97,7 +104,7 @@ def backward_roles(trace: ParsedTrace, fwd: Forward) -> dict[str, list[Work]]:
 
 def backward_outside_region(trace: ParsedTrace, fwd: Forward) -> bool:
     """True when some backward op of the instance started after the region ended."""
-    return any(trace.cpu_ops.ts[t] > fwd.end for t in fwd.backward_tops)
+    return bool(fwd.backward_tops) and any(trace.cpu_ops.ts[t] > fwd.end for t in fwd.backward_tops)
 
 
 def cpu_work_us(trace: ParsedTrace, fwd: Forward) -> float:
@@ -105,6 +112,8 @@ def cpu_work_us(trace: ParsedTrace, fwd: Forward) -> float:
     time, less the span its thread was blocked while backward ops ran on other threads inside it,
     plus the time those backward ops (and any outside the region) were busy. Without backward
     work: the region's wall time."""
+    if not fwd.backward_tops:
+        return fwd.cpu_time_us
     ops = trace.cpu_ops
     spans = sorted((ops.ts[t], ops.ts[t] + ops.dur[t]) for t in fwd.backward_tops
                    if ops.thread[t] != fwd.thread or ops.ts[t] > fwd.end)
