@@ -111,7 +111,7 @@ def _nested(trace: ParsedTrace, by_thread: dict[int, list[int]], starts: dict[in
 def _attach_to(trace: ParsedTrace, fwd: Forward, top: int, op_list: list[int], calls: list[int]) -> None:
     """Add one backward op, its nested ops and its calls to `fwd`."""
     ops = trace.cpu_ops
-    fwd.backward_tops.append(top)
+    fwd.backward_tops = [*fwd.backward_tops, top]
     stack: list[int] = []
     for i in op_list:
         while stack and ops.ts[i] + ops.dur[i] > ops.ts[stack[-1]] + ops.dur[stack[-1]] + fw.EPS:
@@ -119,7 +119,7 @@ def _attach_to(trace: ParsedTrace, fwd: Forward, top: int, op_list: list[int], c
         fwd.op_parent[i] = stack[-1] if stack else -1
         stack.append(i)
     new = [c for c in calls if c not in fwd.backward_calls]
-    fwd.backward_calls.update(new)
+    fwd.backward_calls = fwd.backward_calls | set(new)
     fwd.launch_op.update(fw.innermost_ops(fwd, trace, new, op_list))
     known = set(fwd.calls)
     fwd.calls.extend(c for c in new if c not in known)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from attnprof.analysis.backward import attach_backward
@@ -73,9 +75,10 @@ class Forward:
     device: list[int] = field(default_factory=list)  # kernels, memcpys, memsets (sorted by start)
     device_launch: dict[int, int] = field(default_factory=dict)  # device event -> its launch call
     gpu_annotations: list[int] = field(default_factory=list)
-    backward_tops: list[int] = field(default_factory=list)  # outermost backward ops (see analysis.backward)
-    backward_calls: set[int] = field(default_factory=set)  # runtime calls made inside them
-    backward_device: set[int] = field(default_factory=set)  # device events of those calls
+    # Backward work (see analysis.backward); shared empty defaults, replaced when there is some.
+    backward_tops: Sequence[int] = ()  # outermost backward ops
+    backward_calls: AbstractSet[int] = frozenset()  # runtime calls made inside them
+    backward_device: AbstractSet[int] = frozenset()  # device events of those calls
     unmatched_launches: int = 0
     annotation_mismatches: int | None = None
 
@@ -298,7 +301,8 @@ def _attach_device(trace: ParsedTrace, forwards: list[Forward]) -> None:
                     fwd.unmatched_launches += 1
         fwd.launches = launches
         fwd.device = sorted(set(work), key=dev.ts.__getitem__)
-        fwd.backward_device = {e for e in fwd.device if fwd.device_launch.get(e) in fwd.backward_calls}
+        if fwd.backward_calls:
+            fwd.backward_device = {e for e in fwd.device if fwd.device_launch.get(e) in fwd.backward_calls}
 
 
 def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:

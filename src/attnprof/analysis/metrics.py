@@ -15,6 +15,7 @@ from attnprof.analysis.forwards import Attribution, Forward
 from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
 from attnprof.analysis.phases import (
+    NO_WORK,
     PhaseMetrics,
     Work,
     backward_outside_region,
@@ -220,7 +221,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     else:  # all of it is forward work, counted above
         metrics.phases = {"forward": PhaseMetrics(metrics.kernels, metrics.memcpy, metrics.memset,
                                                   metrics.kernel_time_us, metrics.gpu_time_us or 0.0),
-                          "backward": PhaseMetrics()}
+                          "backward": NO_WORK}
     metrics.backward_roles = backward_roles(trace, fwd)
     return metrics
 

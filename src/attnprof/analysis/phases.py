@@ -20,7 +20,7 @@ PHASES = ("forward", "backward")
 ROLE_PATTERNS = {"dot-do-o": ("dot_do_o",), "convert-dq": ("convert_dq",)}
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PhaseMetrics:
     """The device work of one phase of one instance (zero counts and times when it has none)."""
 
@@ -34,6 +34,10 @@ class PhaseMetrics:
         """The fields as a dict."""
         return {"kernels": self.kernels, "memcpy": self.memcpy, "memset": self.memset,
                 "kernel_time_us": self.kernel_time_us, "gpu_time_us": self.gpu_time_us}
+
+
+#: A phase without work (shared: PhaseMetrics is frozen).
+NO_WORK = PhaseMetrics()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +79,13 @@ def _top_op(fwd: Forward, op: int) -> int:
 
 
 def backward_roles(trace: ParsedTrace, fwd: Forward) -> dict[str, list[Work]]:
-    """The backward phase's helper work by role: "dot-do-o" and "convert-dq" kernels (by name),
-    "memset" (every memset), "grad-accumulation" (kernels launched under an AccumulateGrad op)."""
+    """The backward phase's helper work by role (empty without backward work): "dot-do-o" and
+    "convert-dq" kernels (by name), "memset" (every memset), "grad-accumulation" (kernels launched
+    under an AccumulateGrad op)."""
+    if not fwd.backward_device:
+        return {}
     dev, names, ops = trace.device, trace.names, trace.cpu_ops
     roles: dict[str, list[Work]] = {"dot-do-o": [], "convert-dq": [], "memset": [], "grad-accumulation": []}
-    if not fwd.backward_device:
-        return roles
     for e in fwd.device:
         if e not in fwd.backward_device:
             continue
