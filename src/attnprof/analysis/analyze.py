@@ -147,9 +147,10 @@ def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | No
         return None
     result: dict[str, dict[str, Any]] = {}
     for phase in PHASES:
-        facts = [m.phases[phase].to_dict() for m in per_forward]  # type: ignore[index]
-        result[phase] = {key: (median_count([f[key] for f in facts]) if isinstance(facts[0][key], int)
-                               else median([f[key] for f in facts])) for key in facts[0]}
+        facts = [m.phases[phase] for m in per_forward]  # type: ignore[index]
+        counts = {key: median_count([getattr(f, key) for f in facts]) for key in ("kernels", "memcpy", "memset")}
+        times = {key: median([getattr(f, key) for f in facts]) for key in ("kernel_time_us", "gpu_time_us")}
+        result[phase] = {**counts, **times}
     result["backward"]["outside_region"] = any(m.backward_outside_region for m in per_forward)
     return result
 

@@ -108,24 +108,28 @@ def _nested(trace: ParsedTrace, by_thread: dict[int, list[int]], starts: dict[in
             if ops.ts[i] + ops.dur[i] <= t1 + fw.EPS]
 
 
-def _attach_to(trace: ParsedTrace, fwd: Forward, top: int, op_list: list[int], calls: list[int]) -> None:
-    """Add one backward op, its nested ops and its calls to `fwd`."""
+def _parents(trace: ParsedTrace, fwd: Forward, op_list: list[int]) -> None:
+    """Record the enclosing op of each op of one backward op's tree (the backward op: -1)."""
     ops = trace.cpu_ops
-    fwd.backward_tops = [*fwd.backward_tops, top]
     stack: list[int] = []
     for i in op_list:
         while stack and ops.ts[i] + ops.dur[i] > ops.ts[stack[-1]] + ops.dur[stack[-1]] + fw.EPS:
             stack.pop()
         fwd.op_parent[i] = stack[-1] if stack else -1
         stack.append(i)
-    new = [c for c in calls if c not in fwd.backward_calls]
-    fwd.backward_calls = fwd.backward_calls | set(new)
-    fwd.launch_op.update(fw.innermost_ops(fwd, trace, new, op_list))
+
+
+def _add_calls(trace: ParsedTrace, fwd: Forward, tops: list[int], calls: list[int]) -> None:
+    """Give `fwd` its backward ops and their calls; its calls and launches stay in time order."""
+    rt, names = trace.runtime, trace.names
+    fwd.backward_tops = tops
+    fwd.backward_calls = set(calls)
     known = set(fwd.calls)
-    fwd.calls.extend(c for c in new if c not in known)
-    names, rt = trace.names, trace.runtime
+    fwd.calls.extend(c for c in calls if c not in known)
+    fwd.calls.sort(key=rt.ts.__getitem__)
     known = set(fwd.launches)
-    fwd.launches.extend(c for c in new if c not in known and fw.launch_kind(names[rt.name[c]]) is not None)
+    fwd.launches.extend(c for c in calls if c not in known and fw.launch_kind(names[rt.name[c]]) is not None)
+    fwd.launches.sort(key=rt.ts.__getitem__)
 
 
 def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None:
@@ -156,16 +160,21 @@ def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str
     op_starts = {t: [ops.ts[i] for i in idx] for t, idx in op_threads.items()}
     rt_threads = fw.sorted_by_thread(rt.thread, rt.ts, rt.dur, threads)
     rt_starts = {t: [rt.ts[i] for i in idx] for t, idx in rt_threads.items()}
+    tops_of: dict[int, list[int]] = defaultdict(list)
+    calls_of: dict[int, list[int]] = defaultdict(list)
     for top in sorted(owner, key=ops.ts.__getitem__):
-        fwd = forwards[owner[top]]
+        k = owner[top]
         thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
         idx, st = rt_threads.get(thread, []), rt_starts.get(thread, [])
         calls = [c for c in idx[bisect_left(st, t0 - fw.EPS):bisect_right(st, t1 + fw.EPS)]
                  if rt.ts[c] + rt.dur[c] <= t1 + fw.EPS]
-        _attach_to(trace, fwd, top, _nested(trace, op_threads, op_starts, top), calls)
-    for k in set(owner.values()):  # backward calls were appended: back to time order
-        forwards[k].calls.sort(key=rt.ts.__getitem__)
-        forwards[k].launches.sort(key=rt.ts.__getitem__)
+        op_list = _nested(trace, op_threads, op_starts, top)
+        _parents(trace, forwards[k], op_list)
+        forwards[k].launch_op.update(fw.innermost_ops(forwards[k], trace, calls, op_list))
+        tops_of[k].append(top)
+        calls_of[k].extend(calls)
+    for k, tops_k in tops_of.items():
+        _add_calls(trace, forwards[k], tops_k, calls_of[k])
     _note(trace, forwards, notes)
 
 

@@ -5,7 +5,9 @@ A forward is one CPU range of `record_function(REGION)` (a `user_annotation`), i
 thread inside that range. Its GPU work is found by correlation, never by time: the CUDA
 runtime/driver calls on that thread inside the range carry correlation ids, and exactly the
 kernels, memcpys and memsets with those ids belong to the forward. Work of an earlier step that
-is still running when the window opens has another step's ids, so it is never counted.
+is still running when the window opens has another step's ids, so it is never counted. The
+autograd backward ops of the instance, on whatever thread (`analysis.backward`), add their calls
+the same way: `Forward.backward_device` is the backward phase of its device work.
 
 Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes one per stream),
 they are matched to the forward (by `External id`, else by overlap) and compared with the
@@ -365,9 +367,9 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_id
             hi = bisect_right(st, gann.ts[a] + gann.dur[a] + EPS)
             end = gann.ts[a] + gann.dur[a] + EPS
             inside.update(i for i in idx[lo:hi] if dev.ts[i] + dev.dur[i] <= end)
-        forward_phase = fwd.device
         if fwd.backward_device:  # Kineto's annotation covers the forward phase only
-            forward_phase = set(fwd.device) - fwd.backward_device
             inside -= fwd.backward_device
-        fwd.annotation_mismatches = len(inside.symmetric_difference(forward_phase))
+            fwd.annotation_mismatches = len(inside.symmetric_difference(set(fwd.device) - fwd.backward_device))
+        else:
+            fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
     return True

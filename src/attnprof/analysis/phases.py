@@ -30,11 +30,6 @@ class PhaseMetrics:
     kernel_time_us: float = 0.0
     gpu_time_us: float = 0.0  # first start to last end of the phase's work
 
-    def to_dict(self) -> dict[str, float]:
-        """The fields as a dict."""
-        return {"kernels": self.kernels, "memcpy": self.memcpy, "memset": self.memset,
-                "kernel_time_us": self.kernel_time_us, "gpu_time_us": self.gpu_time_us}
-
 
 #: A phase without work (shared: PhaseMetrics is frozen).
 NO_WORK = PhaseMetrics()
