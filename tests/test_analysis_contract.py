@@ -12,7 +12,8 @@ from attnprof.analysis import TraceAnalysis, analyze_trace, dispatched_backend, 
 TOP_LEVEL = {"region", "forwards", "kernels_per_forward", "memcpy_per_forward", "memset_per_forward", "gpu_time_us",
              "gpu_annotation_time_us", "kernel_time_us", "cpu_time_us", "self_device_time_total_us", "launch_apis",
              "transposes_per_forward", "cpu_ops_per_forward", "kernels", "findings", "spread", "device",
-             "input_dtype", "annotation_mismatches", "notes", "region_choice"}
+             "input_dtype", "annotation_mismatches", "notes", "region_choice", "phases"}
+PHASE_FIELDS = {"kernels", "memcpy", "memset", "kernel_time_us", "gpu_time_us"}
 KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_forward", "time_us", "grid", "block",
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                  "achieved_occupancy_pct", "theoretical_occupancy_pct", "occupancy_limiter", "occupancy_arithmetic",
@@ -24,6 +25,9 @@ def test_to_dict_field_names_are_the_contract():
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
     assert all(set(f) == {"id", "message"} for f in d["findings"])
+    assert set(d["phases"]) == {"forward", "backward"}
+    assert set(d["phases"]["forward"]) == PHASE_FIELDS
+    assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
 
 
@@ -40,6 +44,11 @@ def test_to_dict_values():
     assert kernel["registers_per_thread"] == 240 and kernel["shared_memory_bytes"] == 134144
     memset = next(k for k in d["kernels"] if k["kind"] == "memset")
     assert memset["tensor_cores"] is False and memset["grid"] is None
+    # a forward-only trace: everything in the forward phase, the backward phase all zero
+    assert d["phases"]["forward"] == {"kernels": 1, "memcpy": 0, "memset": 1, "kernel_time_us": 186.3,
+                                      "gpu_time_us": d["gpu_time_us"]}
+    assert d["phases"]["backward"] == {"kernels": 0, "memcpy": 0, "memset": 0, "kernel_time_us": 0.0,
+                                       "gpu_time_us": 0.0, "outside_region": False}
     assert d["kernel_time_us"] == pytest.approx(186.3)
     assert d["self_device_time_total_us"] == pytest.approx(3 * (186.3 + 0.8))
     assert d["gpu_time_us"] >= d["kernel_time_us"]

@@ -1,17 +1,24 @@
-"""load_trace: formats (dict, .json, .json.gz, bare list), streaming edge cases, errors."""
+"""load_trace: formats (dict, .json, .json.gz, bare list), streaming edge cases, errors (in the
+CLI too), and reading a large file with two processes."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from attnprof.analysis import load_trace
-from attnprof.analysis import trace as trace_module
+from attnprof.analysis import decoding, load_trace, reader
 from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET
 from attnprof.errors import TraceError
-from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward
+from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward, real_trace
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
 
 
 def _summary(t):
@@ -118,15 +125,16 @@ def test_streaming_survives_tiny_chunks_and_tricky_names(tmp_path, monkeypatch):
     path = b.write(tmp_path / "t.json", indent=1)
     expected = _summary(load_trace(b.to_dict()))
     for chunk in (7, 64, 1000):
-        monkeypatch.setattr(trace_module, "_CHUNK_CHARS", chunk)
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
         assert _summary(load_trace(path)) == expected
 
 
-def test_streaming_falls_back_to_the_standard_decoder(tmp_path, monkeypatch):
-    path = TraceBuilder().write(tmp_path / "t.json")
-    monkeypatch.setattr(trace_module, "_batch_records", None)
-    monkeypatch.setattr(trace_module, "_batch_loads", json.loads)
-    assert load_trace(path).event_count > 0
+def test_dicts_are_read_by_the_decoder_files_are_read_by(monkeypatch):
+    batches = []
+    decode = decoding.decode_records
+    monkeypatch.setattr(decoding, "decode_records", lambda payload: batches.append(payload) or decode(payload))
+    trace = load_trace(build(naive_forward))
+    assert batches and trace.event_count == sum(len(decode(p)) for p in batches)
 
 
 def test_top_level_keys_after_the_events_are_read(tmp_path):
@@ -139,46 +147,165 @@ def test_top_level_keys_after_the_events_are_read(tmp_path):
     assert t.device_properties and t.metadata["traceName"] == "x"
 
 
-@pytest.mark.parametrize("content", ['{"traceEvents": []}', "{}", "", "[]", '{"schemaVersion": 1}'])
-def test_empty_trace_is_an_error(tmp_path, content):
-    path = tmp_path / "empty.json"
+NOT_A_TRACE = "is not a torch.profiler Chrome trace"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"traceEvents": []}', "has no events"),
+    ("[]", "has no events"),
+    ("", f"{NOT_A_TRACE}: the file is empty"),
+    ("  \n", f"{NOT_A_TRACE}: the file is empty"),
+    ("{}", f"{NOT_A_TRACE}: it has no 'traceEvents' list"),
+    ('{"schemaVersion": 1}', f"{NOT_A_TRACE}: it has no 'traceEvents' list"),
+    ('{"foo": 1}', f"{NOT_A_TRACE}: it has no 'traceEvents' list"),
+    ('{"traceEvents": {"a": 1}}', f"{NOT_A_TRACE}: 'traceEvents' is not a list"),
+    ("[1,2]", f"{NOT_A_TRACE}: its events are not JSON objects"),
+    ('{"traceEvents": [1, "x", null]}', f"{NOT_A_TRACE}: its events are not JSON objects"),
+    ("3", f"{NOT_A_TRACE}: it is not a JSON object or list"),
+    ("this is not json", f"{NOT_A_TRACE}: it is not a JSON object or list"),
+])
+def test_empty_or_not_a_trace_is_a_one_line_error_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "t.json"
     path.write_text(content)
-    with pytest.raises(TraceError, match="trace has no events"):
+    with pytest.raises(TraceError) as info:
         load_trace(path)
+    assert info.value.message.startswith(f"trace {path} ") and message in info.value.message
+    assert "\n" not in info.value.message
 
 
-def test_empty_dict_is_an_error():
-    with pytest.raises(TraceError, match="trace has no events"):
-        load_trace({})
-    with pytest.raises(TraceError, match="trace has no events"):
+def test_dict_that_is_empty_or_not_a_trace():
+    with pytest.raises(TraceError, match="trace <dict> has no events"):
         load_trace({"traceEvents": []})
+    for data in ({}, {"foo": 1}, {"traceEvents": [1, 2]}, {"traceEvents": [{"x": object()}]}):
+        with pytest.raises(TraceError, match=NOT_A_TRACE):
+            load_trace(data)
 
 
 def test_truncated_file_is_a_one_line_error(tmp_path):
     text = json.dumps(build(naive_forward, steps=1))
     path = tmp_path / "cut.json"
-    path.write_text(text[: len(text) // 2])
-    with pytest.raises(TraceError) as info:
-        load_trace(path)
-    assert "truncated" in info.value.message and "\n" not in info.value.message
+    for cut in (len(text) // 2, len(text) - 3, 30):
+        path.write_text(text[:cut])
+        with pytest.raises(TraceError) as info:
+            load_trace(path)
+        assert "truncated" in info.value.message and str(path) in info.value.message
+        assert "\n" not in info.value.message
 
 
-def test_not_json_and_missing_file(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text("this is not json")
-    with pytest.raises(TraceError, match="not a Chrome trace|not valid JSON"):
-        load_trace(bad)
+def test_missing_file_and_directory(tmp_path):
     with pytest.raises(TraceError, match="not found"):
         load_trace(tmp_path / "nope.json")
     with pytest.raises(TraceError, match="directory"):
         load_trace(tmp_path)
 
 
-def test_corrupt_gzip_is_a_trace_error(tmp_path):
+def _truncated_gzip() -> bytes:
+    packed = gzip.compress(json.dumps(build(naive_forward, steps=2)).encode())
+    return packed[: len(packed) // 2]
+
+
+@pytest.mark.parametrize("content", [b"\x1f\x8b" + b"garbage" * 10, "truncated"])
+def test_corrupt_or_truncated_gzip_is_not_a_trace(tmp_path, content):
     path = tmp_path / "bad.json.gz"
-    path.write_bytes(b"\x1f\x8b" + b"garbage" * 10)
-    with pytest.raises(TraceError, match="cannot read trace"):
+    path.write_bytes(_truncated_gzip() if content == "truncated" else content)
+    with pytest.raises(TraceError, match=NOT_A_TRACE) as info:
         load_trace(path)
+    assert str(path) in info.value.message and "\n" not in info.value.message
+
+
+NOT_TRACES = {"empty.json": b"", "list.json": b"[1,2]", "object.json": b"{}", "text.json": b"this is not json"}
+
+
+@pytest.mark.parametrize("name", [*NOT_TRACES, "cut.json.gz"])
+def test_analyze_says_which_file_is_not_a_trace(cli, tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(NOT_TRACES.get(name) or _truncated_gzip())
+    result = cli("analyze", str(path))
+    assert result.exit_code == 4, result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: trace {path} {NOT_A_TRACE}: "), lines
+
+
+def test_analyze_of_an_empty_file_in_a_process(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_bytes(b"")
+    out = subprocess.run([sys.executable, "-m", "attnprof", "analyze", str(path)], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 4 and out.stdout == ""
+    assert out.stderr.splitlines() == [f"error: trace {path} {NOT_A_TRACE}: the file is empty"]
+
+
+# --------------------------------------------------------------------------- two processes
+
+def _large_trace(tmp_path, form: str):
+    """A real trace's events repeated to about 2 MB, as Kineto lays them out (one key per line)."""
+    data = real_trace("twostream")
+    data["traceEvents"] = data["traceEvents"] * 60
+    if form == "bare":
+        data = data["traceEvents"]
+    path = tmp_path / ("t.json.gz" if form == "gz" else "t.json")
+    text = json.dumps(data, indent=1)
+    if form == "gz":
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+# Run in a fresh interpreter: forking needs a process with one thread, which pytest's may not be
+# once torch is imported. PATCH may break the worker; the child prints what it saw as JSON.
+_ONE_AND_TWO = """
+import json, sys
+from attnprof.analysis import load_trace, parallel, reader, trace
+from tracegen import parsed_contents
+if not parallel._can_fork():
+    print(json.dumps({"skip": True})); sys.exit()
+{patch}
+parallel.PARALLEL_MIN_BYTES = 1 << 62
+one = load_trace(sys.argv[1])
+parallel.PARALLEL_MIN_BYTES = 0
+merged = []
+absorb = trace._Builder.absorb
+trace._Builder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
+two = load_trace(sys.argv[1])
+print(json.dumps({"merged": len(merged), "same": parsed_contents(one) == parsed_contents(two),
+                  "device": len(one.device), "meta": one.metadata}))
+"""
+_WRONG_CUT = """
+find = reader.ByteStream.find_event_start
+reader.ByteStream.find_event_start = lambda self: find(self) + 9
+"""
+_FAILING_WORKER = """
+def fail(self, key, value):
+    raise ValueError("boom")
+parallel._TopLevel.top_level = fail  # the worker reads traceName last
+"""
+
+
+def _read_by_one_and_two(path, patch: str = "") -> dict:
+    """What a fresh process saw reading `path` with one process and then with two."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+    out = subprocess.run([sys.executable, "-c", _ONE_AND_TWO.replace("{patch}", patch), str(path)],
+                         capture_output=True, text=True, env=env, check=True)
+    result = json.loads(out.stdout)
+    if result.get("skip"):
+        pytest.skip("forking is not safe here (not Linux, or one core)")
+    return result
+
+
+@pytest.mark.parametrize("form", ["json", "gz", "bare"])
+def test_two_processes_read_what_one_reads(tmp_path, form):
+    seen = _read_by_one_and_two(_large_trace(tmp_path, form))
+    assert seen["merged"] == 1 and seen["same"]
+    assert seen["device"] >= 540 and (form == "bare" or seen["meta"]["traceName"])
+
+
+@pytest.mark.parametrize("patch", [_WRONG_CUT, _FAILING_WORKER], ids=["worker-inside-an-event", "worker-fails"])
+def test_a_worker_that_cannot_help_is_not_used(tmp_path, patch):
+    seen = _read_by_one_and_two(_large_trace(tmp_path, "json"), patch)
+    assert seen["merged"] == 0 and seen["same"]
 
 
 def test_gc_state_is_restored():

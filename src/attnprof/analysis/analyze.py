@@ -5,12 +5,15 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region, region_choice
+    input_dtype, annotation_mismatches, notes, region, region_choice, phases
 
 `region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
 named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
 metric to {min, max} where forwards differ; `device` is {name, compute_capability, num_sms} when
-the trace says.
+the trace says. `phases` is {forward, backward} (null for a CPU-only trace), each with the
+medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance, and backward with
+`outside_region` (true when some instance's backward ran after its region); the `*_per_forward`
+counts hold both phases together (see `analysis.backward` for which backward work is counted).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from attnprof.analysis.metrics import (
     normalize_dtype,
 )
 from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.phases import PHASES
 from attnprof.analysis.regions import choose_region
 from attnprof.analysis.trace import ParsedTrace, load_trace
 from attnprof.errors import TraceError
@@ -64,6 +68,7 @@ class TraceAnalysis:
     op_counts: dict[str, int] = field(default_factory=dict)  # median per forward, by op name
     per_forward: list[ForwardMetrics] = field(default_factory=list, repr=False)
     region_choice: str | None = None  # why this region, when the caller named none
+    phases: dict[str, dict[str, Any]] | None = None  # see the module docstring
 
     @property
     def finding_ids(self) -> list[str]:
@@ -101,6 +106,9 @@ class TraceAnalysis:
             "annotation_mismatches": self.annotation_mismatches,
             "notes": list(self.notes),
             "region_choice": self.region_choice,
+            "phases": None if self.phases is None else {
+                phase: {k: (r(v) if isinstance(v, float) else v) for k, v in facts.items()}
+                for phase, facts in self.phases.items()},
         }
 
 
@@ -131,6 +139,20 @@ def _device_info(trace: ParsedTrace) -> dict[str, Any] | None:
     if props.get("numSms"):
         info["num_sms"] = props.get("numSms")
     return info
+
+
+def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | None:
+    """Per phase, the low median of each count and the median of each time over the instances."""
+    if any(m.phases is None for m in per_forward):
+        return None
+    result: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        facts = [m.phases[phase] for m in per_forward]  # type: ignore[index]
+        counts = {key: median_count([getattr(f, key) for f in facts]) for key in ("kernels", "memcpy", "memset")}
+        times = {key: median([getattr(f, key) for f in facts]) for key in ("kernel_time_us", "gpu_time_us")}
+        result[phase] = {**counts, **times}
+    result["backward"]["outside_region"] = any(m.backward_outside_region for m in per_forward)
+    return result
 
 
 def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None,
@@ -204,7 +226,8 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
         kernels=kernels, findings=[], spread=spreads, device=_device_info(trace),
         input_dtype=input_dtype, annotation_mismatches=attribution.annotation_mismatches,
-        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward, region_choice=region_choice)
+        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward, region_choice=region_choice,
+        phases=_phases(per_forward))
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
     elif not trace.device_properties:
@@ -214,7 +237,8 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
                               f"gpu_user_annotation ranges of {region!r} and the correlated work")
     analysis.findings = build_findings(FindingContext(
         per_forward=per_forward, kernels=kernels, dtype=input_dtype,
-        dtype_source=dtype_source, cpu_time_us=analysis.cpu_time_us, gpu_time_us=gpu_time))
+        dtype_source=dtype_source, cpu_time_us=analysis.cpu_time_us, gpu_time_us=gpu_time,
+        cpu_work_us=median([m.cpu_work_us for m in per_forward])))
     return analysis
 
 

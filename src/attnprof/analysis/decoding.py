@@ -1,113 +1,232 @@
-"""JSON decoders for batches of trace events, fastest first.
+"""The msgspec schema of a trace event: the one place that says which fields attnprof reads.
 
-- msgspec (the `fast` extra): decodes each event into a `Record` holding only the fields the
-  trace tables use; every other field (`Input Dims`, `Input Strides`, `Concrete Inputs`, flow
-  ids, ...) is skipped without building a Python object. Most bytes of a Kineto trace are such
-  fields: on the benchmark traces this decodes about 2x faster than msgspec's own generic
-  decoding and 4-5x faster than orjson (docs/performance.md).
-- generic decoding into dicts: msgspec's when installed, else orjson's, else the standard
-  library's.
+Each event of `traceEvents` is decoded into a `Record` holding only the fields the trace tables
+use; every other field (`Input Dims`, `Input Strides`, `Concrete Inputs`, flow ids, ...) is
+skipped by msgspec without building a Python object. Most bytes of a Kineto trace are such
+fields. `Input type` is kept as raw JSON bytes (`msgspec.Raw`): the same few lists repeat on
+every op, so they are interned by their bytes and decoded once each.
 
-`decode_records(payload)` returns a list of `Record`s, or None when msgspec is missing or the
-batch does not fit the schema (say, an `args` that is not an object); the caller then uses
-`decode_generic(payload)`, so an odd trace is read the slow way, never misread. Both raise
-ValueError for text that is not JSON.
+What Kineto writes (checked against traces from torch 2.11 on an H200, and the Kineto source):
+`cpu_op` and `user_annotation` ranges on CPU threads with `args["External id"]` (and
+`args["Input type"]` with `record_shapes=True`; autograd ops add `Sequence number` and
+`Fwd thread id`, which is > 0 on backward ops); `cuda_runtime`/`cuda_driver` calls with
+`args.correlation`; `kernel`, `gpu_memcpy`, `gpu_memset` on the device (`pid` = device,
+`tid` = stream) with the launching call's correlation and, for kernels, launch facts (`grid`,
+`block`, `registers per thread`, `shared memory`, ...); `gpu_user_annotation` ranges; flows
+(`ph: s`/`f`), metadata (`ph: M`). Older Kineto versions spell some categories `Kernel`,
+`Memcpy`, `Memset`, `Runtime`. Timestamps and durations are microseconds.
+
+`decode_records(payload)` decodes a JSON array of events; an event that does not fit the schema
+(an `args` that is not an object, say) makes it raise `msgspec.ValidationError`, and the caller
+then decodes the batch generically and passes each event through `record_from_object`, so an
+odd trace is read more slowly, never misread.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Callable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
 
-#: The kernel `args` keys that KernelInfo is built from, in the order of `Record` fields below.
-KERNEL_ARG_KEYS = ("grid", "block", "registers per thread", "registers_per_thread", "shared memory",
-                   "shared memory (bytes)", "Shared Memory", "shared_memory", "static shared memory",
-                   "dynamic shared memory", "blocks per SM", "warps per SM", "est. achieved occupancy %",
-                   "est. achieved occupancy", "achieved occupancy %")
+import msgspec
 
-try:
-    import msgspec
-except ImportError:  # pragma: no cover - depends on the environment
-    msgspec = None
+#: The value of a field the event does not have.
+ABSENT: Any = msgspec.UNSET
+_NO_INPUT_TYPE = msgspec.Raw(b"null")
+_f = msgspec.field
+_Number = int | float | str | None  # pid and tid: numbers, or text in some exporters
 
-if msgspec is not None:  # generic decoders, fastest first (msgspec builds dicts about twice as fast as orjson)
-    _generic_loads: Callable[[Any], Any] = msgspec.json.decode
-else:  # pragma: no cover - depends on the environment
+
+class CommonArgs(msgspec.Struct, gc=False):
+    """The `args` fields read on several kinds of event; ABSENT where the event has no such key."""
+
+    ext: Any = _f(name="External id", default=ABSENT)
+    input_type: msgspec.Raw = _f(name="Input type", default=_NO_INPUT_TYPE)
+    device: Any = ABSENT
+    stream: Any = ABSENT
+    corr: Any = _f(name="correlation", default=ABSENT)
+    nbytes: Any = _f(name="bytes", default=ABSENT)
+    seq: Any = _f(name="Sequence number", default=ABSENT)  # autograd: links a backward op to its forward op
+    fwd_tid: Any = _f(name="Fwd thread id", default=ABSENT)  # > 0 on backward ops
+
+
+class Args(CommonArgs, gc=False):
+    """`CommonArgs` plus a kernel's launch facts, in every spelling Kineto versions and other
+    exporters use (`kernel_info` says which spelling wins)."""
+
+    grid: Any = ABSENT
+    block: Any = ABSENT
+    regs: Any = _f(name="registers per thread", default=ABSENT)
+    regs_alt: Any = _f(name="registers_per_thread", default=ABSENT)
+    smem: Any = _f(name="shared memory", default=ABSENT)
+    smem_bytes: Any = _f(name="shared memory (bytes)", default=ABSENT)
+    smem_cap: Any = _f(name="Shared Memory", default=ABSENT)
+    smem_us: Any = _f(name="shared_memory", default=ABSENT)
+    smem_static: Any = _f(name="static shared memory", default=ABSENT)
+    smem_dynamic: Any = _f(name="dynamic shared memory", default=ABSENT)
+    blocks_per_sm: Any = _f(name="blocks per SM", default=ABSENT)
+    warps_per_sm: Any = _f(name="warps per SM", default=ABSENT)
+    occupancy: Any = _f(name="est. achieved occupancy %", default=ABSENT)
+    occupancy_alt: Any = _f(name="est. achieved occupancy", default=ABSENT)
+    occupancy_pct: Any = _f(name="achieved occupancy %", default=ABSENT)
+
+
+#: The launch-fact fields of `Args` (those `CommonArgs` lacks), in declaration order.
+KERNEL_FACTS: tuple[str, ...] = Args.__struct_fields__[len(CommonArgs.__struct_fields__):]
+#: An event's launch facts as a tuple, in KERNEL_FACTS order (grid and block first).
+kernel_facts = attrgetter(*KERNEL_FACTS)
+
+
+class Record(msgspec.Struct, gc=False):
+    """One trace event, reduced to what the tables read. A missing `ph` stays ABSENT (it counts
+    as "X" for events of a known category); a missing `dur` is 0."""
+
+    ph: str | msgspec.UnsetType = ABSENT
+    cat: str | None = None
+    name: str | None = None
+    pid: _Number = None
+    tid: _Number = None
+    ts: Any = None
+    dur: Any = 0.0
+    args: Args | None = None
+
+
+#: Empty args, for events without any.
+EMPTY_ARGS = Args()
+
+_decode_records = msgspec.json.Decoder(list[Record]).decode
+_decode_any = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def decode_records(payload: bytes) -> list[Record]:
+    """The events of a JSON array as `Record`s.
+
+    Raises msgspec.ValidationError when an event does not fit the schema and
+    msgspec.DecodeError (a ValueError) when the payload is not JSON.
+    """
+    return _decode_records(payload)
+
+
+def decode_any(payload: bytes) -> Any:
+    """Any JSON value, as dicts and lists. Raises msgspec.DecodeError (a ValueError) for non-JSON."""
+    return _decode_any(payload)
+
+
+def encode(value: Any) -> bytes:
+    """`value` as compact JSON bytes (NaN and infinities become null). Raises TypeError for
+    values JSON cannot hold."""
+    return _encode(value)
+
+
+def input_type_value(raw: bytes) -> Any:
+    """The decoded value of an `Input type` field, from its JSON text."""
+    return _decode_any(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInfo:
+    """Launch facts of one kernel launch, as Kineto reports them (None where absent)."""
+
+    grid: tuple[int, ...] | None
+    block: tuple[int, ...] | None
+    registers_per_thread: int | None
+    shared_memory_bytes: int | None
+    blocks_per_sm: float | None
+    warps_per_sm: float | None
+    achieved_occupancy_pct: float | None  # the raw reported value; 0 may mean "not computed"
+
+    @property
+    def threads_per_block(self) -> int | None:
+        """The product of the block's dimensions (None without a block)."""
+        if not self.block:
+            return None
+        n = 1
+        for d in self.block:
+            n *= d
+        return n
+
+
+def _int_or_none(value: Any) -> int | None:
     try:
-        from orjson import loads as _generic_loads
-    except ImportError:
-        _generic_loads = json.loads
-
-if msgspec is not None:
-    ABSENT: Any = msgspec.UNSET
-    _f = msgspec.field
-
-    class Args(msgspec.Struct):
-        """The `args` fields the tables read; ABSENT where the event has no such key."""
-
-        ext: Any = _f(name="External id", default=ABSENT)
-        corr: Any = _f(name="correlation", default=ABSENT)
-        input_type: Any = _f(name="Input type", default=ABSENT)
-        device: Any = ABSENT
-        stream: Any = ABSENT
-        nbytes: Any = _f(name="bytes", default=ABSENT)
-        grid: Any = ABSENT
-        block: Any = ABSENT
-        regs: Any = _f(name="registers per thread", default=ABSENT)
-        regs_alt: Any = _f(name="registers_per_thread", default=ABSENT)
-        smem: Any = _f(name="shared memory", default=ABSENT)
-        smem_bytes: Any = _f(name="shared memory (bytes)", default=ABSENT)
-        smem_cap: Any = _f(name="Shared Memory", default=ABSENT)
-        smem_us: Any = _f(name="shared_memory", default=ABSENT)
-        smem_static: Any = _f(name="static shared memory", default=ABSENT)
-        smem_dynamic: Any = _f(name="dynamic shared memory", default=ABSENT)
-        blocks_per_sm: Any = _f(name="blocks per SM", default=ABSENT)
-        warps_per_sm: Any = _f(name="warps per SM", default=ABSENT)
-        occupancy: Any = _f(name="est. achieved occupancy %", default=ABSENT)
-        occupancy_alt: Any = _f(name="est. achieved occupancy", default=ABSENT)
-        occupancy_pct: Any = _f(name="achieved occupancy %", default=ABSENT)
-
-        def kernel_values(self) -> tuple[Any, ...]:
-            """The kernel launch facts, in KERNEL_ARG_KEYS order."""
-            return (self.grid, self.block, self.regs, self.regs_alt, self.smem, self.smem_bytes, self.smem_cap,
-                    self.smem_us, self.smem_static, self.smem_dynamic, self.blocks_per_sm, self.warps_per_sm,
-                    self.occupancy, self.occupancy_alt, self.occupancy_pct)
-
-    class Record(msgspec.Struct):
-        """One trace event, reduced to what the tables read. Defaults match `dict.get` on a raw event."""
-
-        ph: Any = ABSENT
-        cat: Any = None
-        name: Any = None
-        pid: Any = None
-        tid: Any = None
-        ts: Any = None
-        dur: Any = 0.0
-        args: Args | None = None
-
-    _record_decoder: Callable[[bytes], list[Record]] | None = msgspec.json.Decoder(list[Record]).decode
-    _validation_error: type[Exception] = msgspec.ValidationError
-else:  # pragma: no cover - depends on the environment
-    ABSENT = object()
-    _record_decoder = None
-    _validation_error = ValueError
-
-
-def fast_decoder_available() -> bool:
-    """True when msgspec is installed and `decode_records` can work."""
-    return _record_decoder is not None
-
-
-def decode_records(payload: bytes) -> list[Any] | None:
-    """The events of a JSON array as `Record`s; None without msgspec or when an event does not fit."""
-    if _record_decoder is None:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):  # ABSENT included
         return None
+
+
+def _float_or_none(value: Any) -> float | None:
     try:
-        return _record_decoder(payload)
-    except _validation_error:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
         return None
 
 
-def decode_generic(payload: bytes | str) -> Any:
-    """Any JSON value, as dicts and lists (msgspec, else orjson, else the standard library)."""
-    return _generic_loads(payload)
+def _dims(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, (list, tuple)):
+        try:
+            return tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _first_present(*values: Any) -> Any:
+    for value in values:
+        if value is not ABSENT:
+            return value
+    return ABSENT
+
+
+def kernel_info(args: Args) -> KernelInfo:
+    """The launch facts of a kernel event's args; where several spellings of a fact are present,
+    the first in `Args` order wins."""
+    smem = _first_present(args.smem, args.smem_bytes, args.smem_cap, args.smem_us)
+    if smem is not ABSENT:
+        smem = _int_or_none(smem)
+    else:  # some exporters split static and dynamic shared memory
+        parts = [_int_or_none(args.smem_static), _int_or_none(args.smem_dynamic)]
+        smem = sum(p or 0 for p in parts) if any(p is not None for p in parts) else None
+    return KernelInfo(_dims(args.grid), _dims(args.block), _int_or_none(_first_present(args.regs, args.regs_alt)),
+                      smem, _float_or_none(args.blocks_per_sm), _float_or_none(args.warps_per_sm),
+                      _float_or_none(_first_present(args.occupancy, args.occupancy_alt, args.occupancy_pct)))
+
+
+def _scalar_or_text(value: Any) -> Any:
+    return value if value is None or type(value) in (int, float, str) else str(value)
+
+
+def _raw_json(value: Any) -> msgspec.Raw:
+    try:
+        return msgspec.Raw(_encode(value))
+    except TypeError:  # not JSON data: the field is read as absent
+        return _NO_INPUT_TYPE
+
+
+def record_from_object(event: Any) -> Record | None:
+    """The `Record` of an event already decoded to dicts and lists; None when it is not an object.
+
+    For events that do not fit the schema: a non-object `args` is dropped, a non-text `ph` or
+    `cat` makes the event one that no table keeps, and a `name`, `pid` or `tid` that is neither
+    a number nor text is kept as text.
+    """
+    if not isinstance(event, dict):
+        return None
+    fields: dict[str, Any] = {}
+    for name, key in zip(Record.__struct_fields__, Record.__struct_encode_fields__):
+        if key in event:
+            fields[name] = event[key]
+    if "ph" in fields and not isinstance(fields["ph"], str):
+        fields["ph"] = ""
+    if "cat" in fields and not isinstance(fields["cat"], str):
+        fields["cat"] = None
+    for name in ("name", "pid", "tid"):
+        if name in fields:
+            fields[name] = _scalar_or_text(fields[name])
+    args = fields.pop("args", None)
+    if isinstance(args, dict):
+        values = {name: args[key] for name, key in zip(Args.__struct_fields__, Args.__struct_encode_fields__)
+                  if key in args}
+        if "input_type" in values:
+            values["input_type"] = _raw_json(values["input_type"])
+        fields["args"] = Args(**values)
+    return Record(**fields)

@@ -10,8 +10,13 @@ missing the finding is simply absent. Ids are a stable JSON contract:
 - ``single-fused-kernel``    exactly one kernel per forward, and it is a fused attention kernel
 - ``low-occupancy-by-design``  theoretical occupancy <= 25% because of registers or shared memory
 - ``occupancy-unreported``   a kernel whose reported occupancy is 0 or missing, with the likely cause
-- ``cpu-bound``              CPU time per forward > GPU time per forward
+- ``cpu-bound``              CPU time per forward > GPU time per forward (the CPU time without the wait
+                             inside the autograd engine, on a training step)
 - ``metadata-transposes``    ``aten::transpose`` ops that launch no kernel
+
+plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
+``bwd-memsets``, ``grad-accumulation``). ``single-fused-kernel`` counts both phases: a training
+step with a backward is never one kernel.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
 from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
 from attnprof.stats import median_count
 
 FINDING_IDS = ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
-               "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes")
+               "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes",
+               *BACKWARD_FINDING_IDS)
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
@@ -52,6 +59,7 @@ class FindingContext:
     dtype_source: str | None
     cpu_time_us: float
     gpu_time_us: float | None
+    cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
 
 
 def _us(value: float) -> str:
@@ -76,6 +84,7 @@ def build_findings(ctx: FindingContext) -> list[Finding]:
         finding = rule(ctx)
         if finding is not None:
             found.append(finding)
+    found += [Finding(fid, message) for fid, message in backward_findings(ctx)]
     return found
 
 
@@ -93,7 +102,8 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     if chain:
         cause = f"caused by {chain}"
         ops = chain.split(" → ")
-        if not ops[0].endswith("_") and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
+        out_of_place = not ops[0].endswith("_") and not ops[0].startswith("autograd::")  # not a backward op
+        if out_of_place and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
             cause += f" (the out-of-place {ops[0]} copies its input before writing)"
     else:
         cause = "launched directly inside the region, under no ATen op"
@@ -216,14 +226,20 @@ def _occupancy_unreported(ctx: FindingContext) -> Finding | None:
 
 
 def _cpu_bound(ctx: FindingContext) -> Finding | None:
-    if ctx.gpu_time_us is None or ctx.cpu_time_us <= ctx.gpu_time_us:
+    cpu = ctx.cpu_time_us if ctx.cpu_work_us is None else ctx.cpu_work_us
+    if ctx.gpu_time_us is None or cpu <= ctx.gpu_time_us:
         return None
     launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
     ops = median_count([m.cpu_ops for m in ctx.per_forward])
+    what = "CPU time per forward"
+    if abs(cpu - ctx.cpu_time_us) > 1e-6:
+        what += (f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
+                 "plus the backward ops' CPU time)")
+    else:
+        what += f" ({_us(cpu)})"
     return Finding("cpu-bound",
-                   f"CPU time per forward ({_us(ctx.cpu_time_us)}) exceeds GPU time per forward "
-                   f"({_us(ctx.gpu_time_us)}, {ctx.cpu_time_us / ctx.gpu_time_us:.1f}x): the GPU waits while the "
-                   f"CPU runs {ops} ops and {launches} launch calls.")
+                   f"{what} exceeds GPU time per forward ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
+                   f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls.")
 
 
 def _metadata_transposes(ctx: FindingContext) -> Finding | None:

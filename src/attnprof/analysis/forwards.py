@@ -5,7 +5,9 @@ A forward is one CPU range of `record_function(REGION)` (a `user_annotation`), i
 thread inside that range. Its GPU work is found by correlation, never by time: the CUDA
 runtime/driver calls on that thread inside the range carry correlation ids, and exactly the
 kernels, memcpys and memsets with those ids belong to the forward. Work of an earlier step that
-is still running when the window opens has another step's ids, so it is never counted.
+is still running when the window opens has another step's ids, so it is never counted. The
+autograd backward ops of the instance, on whatever thread (`analysis.backward`), add their calls
+the same way: `Forward.backward_device` is the backward phase of its device work.
 
 Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes one per stream),
 they are matched to the forward (by `External id`, else by overlap) and compared with the
@@ -19,8 +21,11 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from attnprof.analysis.backward import attach_backward
 from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
@@ -72,6 +77,10 @@ class Forward:
     device: list[int] = field(default_factory=list)  # kernels, memcpys, memsets (sorted by start)
     device_launch: dict[int, int] = field(default_factory=dict)  # device event -> its launch call
     gpu_annotations: list[int] = field(default_factory=list)
+    # Backward work (see analysis.backward); shared empty defaults, replaced when there is some.
+    backward_tops: Sequence[int] = ()  # outermost backward ops
+    backward_calls: AbstractSet[int] = frozenset()  # runtime calls made inside them
+    backward_device: AbstractSet[int] = frozenset()  # device events of those calls
     unmatched_launches: int = 0
     annotation_mismatches: int | None = None
 
@@ -107,7 +116,7 @@ class Attribution:
         return sum(f.annotation_mismatches or 0 for f in self.forwards)
 
 
-def _sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
+def sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
     """Indices per thread (only `wanted` threads), sorted by start then longest first."""
     by_thread: dict[int, list[int]] = defaultdict(list)
     for i, t in enumerate(threads):
@@ -172,6 +181,7 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     notes: list[str] = []
     _attach_ops(trace, forwards, skip_table_rows=set(region_rows) if table is trace.cpu_ops else set())
     _attach_calls(trace, forwards, notes)
+    attach_backward(trace, forwards, notes)
     device_traced = len(trace.device) > 0
     if device_traced:
         _attach_device(trace, forwards)
@@ -188,7 +198,7 @@ def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: se
     ops = trace.cpu_ops
     ts, dur = ops.ts, ops.dur
     wanted = {f.thread for f in forwards}
-    by_thread = _sorted_by_thread(ops.thread, ts, dur, wanted)
+    by_thread = sorted_by_thread(ops.thread, ts, dur, wanted)
     starts = {t: [ts[i] for i in idx] for t, idx in by_thread.items()}
     for fwd in forwards:
         idx = by_thread.get(fwd.thread, [])
@@ -207,14 +217,18 @@ def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: se
             stack.append(i)
 
 
-def _innermost_ops(fwd: Forward, trace: ParsedTrace, calls: list[int]) -> dict[int, int]:
-    """For each call (sorted by start), the innermost op of `fwd` around it (-1: none).
+def innermost_ops(fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
+                  ) -> dict[int, int]:
+    """For each call (sorted by start), the innermost op of `op_list` (sorted by start; default
+    `fwd.ops`) around it (-1: none).
 
     One sweep over ops and calls together, keeping the stack of open ops: O(ops + calls).
     """
     ops, rt = trace.cpu_ops, trace.runtime
-    op_list, result, stack = fwd.ops, {}, []
-    j, n = 0, len(fwd.ops)
+    op_list = fwd.ops if op_list is None else op_list
+    result: dict[int, int] = {}
+    stack: list[int] = []
+    j, n = 0, len(op_list)
     for call in calls:
         t0, t1 = rt.ts[call], rt.ts[call] + rt.dur[call]
         while j < n and ops.ts[op_list[j]] <= t0 + EPS:
@@ -234,7 +248,7 @@ def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str])
     rt = trace.runtime
     names = trace.names
     wanted = {f.thread for f in forwards}
-    by_thread = _sorted_by_thread(rt.thread, rt.ts, rt.dur, wanted)
+    by_thread = sorted_by_thread(rt.thread, rt.ts, rt.dur, wanted)
     starts = {t: [rt.ts[i] for i in idx] for t, idx in by_thread.items()}
     # Fallback: calls made on other threads of the same process (when the forward's thread has none).
     fallback: list[int] | None = None
@@ -256,7 +270,7 @@ def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str])
         else:
             calls = []
         fwd.calls = calls
-        fwd.launch_op = _innermost_ops(fwd, trace, calls)
+        fwd.launch_op = innermost_ops(fwd, trace, calls)
         fwd.launches = [i for i in calls if launch_kind(names[rt.name[i]]) is not None]
 
 
@@ -289,6 +303,8 @@ def _attach_device(trace: ParsedTrace, forwards: list[Forward]) -> None:
                     fwd.unmatched_launches += 1
         fwd.launches = launches
         fwd.device = sorted(set(work), key=dev.ts.__getitem__)
+        if fwd.backward_calls:
+            fwd.backward_device = {e for e in fwd.device if fwd.device_launch.get(e) in fwd.backward_calls}
 
 
 def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:
@@ -340,7 +356,7 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_id
         stream_starts[key] = [dev.ts[i] for i in idx]
     for fwd in forwards:
         if not fwd.gpu_annotations:
-            fwd.annotation_mismatches = len(fwd.device) if fwd.device else 0
+            fwd.annotation_mismatches = len(fwd.device) - len(fwd.backward_device)
             continue
         inside: set[int] = set()
         for a in fwd.gpu_annotations:
@@ -351,5 +367,9 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_id
             hi = bisect_right(st, gann.ts[a] + gann.dur[a] + EPS)
             end = gann.ts[a] + gann.dur[a] + EPS
             inside.update(i for i in idx[lo:hi] if dev.ts[i] + dev.dur[i] <= end)
-        fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
+        if fwd.backward_device:  # Kineto's annotation covers the forward phase only
+            inside -= fwd.backward_device
+            fwd.annotation_mismatches = len(inside.symmetric_difference(set(fwd.device) - fwd.backward_device))
+        else:
+            fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
     return True

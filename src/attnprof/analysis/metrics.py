@@ -14,6 +14,15 @@ from typing import Any
 from attnprof.analysis.forwards import Attribution, Forward
 from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
+from attnprof.analysis.phases import (
+    NO_WORK,
+    PhaseMetrics,
+    Work,
+    backward_outside_region,
+    backward_roles,
+    cpu_work_us,
+    phase_metrics,
+)
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
 from attnprof.stats import median, median_count
 
@@ -68,6 +77,10 @@ class ForwardMetrics:
     metadata_transpose_parents: Counter = field(default_factory=Counter)  # their enclosing op, by name
     mask_kernels: list[str] | None = None  # short names of the kernels the mask ops launched
     safe_softmax_kernels: list[str] | None = None  # short names of the kernels aten::_safe_softmax launched
+    cpu_work_us: float = 0.0  # cpu_time_us without the wait inside the autograd engine (see phases)
+    phases: dict[str, PhaseMetrics] | None = None  # forward and backward work (None without device events)
+    backward_outside_region: bool = False  # some backward op ran after the region ended
+    backward_roles: dict[str, list[Work]] = field(default_factory=dict)  # see phases.backward_roles
 
 
 @dataclass
@@ -177,7 +190,9 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     metrics = ForwardMetrics(cpu_time_us=fwd.cpu_time_us, launch_apis=Counter(names[rt.name[c]] for c in fwd.launches),
                              transposes=len(transposes), cpu_ops=len(fwd.ops), op_counts=Counter(op_name.values()),
                              upcasts=upcasts, upcast_types_known=upcast_types_known,
-                             mask_ops=Counter(op_name[i] for i in mask_roots))
+                             mask_ops=Counter(op_name[i] for i in mask_roots),
+                             cpu_work_us=cpu_work_us(trace, fwd),
+                             backward_outside_region=backward_outside_region(trace, fwd))
     if not attribution.device_traced:
         return metrics
     kinds = Counter(dev.kind[e] for e in fwd.device)
@@ -201,6 +216,13 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     metrics.mask_kernels = _kernels_under(trace, fwd, mask_roots) if mask_roots else []
     softmax_roots = {i for i in fwd.ops if op_name[i] == SAFE_SOFTMAX}
     metrics.safe_softmax_kernels = _kernels_under(trace, fwd, softmax_roots) if softmax_roots else []
+    if fwd.backward_device:
+        metrics.phases = phase_metrics(trace, fwd)
+    else:  # all of it is forward work, counted above
+        metrics.phases = {"forward": PhaseMetrics(metrics.kernels, metrics.memcpy, metrics.memset,
+                                                  metrics.kernel_time_us, metrics.gpu_time_us or 0.0),
+                          "backward": NO_WORK}
+    metrics.backward_roles = backward_roles(trace, fwd)
     return metrics
 
 

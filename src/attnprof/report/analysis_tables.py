@@ -2,11 +2,12 @@
 
 `render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
-a per-kernel table and the findings. Missing values read "n/a" (never 0); an occupancy the
-profiler did not report reads "unreported"; tensor cores read yes / no / ?. `width` None
-(`--wide`, and always for markdown) gives the full tables; a number fits every line of the
-table style to it: kernel names are cut shorter, the less wanted kernel columns dropped, and
-the finding bullets wrapped (see `report.layout`).
+the forward/backward phases (only with backward work), a per-kernel table and the findings.
+Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
+"unreported"; tensor cores read yes / no / ?. `width` None (`--wide`, and always for markdown)
+gives the full tables; a number fits every line of the table style to it: kernel names are cut
+shorter, the less wanted kernel columns dropped, and the finding bullets wrapped (see
+`report.layout`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ KERNEL_COLUMNS = (
     Column("theoretical occ.", drop=7), Column("tensor cores", drop=9), Column("launched by", drop=4),
 )
 
+PHASE_COLUMNS = (Column("phase", narrow=10), Column("kernels"), Column("memcpy"), Column("memset"),
+                 Column("kernel µs", drop=2), Column("GPU µs", drop=1))
+
 EXPLAIN_COLUMNS = (Column(""), Column("", narrow=20))
 PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
 
@@ -98,6 +102,21 @@ def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> s
     if data.get("annotation_mismatches") is not None:
         rows.append(["GPU annotation mismatches", fmt_number(data.get("annotation_mismatches")), ""])
     return table(SUMMARY_COLUMNS, rows, fmt, width)
+
+
+def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str | None:
+    """Forward and backward work per forward (medians); None when the trace shows no backward work."""
+    phases = data.get("phases") or {}
+    backward = phases.get("backward") or {}
+    if not any(backward.get(key) for key in ("kernels", "memcpy", "memset")):
+        return None
+    rows = []
+    for phase in ("forward", "backward"):
+        facts = phases.get(phase) or {}
+        label = phase + (" (after the region)" if facts.get("outside_region") else "")
+        rows.append([label, *(fmt_number(facts.get(key)) for key in ("kernels", "memcpy", "memset")),
+                     fmt_number(facts.get("kernel_time_us")), fmt_number(facts.get("gpu_time_us"))])
+    return table(PHASE_COLUMNS, rows, fmt, width)
 
 
 def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
@@ -145,6 +164,9 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
              + (f"; {data['region_choice']}" if data.get("region_choice") else ""))
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
     parts = [*wrap(heading(title), width), "", summary_table(data, fmt, width)]
+    phases = phases_table(data, fmt, width)
+    if phases:
+        parts += ["", heading("Phases per forward"), "", phases]
     kernels = data.get("kernels") or []
     if kernels:
         parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]

@@ -1,0 +1,183 @@
+"""Read a large trace file with two processes (Linux), with the same result as one.
+
+A forked worker reads the second half of the event list (from the first event that starts
+after the middle byte) and the rest of the document, while this process reads the first half
+and stops exactly where the worker began; then the worker's sink is appended to this one
+(`Sink.absorb`). This process checks the cut itself, by decoding complete events right up to
+it; if it cannot, or the worker fails, it reads on alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnprof.analysis import decoding, reader
+from attnprof.errors import TraceError
+
+PARALLEL_MIN_BYTES = 48 << 20  # smaller event lists are read by one process
+GZIP_SPLIT = 0.55  # the worker also inflates everything before its half: give it less to parse
+
+
+def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink], label: str) -> bool:
+    """`read_document` over a file, read by two processes when it is large and forking is safe.
+
+    `new_sink()` makes the worker's sink. Raises TraceError, and OSError/EOFError/zlib.error for
+    a file that cannot be read or inflated.
+    """
+    with reader.open_binary(path) as fp:
+        stream = reader.ByteStream(fp, label)
+        split = None
+        if _can_fork():
+            size = _inflated_size(path) if isinstance(fp, gzip.GzipFile) else path.stat().st_size
+            share = GZIP_SPLIT if isinstance(fp, gzip.GzipFile) else 0.5
+
+            def split(stream: reader.ByteStream, sink: reader.Sink, is_object: bool) -> bool:
+                return _read_split(stream, sink, path, new_sink, size, share, is_object)
+
+        return reader.read_document(stream, sink, split)
+
+
+def _can_fork() -> bool:
+    """Linux, two usable cores, and this process has one thread (forking it is safe)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2 and len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _inflated_size(path: Path) -> int:
+    """The gzip trailer's size of the inflated data (modulo 4 GiB: a hint only)."""
+    with path.open("rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
+def _read_split(stream: reader.ByteStream, sink: reader.Sink, path: Path, new_sink: Callable[[], reader.Sink],
+                size: int, share: float, is_object: bool) -> bool:
+    """Read the event list (the cursor is just inside it) with a worker; True when the worker's
+    half and the rest of the document are in `sink`, False when nothing was split."""
+    start = stream.offset
+    if size - start < PARALLEL_MIN_BYTES:
+        return False
+    worker = _Worker(path, start + int((size - start) * share), new_sink, stream.label, is_object)
+    try:
+        asked = False
+
+        def at_stop() -> bool:  # at the middle: wait for where the worker starts, then stop there
+            nonlocal asked
+            if asked:
+                return False
+            asked = True
+            begins = worker.event_start()
+            stream.stop = begins if begins is not None and begins >= (stream.stop or 0) else None
+            return True
+
+        stream.stop, stream.at_stop = worker.middle, at_stop
+        if stream.events(sink):
+            part = worker.result()
+            if part is not None:
+                other, top_level = part
+                sink.absorb(other)
+                for key, value in top_level:
+                    sink.top_level(key, value)
+                return True
+            stream.stop, stream.paused = None, False  # the worker failed: read on alone
+            stream.events(sink)
+        stream.stop = None
+        if is_object:
+            reader.object_rest(stream, sink, None)
+        return True
+    finally:
+        worker.close()
+
+
+class _Worker:
+    """A forked process reading the event list from the first event after `middle` to the end
+    of the document. It writes that event's offset (a line) and then its sink and the top-level
+    pairs after the events (a pickle) to a pipe."""
+
+    def __init__(self, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str,
+                 is_object: bool) -> None:
+        self.middle = middle
+        read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the worker: never returns
+            os.close(read_fd)
+            _work(write_fd, path, middle, new_sink, label, is_object)
+        os.close(write_fd)
+        self.pipe = os.fdopen(read_fd, "rb")
+
+    def event_start(self) -> int | None:
+        """Where the worker's first event starts (waits for it); None if it found none."""
+        try:
+            begins = int(self.pipe.readline())
+        except ValueError:
+            return None
+        return begins if begins >= 0 else None
+
+    def result(self) -> tuple[Any, list[tuple[str, Any]]] | None:
+        """The worker's sink and top-level pairs (waits for them); None if it failed."""
+        try:
+            status, *part = pickle.load(self.pipe)
+        except Exception:  # noqa: BLE001 - a worker that died or wrote nothing
+            return None
+        return tuple(part) if status == "ok" else None  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End the worker (if it still runs) and reap it."""
+        self.pipe.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+
+
+def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str,
+          is_object: bool) -> None:
+    out = os.fdopen(write_fd, "wb")
+    try:
+        with reader.open_binary(path) as fp:
+            fp.seek(middle)
+            stream = reader.ByteStream(fp, label, base=middle)
+            begins = stream.find_event_start()
+            out.write(b"%d\n" % (-1 if begins is None else begins))
+            out.flush()
+            if begins is not None:
+                sink, top_level = new_sink(), _TopLevel()
+                stream.events(sink)
+                if is_object:
+                    reader.object_rest(stream, top_level, None)  # type: ignore[arg-type]
+                out.write(pickle.dumps(("ok", sink, top_level.pairs), protocol=pickle.HIGHEST_PROTOCOL))
+        out.flush()
+    except BaseException:  # noqa: BLE001 - any failure: this process reads on alone
+        with contextlib.suppress(BaseException):
+            out.write(pickle.dumps(("error",)))
+            out.flush()
+    finally:
+        os._exit(0)
+
+
+class _TopLevel:
+    """A sink that keeps the top-level pairs that follow the event list, in order."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[str, Any]] = []
+
+    def top_level(self, key: str, value: Any) -> None:
+        """Keep one pair."""
+        self.pairs.append((key, value))
+
+    def add(self, records: list[decoding.Record], non_objects: int = 0) -> None:
+        """A second event list: rare, so the worker gives up and the parent reads it alone."""
+        raise TraceError("a second 'traceEvents' list")
