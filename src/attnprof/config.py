@@ -82,8 +82,9 @@ class Exclusion(_Strict):
         if isinstance(value, str):
             return {"variants": [value]}
         if not isinstance(value, (dict, Exclusion)):
-            raise PydanticCustomError("exclude_entry",
-                                      "must be a variant pattern or a mapping with variants, device and reason")
+            raise PydanticCustomError(
+                "exclude_entry", "must be a variant pattern or a mapping with variants, device and reason"
+            )
         return value
 
     @model_serializer(mode="wrap")

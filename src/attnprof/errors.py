@@ -67,7 +67,7 @@ def one_line(exc: BaseException, *, with_type: bool = True, limit: int = 200) ->
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     detail = lines[0] if lines else ""
     if len(detail) > limit:
-        detail = detail[:limit - 3] + "..."
+        detail = detail[: limit - 3] + "..."
     if not with_type:
         return detail or type(exc).__name__
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

@@ -22,7 +22,7 @@ MAX_SUFFIX = 1000
 def _split(path: Path) -> tuple[str, str]:
     """`name.json.gz` -> (`name`, `.json.gz`); `name.csv` -> (`name`, `.csv`)."""
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
-    return path.name[:len(path.name) - len(suffix)], suffix
+    return path.name[: len(path.name) - len(suffix)], suffix
 
 
 def _candidates(path: Path, numbered: bool) -> Iterator[Path]:

@@ -40,8 +40,12 @@ def recording_interrupts() -> Iterator[None]:
     nor off the main thread, where SIGINT is ignored (a background job), or where a handler not set
     from Python would be lost."""
     current = signal.getsignal(signal.SIGINT)
-    if (threading.current_thread() is not threading.main_thread() or current is None
-            or current is signal.SIG_IGN or current is _on_sigint):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or current is None
+        or current is signal.SIG_IGN
+        or current is _on_sigint
+    ):
         yield
         return
     previous = signal.signal(signal.SIGINT, _on_sigint)

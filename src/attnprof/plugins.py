@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from attnprof.errors import AttnprofError, one_line
 from attnprof.registry import Registry, Variant
@@ -67,7 +68,9 @@ def enabled_plugins_from_env() -> set[str] | None:
     return {name.strip() for name in raw.split(",") if name.strip()}
 
 
-def load_variants(no_plugins: bool = False, enabled: set[str] | None = None, *, refresh: bool = False) -> LoadedVariants:
+def load_variants(
+    no_plugins: bool = False, enabled: set[str] | None = None, *, refresh: bool = False
+) -> LoadedVariants:
     """Build the registry from the entry points, once per selection.
 
     `no_plugins` keeps only the built-ins; `enabled` (default: from ATTNPROF_PLUGINS)
@@ -186,8 +189,9 @@ def _placeholder(registry: Registry, name: str, source: str, error: str) -> None
     if safe in registry:
         return
     try:
-        registry.register(Variant(name=safe, description="(plugin did not load)", forward=_never,
-                                  source=source, load_error=error))
+        registry.register(
+            Variant(name=safe, description="(plugin did not load)", forward=_never, source=source, load_error=error)
+        )
     except (AttnprofError, ValueError):
         pass
 

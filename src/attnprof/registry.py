@@ -8,8 +8,9 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
 
@@ -188,8 +189,7 @@ class Registry:
         chosen = [n for n in chosen if n not in excluded]
         if not chosen:
             raise UnknownVariantError(
-                f"no variant matches {', '.join(include)}"
-                + (f" minus {', '.join(exclude)}" if exclude else ""),
+                f"no variant matches {', '.join(include)}" + (f" minus {', '.join(exclude)}" if exclude else ""),
                 hint=f"known variants: {', '.join(self.names())}",
             )
         return [self._variants[n] for n in chosen]

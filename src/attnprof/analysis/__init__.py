@@ -19,7 +19,19 @@ from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoret
 from attnprof.analysis.trace import ParsedTrace, load_trace
 
 __all__ = [
-    "FINDING_IDS", "Finding", "KernelExplanation", "KernelStats", "Occupancy", "ParsedTrace", "SmLimits",
-    "TraceAnalysis", "analyze_trace", "dispatched_backend", "explain_kernel", "limits_for", "load_trace",
-    "short_kernel_name", "theoretical_occupancy",
+    "FINDING_IDS",
+    "Finding",
+    "KernelExplanation",
+    "KernelStats",
+    "Occupancy",
+    "ParsedTrace",
+    "SmLimits",
+    "TraceAnalysis",
+    "analyze_trace",
+    "dispatched_backend",
+    "explain_kernel",
+    "limits_for",
+    "load_trace",
+    "short_kernel_name",
+    "theoretical_occupancy",
 ]

@@ -81,6 +81,7 @@ class TraceAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract (see the module docstring)."""
+
         def r(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
@@ -106,9 +107,12 @@ class TraceAnalysis:
             "annotation_mismatches": self.annotation_mismatches,
             "notes": list(self.notes),
             "region_choice": self.region_choice,
-            "phases": None if self.phases is None else {
+            "phases": None
+            if self.phases is None
+            else {
                 phase: {k: (r(v) if isinstance(v, float) else v) for k, v in facts.items()}
-                for phase, facts in self.phases.items()},
+                for phase, facts in self.phases.items()
+            },
         }
 
 
@@ -155,8 +159,9 @@ def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | No
     return result
 
 
-def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None,
-                  dtype: str | None = None) -> TraceAnalysis:
+def analyze_trace(
+    source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None, dtype: str | None = None
+) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
     `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `region` is a
@@ -212,7 +217,8 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
     op_names = sorted({name for m in per_forward for name in m.op_counts})
     op_counts = {name: median_count([m.op_counts.get(name, 0) for m in per_forward]) for name in op_names}
     analysis = TraceAnalysis(
-        region=region, forwards=n,
+        region=region,
+        forwards=n,
         kernels_per_forward=counted("kernels", "kernels_per_forward"),
         memcpy_per_forward=counted("memcpy", "memcpy_per_forward"),
         memset_per_forward=counted("memset", "memset_per_forward"),
@@ -224,21 +230,38 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         launch_apis=launch_api_summary(per_forward),
         transposes_per_forward=counted("transposes", "transposes_per_forward") or 0,
         cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
-        kernels=kernels, findings=[], spread=spreads, device=_device_info(trace),
-        input_dtype=input_dtype, annotation_mismatches=attribution.annotation_mismatches,
-        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward, region_choice=region_choice,
-        phases=_phases(per_forward))
+        kernels=kernels,
+        findings=[],
+        spread=spreads,
+        device=_device_info(trace),
+        input_dtype=input_dtype,
+        annotation_mismatches=attribution.annotation_mismatches,
+        notes=list(attribution.notes),
+        op_counts=op_counts,
+        per_forward=per_forward,
+        region_choice=region_choice,
+        phases=_phases(per_forward),
+    )
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
     elif not trace.device_properties:
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
     if analysis.annotation_mismatches:
-        analysis.notes.append(f"{analysis.annotation_mismatches} device event(s) differ between the "
-                              f"gpu_user_annotation ranges of {region!r} and the correlated work")
-    analysis.findings = build_findings(FindingContext(
-        per_forward=per_forward, kernels=kernels, dtype=input_dtype,
-        dtype_source=dtype_source, cpu_time_us=analysis.cpu_time_us, gpu_time_us=gpu_time,
-        cpu_work_us=median([m.cpu_work_us for m in per_forward])))
+        analysis.notes.append(
+            f"{analysis.annotation_mismatches} device event(s) differ between the "
+            f"gpu_user_annotation ranges of {region!r} and the correlated work"
+        )
+    analysis.findings = build_findings(
+        FindingContext(
+            per_forward=per_forward,
+            kernels=kernels,
+            dtype=input_dtype,
+            dtype_source=dtype_source,
+            cpu_time_us=analysis.cpu_time_us,
+            gpu_time_us=gpu_time,
+            cpu_work_us=median([m.cpu_work_us for m in per_forward]),
+        )
+    )
     return analysis
 
 

@@ -50,8 +50,11 @@ def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
     candidates = sorted(candidates, key=lambda i: (ops.thread[i], ops.ts[i], -ops.dur[i]))
     kept: list[int] = []
     for i in candidates:
-        if kept and ops.thread[kept[-1]] == ops.thread[i] and (
-                ops.ts[i] + ops.dur[i] <= ops.ts[kept[-1]] + ops.dur[kept[-1]] + fw.EPS):
+        if (
+            kept
+            and ops.thread[kept[-1]] == ops.thread[i]
+            and (ops.ts[i] + ops.dur[i] <= ops.ts[kept[-1]] + ops.dur[kept[-1]] + fw.EPS)
+        ):
             continue
         kept.append(i)
     return kept
@@ -98,14 +101,16 @@ class _Linker:
         return k
 
 
-def _nested(trace: ParsedTrace, by_thread: dict[int, list[int]], starts: dict[int, list[float]], top: int
-            ) -> list[int]:
+def _nested(trace: ParsedTrace, by_thread: dict[int, list[int]], starts: dict[int, list[float]], top: int) -> list[int]:
     """`top` and the ops of its thread inside its range, sorted by start (outermost first)."""
     ops = trace.cpu_ops
     thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
     idx, st = by_thread[thread], starts[thread]
-    return [i for i in idx[bisect_left(st, t0 - fw.EPS):bisect_right(st, t1 + fw.EPS)]
-            if ops.ts[i] + ops.dur[i] <= t1 + fw.EPS]
+    return [
+        i
+        for i in idx[bisect_left(st, t0 - fw.EPS) : bisect_right(st, t1 + fw.EPS)]
+        if ops.ts[i] + ops.dur[i] <= t1 + fw.EPS
+    ]
 
 
 def _parents(trace: ParsedTrace, fwd: Forward, op_list: list[int]) -> None:
@@ -166,8 +171,11 @@ def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str
         k = owner[top]
         thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
         idx, st = rt_threads.get(thread, []), rt_starts.get(thread, [])
-        calls = [c for c in idx[bisect_left(st, t0 - fw.EPS):bisect_right(st, t1 + fw.EPS)]
-                 if rt.ts[c] + rt.dur[c] <= t1 + fw.EPS]
+        calls = [
+            c
+            for c in idx[bisect_left(st, t0 - fw.EPS) : bisect_right(st, t1 + fw.EPS)]
+            if rt.ts[c] + rt.dur[c] <= t1 + fw.EPS
+        ]
         op_list = _nested(trace, op_threads, op_starts, top)
         _parents(trace, forwards[k], op_list)
         forwards[k].launch_op.update(fw.innermost_ops(forwards[k], trace, calls, op_list))
@@ -183,12 +191,16 @@ def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None
     ops, rt, names = trace.cpu_ops, trace.runtime, trace.names
     with_backward = [f for f in forwards if f.backward_tops]
     if with_backward:
-        notes.append("backward work is counted under phases.backward: autograd ops linked to the region's "
-                     "forward ops by sequence number, or running on another thread inside the region")
+        notes.append(
+            "backward work is counted under phases.backward: autograd ops linked to the region's "
+            "forward ops by sequence number, or running on another thread inside the region"
+        )
     outside = sum(1 for f in with_backward if any(ops.ts[t] > f.end for t in f.backward_tops))
     if outside:
-        notes.append(f"the backward of {outside} of {len(forwards)} region instance(s) ran after the region "
-                     "ended (.backward() outside it); linked by sequence number, it is still counted")
+        notes.append(
+            f"the backward of {outside} of {len(forwards)} region instance(s) ran after the region "
+            "ended (.backward() outside it); linked by sequence number, it is still counted"
+        )
     region_threads = {f.thread for f in forwards}
     if not set(rt.thread) - region_threads:
         return
@@ -202,5 +214,7 @@ def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None
         if k >= 0 and rt.ts[i] <= forwards[k].end and fw.launch_kind(names[rt.name[i]]) is not None:
             left_out += 1
     if left_out:
-        notes.append(f"{left_out} launch call(s) by other threads ran while the region ran but belong to no "
-                     "backward op linked to it: not counted")
+        notes.append(
+            f"{left_out} launch call(s) by other threads ran while the region ran but belong to no "
+            "backward op linked to it: not counted"
+        )

@@ -32,7 +32,7 @@ class _Role:
     works: list[Work]
 
     def cost(self, what: str) -> str:
-        """"N what per step, T us per step"."""
+        """ "N what per step, T us per step"."""
         return f"{self.count} {what} per step, {self.time:,.1f} us per step"
 
     def names(self) -> str:
@@ -53,14 +53,18 @@ def _role(ctx: FindingContext, role: str) -> _Role | None:
 
 
 def _dot_do_o(r: _Role) -> str:
-    return (f"The backward runs a dO·O preprocessing kernel ({r.names()}) before the fused backward kernel: "
-            f"{r.cost('kernel(s)')} ({r.share:.0f}% of the backward's kernel time); it computes the row sums of "
-            "dO * O that the softmax gradient needs.")
+    return (
+        f"The backward runs a dO·O preprocessing kernel ({r.names()}) before the fused backward kernel: "
+        f"{r.cost('kernel(s)')} ({r.share:.0f}% of the backward's kernel time); it computes the row sums of "
+        "dO * O that the softmax gradient needs."
+    )
 
 
 def _dq_convert(r: _Role) -> str:
-    return (f"The fused backward accumulates dQ in fp32 and converts it with a separate kernel ({r.names()}): "
-            f"{r.cost('kernel(s)')} ({r.share:.0f}% of the backward's kernel time).")
+    return (
+        f"The fused backward accumulates dQ in fp32 and converts it with a separate kernel ({r.names()}): "
+        f"{r.cost('kernel(s)')} ({r.share:.0f}% of the backward's kernel time)."
+    )
 
 
 def _memsets(r: _Role) -> str:
@@ -68,19 +72,27 @@ def _memsets(r: _Role) -> str:
     size = f", {_list_bytes(sizes)}" if sizes else ""
     ops = Counter(w.op for w in r.works if w.op)
     under = f", launched under {', '.join(op for op, _ in ops.most_common(2))}" if ops else ""
-    return (f"The backward zeroes buffers before the kernels that use them (counters or accumulators): "
-            f"{r.cost('memset(s)')}{size}{under}.")
+    return (
+        f"The backward zeroes buffers before the kernels that use them (counters or accumulators): "
+        f"{r.cost('memset(s)')}{size}{under}."
+    )
 
 
 def _grad_accumulation(r: _Role) -> str:
-    return (f"AccumulateGrad adds the new gradients into an existing .grad ({r.names()}): {r.cost('kernel(s)')} "
-            f"({r.share:.0f}% of the backward's kernel time); .grad was not reset to None before the backward "
-            "(zero_grad(set_to_none=True) or torch.autograd.grad avoid them).")
+    return (
+        f"AccumulateGrad adds the new gradients into an existing .grad ({r.names()}): {r.cost('kernel(s)')} "
+        f"({r.share:.0f}% of the backward's kernel time); .grad was not reset to None before the backward "
+        "(zero_grad(set_to_none=True) or torch.autograd.grad avoid them)."
+    )
 
 
 #: finding id -> (role in ForwardMetrics.backward_roles, its message)
-_RULES = {"bwd-dot-do-o": ("dot-do-o", _dot_do_o), "bwd-dq-convert": ("convert-dq", _dq_convert),
-          "bwd-memsets": ("memset", _memsets), "grad-accumulation": ("grad-accumulation", _grad_accumulation)}
+_RULES = {
+    "bwd-dot-do-o": ("dot-do-o", _dot_do_o),
+    "bwd-dq-convert": ("convert-dq", _dq_convert),
+    "bwd-memsets": ("memset", _memsets),
+    "grad-accumulation": ("grad-accumulation", _grad_accumulation),
+}
 BACKWARD_FINDING_IDS = tuple(_RULES)
 
 

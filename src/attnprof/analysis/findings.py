@@ -29,9 +29,18 @@ from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_f
 from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
 from attnprof.stats import median_count
 
-FINDING_IDS = ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
-               "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes",
-               *BACKWARD_FINDING_IDS)
+FINDING_IDS = (
+    "hidden-memcpy",
+    "fp32-cuda-cores",
+    "mask-rebuilt",
+    "safe-softmax",
+    "single-fused-kernel",
+    "low-occupancy-by-design",
+    "occupancy-unreported",
+    "cpu-bound",
+    "metadata-transposes",
+    *BACKWARD_FINDING_IDS,
+)
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
@@ -79,8 +88,17 @@ def _list(items: list[str], limit: int = 4) -> str:
 def build_findings(ctx: FindingContext) -> list[Finding]:
     """All findings the evidence supports, in a stable order."""
     found = []
-    for rule in (_hidden_memcpy, _fp32_cuda_cores, _mask_rebuilt, _safe_softmax, _single_fused_kernel,
-                 _low_occupancy, _occupancy_unreported, _cpu_bound, _metadata_transposes):
+    for rule in (
+        _hidden_memcpy,
+        _fp32_cuda_cores,
+        _mask_rebuilt,
+        _safe_softmax,
+        _single_fused_kernel,
+        _low_occupancy,
+        _occupancy_unreported,
+        _cpu_bound,
+        _metadata_transposes,
+    ):
         finding = rule(ctx)
         if finding is not None:
             found.append(finding)
@@ -108,8 +126,10 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     else:
         cause = "launched directly inside the region, under no ATen op"
     who = "Every forward runs" if with_copy == len(counts) else f"{with_copy} of {len(counts)} forwards run"
-    return Finding("hidden-memcpy",
-                   f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.")
+    return Finding(
+        "hidden-memcpy",
+        f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.",
+    )
 
 
 def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
@@ -120,9 +140,11 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
         return None
     n = sum(k.count_per_forward for k in gemms)
     names = [f"{k.short_name}" for k in gemms]
-    message = (f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores "
-               f"({_list(names, 2)}), although the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} "
-               f"({ctx.dtype_source})")
+    message = (
+        f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores "
+        f"({_list(names, 2)}), although the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} "
+        f"({ctx.dtype_source})"
+    )
     upcasts = _upcasts_per_forward(ctx)
     if upcasts:
         count, how = upcasts
@@ -151,8 +173,10 @@ def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
     listed = ", ".join(f"{name} x{n}" for name, n in per_op.items() if n)
     message = f"Every forward builds the attention mask again: {listed} per forward"
     if kernel_counts and median_count(kernel_counts):
-        message += (f", launching {median_count(kernel_counts)} kernels "
-                    f"({_list(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})")
+        message += (
+            f", launching {median_count(kernel_counts)} kernels "
+            f"({_list(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})"
+        )
     return Finding("mask-rebuilt", message + ".")
 
 
@@ -171,8 +195,10 @@ def _safe_softmax(ctx: FindingContext) -> Finding | None:
         return None
     message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.per_forward))}"
     if kernel_counts and median_count(kernel_counts):
-        message += (f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
-                    "beyond the softmax itself they find fully masked rows and write 0 there instead of NaN")
+        message += (
+            f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
+            "beyond the softmax itself they find fully masked rows and write 0 there instead of NaN"
+        )
     else:
         message += ", guarding fully masked rows against NaN with extra ops"
     return Finding("safe-softmax", message + ".")
@@ -189,30 +215,44 @@ def _single_fused_kernel(ctx: FindingContext) -> Finding | None:
     if kernel.family != "fused-attention":
         return None
     library = f", {kernel.library}" if kernel.library else ""
-    return Finding("single-fused-kernel",
-                   f"Each forward runs exactly one kernel, the fused attention kernel {kernel.short_name} "
-                   f"({_us(kernel.time_us)}{library}).")
+    return Finding(
+        "single-fused-kernel",
+        f"Each forward runs exactly one kernel, the fused attention kernel {kernel.short_name} "
+        f"({_us(kernel.time_us)}{library}).",
+    )
 
 
 def _low_occupancy(ctx: FindingContext) -> Finding | None:
-    low = [k for k in ctx.kernels if k.theoretical_occupancy_pct is not None
-           and k.theoretical_occupancy_pct <= LOW_OCCUPANCY_PCT
-           and k.occupancy_limiter in ("registers", "shared memory")
-           and k.family in ("fused-attention", "gemm")]
+    low = [
+        k
+        for k in ctx.kernels
+        if k.theoretical_occupancy_pct is not None
+        and k.theoretical_occupancy_pct <= LOW_OCCUPANCY_PCT
+        and k.occupancy_limiter in ("registers", "shared memory")
+        and k.family in ("fused-attention", "gemm")
+    ]
     if not low:
         return None
     low.sort(key=lambda k: -k.time_us)
     top = low[0]
-    message = (f"{top.short_name} has {top.theoretical_occupancy_pct:g}% theoretical occupancy, limited by "
-               f"{top.occupancy_limiter} ({top.occupancy_arithmetic}): heavy blocks that keep tiles on chip, by design")
+    message = (
+        f"{top.short_name} has {top.theoretical_occupancy_pct:g}% theoretical occupancy, limited by "
+        f"{top.occupancy_limiter} ({top.occupancy_arithmetic}): heavy blocks that keep tiles on chip, by design"
+    )
     if len(low) > 1:
         message += f"; {_list([f'{k.short_name} {k.theoretical_occupancy_pct:g}%' for k in low[1:]], 2)} likewise"
     return Finding("low-occupancy-by-design", message + ".")
 
 
 def _occupancy_unreported(ctx: FindingContext) -> Finding | None:
-    flagged = [k for k in ctx.kernels if k.kind == "kernel" and k.achieved_occupancy_pct is None and k.occupancy_note
-               and not k.occupancy_note.startswith(("its grid", "the trace has no occupancy"))]
+    flagged = [
+        k
+        for k in ctx.kernels
+        if k.kind == "kernel"
+        and k.achieved_occupancy_pct is None
+        and k.occupancy_note
+        and not k.occupancy_note.startswith(("its grid", "the trace has no occupancy"))
+    ]
     if not flagged:
         return None
     flagged.sort(key=lambda k: -k.time_us)
@@ -233,13 +273,17 @@ def _cpu_bound(ctx: FindingContext) -> Finding | None:
     ops = median_count([m.cpu_ops for m in ctx.per_forward])
     what = "CPU time per forward"
     if abs(cpu - ctx.cpu_time_us) > 1e-6:
-        what += (f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
-                 "plus the backward ops' CPU time)")
+        what += (
+            f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
+            "plus the backward ops' CPU time)"
+        )
     else:
         what += f" ({_us(cpu)})"
-    return Finding("cpu-bound",
-                   f"{what} exceeds GPU time per forward ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
-                   f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls.")
+    return Finding(
+        "cpu-bound",
+        f"{what} exceeds GPU time per forward ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
+        f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls.",
+    )
 
 
 def _metadata_transposes(ctx: FindingContext) -> Finding | None:
@@ -252,6 +296,8 @@ def _metadata_transposes(ctx: FindingContext) -> Finding | None:
     for m in ctx.per_forward:
         parents.update(m.metadata_transpose_parents)
     where = parents.most_common(1)[0][0] if parents else "the region"
-    return Finding("metadata-transposes",
-                   f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
-                   f"rewrite strides, mostly under {where}).")
+    return Finding(
+        "metadata-transposes",
+        f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
+        f"rewrite strides, mostly under {where}).",
+    )

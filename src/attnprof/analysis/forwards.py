@@ -33,13 +33,25 @@ from attnprof.errors import TraceError
 EPS = 0.0021  # us; Kineto widens GPU annotations by 1 ns each side and rounds to ns
 
 #: Launch APIs by what they put on the device. Memcpy and memset variants are matched by prefix.
-KERNEL_LAUNCH_APIS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchKernelEx", "cudaLaunchCooperativeKernel",
-    "cudaLaunchCooperativeKernelMultiDevice", "cudaLaunchHostFunc",
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
-    "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
-    "hipLaunchCooperativeKernel",
-})
+KERNEL_LAUNCH_APIS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
+        "cudaLaunchHostFunc",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernelMultiDevice",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipLaunchCooperativeKernel",
+    }
+)
 GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 _MEMCPY_API = re.compile(r"^(?:cuda|cu|hip)Memcpy")
 _MEMSET_API = re.compile(r"^(?:cuda|cu|hip)Memset")
@@ -149,8 +161,10 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     for i in region_rows:
         if outer:
             last = outer[-1]
-            if (table.thread[last] == table.thread[i]
-                    and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS):
+            if (
+                table.thread[last] == table.thread[i]
+                and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS
+            ):
                 continue
         outer.append(i)
 
@@ -170,14 +184,18 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
             if j >= 0 and ann.ts[steps[j]] + ann.dur[steps[j]] + EPS >= end:
                 kept.append(i)
         if not kept:
-            raise TraceError(f"region {region!r} appears {len(outer)} time(s) but never inside a "
-                             "ProfilerStep#N range: no forward ran in the profiler's active steps",
-                             hint="call prof.step() after each forward inside the profile() block")
+            raise TraceError(
+                f"region {region!r} appears {len(outer)} time(s) but never inside a "
+                "ProfilerStep#N range: no forward ran in the profiler's active steps",
+                hint="call prof.step() after each forward inside the profile() block",
+            )
         outer = kept
     outer.sort(key=lambda i: table.ts[i])
 
-    forwards = [Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
-                for i in outer]
+    forwards = [
+        Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
+        for i in outer
+    ]
     notes: list[str] = []
     _attach_ops(trace, forwards, skip_table_rows=set(region_rows) if table is trace.cpu_ops else set())
     _attach_calls(trace, forwards, notes)
@@ -187,11 +205,14 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
         _attach_device(trace, forwards)
         unmatched = sum(f.unmatched_launches for f in forwards)
         if unmatched:
-            notes.append(f"{unmatched} launch call(s) inside the forwards have no device event in the "
-                         "trace (dropped by the profiler, or still running when it stopped)")
+            notes.append(
+                f"{unmatched} launch call(s) inside the forwards have no device event in the "
+                "trace (dropped by the profiler, or still running when it stopped)"
+            )
     has_gann = _attach_gpu_annotations(trace, forwards, name_ids)
-    return Attribution(trace=trace, forwards=forwards, device_traced=device_traced,
-                       has_gpu_annotations=has_gann, notes=notes)
+    return Attribution(
+        trace=trace, forwards=forwards, device_traced=device_traced, has_gpu_annotations=has_gann, notes=notes
+    )
 
 
 def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: set[int]) -> None:
@@ -217,8 +238,9 @@ def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: se
             stack.append(i)
 
 
-def innermost_ops(fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
-                  ) -> dict[int, int]:
+def innermost_ops(
+    fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
+) -> dict[int, int]:
     """For each call (sorted by start), the innermost op of `op_list` (sorted by start; default
     `fwd.ops`) around it (-1: none).
 
@@ -261,11 +283,14 @@ def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str])
         elif len(rt):
             if fallback is None:
                 pid = trace.threads[fwd.thread][0]
-                fallback = sorted((i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid),
-                                  key=rt.ts.__getitem__)
+                fallback = sorted(
+                    (i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid), key=rt.ts.__getitem__
+                )
                 if fallback:
-                    notes.append("CUDA calls were not on the region's thread; calls of the same process "
-                                 "inside each forward's time range were used")
+                    notes.append(
+                        "CUDA calls were not on the region's thread; calls of the same process "
+                        "inside each forward's time range were used"
+                    )
             calls = [i for i in fallback if fwd.start - EPS <= rt.ts[i] and rt.ts[i] + rt.dur[i] <= fwd.end + EPS]
         else:
             calls = []
@@ -336,7 +361,7 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_id
             for key, (lo, hi) in spans.items():
                 idx, st = ann_by_stream.get(key, []), ann_starts.get(key, [])
                 best, best_overlap = None, EPS
-                for i in idx[max(bisect_left(st, lo) - 2, 0):bisect_right(st, hi + EPS)]:
+                for i in idx[max(bisect_left(st, lo) - 2, 0) : bisect_right(st, hi + EPS)]:
                     overlap = min(hi, gann.ts[i] + gann.dur[i]) - max(lo, gann.ts[i])
                     if i not in used and overlap > best_overlap:
                         best, best_overlap = i, overlap

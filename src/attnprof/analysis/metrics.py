@@ -27,13 +27,35 @@ from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTr
 from attnprof.stats import median, median_count
 
 #: Input-type spellings in `record_shapes` traces, by short dtype name.
-TRACE_DTYPES = {"c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16",
-                "float": "fp32", "Float": "fp32", "double": "fp64", "Double": "fp64",
-                "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8"}
-DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-                 "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-                 "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-                 "fp64": "fp64", "float64": "fp64", "double": "fp64", "torch.float64": "fp64"}
+TRACE_DTYPES = {
+    "c10::BFloat16": "bf16",
+    "BFloat16": "bf16",
+    "c10::Half": "fp16",
+    "Half": "fp16",
+    "float": "fp32",
+    "Float": "fp32",
+    "double": "fp64",
+    "Double": "fp64",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+}
+DTYPE_ALIASES = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "fp64": "fp64",
+    "float64": "fp64",
+    "double": "fp64",
+    "torch.float64": "fp64",
+}
 SIXTEEN_BIT = frozenset({"bf16", "fp16"})
 SIXTEEN_BIT_INPUT_TYPES = frozenset({"c10::BFloat16", "c10::Half", "BFloat16", "Half"})
 #: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
@@ -187,12 +209,18 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     transposes = [i for i in fwd.ops if op_name[i] == "aten::transpose"]
     mask_roots = {i for i in fwd.ops if op_name[i] in MASK_OPS and not _nested_in(fwd, i, op_name, _MASK_NESTING)}
     upcasts, upcast_types_known = _upcasts(trace, fwd, op_name)
-    metrics = ForwardMetrics(cpu_time_us=fwd.cpu_time_us, launch_apis=Counter(names[rt.name[c]] for c in fwd.launches),
-                             transposes=len(transposes), cpu_ops=len(fwd.ops), op_counts=Counter(op_name.values()),
-                             upcasts=upcasts, upcast_types_known=upcast_types_known,
-                             mask_ops=Counter(op_name[i] for i in mask_roots),
-                             cpu_work_us=cpu_work_us(trace, fwd),
-                             backward_outside_region=backward_outside_region(trace, fwd))
+    metrics = ForwardMetrics(
+        cpu_time_us=fwd.cpu_time_us,
+        launch_apis=Counter(names[rt.name[c]] for c in fwd.launches),
+        transposes=len(transposes),
+        cpu_ops=len(fwd.ops),
+        op_counts=Counter(op_name.values()),
+        upcasts=upcasts,
+        upcast_types_known=upcast_types_known,
+        mask_ops=Counter(op_name[i] for i in mask_roots),
+        cpu_work_us=cpu_work_us(trace, fwd),
+        backward_outside_region=backward_outside_region(trace, fwd),
+    )
     if not attribution.device_traced:
         return metrics
     kinds = Counter(dev.kind[e] for e in fwd.device)
@@ -203,8 +231,9 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
         metrics.gpu_time_us = max(dev.ts[e] + dev.dur[e] for e in fwd.device) - start
     gann = trace.gpu_annotations
     if fwd.gpu_annotations:
-        metrics.gpu_annotation_us = (max(gann.ts[a] + gann.dur[a] for a in fwd.gpu_annotations)
-                                     - min(gann.ts[a] for a in fwd.gpu_annotations))
+        metrics.gpu_annotation_us = max(gann.ts[a] + gann.dur[a] for a in fwd.gpu_annotations) - min(
+            gann.ts[a] for a in fwd.gpu_annotations
+        )
     metrics.kernel_time_us = sum(dev.dur[e] for e in fwd.device if dev.kind[e] == KERNEL)
     metrics.device_time_us = sum(dev.dur[e] for e in fwd.device)
     launching = _launching_ops(fwd)
@@ -219,9 +248,12 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
     if fwd.backward_device:
         metrics.phases = phase_metrics(trace, fwd)
     else:  # all of it is forward work, counted above
-        metrics.phases = {"forward": PhaseMetrics(metrics.kernels, metrics.memcpy, metrics.memset,
-                                                  metrics.kernel_time_us, metrics.gpu_time_us or 0.0),
-                          "backward": NO_WORK}
+        metrics.phases = {
+            "forward": PhaseMetrics(
+                metrics.kernels, metrics.memcpy, metrics.memset, metrics.kernel_time_us, metrics.gpu_time_us or 0.0
+            ),
+            "backward": NO_WORK,
+        }
     metrics.backward_roles = backward_roles(trace, fwd)
     return metrics
 
@@ -282,10 +314,17 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
         times_list = [0.0] * (n_fwd - len(per_name_times[nid])) + per_name_times[nid]
         name = names[nid]
         expl = explain_kernel(name)
-        stats = KernelStats(name=name, short_name=expl.short_name, kind=KIND_NAMES[kinds[nid]],
-                            family=expl.family, library=expl.library, count_per_forward=median_count(counts_list),
-                            time_us=round(median(times_list), 3), tensor_cores=expl.tensor_cores,
-                            first_seen=first_seen[nid])
+        stats = KernelStats(
+            name=name,
+            short_name=expl.short_name,
+            kind=KIND_NAMES[kinds[nid]],
+            family=expl.family,
+            library=expl.library,
+            count_per_forward=median_count(counts_list),
+            time_us=round(median(times_list), 3),
+            tensor_cores=expl.tensor_cores,
+            first_seen=first_seen[nid],
+        )
         if nid in apis:
             stats.launch_api = apis[nid].most_common(1)[0][0]
         if nid in chains:
@@ -328,16 +367,20 @@ def unreported_cause(stats: KernelStats, info, limits: SmLimits | None, occ) -> 
     smem = info.shared_memory_bytes or 0
     default_limit = limits.default_smem_per_block if limits else 48 * 1024
     if smem > default_limit:
-        return (f"its {smem:,} B of shared memory per block exceed the {default_limit // 1024} KB default "
-                "per-block limit that Kineto's estimate assumes, so the estimate finds no resident block")
+        return (
+            f"its {smem:,} B of shared memory per block exceed the {default_limit // 1024} KB default "
+            "per-block limit that Kineto's estimate assumes, so the estimate finds no resident block"
+        )
     if limits is not None and occ is not None and info.grid and info.threads_per_block:
         grid_blocks = 1
         for d in info.grid:
             grid_blocks *= d
         estimate = kineto_estimate_pct(grid_blocks, info.threads_per_block, occ.active_blocks, limits)
         if estimate is not None and estimate < 0.5:
-            return (f"its grid of {grid_blocks} block(s) over {limits.num_sms} SMs keeps the estimate "
-                    f"under 0.5%, which rounds to 0")
+            return (
+                f"its grid of {grid_blocks} block(s) over {limits.num_sms} SMs keeps the estimate "
+                f"under 0.5%, which rounds to 0"
+            )
     if stats.launch_api and stats.launch_api.startswith("cu") and not stats.launch_api.startswith("cuda"):
         return f"it was launched through the driver API ({stats.launch_api}), which the estimate may not cover"
     return "none visible in the trace"

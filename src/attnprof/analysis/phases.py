@@ -56,8 +56,13 @@ def _phase(trace: ParsedTrace, events: list[int]) -> PhaseMetrics:
         if kind == KERNEL:
             kernel_time += dur
         start, end = min(start, ts), max(end, ts + dur)
-    return PhaseMetrics(kernels=counts[KERNEL], memcpy=counts[MEMCPY], memset=counts[MEMSET],
-                        kernel_time_us=kernel_time, gpu_time_us=end - start if events else 0.0)
+    return PhaseMetrics(
+        kernels=counts[KERNEL],
+        memcpy=counts[MEMCPY],
+        memset=counts[MEMSET],
+        kernel_time_us=kernel_time,
+        gpu_time_us=end - start if events else 0.0,
+    )
 
 
 def phase_metrics(trace: ParsedTrace, fwd: Forward) -> dict[str, PhaseMetrics]:
@@ -115,8 +120,11 @@ def cpu_work_us(trace: ParsedTrace, fwd: Forward) -> float:
     if not fwd.backward_tops:
         return fwd.cpu_time_us
     ops = trace.cpu_ops
-    spans = sorted((ops.ts[t], ops.ts[t] + ops.dur[t]) for t in fwd.backward_tops
-                   if ops.thread[t] != fwd.thread or ops.ts[t] > fwd.end)
+    spans = sorted(
+        (ops.ts[t], ops.ts[t] + ops.dur[t])
+        for t in fwd.backward_tops
+        if ops.thread[t] != fwd.thread or ops.ts[t] > fwd.end
+    )
     if not spans:
         return fwd.cpu_time_us
     busy, open_start, open_end = 0.0, spans[0][0], spans[0][1]

@@ -68,16 +68,22 @@ def choose_region(trace: ParsedTrace) -> tuple[str, str]:
     if len(users) == 1:
         return users[0], f"no --region: using {users[0]!r}, the only user annotation"
     if STEP_FAMILY in counts:
-        others = (f"{len(users)} user annotations: {_listed(users)}; pass one with --region" if users
-                  else "no user annotations")
+        others = (
+            f"{len(users)} user annotations: {_listed(users)}; pass one with --region"
+            if users
+            else "no user annotations"
+        )
         return STEP_FAMILY, f"no --region: using the profiler steps {STEP_FAMILY!r} ({others})"
     if users:
-        raise TraceError(f"no --region and no single region to choose: {len(users)} user annotations "
-                         f"({_listed(users)}) and no ProfilerStep#N ranges",
-                         hint=f"pass one of these with --region: {_listed(users)}")
-    raise TraceError("no --region and nothing to choose: the trace has no record_function annotations "
-                     "and no ProfilerStep#N ranges",
-                     hint="wrap each forward in torch.profiler.record_function(NAME), or call prof.step() after each")
+        raise TraceError(
+            f"no --region and no single region to choose: {len(users)} user annotations "
+            f"({_listed(users)}) and no ProfilerStep#N ranges",
+            hint=f"pass one of these with --region: {_listed(users)}",
+        )
+    raise TraceError(
+        "no --region and nothing to choose: the trace has no record_function annotations and no ProfilerStep#N ranges",
+        hint="wrap each forward in torch.profiler.record_function(NAME), or call prof.step() after each",
+    )
 
 
 def missing_region_error(trace: ParsedTrace, region: str) -> TraceError:
@@ -91,9 +97,13 @@ def missing_region_error(trace: ParsedTrace, region: str) -> TraceError:
     if counts:
         listed = ", ".join(f"{name!r} ({n})" for name, n in counts.most_common(_LISTED))
         more = f" and {len(counts) - _LISTED} more" if len(counts) > _LISTED else ""
-        hint = (f"pass one of these with --region: {_listed([name for name, _ in accepted.most_common()])}"
-                if accepted else "pass the record_function name that wraps one forward with --region")
-        return TraceError(f"region {region!r} not found in the trace; annotations present: {listed}{more}",
-                          hint=hint)
-    return TraceError(f"region {region!r} not found: the trace has no record_function annotations",
-                      hint="wrap each forward in torch.profiler.record_function(NAME)")
+        hint = (
+            f"pass one of these with --region: {_listed([name for name, _ in accepted.most_common()])}"
+            if accepted
+            else "pass the record_function name that wraps one forward with --region"
+        )
+        return TraceError(f"region {region!r} not found in the trace; annotations present: {listed}{more}", hint=hint)
+    return TraceError(
+        f"region {region!r} not found: the trace has no record_function annotations",
+        hint="wrap each forward in torch.profiler.record_function(NAME)",
+    )

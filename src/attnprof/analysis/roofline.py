@@ -71,8 +71,9 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     return flops / bytes_moved if bytes_moved > 0 else float("inf")
 
 
-def achieved(flops: float, bytes_moved: float, seconds: float,
-             peak_flops: float | None, peak_bandwidth: float | None) -> dict[str, Any]:
+def achieved(
+    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_bandwidth: float | None
+) -> dict[str, Any]:
     """Achieved TFLOP/s and GB/s for `flops` and `bytes_moved` done in `seconds`, as a dict.
 
     Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved
@@ -109,11 +110,12 @@ def achieved(flops: float, bytes_moved: float, seconds: float,
     }
 
 
-def achieved_for(spec: RunSpec, seconds: float, peak_tflops: float | None,
-                 peak_gbps: float | None) -> dict[str, Any]:
+def achieved_for(spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None) -> dict[str, Any]:
     """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s."""
     return achieved(
-        step_flops(spec), min_bytes(spec), seconds,
+        step_flops(spec),
+        min_bytes(spec),
+        seconds,
         peak_tflops * 1e12 if peak_tflops else None,
         peak_gbps * 1e9 if peak_gbps else None,
     )

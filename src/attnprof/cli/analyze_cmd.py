@@ -11,17 +11,29 @@ import typer
 from attnprof.cli import common as c
 
 TraceArg = Annotated[Path, typer.Argument(help="A torch.profiler Chrome trace (.json or .json.gz).")]
-RegionOpt = Annotated[str | None, typer.Option(
-    "--region", show_default=False,
-    help="The record_function name around one forward, or a glob pattern such as 'ProfilerStep#*'. "
-         "Default: chosen from the trace (see above).")]
-DtypeHintOpt = Annotated[str | None, typer.Option(
-    "--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False)]
+RegionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--region",
+        show_default=False,
+        help="The record_function name around one forward, or a glob pattern such as 'ProfilerStep#*'. "
+        "Default: chosen from the trace (see above).",
+    ),
+]
+DtypeHintOpt = Annotated[
+    str | None,
+    typer.Option("--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False),
+]
 
 
 @c.handle_errors
-def analyze_command(trace: TraceArg, region: RegionOpt = None, dtype: DtypeHintOpt = None,
-                    fmt: c.FormatOpt = c.OutputFormat.table, wide: c.WideOpt = False) -> None:
+def analyze_command(
+    trace: TraceArg,
+    region: RegionOpt = None,
+    dtype: DtypeHintOpt = None,
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+) -> None:
     """Analyse a trace: attribute GPU work to each forward and explain what it shows.
 
     A forward is one range of --region; its GPU work is what was launched inside it (by correlation).

@@ -38,26 +38,54 @@ class GlobalState:
 
 STATE = GlobalState()
 
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document).")]
-ConfigArg = Annotated[Path | None, typer.Argument(
-    help="YAML config (or give it with -c); the built-in default when omitted.", show_default=False)]
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="YAML config (or give it as the argument); the built-in default when omitted.",
-    show_default=False)]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
-DtypeOpt = Annotated[str | None, typer.Option(
-    help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability 8.0 or newer, "
-         "fp16 on an older GPU, fp32 on CPU.", show_default=False)]
+FormatOpt = Annotated[
+    OutputFormat,
+    typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document)."),
+]
+ConfigArg = Annotated[
+    Path | None,
+    typer.Argument(help="YAML config (or give it with -c); the built-in default when omitted.", show_default=False),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML config (or give it as the argument); the built-in default when omitted.",
+        show_default=False,
+    ),
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)
+]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability "
+        "8.0 or newer, fp16 on an older GPU, fp32 on CPU.",
+        show_default=False,
+    ),
+]
 
 
 def config_path(argument: Path | None, option: Path | None) -> Path | None:
     """The config file given as the argument (ConfigArg) or with -c/--config (ConfigOpt); None for the
     built-in default; ConfigError (exit 2) when both are given."""
     if argument is not None and option is not None:
-        raise ConfigError(f"two configs given ({argument} and -c {option}): "
-                          "give it as the argument or with -c, not both")
+        raise ConfigError(
+            f"two configs given ({argument} and -c {option}): give it as the argument or with -c, not both"
+        )
     return argument if argument is not None else option
-WideOpt = Annotated[bool, typer.Option("--wide", help="Print tables in full: every column, nothing cut (default: fit $COLUMNS, the terminal, or 120 columns when stdout is not a terminal).")]
+
+
+WideOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="Print tables in full: every column, nothing cut (default: fit $COLUMNS, the terminal, "
+        "or 120 columns when stdout is not a terminal).",
+    ),
+]
 
 #: The width tables fit when stdout is not a terminal and $COLUMNS is unset (a pipe, a file, CI logs).
 DEFAULT_WIDTH = 120

@@ -15,23 +15,46 @@ if TYPE_CHECKING:
     from attnprof.pipeline import RunOutcome
     from attnprof.registry import Registry
 
-PatternsOpt = Annotated[list[str] | None, typer.Option("--variants", metavar="PATTERN", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
-ExcludeOpt = Annotated[list[str] | None, typer.Option("--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
+PatternsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--variants",
+        metavar="PATTERN",
+        help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).",
+        show_default=False,
+    ),
+]
+ExcludeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False
+    ),
+]
 BaselineOpt = Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
 
 @c.handle_errors
 @shared_options
-def compare_command(config: c.ConfigArg = None, config_file: c.ConfigOpt = None, variants: PatternsOpt = None,
-                    exclude: ExcludeOpt = None, baseline: BaselineOpt = None, fmt: c.FormatOpt = c.OutputFormat.table,
-                    wide: c.WideOpt = False, *, overrides: dict[str, Any], measure: "MeasureOptions") -> None:
+def compare_command(
+    config: c.ConfigArg = None,
+    config_file: c.ConfigOpt = None,
+    variants: PatternsOpt = None,
+    exclude: ExcludeOpt = None,
+    baseline: BaselineOpt = None,
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
+) -> None:
     """Profile every selected variant at every configured shape and compare them."""
     from attnprof.pipeline import check_names, plan_cells, select_variants
 
     if variants and exclude is None:
         exclude = []  # an explicit selection replaces the config's include and exclude lists together
-    cfg = config_from_options(c.config_path(config, config_file), overrides, variants=variants or None,
-                              exclude=exclude, baseline=baseline)
+    cfg = config_from_options(
+        c.config_path(config, config_file), overrides, variants=variants or None, exclude=exclude, baseline=baseline
+    )
     loaded = c.load_variants_for_cli()
     for line in c.plugin_notes(loaded):
         c.note(line)
@@ -52,8 +75,10 @@ def _note_exclusions(config: Config, registry: Registry, device: str) -> None:
     """One stderr line naming what the config's exclude entries left out on `device`, each with its reason."""
     from attnprof.pipeline import config_exclusions
 
-    groups = [", ".join(names) + (f" ({reason})" if reason else "")
-              for names, reason in config_exclusions(config, registry, device)]
+    groups = [
+        ", ".join(names) + (f" ({reason})" if reason else "")
+        for names, reason in config_exclusions(config, registry, device)
+    ]
     if groups:
         c.note(f"excluded by the config: {'; '.join(groups)}")
 

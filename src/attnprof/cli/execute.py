@@ -35,8 +35,7 @@ def config_on_device(config: Config) -> tuple[Config, str]:
     return resolve_config(config, device), device
 
 
-def execute(command: str, config: Config, cells: list[Cell], device: str,
-            measure: MeasureOptions) -> RunOutcome:
+def execute(command: str, config: Config, cells: list[Cell], device: str, measure: MeasureOptions) -> RunOutcome:
     """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
 
     Ctrl-C at any point after the folder exists ends the run with the finished cells written.
@@ -57,9 +56,18 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
             note(ceiling_note(ceiling))
     except KeyboardInterrupt:
         interrupted = True
-    with terminal_console() as console, Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
+    with (
+        terminal_console() as console,
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        ) as progress,
+    ):
         task = progress.add_task("starting", total=len(cells))
 
         def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
@@ -77,8 +85,16 @@ def execute(command: str, config: Config, cells: list[Cell], device: str,
         if not interrupted:
             results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
     if ceiling is not None and ceiling.replaced is not None:
-        note(ceiling_note(ceiling, [f"{r.variant} @ {_cell(r.spec)}" for r in results
-                                    if r.throughput is not None and r.throughput.pct_of_peak is None]))
+        note(
+            ceiling_note(
+                ceiling,
+                [
+                    f"{r.variant} @ {_cell(r.spec)}"
+                    for r in results
+                    if r.throughput is not None and r.throughput.pct_of_peak is None
+                ],
+            )
+        )
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
     return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted, folder)
@@ -113,8 +129,10 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
         return f"% of peak is n/a: {current.reason}"
     if ceiling.replaced is not None:
         still = f"; still beaten by {', '.join(beaten)}: % of peak is n/a there" if beaten else ""
-        return (f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
-                f"measured again: {current.tflops:.3g} TFLOP/s{still}")
+        return (
+            f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
+            f"measured again: {current.tflops:.3g} TFLOP/s{still}"
+        )
     if current.source == "cached":
         when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
     else:

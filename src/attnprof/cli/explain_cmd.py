@@ -12,8 +12,11 @@ from attnprof.cli import common as c
 
 
 @c.handle_errors
-def explain_command(kernel: Annotated[str, typer.Argument(help="A kernel name as the trace shows it.")],
-                    fmt: c.FormatOpt = c.OutputFormat.table, wide: c.WideOpt = False) -> None:
+def explain_command(
+    kernel: Annotated[str, typer.Argument(help="A kernel name as the trace shows it.")],
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+) -> None:
     """Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores."""
     from attnprof.analysis import explain_kernel
     from attnprof.report.analysis_tables import render_explanation

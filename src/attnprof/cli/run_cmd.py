@@ -21,9 +21,16 @@ VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to
 
 @c.handle_errors
 @shared_options
-def run_command(variant: VariantOpt, config: c.ConfigArg = None, config_file: c.ConfigOpt = None,
-                fmt: c.FormatOpt = c.OutputFormat.table, wide: c.WideOpt = False, *,
-                overrides: dict[str, Any], measure: "MeasureOptions") -> None:
+def run_command(
+    variant: VariantOpt,
+    config: c.ConfigArg = None,
+    config_file: c.ConfigOpt = None,
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
+) -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
     from attnprof.pipeline import check_baseline, plan_cells
 
@@ -49,8 +56,10 @@ def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> 
         return
     runnable = [v.name for v in registry.all() if v.unavailable_reason(spec) is None]
     where = f"{spec.device} with {spec.dtype} at {spec.shape_label}" + (f" in {spec.mode}" if spec.backward else "")
-    raise VariantUnavailableError(f"{variant.name} cannot run on {where}: {reason}",
-                                  hint=f"variants that can run here: {', '.join(runnable) or 'none'}")
+    raise VariantUnavailableError(
+        f"{variant.name} cannot run on {where}: {reason}",
+        hint=f"variants that can run here: {', '.join(runnable) or 'none'}",
+    )
 
 
 def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
@@ -60,5 +69,5 @@ def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    for result, entry in zip(outcome.results, outcome.document["results"]):
+    for result, entry in zip(outcome.results, outcome.document["results"], strict=True):
         c.emit(run_report(entry, result.analysis, result.key_averages_table, fmt.value, width))

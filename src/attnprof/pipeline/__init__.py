@@ -23,6 +23,20 @@ from attnprof.pipeline.run import (
     select_variants,
 )
 
-__all__ = ["RunFolder", "RunOutcome", "attach_clocks", "cell_specs", "check_baseline", "check_names", "config_exclusions",
-           "ensure_output_dir", "finish_run", "open_run_folder", "plan_cells", "resolve_config", "run_cell", "run_cells",
-           "select_variants"]
+__all__ = [
+    "RunFolder",
+    "RunOutcome",
+    "attach_clocks",
+    "cell_specs",
+    "check_baseline",
+    "check_names",
+    "config_exclusions",
+    "ensure_output_dir",
+    "finish_run",
+    "open_run_folder",
+    "plan_cells",
+    "resolve_config",
+    "run_cell",
+    "run_cells",
+    "select_variants",
+]

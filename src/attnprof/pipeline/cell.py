@@ -59,7 +59,7 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         raise
-    except Exception as exc:  # noqa: BLE001 (any failure of the variant's is what a guard is for)
+    except Exception as exc:
         if caused_by_interrupt(exc):
             raise KeyboardInterrupt from None
         if isinstance(exc, AttnprofError):
@@ -73,8 +73,14 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
     raise_if_interrupted()
 
 
-def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions,
-             ceiling: RunCeiling | None = None, trace_dir: Path | None = None) -> CellResult:
+def run_cell(
+    variant: Variant,
+    spec: RunSpec,
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None = None,
+    trace_dir: Path | None = None,
+) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
 
     `ceiling` is the run's ceiling (None: no throughput figures); a cell that exceeds it has it
@@ -109,13 +115,16 @@ def run_cell(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
 
 def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
     """`Category: first line of the message (file:line)` for each distinct recorded warning, in order."""
-    lines = (f"{w.category.__name__}: {one_line(w.message, with_type=False)} ({Path(w.filename).name}:{w.lineno})"
-             for w in caught)
+    lines = (
+        f"{w.category.__name__}: {one_line(w.message, with_type=False)} ({Path(w.filename).name}:{w.lineno})"
+        for w in caught
+    )
     return list(dict.fromkeys(lines))
 
 
-def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult,
-             trace_dir: Path) -> None:
+def _measure(
+    variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult, trace_dir: Path
+) -> None:
     """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
     What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
     import torch
@@ -145,8 +154,9 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
             with phase(result, "warmup"), guard(stage, variant):
                 _warm_up(step.call, spec)
         with phase(result, "profile"), guard(stage, variant):
-            run = profile_forward(step.call, spec, config.schedule, config.region,
-                                  trace_dir / trace_file_name(variant.name, spec))
+            run = profile_forward(
+                step.call, spec, config.schedule, config.region, trace_dir / trace_file_name(variant.name, spec)
+            )
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
         result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
@@ -159,8 +169,9 @@ def _measure(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOp
                 result.memory_mib = memory.peak_extra_memory_mib(step.whole, spec.device)
         if measure.check_masking:
             with phase(result, "masking_probe"), guard("masking probe", variant):
-                result.nan_on_fully_masked = correctness.probe_fully_masked(variant, spec.device, spec.dtype,
-                                                                            config.seed)
+                result.nan_on_fully_masked = correctness.probe_fully_masked(
+                    variant, spec.device, spec.dtype, config.seed
+                )
 
 
 def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: CellResult) -> None:
@@ -174,12 +185,12 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype)
     if spec.backward:
-        result.grad_check = check_grads(output.grads, *step.inputs, step.grad_out, causal=spec.causal,
-                                        dtype=spec.dtype, layout=variant.layout)
+        result.grad_check = check_grads(
+            output.grads, *step.inputs, step.grad_out, causal=spec.causal, dtype=spec.dtype, layout=variant.layout
+        )
 
 
-def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult,
-          stage: str = "forward") -> None:
+def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult, stage: str = "forward") -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
     An unstable sample is taken again, up to RETIMES times;
     the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
@@ -189,8 +200,13 @@ def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellR
     while True:
         started = time.time()
         with phase(result, "timing"), guard(stage, variant):
-            sample = timing.time_forward(forward, result.spec.device, min_time_s=measure.min_time_s,
-                                         cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
+            sample = timing.time_forward(
+                forward,
+                result.spec.device,
+                min_time_s=measure.min_time_s,
+                cuda_graph=measure.cuda_graph,
+                flush_l2=measure.flush_l2,
+            )
         result.timing_window = (started, time.time())
         result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
         if not sample.unstable or result.retimed >= RETIMES:
@@ -244,10 +260,18 @@ def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling) -> Throughput
     pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
     if ceiling.tflops is not None and rates["tflops"] > ceiling.tflops:
         pct = bound = None
-        note = (f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
-                f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling")
-    return Throughput(tflops=rates["tflops"], pct_of_peak=pct, peak_tflops=ceiling.tflops,
-                      achieved_gbps=rates["achieved_gbps"], bound=bound, pct_of_peak_note=note)
+        note = (
+            f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
+            f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling"
+        )
+    return Throughput(
+        tflops=rates["tflops"],
+        pct_of_peak=pct,
+        peak_tflops=ceiling.tflops,
+        achieved_gbps=rates["achieved_gbps"],
+        bound=bound,
+        pct_of_peak_note=note,
+    )
 
 
 def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:

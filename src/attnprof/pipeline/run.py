@@ -54,8 +54,12 @@ class RunFolder:
 
     def to_dict(self) -> dict[str, str]:
         """The paths as the results document's `files` names them."""
-        return {"dir": str(self.dir), "results_json": str(self.results_json),
-                "results_csv": str(self.results_csv), "traces": str(self.traces)}
+        return {
+            "dir": str(self.dir),
+            "results_json": str(self.results_json),
+            "results_csv": str(self.results_csv),
+            "traces": str(self.traces),
+        }
 
 
 @dataclass
@@ -98,9 +102,21 @@ def resolve_config(config: Config, device: str) -> Config:
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
-    return [RunSpec(device=device, dtype=config.dtype, batch=s.batch, heads=s.heads, seq=s.seq,
-                    head_dim=s.head_dim, kv_heads=s.kv_heads, causal=config.causal, mode=mode)
-            for s in config.shapes for mode in config.modes]
+    return [
+        RunSpec(
+            device=device,
+            dtype=config.dtype,
+            batch=s.batch,
+            heads=s.heads,
+            seq=s.seq,
+            head_dim=s.head_dim,
+            kv_heads=s.kv_heads,
+            causal=config.causal,
+            mode=mode,
+        )
+        for s in config.shapes
+        for mode in config.modes
+    ]
 
 
 def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
@@ -168,10 +184,15 @@ def open_run_folder(output_dir: Path, command: str) -> RunFolder:
     return folder
 
 
-def run_cells(cells: list[Cell], config: Config, measure: MeasureOptions, ceiling: RunCeiling | None = None,
-              on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
-              on_done: Callable[[CellResult], None] | None = None,
-              trace_dir: Path | None = None) -> tuple[list[CellResult], bool]:
+def run_cells(
+    cells: list[Cell],
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None = None,
+    on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
+    trace_dir: Path | None = None,
+) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
     Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
@@ -227,8 +248,15 @@ def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) ->
             result.clock = clock_window(samples, [result.timing_window])
 
 
-def finish_run(command: str, config: Config, device: str, results: list[CellResult], ceiling: Any,
-               interrupted: bool, folder: RunFolder | None = None) -> RunOutcome:
+def finish_run(
+    command: str,
+    config: Config,
+    device: str,
+    results: list[CellResult],
+    ceiling: Any,
+    interrupted: bool,
+    folder: RunFolder | None = None,
+) -> RunOutcome:
     """Build the results document (naming its files) and write it as `results.json` and `results.csv`
     into `folder` (default: a new folder in the config's output directory)."""
     from attnprof.profiling.environment import collect_environment
@@ -237,8 +265,9 @@ def finish_run(command: str, config: Config, device: str, results: list[CellResu
 
     if folder is None:
         folder = open_run_folder(Path(config.output_dir), command)
-    document = results_document(command, config, collect_environment(device), ceiling, results, interrupted,
-                                files=folder.to_dict())
+    document = results_document(
+        command, config, collect_environment(device), ceiling, results, interrupted, files=folder.to_dict()
+    )
     write_json(folder.results_json, document)
     write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
     return RunOutcome(command, results, document, folder, interrupted)

@@ -164,8 +164,9 @@ def write_cache(path: Path, entries: dict[str, Any]) -> bool:
         return False
 
 
-def device_ceiling(device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None,
-                   path: Path | None = None) -> Ceiling:
+def device_ceiling(
+    device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None, path: Path | None = None
+) -> Ceiling:
     """The matmul and copy ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
 
     A cached entry that is too old or from another torch or driver version is measured again
@@ -183,14 +184,23 @@ def device_ceiling(device: str, dtype: str, refresh: bool = False, *, probe: Cei
         return _memo[memo_key]
     entries = read_cache(path)
     torch_version, driver_version = software_versions(device)
-    why = "a fresh measurement was asked for" if refresh else _why_measure(entries.get(key), torch_version,
-                                                                           driver_version)
+    why = (
+        "a fresh measurement was asked for"
+        if refresh
+        else _why_measure(entries.get(key), torch_version, driver_version)
+    )
     if why is None:
         ceiling = _from_entry(entries[key])
     else:
         measured = (probe or probe_ceiling)(device, dtype)
-        ceiling = replace(measured, source="measured", torch_version=torch_version, driver_version=driver_version,
-                          measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), reason=why)
+        ceiling = replace(
+            measured,
+            source="measured",
+            torch_version=torch_version,
+            driver_version=driver_version,
+            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            reason=why,
+        )
         entries[key] = {k: v for k, v in ceiling.to_dict().items() if k not in ("source", "reason")}
         if not write_cache(path, entries):
             ceiling = replace(ceiling, reason=f"{why}; not kept: cannot write {path}")
@@ -218,8 +228,15 @@ class RunCeiling:
     replaced: Ceiling | None = None
 
     @classmethod
-    def start(cls, device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None,
-              path: Path | None = None) -> RunCeiling:
+    def start(
+        cls,
+        device: str,
+        dtype: str,
+        refresh: bool = False,
+        *,
+        probe: CeilingProbe | None = None,
+        path: Path | None = None,
+    ) -> RunCeiling:
         """The run's ceiling from `device_ceiling` (same arguments)."""
         return cls(device, dtype, device_ceiling(device, dtype, refresh, probe=probe, path=path), probe, path)
 
@@ -237,9 +254,15 @@ class RunCeiling:
 
 
 def _from_entry(entry: dict[str, Any]) -> Ceiling:
-    return Ceiling(float(entry["tflops"]), float(entry["bandwidth_gbps"]), "cached", method=entry["method"],
-                   measured_at=entry["measured_at"], torch_version=entry["torch_version"],
-                   driver_version=entry.get("driver_version"))
+    return Ceiling(
+        float(entry["tflops"]),
+        float(entry["bandwidth_gbps"]),
+        "cached",
+        method=entry["method"],
+        measured_at=entry["measured_at"],
+        torch_version=entry["torch_version"],
+        driver_version=entry.get("driver_version"),
+    )
 
 
 def _why_measure(entry: Any, torch_version: str, driver_version: str | None) -> str | None:
@@ -275,11 +298,13 @@ def probe_ceiling(device: str, dtype: str) -> Ceiling:
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
     mm_s = _matmul_seconds(n, tdtype, dev)
     copy_s = _copy_seconds(nbytes, dev)
-    tflops = 2.0 * n ** 3 / mm_s / 1e12
+    tflops = 2.0 * n**3 / mm_s / 1e12
     gbps = 2.0 * nbytes / copy_s / 1e9
     where = "CUDA events" if cuda else "perf_counter"
-    method = (f"{n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
-              f"median of {REPS} after {WARMUP} warm-ups, {where}")
+    method = (
+        f"{n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
+        f"median of {REPS} after {WARMUP} warm-ups, {where}"
+    )
     return Ceiling(tflops, gbps, "measured", method=method)
 
 

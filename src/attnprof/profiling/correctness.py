@@ -61,8 +61,9 @@ def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(limits)}") from None
 
 
-def reference_attention(q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None,
-                        device: Any = "cpu", differentiable: bool = False) -> Any:
+def reference_attention(
+    q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None, device: Any = "cpu", differentiable: bool = False
+) -> Any:
     """Softmax(q·kᵀ/√D)·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
     GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
@@ -136,16 +137,32 @@ def _spaced(n: int, count: int) -> list[int]:
     return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
 
 
-def reference_subset(batch: int, heads: int, seq: int, *, limit: int = FULL_REFERENCE_LIMIT,
-                     max_heads: int = SUBSET_HEADS, max_rows: int = SUBSET_ROWS) -> dict | None:
+def reference_subset(
+    batch: int,
+    heads: int,
+    seq: int,
+    *,
+    limit: int = FULL_REFERENCE_LIMIT,
+    max_heads: int = SUBSET_HEADS,
+    max_rows: int = SUBSET_ROWS,
+) -> dict | None:
     """The batches, heads and query rows the reference is computed on, or None for all of them."""
     if batch * heads * seq * seq <= limit:
         return None
     return {"batches": sorted({0, batch - 1}), "heads": _spaced(heads, max_heads), "rows": _spaced(seq, max_rows)}
 
 
-def check_variant_output(out: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: str, layout: str = "bhsd",
-                         limit: int = FULL_REFERENCE_LIMIT) -> Check:
+def check_variant_output(
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    dtype: str,
+    layout: str = "bhsd",
+    limit: int = FULL_REFERENCE_LIMIT,
+) -> Check:
     """Check a variant's output against the float64 reference; q, k, v and out in `layout`.
 
     NaN/Inf are looked for in the whole output; the error uses the whole reference when
@@ -175,8 +192,10 @@ def check_variant_output(out: Any, q: Any, k: Any, v: Any, *, causal: bool, dtyp
     vs = v.index_select(0, b_idx).index_select(1, kv_idx)
     ref = reference_attention(qs, ks, vs, causal, q_rows=rows, device=q.device)
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, rows)
-    scope = (f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
-             f"{len(subset['rows'])} of {seq} query rows")
+    scope = (
+        f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
+        f"{len(subset['rows'])} of {seq} query rows"
+    )
     return check_output(got, ref, dtype, scope=scope)
 
 

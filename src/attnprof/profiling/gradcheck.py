@@ -60,8 +60,9 @@ def grad_threshold_for(dtype: str) -> float:
     return threshold_for(dtype, GRAD_THRESHOLDS)
 
 
-def grad_subset(batch: int, heads: int, kv_heads: int, seq: int, *,
-                limit: int = GRAD_REFERENCE_LIMIT, max_heads: int = SUBSET_HEADS) -> dict | None:
+def grad_subset(
+    batch: int, heads: int, kv_heads: int, seq: int, *, limit: int = GRAD_REFERENCE_LIMIT, max_heads: int = SUBSET_HEADS
+) -> dict | None:
     """The batch elements and key/value heads the gradient reference runs on, or None for all."""
     if batch * heads * seq * seq <= limit:
         return None
@@ -84,8 +85,18 @@ def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool) -> tupl
         return torch.autograd.grad(out, leaves, grad_out.detach().to(torch.float64))
 
 
-def check_grads(grads: tuple[Any, Any, Any], q: Any, k: Any, v: Any, grad_out: Any, *, causal: bool,
-                dtype: str, layout: str = "bhsd", limit: int = GRAD_REFERENCE_LIMIT) -> GradCheck:
+def check_grads(
+    grads: tuple[Any, Any, Any],
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    *,
+    causal: bool,
+    dtype: str,
+    layout: str = "bhsd",
+    limit: int = GRAD_REFERENCE_LIMIT,
+) -> GradCheck:
     """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`
     (all in `layout`); the slice of the module docstring above `limit` scores."""
     import torch
@@ -114,12 +125,19 @@ def check_grads(grads: tuple[Any, Any, Any], q: Any, k: Any, v: Any, grad_out: A
         q, grad_out = pick_q(q), pick_q(grad_out)
         k, v = pick_kv(k), pick_kv(v)
         grads = (pick_q(grads[0]), pick_kv(grads[1]), pick_kv(grads[2]))
-        scope = (f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
-                 f"({len(h_idx)} of {heads} query heads), all rows")
+        scope = (
+            f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
+            f"({len(h_idx)} of {heads} query heads), all rows"
+        )
     refs = reference_grads(q, k, v, grad_out, causal)
     errors = {name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=True)}
     over = [f"{name} {err:.1e}" for name, err in errors.items() if not err <= threshold]
     if over:
-        return GradCheck(errors, False, f"gradient relative error {', '.join(over)} > {threshold:.0e} ({dtype} limit)",
-                         threshold, scope)
+        return GradCheck(
+            errors,
+            False,
+            f"gradient relative error {', '.join(over)} > {threshold:.0e} ({dtype} limit)",
+            threshold,
+            scope,
+        )
     return GradCheck(errors, True, None, threshold, scope)

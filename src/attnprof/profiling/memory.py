@@ -7,8 +7,9 @@ threads and Python), so CPU reports None, shown as "n/a", never a made-up number
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from attnprof.errors import VariantFailure, one_line
 
@@ -26,7 +27,10 @@ def is_oom(exc: BaseException) -> bool:
 
 def oom_failure(exc: BaseException) -> VariantFailure:
     """A one-line `VariantFailure("out of memory: ...")` for an OOM exception."""
-    detail = re.sub(r"^(cuda\s+)?out of memory[\s.:;,]*", "", one_line(exc, with_type=False), flags=re.IGNORECASE) or type(exc).__name__
+    detail = (
+        re.sub(r"^(cuda\s+)?out of memory[\s.:;,]*", "", one_line(exc, with_type=False), flags=re.IGNORECASE)
+        or type(exc).__name__
+    )
     return VariantFailure(f"out of memory: {detail}")
 
 

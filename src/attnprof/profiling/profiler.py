@@ -68,7 +68,7 @@ class NativeStderr:
             return
         try:
             if self._file is None:
-                self._file = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed by lines()
+                self._file = tempfile.TemporaryFile()
             os.dup2(self._file.fileno(), 2)
             yield
         finally:
@@ -133,8 +133,12 @@ def profile_forward(
     with warnings.catch_warnings():
         # torch warns that a schedule keeps only the last cycle; one cycle is all attnprof records
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
-        prof = profile(activities=activities, schedule=torch.profiler.schedule(
-            wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1))
+        prof = profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
+            ),
+        )
         with torch.no_grad(), _entered(prof, native):
             for step in range(schedule.total_steps):
                 with record_function(region):

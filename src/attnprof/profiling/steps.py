@@ -88,8 +88,7 @@ def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) 
         raise
 
 
-def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: tuple[Any, Any, Any],
-               seed: int) -> Step:
+def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: tuple[Any, Any, Any], seed: int) -> Step:
     """The step of `spec.mode` for `forward(q, k, v)`; everything it needs is prepared here, outside
     the timed region: in the backward modes q, k, v get `requires_grad=True`, `grad_out` is drawn,
     and in `bwd` the forward whose graph the backward reuses runs once."""
@@ -97,8 +96,10 @@ def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: t
 
     q, k, v = inputs
     if not spec.backward:
+
         def call() -> Any:
             return forward(q, k, v)
+
         return Step(spec.mode, call, call, inputs)
     for tensor in inputs:
         tensor.requires_grad_(True)

@@ -44,20 +44,34 @@ def _tensor_cores(value: Any) -> str:
 
 def _short(name: str, fmt: str) -> str:
     if fmt == "table" and len(name) > NAME_WIDTH:
-        return name[:NAME_WIDTH - 1] + "…"
+        return name[: NAME_WIDTH - 1] + "…"
     return name
 
 
 SUMMARY_COLUMNS = (Column("metric"), Column("median", narrow=12), Column("min – max"))
 
 KERNEL_COLUMNS = (
-    Column("kernel", narrow=40, cut=True), Column("count / fwd", drop=8), Column("µs / fwd"), Column("grid", drop=5),
-    Column("block", drop=1), Column("regs", drop=2), Column("shared mem", drop=3), Column("achieved occ.", drop=6),
-    Column("theoretical occ.", drop=7), Column("tensor cores", drop=9), Column("launched by", drop=4),
+    Column("kernel", narrow=40, cut=True),
+    Column("count / fwd", drop=8),
+    Column("µs / fwd"),
+    Column("grid", drop=5),
+    Column("block", drop=1),
+    Column("regs", drop=2),
+    Column("shared mem", drop=3),
+    Column("achieved occ.", drop=6),
+    Column("theoretical occ.", drop=7),
+    Column("tensor cores", drop=9),
+    Column("launched by", drop=4),
 )
 
-PHASE_COLUMNS = (Column("phase", narrow=10), Column("kernels"), Column("memcpy"), Column("memset"),
-                 Column("kernel µs", drop=2), Column("GPU µs", drop=1))
+PHASE_COLUMNS = (
+    Column("phase", narrow=10),
+    Column("kernels"),
+    Column("memcpy"),
+    Column("memset"),
+    Column("kernel µs", drop=2),
+    Column("GPU µs", drop=1),
+)
 
 EXPLAIN_COLUMNS = (Column(""), Column("", narrow=20))
 PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
@@ -87,15 +101,23 @@ def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> s
         ["GPU time / forward (µs)", fmt_number(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
     ]
     if data.get("gpu_annotation_time_us") is not None:
-        rows.append(["GPU annotation / forward (µs)", fmt_number(data.get("gpu_annotation_time_us")),
-                     _spread(data, "gpu_annotation_time_us")])
+        rows.append(
+            [
+                "GPU annotation / forward (µs)",
+                fmt_number(data.get("gpu_annotation_time_us")),
+                _spread(data, "gpu_annotation_time_us"),
+            ]
+        )
     rows += [
         ["kernel time / forward (µs)", fmt_number(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
         ["CPU time / forward (µs)", fmt_number(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
         ["self device time, all forwards (µs)", fmt_number(data.get("self_device_time_total_us")), ""],
         ["launch calls / forward", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
-        ["aten::transpose / forward", fmt_number(data.get("transposes_per_forward")),
-         _spread(data, "transposes_per_forward", 0)],
+        [
+            "aten::transpose / forward",
+            fmt_number(data.get("transposes_per_forward")),
+            _spread(data, "transposes_per_forward", 0),
+        ],
         ["CPU ops / forward", fmt_number(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
         ["input dtype", data.get("input_dtype") or "n/a", ""],
     ]
@@ -114,8 +136,14 @@ def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> st
     for phase in ("forward", "backward"):
         facts = phases.get(phase) or {}
         label = phase + (" (after the region)" if facts.get("outside_region") else "")
-        rows.append([label, *(fmt_number(facts.get(key)) for key in ("kernels", "memcpy", "memset")),
-                     fmt_number(facts.get("kernel_time_us")), fmt_number(facts.get("gpu_time_us"))])
+        rows.append(
+            [
+                label,
+                *(fmt_number(facts.get(key)) for key in ("kernels", "memcpy", "memset")),
+                fmt_number(facts.get("kernel_time_us")),
+                fmt_number(facts.get("gpu_time_us")),
+            ]
+        )
     return table(PHASE_COLUMNS, rows, fmt, width)
 
 
@@ -124,20 +152,31 @@ def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = No
     rows = []
     for k in kernels:
         is_kernel = k.get("kind", "kernel") == "kernel"
-        achieved = _pct(k.get("achieved_occupancy_pct")) if k.get("achieved_occupancy_pct") is not None else (
-            "unreported" if is_kernel else "")
+        achieved = (
+            _pct(k.get("achieved_occupancy_pct"))
+            if k.get("achieved_occupancy_pct") is not None
+            else ("unreported" if is_kernel else "")
+        )
         theoretical = ""
         if k.get("theoretical_occupancy_pct") is not None:
             theoretical = _pct(k["theoretical_occupancy_pct"])
             if k.get("occupancy_limiter"):
                 theoretical += f" ({k['occupancy_limiter']})"
-        rows.append([
-            _short(k.get("short_name") or k.get("name", ""), fmt), fmt_number(k.get("count_per_forward")),
-            fmt_number(k.get("time_us")), _dims(k.get("grid")), _dims(k.get("block")),
-            "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
-            _bytes(k.get("shared_memory_bytes")), achieved, theoretical, _tensor_cores(k.get("tensor_cores")),
-            k.get("launch_api") or "",
-        ])
+        rows.append(
+            [
+                _short(k.get("short_name") or k.get("name", ""), fmt),
+                fmt_number(k.get("count_per_forward")),
+                fmt_number(k.get("time_us")),
+                _dims(k.get("grid")),
+                _dims(k.get("block")),
+                "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
+                _bytes(k.get("shared_memory_bytes")),
+                achieved,
+                theoretical,
+                _tensor_cores(k.get("tensor_cores")),
+                k.get("launch_api") or "",
+            ]
+        )
     return table(KERNEL_COLUMNS, rows, fmt, width)
 
 
@@ -160,8 +199,9 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
         where = f" on {device['name']}"
         if device.get("compute_capability"):
             where += f" (compute capability {device['compute_capability']})"
-    title = (f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
-             + (f"; {data['region_choice']}" if data.get("region_choice") else ""))
+    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}" + (
+        f"; {data['region_choice']}" if data.get("region_choice") else ""
+    )
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
     parts = [*wrap(heading(title), width), "", summary_table(data, fmt, width)]
     phases = phases_table(data, fmt, width)

@@ -87,7 +87,7 @@ def bullets(items: Sequence[str], width: int | None) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return "\n".join(line if len(line) <= width else line[:width - 1] + "…" for line in text.splitlines())
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines())
 
 
 def _text_width(text: str) -> int:
@@ -134,8 +134,9 @@ def _header(column: Column, width: int) -> str:
     return "\n".join(wrap(column.header, width - GAP)) if column.header else ""
 
 
-def _render(columns: Sequence[Column], rows: list[list[str]], kept: list[int], width: int,
-            last_resort: bool = False) -> str:
+def _render(
+    columns: Sequence[Column], rows: list[list[str]], kept: list[int], width: int, last_resort: bool = False
+) -> str:
     """The kept columns at their natural widths, less what `width` needs from the widest of them
     (down to their floors); what wrapping leaves unused goes back to the columns furthest below
     their natural width (a cut column uses all it gets)."""
@@ -144,8 +145,13 @@ def _render(columns: Sequence[Column], rows: list[list[str]], kept: list[int], w
     widths = dict(natural)
     floors = {i: _floor(columns[i], cells[i], last_resort) for i in kept}
     _shrink(widths, floors, sum(widths.values()) + GAP * (len(kept) - 1) - width)
-    used = {i: max([_text_width(_header(columns[i], widths[i])) + GAP]
-                   + [_text_width(_cell(columns[i], c, widths[i])) for c in cells[i]]) for i in kept}
+    used = {
+        i: max(
+            [_text_width(_header(columns[i], widths[i])) + GAP]
+            + [_text_width(_cell(columns[i], c, widths[i])) for c in cells[i]]
+        )
+        for i in kept
+    }
     slack = width - sum(used.values()) - GAP * (len(kept) - 1)
     for i in sorted(kept, key=lambda i: natural[i] - used[i], reverse=True):
         extra = max(0, min(slack, natural[i] - used[i]))
@@ -163,6 +169,7 @@ def _fit(columns: Sequence[Column], rows: list[list[str]], width: int) -> tuple[
     others in `drop` order until the rest fits at their floors, and the most wanted of those put
     back while it still fits. When nothing is left to drop, wrapping goes down to LAST_RESORT.
     """
+
     def fits(kept: list[int]) -> bool:
         return _text_width(_render(columns, rows, kept, width)) <= width
 
@@ -195,8 +202,13 @@ def table(columns: Sequence[Column], rows: list[list[str]], fmt: str, width: int
     if limit(width, fmt) is None:
         wide = [c.wide for c in columns] if fmt == "table" and any(c.wide for c in columns) else None
         headers = [c.header for c in columns]
-        return tabulate(rows, headers=() if fmt == "table" and not any(headers) else headers,
-                        tablefmt=table_style(fmt), maxcolwidths=wide, disable_numparse=True)
+        return tabulate(
+            rows,
+            headers=() if fmt == "table" and not any(headers) else headers,
+            tablefmt=table_style(fmt),
+            maxcolwidths=wide,
+            disable_numparse=True,
+        )
     text, dropped = _fit(columns, rows, width)
     notes = []
     empty = [columns[i].header for i in dropped if _is_empty(rows, i)]
@@ -235,8 +247,8 @@ def fit_profiler_table(text: str, width: int | None, keep: Sequence[str]) -> str
     out = []
     for n, line in enumerate(lines):
         if rules[0] <= n <= rules[-1]:
-            name = _cut(line[spans[0][0]:spans[0][1]].strip(), name_width)
-            cells = [name.rjust(name_width)] + [line[spans[i][0]:spans[i][1]] for i in chosen[1:]]
+            name = _cut(line[spans[0][0] : spans[0][1]].strip(), name_width)
+            cells = [name.rjust(name_width)] + [line[spans[i][0] : spans[i][1]] for i in chosen[1:]]
             out.append((" " * GAP).join(cells).rstrip())
         else:
             out += wrap(line, width)

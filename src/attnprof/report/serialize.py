@@ -149,9 +149,15 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     return entry
 
 
-def results_document(command: str, config: Any, environment: dict[str, Any], ceiling: Any,
-                     results: list[CellResult], interrupted: bool,
-                     files: dict[str, str] | None = None) -> dict[str, Any]:
+def results_document(
+    command: str,
+    config: Any,
+    environment: dict[str, Any],
+    ceiling: Any,
+    results: list[CellResult],
+    interrupted: bool,
+    files: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The self-contained JSON document: the files it was written to, environment, config, ceiling and
     every result. `files` names the run's folder, its results files and its traces folder."""
     from attnprof import __version__

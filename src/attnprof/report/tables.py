@@ -21,35 +21,66 @@ from attnprof.report.layout import (
     wrap,
 )
 
-UNRELIABLE = ("~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
-              "(IQR over 10% of the median) after a re-time")
+UNRELIABLE = (
+    "~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
+    "(IQR over 10% of the median) after a re-time"
+)
 
-LIST_COLUMNS = (Column("variant", narrow=16), Column("runs here"), Column("why not", narrow=10, wide=40),
-                Column("from", narrow=10), Column("description", narrow=20, wide=60))
+LIST_COLUMNS = (
+    Column("variant", narrow=16),
+    Column("runs here"),
+    Column("why not", narrow=10, wide=40),
+    Column("from", narrow=10),
+    Column("description", narrow=20, wide=60),
+)
 
 SHAPE_COLUMNS = (
-    Column("variant", narrow=16), Column("status", wide=36), Column("kernels/fwd", drop=6),
-    Column("GPU µs", drop=7), Column("CPU µs", drop=4), Column("latency µs ± IQR", narrow=17),
-    Column("TFLOP/s", drop=3), Column("% peak", drop=2), Column("peak MiB", drop=1), Column("rel err", drop=5),
-    Column("speed-up"), Column("findings", narrow=30, wide=40),
+    Column("variant", narrow=16),
+    Column("status", wide=36),
+    Column("kernels/fwd", drop=6),
+    Column("GPU µs", drop=7),
+    Column("CPU µs", drop=4),
+    Column("latency µs ± IQR", narrow=17),
+    Column("TFLOP/s", drop=3),
+    Column("% peak", drop=2),
+    Column("peak MiB", drop=1),
+    Column("rel err", drop=5),
+    Column("speed-up"),
+    Column("findings", narrow=30, wide=40),
 )
 
 GLANCE_COLUMNS = (
-    Column("variant", narrow=16), Column("shape"), Column("kernels/fwd", drop=2), Column("GPU µs/fwd", drop=3),
-    Column("CPU µs/fwd", drop=1), Column("what the trace revealed", narrow=30, wide=90),
+    Column("variant", narrow=16),
+    Column("shape"),
+    Column("kernels/fwd", drop=2),
+    Column("GPU µs/fwd", drop=3),
+    Column("CPU µs/fwd", drop=1),
+    Column("what the trace revealed", narrow=30, wide=90),
 )
 
 RUN_COLUMNS = (Column("metric"), Column("value", narrow=20))
 
 #: key_averages columns kept when the profiler's table is fitted to a width, most wanted first.
-PROFILER_COLUMNS = ("Self CUDA", "CUDA total", "# of Calls", "Self CPU", "CPU total", "CUDA time avg",
-                    "CPU time avg", "Self CUDA %", "Self CPU %", "CPU total %")
+PROFILER_COLUMNS = (
+    "Self CUDA",
+    "CUDA total",
+    "# of Calls",
+    "Self CPU",
+    "CPU total",
+    "CUDA time avg",
+    "CPU time avg",
+    "Self CUDA %",
+    "Self CPU %",
+    "CPU total %",
+)
 
 
 def variant_list_table(entries: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """`attnprof list`: name, availability here, reason, source, description."""
-    rows = [[e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
-            for e in entries]
+    rows = [
+        [e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
+        for e in entries
+    ]
     return table(LIST_COLUMNS, rows, fmt, width)
 
 
@@ -74,8 +105,10 @@ def clock_held_down(row: dict[str, Any]) -> bool:
 def _clock(row: dict[str, Any]) -> str:
     if not row.get("sm_clock_mhz"):
         return "n/a (not sampled: CPU, no nvidia-smi, --no-clocks or --no-timing)"
-    text = f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, " \
-           f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
+    text = (
+        f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, "
+        f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
+    )
     return text + (f"; held down by {row['clock_limits']}" if row.get("clock_limits") else "")
 
 
@@ -115,13 +148,22 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
         if row["status"] != "ok" and row.get("forwards") is None:
             body.append([row["variant"], status] + ["" for _ in range(10)])
             continue
-        body.append([
-            row["variant"], status,
-            fmt_count(row.get("kernels_per_forward")), fmt_number(row.get("gpu_time_us")),
-            fmt_number(row.get("cpu_time_us")), _latency(row), fmt_number(row.get("tflops")),
-            fmt_number(row.get("pct_of_peak")), fmt_number(row.get("peak_memory_mib")),
-            _error(row.get("rel_error")), speedup_text(row), row.get("finding_ids") or "",
-        ])
+        body.append(
+            [
+                row["variant"],
+                status,
+                fmt_count(row.get("kernels_per_forward")),
+                fmt_number(row.get("gpu_time_us")),
+                fmt_number(row.get("cpu_time_us")),
+                _latency(row),
+                fmt_number(row.get("tflops")),
+                fmt_number(row.get("pct_of_peak")),
+                fmt_number(row.get("peak_memory_mib")),
+                _error(row.get("rel_error")),
+                speedup_text(row),
+                row.get("finding_ids") or "",
+            ]
+        )
     notes = _reasons(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
@@ -144,20 +186,31 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
     body = []
     for entry in results:
         if entry.get("forwards") is None:
-            body.append([entry["variant"], _shape_mode(entry), "", "", "",
-                         _status_word(entry) if fitted else entry["status"]])
+            body.append(
+                [entry["variant"], _shape_mode(entry), "", "", "", _status_word(entry) if fitted else entry["status"]]
+            )
             continue
         findings = entry.get("findings", [])
         revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
-        body.append([entry["variant"], _shape_mode(entry), fmt_count(entry.get("kernels_per_forward")),
-                     fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")),
-                     revealed or "nothing unusual"])
+        body.append(
+            [
+                entry["variant"],
+                _shape_mode(entry),
+                fmt_count(entry.get("kernels_per_forward")),
+                fmt_number(entry.get("gpu_time_us")),
+                fmt_number(entry.get("cpu_time_us")),
+                revealed or "nothing unusual",
+            ]
+        )
     if not fitted:
         return table(GLANCE_COLUMNS, body, fmt)
     columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
     shapes = len({_shape_mode(entry) for entry in results})
-    messages = [f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
-                for e in results for f in e.get("findings", [])]
+    messages = [
+        f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+        for e in results
+        for f in e.get("findings", [])
+    ]
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
@@ -217,8 +270,9 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
 
 
-def run_report(entry: dict[str, Any], analysis: Any, key_averages: str | None, fmt: str,
-               width: int | None = None) -> str:
+def run_report(
+    entry: dict[str, Any], analysis: Any, key_averages: str | None, fmt: str, width: int | None = None
+) -> str:
     """`attnprof run`, one result: the summary, the trace analysis (when there is one) and the
     profiler's own key_averages table (fitted to `width` by dropping its less wanted columns)."""
     from attnprof.report.analysis_tables import render_analysis
@@ -228,8 +282,13 @@ def run_report(entry: dict[str, Any], analysis: Any, key_averages: str | None, f
     if analysis is not None:
         parts += ["", render_analysis(analysis, fmt, width)]
     if key_averages:
-        parts += ["", *wrap("torch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are "
-                            "separate):", width)]
-        parts.append(fit_profiler_table(key_averages, width, PROFILER_COLUMNS) if fmt == "table"
-                     else f"```\n{key_averages}\n```")
+        parts += [
+            "",
+            *wrap(
+                "torch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):", width
+            ),
+        ]
+        parts.append(
+            fit_profiler_table(key_averages, width, PROFILER_COLUMNS) if fmt == "table" else f"```\n{key_averages}\n```"
+        )
     return "\n".join(parts)

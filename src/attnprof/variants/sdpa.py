@@ -84,9 +84,13 @@ def pinned_forward(backend: str) -> Callable[..., Any]:
             text = str(exc)
             if "No available kernel" in text or "No viable backend" in text:
                 reasons = refusal_reasons(lambda: _sdpa(q, k, v, causal, attn_mask), getattr(SDPBackend, member))
-                raise VariantUnavailableError(reasons or (
-                    f"SDPA {backend} backend rejected this input "
-                    f"({tuple(q.shape)}, {str(q.dtype).removeprefix('torch.')}, {q.device})")) from None
+                raise VariantUnavailableError(
+                    reasons
+                    or (
+                        f"SDPA {backend} backend rejected this input "
+                        f"({tuple(q.shape)}, {str(q.dtype).removeprefix('torch.')}, {q.device})"
+                    )
+                ) from None
             raise
 
     forward.__name__ = f"sdpa_{backend}_forward"
