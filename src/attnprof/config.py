@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from attnprof.errors import ConfigError
 from attnprof.registry import DEFAULT_REGION, MODES
 
+Mode = Literal["fwd", "bwd", "fwd+bwd"]
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -105,7 +106,7 @@ class Config(_Strict):
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
-    modes: list[Literal["fwd", "bwd", "fwd+bwd"]] = Field(default_factory=lambda: ["fwd"], min_length=1)
+    modes: list[Mode] = Field(default_factory=lambda: list[Mode](["fwd"]), min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     exclude: list[Exclusion] = Field(default_factory=list)
     baseline: str | None = None

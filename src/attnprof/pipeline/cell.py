@@ -115,10 +115,10 @@ def run_cell(
 
 def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
     """`Category: first line of the message (file:line)` for each distinct recorded warning, in order."""
-    lines = (
-        f"{w.category.__name__}: {one_line(w.message, with_type=False)} ({Path(w.filename).name}:{w.lineno})"
-        for w in caught
-    )
+    lines = []
+    for w in caught:
+        text = one_line(w.message, with_type=False) if isinstance(w.message, Warning) else str(w.message)
+        lines.append(f"{w.category.__name__}: {text} ({Path(w.filename).name}:{w.lineno})")
     return list(dict.fromkeys(lines))
 
 
@@ -185,8 +185,9 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype)
     if spec.backward:
+        q_in, k_in, v_in = step.inputs
         result.grad_check = check_grads(
-            output.grads, *step.inputs, step.grad_out, causal=spec.causal, dtype=spec.dtype, layout=variant.layout
+            output.grads, q_in, k_in, v_in, step.grad_out, causal=spec.causal, dtype=spec.dtype, layout=variant.layout
         )
 
 

@@ -73,7 +73,7 @@ def graph_retention(mode: str) -> Iterator[None]:
         yield
 
 
-def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) -> tuple[Any, Any, Any]:
+def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) -> tuple[Any, ...]:
     """(dq, dk, dv) of `out` against `grad_out`; a forward whose output tracks no gradient, or
     whose backward is not implemented, is skipped as 'no backward'."""
     import torch

@@ -219,18 +219,22 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
     return "\n".join(parts)
 
 
+def _tensor_cores_text(value: bool | None) -> str:
+    return "yes" if value is True else "no" if value is False else "? (the name does not tell)"
+
+
 def render_explanation(explanation: Any, fmt: str = "table", width: int | None = None) -> str:
     """`attnprof explain`: what a kernel name says, part by part, fitted to `width` (None: in full)."""
     data = explanation.to_dict() if hasattr(explanation, "to_dict") else dict(explanation)
-    facts = [
-        ["kernel", data.get("short_name") or data.get("name")],
-        ["family", data.get("family")],
+    facts: list[list[str]] = [
+        ["kernel", str(data.get("short_name") or data.get("name"))],
+        ["family", str(data.get("family"))],
         ["library", data.get("library") or "n/a"],
         ["what it is", data.get("meaning") or "not decoded: no rule matches this name"],
-        ["tensor cores", {True: "yes", False: "no"}.get(data.get("tensor_cores"), "? (the name does not tell)")],
+        ["tensor cores", _tensor_cores_text(data.get("tensor_cores"))],
     ]
     if data.get("backend"):
-        facts.append(["SDPA backend", data["backend"]])
+        facts.append(["SDPA backend", str(data["backend"])])
     out = [table(EXPLAIN_COLUMNS, facts, fmt, width)]
     parts = data.get("parts") or []
     rows = [[p["token"], p["meaning"]] if isinstance(p, dict) else list(p) for p in parts]

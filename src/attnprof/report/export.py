@@ -29,7 +29,11 @@ def _clean(value: Any) -> Any:
 def write_json(path: Path, document: dict[str, Any]) -> Path:
     """Create `path` holding `document` as JSON, atomically; OutputError if it exists or cannot be written."""
     text = to_json(document) + "\n"
-    return create_new(path, lambda temporary: temporary.write_text(text))
+
+    def write(temporary: Path) -> None:
+        temporary.write_text(text)
+
+    return create_new(path, write)
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], fields: tuple[str, ...]) -> Path:

@@ -199,7 +199,8 @@ def limit(width: int | None, fmt: str) -> int | None:
 def table(columns: Sequence[Column], rows: list[list[str]], fmt: str, width: int | None = None) -> str:
     """The rows under the columns' headers: in full for markdown or `width=None`, else fitted to `width`
     with a wrapped note naming the columns left out."""
-    if limit(width, fmt) is None:
+    fit_to = limit(width, fmt)
+    if fit_to is None:
         wide = [c.wide for c in columns] if fmt == "table" and any(c.wide for c in columns) else None
         headers = [c.header for c in columns]
         return tabulate(
@@ -209,15 +210,15 @@ def table(columns: Sequence[Column], rows: list[list[str]], fmt: str, width: int
             maxcolwidths=wide,
             disable_numparse=True,
         )
-    text, dropped = _fit(columns, rows, width)
+    text, dropped = _fit(columns, rows, fit_to)
     notes = []
     empty = [columns[i].header for i in dropped if _is_empty(rows, i)]
     squeezed = [columns[i].header for i in dropped if not _is_empty(rows, i)]
     if empty:
         notes.append(f"{', '.join(empty)} (n/a throughout)")
     if squeezed:
-        notes.append(f"{', '.join(squeezed)} (no room at {width} columns)")
-    return "\n".join([text] + _left_out(notes, width))
+        notes.append(f"{', '.join(squeezed)} (no room at {fit_to} columns)")
+    return "\n".join([text] + _left_out(notes, fit_to))
 
 
 def _left_out(notes: list[str], width: int) -> list[str]:
