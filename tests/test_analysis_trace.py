@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnprof.analysis import decoding, load_trace, reader
+from attnprof.analysis import decoding, load_trace, parallel, reader
 from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET
 from attnprof.errors import TraceError
 from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward, real_trace
@@ -306,6 +306,20 @@ def test_two_processes_read_what_one_reads(tmp_path, form):
 def test_a_worker_that_cannot_help_is_not_used(tmp_path, patch):
     seen = _read_by_one_and_two(_large_trace(tmp_path, "json"), patch)
     assert seen["merged"] == 0 and seen["same"]
+
+
+@pytest.mark.parametrize(("files", "cpus"), [
+    ({"cpu.max": "max 100000\n"}, float("inf")),
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, float("inf")),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),
+    ({}, float("inf")),
+])
+def test_a_cgroup_cpu_quota_limits_the_processes(tmp_path, files, cpus):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert parallel._cgroup_cpus(tmp_path) == cpus
 
 
 def test_gc_state_is_restored():

@@ -23,6 +23,7 @@ from attnprof.analysis import decoding, reader
 from attnprof.errors import TraceError
 
 PARALLEL_MIN_BYTES = 48 << 20  # smaller event lists are read by one process
+PLAIN_SPLIT = 0.47  # where the worker starts: the parent also merges its result (about 10 % of a half)
 GZIP_SPLIT = 0.55  # the worker also inflates everything before its half: give it less to parse
 
 
@@ -37,7 +38,7 @@ def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink]
         split = None
         if _can_fork():
             size = _inflated_size(path) if isinstance(fp, gzip.GzipFile) else path.stat().st_size
-            share = GZIP_SPLIT if isinstance(fp, gzip.GzipFile) else 0.5
+            share = GZIP_SPLIT if isinstance(fp, gzip.GzipFile) else PLAIN_SPLIT
 
             def split(stream: reader.ByteStream, sink: reader.Sink, is_object: bool) -> bool:
                 return _read_split(stream, sink, path, new_sink, size, share, is_object)
@@ -46,13 +47,32 @@ def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink]
 
 
 def _can_fork() -> bool:
-    """Linux, two usable cores, and this process has one thread (forking it is safe)."""
+    """Linux, two usable cores (affinity and cgroup quota), and one thread in this process (so
+    forking it is safe)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
     try:
-        return len(os.sched_getaffinity(0)) >= 2 and len(os.listdir("/proc/self/task")) == 1
+        cores = min(len(os.sched_getaffinity(0)), _cgroup_cpus())
+        return cores >= 2 and len(os.listdir("/proc/self/task")) == 1
     except OSError:
         return False
+
+
+def _cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The CPUs the cgroup's quota allows (v2 `cpu.max`, else v1 CFS); infinite when unlimited
+    or unknown."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return float("inf")
+    try:
+        return float("inf") if quota in ("max", "-1") else int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return float("inf")
 
 
 def _inflated_size(path: Path) -> int:
@@ -148,7 +168,7 @@ def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.
     out = os.fdopen(write_fd, "wb")
     try:
         with reader.open_binary(path) as fp:
-            fp.seek(middle)
+            _skip(fp, middle)
             stream = reader.ByteStream(fp, label, base=middle)
             begins = stream.find_event_start()
             out.write(b"%d\n" % (-1 if begins is None else begins))
@@ -158,14 +178,26 @@ def _work(write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.
                 stream.events(sink)
                 if is_object:
                     reader.object_rest(stream, top_level, None)  # type: ignore[arg-type]
-                out.write(pickle.dumps(("ok", sink, top_level.pairs), protocol=pickle.HIGHEST_PROTOCOL))
+                pickle.dump(("ok", sink, top_level.pairs), out, protocol=pickle.HIGHEST_PROTOCOL)
         out.flush()
     except BaseException:  # noqa: BLE001 - any failure: this process reads on alone
         with contextlib.suppress(BaseException):
-            out.write(pickle.dumps(("error",)))
+            pickle.dump(("error",), out)
             out.flush()
     finally:
         os._exit(0)
+
+
+def _skip(fp: Any, count: int) -> None:
+    """Move `count` bytes on: a seek, or for gzip reading in large pieces (its seek reads 8 KiB ones)."""
+    if not isinstance(fp, gzip.GzipFile):
+        fp.seek(count)
+        return
+    while count > 0:
+        piece = fp.read(min(count, 1 << 22))
+        if not piece:
+            return
+        count -= len(piece)
 
 
 class _TopLevel:

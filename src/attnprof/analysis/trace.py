@@ -21,26 +21,19 @@ from attnprof.analysis import decoding, parallel, reader
 from attnprof.analysis.decoding import ABSENT, EMPTY_ARGS, KernelInfo, kernel_facts
 from attnprof.errors import TraceError
 
-# Device event kinds.
-KERNEL, MEMCPY, MEMSET = 0, 1, 2
+KERNEL, MEMCPY, MEMSET = 0, 1, 2  # device event kinds
 KIND_NAMES = ("kernel", "memcpy", "memset")
-# Runtime event domains.
-RUNTIME, DRIVER = 0, 1
+RUNTIME, DRIVER = 0, 1  # runtime event domains
 
 # Category codes, dispatched on once per event, and each spelling of a category.
 _C_CPU_OP, _C_ANNOT, _C_RUNTIME, _C_DRIVER, _C_KERNEL, _C_MEMCPY, _C_MEMSET, _C_GPU_ANNOT, \
     _C_PYTHON, _C_OVERHEAD = range(10)
 _CATEGORIES = {
-    "cpu_op": _C_CPU_OP, "operator": _C_CPU_OP, "Operator": _C_CPU_OP,
-    "user_annotation": _C_ANNOT,
-    "cuda_runtime": _C_RUNTIME, "Runtime": _C_RUNTIME, "runtime": _C_RUNTIME,
-    "cuda_driver": _C_DRIVER, "driver": _C_DRIVER,
-    "kernel": _C_KERNEL, "Kernel": _C_KERNEL,
-    "gpu_memcpy": _C_MEMCPY, "Memcpy": _C_MEMCPY,
-    "gpu_memset": _C_MEMSET, "Memset": _C_MEMSET,
-    "gpu_user_annotation": _C_GPU_ANNOT,
-    "python_function": _C_PYTHON,
-    "overhead": _C_OVERHEAD,
+    "cpu_op": _C_CPU_OP, "operator": _C_CPU_OP, "Operator": _C_CPU_OP, "user_annotation": _C_ANNOT,
+    "cuda_runtime": _C_RUNTIME, "Runtime": _C_RUNTIME, "runtime": _C_RUNTIME, "cuda_driver": _C_DRIVER,
+    "driver": _C_DRIVER, "kernel": _C_KERNEL, "Kernel": _C_KERNEL, "gpu_memcpy": _C_MEMCPY, "Memcpy": _C_MEMCPY,
+    "gpu_memset": _C_MEMSET, "Memset": _C_MEMSET, "gpu_user_annotation": _C_GPU_ANNOT,
+    "python_function": _C_PYTHON, "overhead": _C_OVERHEAD,
 }
 
 #: Profiler bookkeeping rows that may appear among runtime calls; never device work.
@@ -191,11 +184,9 @@ def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
     return builder.finish(label)
 
 
-def _num(value: Any, default: float | None = -1.0) -> float | None:
-    if value is None:
-        return default
+def _num(value: Any, default: float | None) -> float | None:
     try:
-        return float(value)
+        return float(value) if value is not None else default
     except (TypeError, ValueError):
         return default
 
@@ -387,15 +378,20 @@ class _Builder:
         remap = {
             "name": [self._name(n) for n in other.names],
             "thread": [self._thread(*t) for t in other.threads],
-            "input_types": [self._input_types(t) for t in other.input_types] + [-1],  # [-1] keeps -1
-            "info": [self._kernel_info_index(i) for i in other.kernel_infos] + [-1],
+            "input_types": [self._input_types(t) for t in other.input_types],
+            "info": [self._kernel_info_index(i) for i in other.kernel_infos],
         }
+        for key, index in list(remap.items()):
+            if index == list(range(len(index))):
+                del remap[key]  # the same indices on both sides (threads, often): copied as they are
+            else:
+                index.append(-1)  # index -1 (none) stays -1
         for table in ("cpu_ops", "annotations", "runtime", "device", "gpu_annotations"):
             mine, theirs = getattr(self, table), getattr(other, table)
             for column in fields(mine):
                 values = getattr(theirs, column.name)
                 index = remap.get(column.name)
-                getattr(mine, column.name).extend(values if index is None else map(index.__getitem__, values))
+                getattr(mine, column.name).extend(values if index is None else [index[i] for i in values])
         for count in ("event_count", "non_objects", "overhead_count", "python_function_count"):
             setattr(self, count, getattr(self, count) + getattr(other, count))
 
