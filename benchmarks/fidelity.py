@@ -29,8 +29,12 @@ not an error: an eager call whose CPU dispatch takes longer than its kernel leav
 idle between calls, the events see it, and users pay it. Rows with a gap over 5 % are
 marked launch-bound.
 
+`--mode bwd` (or `fwd+bwd`) times the step of that mode instead (`attnprof.profiling.steps`): every
+timer above gets the same callable, e.g. in `bwd` the same `torch.autograd.grad(out, (q, k, v), grad_out,
+retain_graph=True)` call on one forward's graph, and the gradients are checked against float64 too.
+
 Usage (on the GPU machine, from the repo root):
-    PYTHONPATH=src python3 benchmarks/fidelity.py --out fidelity.json
+    PYTHONPATH=src python3 benchmarks/fidelity.py --out fidelity.json [--mode bwd]
 Prints a markdown table and writes JSON to --out. About 90 s on an H200.
 """
 
@@ -40,9 +44,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_VARIANTS = ["sdpa-efficient", "sdpa-flash", "sdpa-cudnn"]
 FUSED_PLUGINS = ["triton-flash", "flash-attn", "flash-attn2", "flash-attn3", "fa2", "fa3"]
@@ -127,7 +132,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int) -> dict[str, A
 
 def median_or_none(values: list[float | None]) -> float | None:
     """The median of the values that are not None, or None when there are none."""
-    from attnprof.profiling.timing import median
+    from attnprof.stats import median
 
     present = [v for v in values if v is not None]
     return median(present) if present else None
@@ -140,9 +145,11 @@ def measure_cell(variant: Any, spec: Any, peak: Any, rounds: int = 3) -> dict[st
     from attnprof.analysis.roofline import achieved_for
     from attnprof.errors import AttnprofError
     from attnprof.profiling.correctness import check_variant_output
+    from attnprof.profiling.gradcheck import check_grads
     from attnprof.profiling.inputs import make_inputs
+    from attnprof.profiling.steps import build_step, graph_retention
 
-    row: dict[str, Any] = {"variant": variant.name, "shape": spec.shape_label, "status": "ok"}
+    row: dict[str, Any] = {"variant": variant.name, "shape": spec.shape_label, "mode": spec.mode, "status": "ok"}
     reason = variant.unavailable_reason(spec)
     if reason:
         row["status"] = f"unavailable: {reason}"
@@ -151,14 +158,20 @@ def measure_cell(variant: Any, spec: Any, peak: Any, rounds: int = 3) -> dict[st
         state = variant.setup(spec) if variant.setup is not None else None
         q, k, v = make_inputs(spec, 0, variant.layout)
 
-        def fn() -> Any:
-            return variant.forward(q, k, v, spec.causal, state)
-
-        with torch.no_grad():
-            check = check_variant_output(fn(), q, k, v, causal=spec.causal, dtype=spec.dtype, layout=variant.layout)
+        with torch.no_grad(), graph_retention(spec.mode):
+            step = build_step(spec, lambda q, k, v: variant.forward(q, k, v, spec.causal, state), (q, k, v), 0)
+            first = step.call()
+            out = first.out if spec.backward else first
+            check = check_variant_output(out, q, k, v, causal=spec.causal, dtype=spec.dtype, layout=variant.layout)
             row["correct"] = check.passed
             row["rel_error"] = check.rel_error
-            row.update(timed_rounds(fn, spec.device, rounds))
+            if spec.backward:
+                grads = check_grads(first.grads, q, k, v, step.grad_out, causal=spec.causal, dtype=spec.dtype,
+                                    layout=variant.layout)
+                row["correct"] = check.passed and grads.passed
+                row["grad_rel_error"] = grads.rel_errors
+            del first, out
+            row.update(timed_rounds(step.call, spec.device, rounds))
     except AttnprofError as exc:
         row["status"] = f"failed: {exc.message}"
         return row
@@ -199,12 +212,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['variant']} | {r['shape']} | {r['status']} |" + " |" * 13)
             continue
-        pct = lambda key: "n/a" if r.get(key) is None else f"{r[key]:+.1f}"  # noqa: E731
+        def pct(key: str, r: dict[str, Any] = r) -> str:
+            return "n/a" if r.get(key) is None else f"{r[key]:+.1f}"
+
         lines.append(
             f"| {r['variant']} | {r['shape']} | {_fmt(r['attnprof_us'])} | {_fmt(r['graph_us'])} | "
             f"{pct('diff_eager_vs_graph_pct')} | {_fmt(r['attnprof_graph_us'])} | {pct('diff_graph_vs_graph_pct')} | "
             f"{_fmt(r['attnprof_flush_us'])} | {_fmt(r['do_bench_us'])} | {pct('diff_flush_vs_do_bench_pct')} | "
-            f"{_fmt(r['within_5pct'])} | {'yes' if r['launch_bound'] else 'no'} | {_fmt(r['tflops'])} | {_fmt(r['pct_of_peak'])} | "
+            f"{_fmt(r['within_5pct'])} | {'yes' if r['launch_bound'] else 'no'} | {_fmt(r['tflops'])} | "
+            f"{_fmt(r['pct_of_peak'])} | "
             f"{_fmt(r['correct'])} | {clocks(r)} |")
     return "\n".join(lines)
 
@@ -233,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="*", help="variant names (default: fused SDPA backends + plugins)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell (medians reported)")
+    parser.add_argument("--mode", choices=("fwd", "bwd", "fwd+bwd"), default="fwd",
+                        help="what is timed: the forward, the backward alone (autograd.grad), or both")
     args = parser.parse_args(argv)
 
     import torch
@@ -242,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from attnprof.plugins import load_variants
-    from attnprof.profiling.ceiling import matmul_peak_tflops
+    from attnprof.profiling.ceiling import device_ceiling
     from attnprof.profiling.clocks import ClockSampler
     from attnprof.profiling.environment import collect_environment
     from attnprof.registry import RunSpec
@@ -250,10 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sampler = ClockSampler(args.device).start()
     registry = load_variants().registry
-    peak = matmul_peak_tflops(args.device, "bf16")
+    peak = device_ceiling(args.device, "bf16")
     rows = []
     for b, h, s, d in SHAPES:
-        spec = RunSpec(device=args.device, dtype="bf16", batch=b, heads=h, seq=s, head_dim=d, causal=True)
+        spec = RunSpec(device=args.device, dtype="bf16", batch=b, heads=h, seq=s, head_dim=d, causal=True,
+                       mode=args.mode)
         for name in pick_variants(registry, args.variants):
             if name not in registry:
                 rows.append({"variant": name, "shape": spec.shape_label, "status": "not registered"})
@@ -264,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["sm_clock"] = {key: _window(samples, spans) for key, spans in row.pop("windows", {}).items()}
     table = markdown(rows)
-    print(f"bf16 matmul peak {peak.tflops:.0f} TFLOP/s, copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n")
+    print(f"mode {args.mode}; bf16 matmul peak {peak.tflops:.0f} TFLOP/s, "
+          f"copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n")
     print(table)
-    doc = {"environment": collect_environment(args.device), "ceiling": peak.to_dict(),
+    doc = {"environment": collect_environment(args.device), "ceiling": peak.to_dict(), "mode": args.mode,
            "tolerance_pct": TOLERANCE_PCT, "rows": rows, "elapsed_s": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2))

@@ -3,7 +3,7 @@
 For each of the blog's six variants (naive, inplace, sdpa-math, sdpa-efficient, sdpa-flash,
 sdpa-cudnn) at one shape, one process runs the cell twice:
 
-  attnprof  `attnprof.profiling.runner.run_cell(variant, spec, RunOptions(...))`: inputs and
+  attnprof  `attnprof.pipeline.run_cell(variant, spec, config, measure)`: inputs and
             setup, time_forward (cold call, settling warm-up, time-based reps), torch.profiler
             under the schedule with a record_function region, Chrome trace export plus the
             key_averages table, the float64 correctness check, the peak-memory probe, trace
@@ -222,10 +222,10 @@ def raw_cell(variant: Any, spec: Any, warmup_calls: int, reps: int, schedule: An
 
 def attnprof_cell(variant: Any, spec: Any, options: Any) -> tuple[Any, float]:
     """run_cell and its wall time."""
-    from attnprof.profiling.runner import run_cell
+    from attnprof.pipeline import run_cell
 
     started = time.perf_counter()
-    result = run_cell(variant, spec, options)
+    result = run_cell(variant, spec, *options)
     return result, time.perf_counter() - started
 
 
@@ -240,13 +240,13 @@ def compare_once(variants: list[Any], spec: Any, options: Any, trace_dir: Path, 
         phases = dict(result.phases_s)
         phases["other"] = wall - sum(phases.values())  # availability check, memory release, bookkeeping
         row.update(status=result.status, reason=result.reason, attnprof_wall_s=wall,
-                   attnprof_phases_s=phases, attnprof_median_us=result.measures.get("latency_us"))
+                   attnprof_phases_s=phases, attnprof_median_us=result.latency_us)
         if result.status == "ok" or (result.status == "failed" and "timing" in result.phases_s):
-            warmup_calls = int(result.measures.get("warmup_reps") or 0)
-            reps = int(result.measures.get("reps") or 0)
+            warmup_calls = result.timing.warmup_reps if result.timing else 0
+            reps = result.timing.reps if result.timing else 0
             warm(variant, spec)
             try:
-                raw = raw_cell(variant, spec, warmup_calls, reps, options.schedule, options.region,
+                raw = raw_cell(variant, spec, warmup_calls, reps, options[0].schedule, options[0].region,
                                trace_dir / f"raw_{variant.name}_{round_no}.json.gz")
             except Exception as exc:  # noqa: BLE001 - a row that says why, not a crashed benchmark
                 row["raw_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
@@ -293,9 +293,9 @@ def profile_cell(variant: Any, spec: Any, options: Any, top: int = 25) -> dict[s
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    from attnprof.profiling.runner import run_cell
+    from attnprof.pipeline import run_cell
 
-    result = run_cell(variant, spec, options)
+    result = run_cell(variant, spec, *options)
     profiler.disable()
     wall = time.perf_counter() - started
     stream = io.StringIO()
@@ -368,16 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     _import_attnprof()
     import torch
 
-    from attnprof.config import Schedule
+    from attnprof.config import Config, MeasureOptions
     from attnprof.errors import AttnprofError
     from attnprof.plugins import load_variants
     from attnprof.profiling.environment import collect_environment
-    from attnprof.profiling.inputs import resolve_device
-    from attnprof.profiling.runner import RunOptions
+    from attnprof.profiling.inputs import resolve_torch_device
     from attnprof.registry import RunSpec
 
     try:
-        device = resolve_device(args.device)
+        device = resolve_torch_device(args.device)
     except AttnprofError as exc:
         print(f"overhead.py: {exc.message}", file=sys.stderr)
         return 2
@@ -393,12 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         trace_dir = args.trace_dir
         trace_dir.mkdir(parents=True, exist_ok=True)
-    options = RunOptions(schedule=Schedule(), region="attnprof", seed=0, output_dir=trace_dir, timing=True,
-                         min_time_s=args.min_time)
+    config = Config(shapes=[{"batch": b, "heads": h, "seq": s, "head_dim": d}], output_dir=trace_dir)
+    options = (config, MeasureOptions(min_time_s=args.min_time))  # run_cell's config and measure
     print(f"overhead.py: {', '.join(v.name for v in chosen)} at {spec.shape_label} {spec.dtype} "
           f"{'causal' if spec.causal else 'full'} on {device}", file=sys.stderr)
     imports_s = lazy_imports()
-    prime_s = prime(runnable, spec, options.region)
+    prime_s = prime(runnable, spec, config.region)
     rows: list[dict[str, Any]] = []
     rounds = 0
     round_s: list[float] = []
@@ -426,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "overhead", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "environment": collect_environment(device),
         "spec": {"shape": spec.shape_label, "dtype": spec.dtype, "causal": spec.causal, "device": device},
-        "schedule": options.schedule.model_dump(), "min_time_s": args.min_time, "rounds": rounds,
+        "schedule": config.schedule.model_dump(), "min_time_s": args.min_time, "rounds": rounds,
         "prime_s": prime_s, "attnprof_lazy_imports_s": imports_s, "target_ratio": TARGET_RATIO, "ratio_end_to_end": ratio,
         "target_met": None if ratio is None else ratio <= TARGET_RATIO,
         "attnprof_total_s": total_a, "raw_total_s": total_r, "variants": merged, "rounds_raw": rows,

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnprof.stats import quantile
+
 TARGET_ABOVE_PASS_S = 0.3
 
 
@@ -50,15 +52,6 @@ def commands() -> dict[str, list[str]]:
         "python -m attnprof --help": [sys.executable, "-m", "attnprof", "--help"],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     }
-
-
-def quantile(values: list[float], q: float) -> float:
-    """Linear-interpolated quantile."""
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def run_once(argv: list[str]) -> float:

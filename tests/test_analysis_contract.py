@@ -1,19 +1,19 @@
-"""The JSON contract of TraceAnalysis.to_dict, dispatched_backend and region_rows."""
+"""The JSON contract of TraceAnalysis.to_dict, and dispatched_backend."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from attnprof.analysis import (CPU_ROW_MEANING, GPU_ROW_MEANING, TraceAnalysis, analyze_trace, dispatched_backend,
-                               load_trace, region_rows)
 from tracegen import TraceBuilder, build, fused_forward, math_forward, naive_forward
+
+from attnprof.analysis import TraceAnalysis, analyze_trace, dispatched_backend, load_trace
 
 TOP_LEVEL = {"region", "forwards", "kernels_per_forward", "memcpy_per_forward", "memset_per_forward", "gpu_time_us",
              "gpu_annotation_time_us", "kernel_time_us", "cpu_time_us", "self_device_time_total_us", "launch_apis",
              "transposes_per_forward", "cpu_ops_per_forward", "kernels", "findings", "spread", "device",
-             "input_dtype", "annotation_mismatches", "notes"}
+             "input_dtype", "annotation_mismatches", "notes", "region_choice", "phases"}
+PHASE_FIELDS = {"kernels", "memcpy", "memset", "kernel_time_us", "gpu_time_us"}
 KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_forward", "time_us", "grid", "block",
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                  "achieved_occupancy_pct", "theoretical_occupancy_pct", "occupancy_limiter", "occupancy_arithmetic",
@@ -25,6 +25,9 @@ def test_to_dict_field_names_are_the_contract():
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
     assert all(set(f) == {"id", "message"} for f in d["findings"])
+    assert set(d["phases"]) == {"forward", "backward"}
+    assert set(d["phases"]["forward"]) == PHASE_FIELDS
+    assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
 
 
@@ -36,10 +39,16 @@ def test_to_dict_values():
     kernel = next(k for k in d["kernels"] if k["kind"] == "kernel")
     assert kernel["achieved_occupancy_pct"] is None  # reported 0 means unreported
     assert kernel["theoretical_occupancy_pct"] == 12.5 and kernel["tensor_cores"] is True
-    assert kernel["launch_api"] == "cuLaunchKernelEx" and kernel["grid"] == [64, 1, 1] and kernel["block"] == [256, 1, 1]
+    assert kernel["launch_api"] == "cuLaunchKernelEx"
+    assert kernel["grid"] == [64, 1, 1] and kernel["block"] == [256, 1, 1]
     assert kernel["registers_per_thread"] == 240 and kernel["shared_memory_bytes"] == 134144
     memset = next(k for k in d["kernels"] if k["kind"] == "memset")
     assert memset["tensor_cores"] is False and memset["grid"] is None
+    # a forward-only trace: everything in the forward phase, the backward phase all zero
+    assert d["phases"]["forward"] == {"kernels": 1, "memcpy": 0, "memset": 1, "kernel_time_us": 186.3,
+                                      "gpu_time_us": d["gpu_time_us"]}
+    assert d["phases"]["backward"] == {"kernels": 0, "memcpy": 0, "memset": 0, "kernel_time_us": 0.0,
+                                       "gpu_time_us": 0.0, "outside_region": False}
     assert d["kernel_time_us"] == pytest.approx(186.3)
     assert d["self_device_time_total_us"] == pytest.approx(3 * (186.3 + 0.8))
     assert d["gpu_time_us"] >= d["kernel_time_us"]
@@ -69,8 +78,6 @@ def test_kernels_are_in_execution_order_with_counts():
 def test_dispatched_backend(forward, kwargs, backend):
     analysis = analyze_trace(build(forward, **kwargs))
     assert dispatched_backend(analysis) == backend
-    if backend != "math":  # from the stored dict, kernel names alone decide
-        assert dispatched_backend(analysis.to_dict()) == backend
 
 
 def test_dispatched_backend_on_a_cpu_trace_uses_the_ops():
@@ -80,27 +87,6 @@ def test_dispatched_backend_on_a_cpu_trace_uses_the_ops():
             with b.op("aten::scaled_dot_product_attention"):
                 b.leaf("aten::_scaled_dot_product_flash_attention_for_cpu")
     assert dispatched_backend(analyze_trace(b.to_dict())) == "flash"
-
-
-def test_region_rows_cpu_and_gpu_are_separate():
-    data = build(naive_forward)
-    rows = region_rows(data)
-    trace = load_trace(data)
-    assert rows.cpu.kind == "cpu" and rows.cpu.count == 3 and rows.cpu.meaning == CPU_ROW_MEANING
-    assert rows.gpu.kind == "gpu" and rows.gpu.count == 3 and rows.gpu.meaning == GPU_ROW_MEANING
-    expected_cpu = sum(trace.annotations.dur[i] for i, n in enumerate(trace.annotations.name)
-                       if trace.names[n] == "attnprof")
-    assert rows.cpu.total_us == pytest.approx(expected_cpu)
-    assert rows.cpu.avg_us == pytest.approx(expected_cpu / 3)
-    analysis = analyze_trace(data)
-    assert rows.gpu.avg_us == pytest.approx(analysis.gpu_time_us, abs=0.5)
-
-
-def test_region_rows_without_gpu_annotations():
-    rows = region_rows(build(naive_forward, builder=TraceBuilder(gpu_annotations=False)))
-    assert rows.cpu is not None and rows.gpu is None
-    rows = region_rows(build(naive_forward), region="absent")
-    assert rows.cpu is None and rows.gpu is None
 
 
 def test_analysis_accepts_paths_dicts_and_parsed_traces(tmp_path):

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import (
+    BF16,
+    CUDNN,
+    FILL,
+    FLASH,
+    GEMM_BF16,
+    MUL,
+    TraceBuilder,
+    build,
+    fused_forward,
+    math_forward,
+    naive_forward,
+)
 
 from attnprof.analysis import FINDING_IDS, analyze_trace
-from tracegen import (BF16, CUDNN, FILL, FLASH, GEMM_BF16, MUL, TraceBuilder, build, fused_forward, math_forward,
-                      naive_forward)
 
 
 def ids(analysis):
@@ -22,7 +33,8 @@ def message(analysis, finding_id):
 
 def test_ids_are_the_documented_contract():
     assert FINDING_IDS == ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
-                           "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes")
+                           "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes",
+                           "bwd-dot-do-o", "bwd-dq-convert", "bwd-memsets", "grad-accumulation")
 
 
 def test_a_clean_forward_has_no_findings():

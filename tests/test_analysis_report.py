@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from tracegen import GEMM_FP32, TraceBuilder, build, fused_forward, math_forward, naive_forward
 
 from attnprof.analysis import analyze_trace, explain_kernel
 from attnprof.report.analysis_tables import render_analysis, render_analysis_dict, render_explanation
-from tracegen import TraceBuilder, build, fused_forward, math_forward, naive_forward
 
 
 def test_table_has_summary_kernels_and_findings():
@@ -28,7 +30,7 @@ def test_markdown_uses_github_tables():
     assert text.startswith("### Trace analysis")
     assert "| metric" in text and "|---" in text
     assert "- **`fp32-cuda-cores`**" in text
-    assert "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas" in text
+    assert GEMM_FP32 in text
 
 
 def test_tensor_cores_column_reads_yes_no_and_question_mark():
@@ -74,3 +76,19 @@ def test_render_explanation():
     assert "| tensor cores | ? (the name does not tell)" in md
     assert "not decoded" in md and "| part" not in md
     assert render_explanation(explain_kernel("Memset (Device)").to_dict(), "table").count("memset") >= 1
+
+
+TRAINING = Path(__file__).parent / "data" / "h200" / "training"
+
+
+def test_phases_show_only_with_backward_work():
+    forward_only = render_analysis(analyze_trace(build(fused_forward, backend="flash")), "table")
+    assert "Phases per forward" not in forward_only
+    text = render_analysis(analyze_trace(TRAINING / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"), "table",
+                           width=80)
+    section = text.split("Phases per forward")[1].split("Kernels per forward")[0]
+    lines = [line.split() for line in section.splitlines() if line.strip()]
+    assert lines[2] == ["forward", "1", "0", "0", "93.7", "93.7"]
+    assert lines[3] == ["backward", "(after", "the", "8", "0", "0", "342.9", "401.6"]  # wrapped at 80 columns
+    assert lines[4] == ["region)"]
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -1,9 +1,18 @@
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from attnprof.profiling import ceiling
-from attnprof.profiling.ceiling import Ceiling, cache_path, device_key, matmul_peak_tflops, measure_ceiling
+from attnprof.profiling.ceiling import (
+    MAX_AGE_DAYS,
+    Ceiling,
+    RunCeiling,
+    cache_path,
+    device_ceiling,
+    device_key,
+    probe_ceiling,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -14,89 +23,192 @@ def fresh(monkeypatch, tmp_path):
     ceiling.forget()
 
 
-def fake_measure(calls, tflops=1.5, gbps=20.0):
-    def measure(device, dtype):
+def fake_probe(calls, tflops=1.5, gbps=20.0):
+    def probe(device, dtype):
         calls.append((device, dtype))
-        return Ceiling(tflops, gbps, f"fake {dtype}")
+        return Ceiling(tflops, gbps, "measured", method=f"fake {dtype}")
 
-    return measure
+    return probe
 
 
 def never(device, dtype):
     raise AssertionError("should have come from the cache")
 
 
+def edit_entry(**changes):
+    """Change the one cached entry's fields in the file, as another day or another install would have left it."""
+    path = cache_path()
+    data = json.loads(path.read_text())
+    [entry] = data["entries"].values()
+    entry.update(changes)
+    path.write_text(json.dumps(data))
+    ceiling.forget()
+
+
 def test_cache_path_follows_env(tmp_path):
     assert cache_path() == tmp_path / "cache" / "ceilings.json"
 
 
-def test_round_trip_through_cache_file(tmp_path):
+def test_cache_path_honours_xdg_cache_home_then_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNPROF_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path() == tmp_path / "xdg" / "attnprof" / "ceilings.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/not/allowed")  # the XDG spec says to ignore it
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_path() == tmp_path / "home" / ".cache" / "attnprof" / "ceilings.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_path() == tmp_path / "home" / ".cache" / "attnprof" / "ceilings.json"
+    monkeypatch.setenv("ATTNPROF_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path() == tmp_path / "mine" / "ceilings.json"  # ATTNPROF_CACHE_DIR wins
+
+
+def test_round_trip_through_cache_file():
+    import torch
+
     calls = []
-    first = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
-    assert first == Ceiling(1.5, 20.0, "fake fp32") and len(calls) == 1
-    data = json.loads(cache_path().read_text())
-    entry = data["entries"][device_key("cpu", "fp32")]
-    assert entry["tflops"] == 1.5 and entry["bandwidth_gbps"] == 20.0 and "measured_at" in entry
+    first = device_ceiling("cpu", "fp32", probe=fake_probe(calls))
+    assert (first.tflops, first.bandwidth_gbps, first.method) == (1.5, 20.0, "fake fp32") and len(calls) == 1
+    assert first.source == "measured" and first.reason == "no cached figure"
+    assert first.torch_version == torch.__version__ and first.driver_version is None  # no driver on CPU
+    entry = json.loads(cache_path().read_text())["entries"][device_key("cpu", "fp32")]
+    assert entry["tflops"] == 1.5 and entry["torch_version"] == torch.__version__ and "measured_at" in entry
     ceiling.forget()
-    second = matmul_peak_tflops("cpu", "fp32", measure=never)
-    assert (second.tflops, second.bandwidth_gbps) == (1.5, 20.0)
-    assert second.source.startswith("cached") and "fake fp32" in second.source
+    second = device_ceiling("cpu", "fp32", probe=never)
+    assert (second.tflops, second.bandwidth_gbps, second.method) == (1.5, 20.0, "fake fp32")
+    assert second.source == "cached" and second.reason is None
+    assert second.measured_at == first.measured_at and second.measured_on == first.measured_at[:10]
 
 
-def test_memo_measures_once_per_run():
+def test_memo_measures_once_per_run_and_then_reads_as_cached():
     calls = []
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
+    assert device_ceiling("cpu", "fp32", probe=fake_probe(calls)).source == "measured"
     cache_path().unlink()
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
+    assert device_ceiling("cpu", "fp32", probe=fake_probe(calls)).source == "cached"
     assert len(calls) == 1
 
 
-def test_dtypes_are_cached_separately():
+def test_dtypes_are_cached_separately(monkeypatch):
+    monkeypatch.setattr(ceiling, "device_key", lambda device, dtype: f"gpu|{dtype}")
+    monkeypatch.setattr(ceiling, "software_versions", lambda device: ("2.x", "550.1"))
     calls = []
-    matmul_peak_tflops("cpu", "bf16", measure=fake_measure(calls))
-    matmul_peak_tflops("cpu", "fp16", measure=fake_measure(calls))
+    device_ceiling("cuda:0", "bf16", probe=fake_probe(calls))
+    device_ceiling("cuda:0", "fp16", probe=fake_probe(calls))
     assert [c[1] for c in calls] == ["bf16", "fp16"]
     assert len(json.loads(cache_path().read_text())["entries"]) == 2
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_on_cpu_has_no_ceiling_and_measures_nothing(dtype):
+    got = device_ceiling("cpu", dtype, probe=never)
+    assert got.source == "none" and got.tflops is None and got.bandwidth_gbps is None
+    assert got.reason == f"no meaningful {dtype} matmul ceiling on CPU (attention there computes in fp32)"
+    assert not cache_path().exists()
+
+
 def test_refresh_measures_again():
     calls = []
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls, tflops=1.0))
-    again = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls, tflops=2.0), refresh=True)
-    assert again.tflops == 2.0 and len(calls) == 2
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=1.0))
+    again = device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=2.0), refresh=True)
+    assert again.tflops == 2.0 and again.source == "measured" and len(calls) == 2
+
+
+def test_a_stale_entry_is_measured_again():
+    calls = []
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=0.0021))
+    edit_entry(measured_at=(datetime.now(timezone.utc) - timedelta(days=MAX_AGE_DAYS + 11)).isoformat())
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=1.0))
+    assert got.tflops == 1.0 and got.source == "measured" and len(calls) == 2
+    assert got.reason == f"the cached figure was {MAX_AGE_DAYS + 11} days old (limit {MAX_AGE_DAYS})"
+    ceiling.forget()
+    assert device_ceiling("cpu", "fp32", probe=never).tflops == 1.0  # the fresh figure replaced it
+
+
+def test_a_recent_entry_is_used():
+    calls = []
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls))
+    edit_entry(measured_at=(datetime.now(timezone.utc) - timedelta(days=MAX_AGE_DAYS - 1)).isoformat())
+    assert device_ceiling("cpu", "fp32", probe=never).source == "cached"
+
+
+def test_another_torch_version_is_measured_again():
+    calls = []
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls))
+    edit_entry(torch_version="1.0.0")
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls))
+    assert len(calls) == 2 and got.reason == "the cached figure was measured with torch 1.0.0"
+
+
+def test_another_driver_version_is_measured_again(monkeypatch):
+    monkeypatch.setattr(ceiling, "device_key", lambda device, dtype: f"gpu|{dtype}")
+    monkeypatch.setattr(ceiling, "software_versions", lambda device: ("2.x", "550.1"))
+    calls = []
+    assert device_ceiling("cuda:0", "bf16", probe=fake_probe(calls)).driver_version == "550.1"
+    ceiling.forget()
+    assert device_ceiling("cuda:0", "bf16", probe=never).source == "cached"
+    edit_entry(driver_version="535.0")
+    got = device_ceiling("cuda:0", "bf16", probe=fake_probe(calls))
+    assert len(calls) == 2 and got.reason == "the cached figure was measured with driver 535.0"
 
 
 def test_unwritable_cache_is_tolerated(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     calls = []
-    got = matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls), path=blocker / "ceilings.json")
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls), path=blocker / "ceilings.json")
     assert got.tflops == 1.5 and len(calls) == 1
+    assert got.reason.startswith("no cached figure; not kept: cannot write ")
 
 
-def test_corrupt_or_bad_entries_are_measured_again():
+@pytest.mark.parametrize("bad", [{"tflops": "nonsense"}, {"measured_at": "yesterday"}, {"method": None},
+                                 {"measured_at": "2026-01-01T00:00:00"}])  # the last one has no time zone
+def test_corrupt_or_bad_entries_are_measured_again(bad):
     path = cache_path()
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     calls = []
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
+    device_ceiling("cpu", "fp32", probe=fake_probe(calls))
     assert len(calls) == 1
-    data = json.loads(path.read_text())
-    data["entries"][device_key("cpu", "fp32")]["tflops"] = "nonsense"
-    path.write_text(json.dumps(data))
-    ceiling.forget()
-    matmul_peak_tflops("cpu", "fp32", measure=fake_measure(calls))
-    assert len(calls) == 2
+    edit_entry(**bad)
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls))
+    assert len(calls) == 2 and got.reason == "the cached figure was unreadable"
 
 
-def test_key_names_device_dtype_and_torch():
+def test_an_old_cache_version_is_measured_again():
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    old = {"tflops": 0.0021, "bandwidth_gbps": 20.0, "source": "measured: ...", "measured_at": "2026-01-01T00:00:00"}
+    path.write_text(json.dumps({"version": 1, "entries": {f"{device_key('cpu', 'fp32')}|torch x": old}}))
+    calls = []
+    assert device_ceiling("cpu", "fp32", probe=fake_probe(calls)).tflops == 1.5 and len(calls) == 1
+
+
+def test_key_names_device_and_dtype_not_versions():
     import torch
 
-    key = device_key("cpu", "bf16")
-    assert "|bf16|" in key and torch.__version__ in key and "threads" in key
+    key = device_key("cpu", "fp32")
+    assert key.endswith("|fp32") and "threads" in key and torch.__version__ not in key
+
+
+def test_run_ceiling_measures_again_once_per_run():
+    calls = []
+    run = RunCeiling.start("cpu", "fp32", probe=fake_probe(calls, tflops=0.0021))
+    assert run.current.tflops == 0.0021 and run.replaced is None
+    run.probe = fake_probe(calls, tflops=1.0)
+    assert run.measure_again("naive reached 0.02 TFLOP/s") is True
+    assert run.current.tflops == 1.0 and run.current.source == "measured"
+    assert run.current.reason == "naive reached 0.02 TFLOP/s" and run.replaced.tflops == 0.0021
+    assert run.measure_again("again") is False and len(calls) == 2  # once per run
+    ceiling.forget()
+    assert device_ceiling("cpu", "fp32", probe=never).tflops == 1.0  # and the cache holds the fresh one
+
+
+def test_run_ceiling_without_a_ceiling_never_measures():
+    run = RunCeiling.start("cpu", "bf16", probe=never)
+    assert run.current.source == "none" and run.measure_again("why") is False and run.replaced is None
 
 
 def test_real_cpu_measurement_is_positive_and_labelled():
-    c = measure_ceiling("cpu", "fp32")
+    c = probe_ceiling("cpu", "fp32")
     assert c.tflops > 0 and c.bandwidth_gbps > 0
-    assert c.source.startswith("measured:") and "fp32 matmul" in c.source
+    assert c.source == "measured" and "fp32 matmul" in c.method

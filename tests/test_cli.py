@@ -87,11 +87,11 @@ def test_run_profiles_one_variant(cli, write_config, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "kernels / forward" in result.output and "latency (µs, median ± IQR)" in result.output
     assert "key_averages" in result.output and "attnprof" in result.output
-    traces = list((tmp_path / "out").glob("inplace_1x2x32x16_fp32_causal_cpu_*.json.gz"))
-    assert len(traces) == 1
+    [trace] = (tmp_path / "out").glob("*-run/traces/inplace_1x2x32x16_fp32_causal_cpu.json.gz")
+    assert f"traces: {trace} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)" in result.stderr
     again = cli("run", "--variant", "inplace", "--config", str(write_config()), *FAST)
     assert again.exit_code == 0
-    assert len(list((tmp_path / "out").glob("inplace_*.json.gz"))) == 2  # runs accumulate
+    assert len(list((tmp_path / "out").glob("*-run*/traces/inplace_*.json.gz"))) == 2  # each run has its folder
 
 
 def test_run_json_stdout_is_only_json(cli, write_config) -> None:
@@ -121,9 +121,9 @@ def test_compare_writes_tables_json_and_csv(cli, write_config, tmp_path: Path) -
     assert result.exit_code == 0, result.output
     assert "speed-up vs sdpa-math" in result.output
     assert "at a glance" in result.output
-    out = tmp_path / "out"
-    [json_file] = out.glob("compare-*.json")
-    [csv_file] = out.glob("compare-*.csv")
+    [folder] = (tmp_path / "out").glob("*-compare")
+    json_file, csv_file = folder / "results.json", folder / "results.csv"
+    assert len(list((folder / "traces").glob("*.json.gz"))) == 3
     document = json.loads(json_file.read_text())
     assert [r["variant"] for r in document["results"]] == ["naive", "inplace", "sdpa-math"]
     baseline = next(r for r in document["results"] if r["variant"] == "sdpa-math")
@@ -255,43 +255,183 @@ def test_ctrl_c_keeps_finished_cells(cli, write_config, monkeypatch, tmp_path: P
     monkeypatch.setattr(load_variants(no_plugins=False).registry.get("inplace"), "forward", interrupt)
     result = cli("compare", str(write_config()), "--no-timing")
     assert result.exit_code == 130
-    [json_file] = (tmp_path / "out").glob("compare-*.json")
+    [json_file] = (tmp_path / "out").glob("*-compare/results.json")
     document = json.loads(json_file.read_text())
     assert document["interrupted"] is True
     assert [r["variant"] for r in document["results"]] == ["naive"]
 
 
-def test_refresh_ceiling_replaces_the_cached_figure(cli, write_config, isolated_cache) -> None:
-    import json as _json
-
+def test_an_exceeded_cached_ceiling_is_measured_again_without_asking(cli, write_config, isolated_cache) -> None:
     from attnprof.profiling import ceiling
 
     config = str(write_config(variants=["sdpa-math"]))
     assert cli("compare", config, *FAST).exit_code == 0
     cache = isolated_cache / "ceilings.json"
-    entries = _json.loads(cache.read_text())["entries"]
-    [key] = entries
-    entries[key]["tflops"] = 1e-9  # a stale, absurd figure
-    cache.write_text(_json.dumps({"version": 1, "entries": entries}))
+    data = json.loads(cache.read_text())
+    [entry] = data["entries"].values()
+    entry["tflops"] = 1e-9  # measured while the machine was busy, say
+    cache.write_text(json.dumps(data))
     ceiling.forget()
-    stale = _json.loads(cli("compare", config, "--format", "json", *FAST).stdout)
-    assert stale["ceiling"]["tflops"] == 1e-9
-    fresh = _json.loads(cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST).stdout)
-    assert fresh["ceiling"]["tflops"] > 1e-6
+    result = cli("compare", config, "--format", "json", *FAST)
+    document = json.loads(result.stdout)
+    assert document["ceiling"]["tflops"] > 1e-6 and document["ceiling"]["source"] == "measured"
+    assert "fp32 matmul ceiling on cpu: 1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
+    [row] = document["results"]
+    assert 0 < row["pct_of_peak"] < 100 and row["pct_of_peak_note"] is None
+    assert json.loads(cache.read_text())["entries"].popitem()[1]["tflops"] > 1e-6  # the cache holds the fresh one
+    fresh = cli("compare", config, "--format", "json", "--refresh-ceiling", *FAST)
+    assert "measured now (a fresh measurement was asked for)" in fresh.stderr
+
+
+def test_the_cached_note_is_printed_only_when_the_cached_figure_was_used(cli, write_config) -> None:
+    import re
+
+    from attnprof.profiling import ceiling
+
+    args = ("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
+    first = cli(*args)
+    assert first.exit_code == 0, first.output
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, measured now \(no cached figure\)$", first.stderr,
+                     re.MULTILINE), first.stderr
+    assert "cached on" not in first.stderr and "--refresh-ceiling" not in first.stderr
+    ceiling.forget()  # a new process
+    second = cli(*args)
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, cached on \d{4}-\d\d-\d\d "
+                     r"\(--refresh-ceiling measures again\)$", second.stderr, re.MULTILINE), second.stderr
+    assert "measured now" not in second.stderr
+
+
+def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason(cli, write_config, tmp_path,
+                                                                                monkeypatch) -> None:
+    from attnprof.profiling import ceiling
+
+    calls = []
+
+    def absurd(device: str, dtype: str) -> ceiling.Ceiling:
+        calls.append(dtype)
+        return ceiling.Ceiling(1e-9, 1.0, "measured", method="fake")
+
+    monkeypatch.setattr(ceiling, "probe_ceiling", absurd)
+    result = cli("run", "--variant", "sdpa-math", "--config", str(write_config()), "--wide", *FAST)
+    assert result.exit_code == 0, result.output
+    assert calls == ["fp32", "fp32"]  # at the start, and once more when the cell exceeded it
+    assert ("1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
+            and "measured again: 1e-09 TFLOP/s; still beaten by sdpa-math @ 1x2x32x16: % of peak is n/a there"
+            in result.stderr), result.stderr
+    assert "n/a: the fp32 matmul on cpu (1e-09 TFLOP/s) is slower than this attention (" in result.stdout
+    [json_file] = (tmp_path / "out").glob("*-run/results.json")
+    [row] = json.loads(json_file.read_text())["results"]
+    assert row["pct_of_peak"] is None and row["bound"] is None and row["tflops"] > 1e-9
+    assert row["pct_of_peak_note"].endswith("TFLOP/s): no ceiling")
+    [line] = csv.DictReader(json_file.with_suffix(".csv").open())
+    assert line["pct_of_peak"] == "" and line["pct_of_peak_note"] == row["pct_of_peak_note"]
+
+
+def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> None:
+    result = cli("compare", str(write_config(dtype="bf16", variants=["sdpa-math"])), "--wide", *FAST)
+    assert result.exit_code == 0, result.output
+    reason = "no meaningful bf16 matmul ceiling on CPU (attention there computes in fp32)"
+    assert f"% of peak is n/a: {reason}" in result.stderr and "cached on" not in result.stderr
+    [json_file] = (tmp_path / "out").glob("*-compare/results.json")
+    document = json.loads(json_file.read_text())
+    assert document["ceiling"]["source"] == "none" and document["ceiling"]["tflops"] is None
+    [row] = document["results"]
+    assert row["tflops"] > 0 and row["pct_of_peak"] is None and row["pct_of_peak_note"] == reason
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "% peak" in line)  # the shape table
+    column = lines[header].index("% peak")
+    assert lines[header + 2].startswith("sdpa-math") and lines[header + 2][column:].split()[0] == "n/a"
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
-    from attnprof.profiling import runner
+    from attnprof import pipeline
 
     seen = []
-    real = runner.run_cells
+    real = pipeline.run_cells
 
-    def spy(cells, options, *args, **kwargs):
-        seen.append(options.sample_clocks)
-        return real(cells, options, *args, **kwargs)
+    def spy(cells, config, measure, *args, **kwargs):
+        seen.append(measure.clocks)
+        return real(cells, config, measure, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_cells", spy)
+    monkeypatch.setattr(pipeline, "run_cells", spy)
     config = str(write_config(variants=["inplace"]))
     assert cli("compare", config, *FAST).exit_code == 0
     assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0
     assert seen == [True, False]
+
+
+@pytest.mark.parametrize("command", [(), ("list",), ("run",), ("compare",)])
+def test_help_shows_flags_as_flags(cli, command) -> None:
+    """Flags take no value, so the help shows no `<bool>` for them (typer's rich help did)."""
+    result = cli(*command, "--help", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "--help" in result.output
+    if command in (("run",), ("compare",)):
+        assert "--no-timing" in result.output and "--cuda-graph" in result.output
+        assert "<int>" in result.output  # options that take a value still show its type
+
+
+@pytest.mark.parametrize("command", [("run", "--variant", "naive"), ("compare",), ("list",)])
+def test_config_as_argument_or_option(cli, write_config, command) -> None:
+    """run, compare and list take the config as the argument or with -c/--config, not both."""
+    config = str(write_config(variants=["naive"], baseline=None, seed=7))
+    extra = ("--format", "json") if command[0] == "list" else ("--no-timing", "--format", "json")
+    for given in ((config,), ("-c", config), ("--config", config)):
+        result = cli(*command, *given, *extra)
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["shape"] == "1x2x32x16" if command[0] == "list" else document["config"]["seed"] == 7
+    assert_one_line_error(cli(*command, config, "-c", config, *extra), 2, "two configs given",
+                          "as the argument or with -c, not both")
+
+
+# --- what a new user trips over -----------------------------------------------------------------
+
+def test_auto_dtype_rows_carry_the_concrete_dtype(cli, write_config) -> None:
+    """`dtype: auto` on CPU is fp32 in every row, in the document's config and in the table headings."""
+    config = str(write_config(dtype="auto", variants=["sdpa-math"]))
+    document = json.loads(cli("compare", config, "--no-timing", "--format", "json").stdout)
+    assert [r["dtype"] for r in document["results"]] == ["fp32"] and document["config"]["dtype"] == "fp32"
+    assert "1x2x32x16 fp32 causal fwd on cpu" in cli("compare", config, "--no-timing").stdout
+    result = cli("run", "--variant", "naive", "--config", config, "--dtype", "auto", "--no-timing", "--format", "json")
+    assert json.loads(result.stdout)["results"][0]["dtype"] == "fp32"
+
+
+def test_baseline_typo_fails_like_a_variant_typo(cli, write_config) -> None:
+    """A baseline no variant has is exit 2 with a suggestion, given with --baseline or in the config."""
+    config = str(write_config())
+    assert_one_line_error(cli("compare", config, "--baseline", "sdpa-mth", "--no-timing"), 2,
+                          "unknown baseline 'sdpa-mth'", "did you mean sdpa-math")
+    typo = str(write_config(baseline="sdpa-mth"))
+    assert_one_line_error(cli("compare", typo, "--no-timing"), 2, "unknown baseline 'sdpa-mth'; did you mean sdpa-math")
+    assert_one_line_error(cli("run", typo, "--variant", "naive", "--no-timing"), 2, "unknown baseline 'sdpa-mth'")
+
+
+def test_a_real_baseline_left_out_is_a_note(cli, write_config) -> None:
+    result = cli("compare", str(write_config()), "--variants", "naive", "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "baseline 'sdpa-math' is not among the selected variants: no speed-ups" in result.stderr
+    assert json.loads(result.stdout)["results"][0]["speedup_vs_baseline"] is None
+
+
+def test_default_compare_says_what_the_config_excluded(cli, tmp_path: Path) -> None:
+    """The built-in default on CPU leaves out flex and compiled, and says so (with why) on stderr."""
+    result = cli("compare", "--seq", "32", "--heads", "2", "--head-dim", "16", "--no-timing",
+                 "-o", str(tmp_path / "out"), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert ("excluded by the config: flex, compiled (torch.compile takes tens of seconds on a small CPU; "
+            "--variants flex includes them)") in result.stderr.splitlines()
+    assert not {"flex", "compiled"} & {r["variant"] for r in json.loads(result.stdout)["results"]}
+
+
+def test_plain_exclude_is_named_too_but_not_the_command_lines(cli, write_config) -> None:
+    scoped = {"variants": ["inplace"], "device": "cpu", "reason": "not today"}
+    config = str(write_config(exclude=[scoped, "naive"]))
+    result = cli("compare", config, "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "excluded by the config: inplace (not today); naive" in result.stderr
+    assert [r["variant"] for r in json.loads(result.stdout)["results"]] == ["sdpa-math"]
+    for override in (("--exclude", "naive"), ("--variants", "naive")):
+        result = cli("compare", config, *override, "--no-timing", "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert "excluded by the config" not in result.stderr

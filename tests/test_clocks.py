@@ -85,23 +85,26 @@ case "$*" in *-lms*) echo "{stamp(T0)}, 1980, 1980, 0x0"; echo "{stamp(T0 + 0.02
 
 
 def test_runner_attaches_the_clock_of_each_timing_window():
-    from attnprof.profiling.runner import CellResult, attach_clocks
+    from attnprof.pipeline import attach_clocks
     from attnprof.registry import RunSpec
+    from attnprof.report.serialize import csv_row
+    from attnprof.results import CellResult
 
     spec = RunSpec("cuda:0", "bf16", 1, 1, 16, 16)
     timed = CellResult("a", "built-in", spec, timing_window=(T0 + 0.01, T0 + 0.07))
     untimed = CellResult("b", "built-in", spec)
     other = CellResult("c", "built-in", RunSpec("cuda:1", "bf16", 1, 1, 16, 16), timing_window=(T0, T0 + 1))
     attach_clocks([timed, untimed, other], "cuda:0", SAMPLES)
-    assert timed.measures["sm_clock_mhz"] == 1845 and timed.measures["clock_limits"] == "sw_power_cap"
-    assert "sm_clock_mhz" not in untimed.measures and "sm_clock_mhz" not in other.measures
+    assert csv_row(timed)["sm_clock_mhz"] == 1845 and csv_row(timed)["clock_limits"] == "sw_power_cap"
+    assert untimed.clock is None and other.clock is None
 
 
 def test_cpu_runs_start_no_sampler():
-    from attnprof.profiling.runner import RunOptions, _clock_sampler
+    from attnprof.config import MeasureOptions
+    from attnprof.pipeline.run import _clock_sampler
     from attnprof.registry import RunSpec
 
-    assert _clock_sampler([(None, RunSpec("cpu", "fp32", 1, 1, 16, 16))], RunOptions()) is None
+    assert _clock_sampler([(None, RunSpec("cpu", "fp32", 1, 1, 16, 16))], MeasureOptions()) is None
 
 
 def _row(**extra):
@@ -123,12 +126,15 @@ def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
 
 
 def test_result_rows_carry_the_clock_fields():
-    from attnprof.profiling.results import result_row
-    from attnprof.profiling.runner import CellResult
+    from attnprof.profiling.clocks import ClockWindow
     from attnprof.registry import RunSpec
+    from attnprof.report.serialize import csv_row
+    from attnprof.results import CellResult
 
     result = CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16),
-                        measures={"sm_clock_mhz": 1845, "sm_clock_max_mhz": 1980, "clock_limits": "sw_power_cap"})
-    row = result_row(result)
+                        clock=ClockWindow(sm_mhz=1845, min_sm_mhz=1650, max_sm_mhz=1980, limits=("sw_power_cap",),
+                                          samples=4))
+    row = csv_row(result)
     assert (row["sm_clock_mhz"], row["sm_clock_max_mhz"], row["clock_limits"]) == (1845, 1980, "sw_power_cap")
-    assert row["sm_clock_min_mhz"] is None
+    assert row["sm_clock_min_mhz"] == 1650
+    assert csv_row(CellResult("b", "built-in", result.spec))["sm_clock_mhz"] is None

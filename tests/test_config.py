@@ -59,7 +59,7 @@ def test_bad_values_name_the_field() -> None:
         parse_config({"device": "tpu", "dtype": "int8", "shapes": [{"batch": 0, "heads": 1, "seq": 8, "head_dim": 8}]})
     lines = info.value.message.splitlines()
     assert any(line.strip().startswith("device: must be auto, cpu, cuda or cuda:N") for line in lines)
-    assert any(line.strip().startswith("dtype: Input should be 'bf16', 'fp16' or 'fp32'") for line in lines)
+    assert any(line.strip().startswith("dtype: Input should be 'auto', 'bf16', 'fp16' or 'fp32'") for line in lines)
     assert any(line.strip().startswith("shapes.0.batch: Input should be greater than 0") for line in lines)
 
 
@@ -109,3 +109,36 @@ def test_overrides_are_validated_too() -> None:
     with pytest.raises(ConfigError, match="dtype"):
         apply_overrides(config, dtype="fp8")
     assert isinstance(changed, Config)
+
+
+SHAPES = [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 8}]
+
+
+def test_exclude_entries_are_patterns_or_scoped_mappings() -> None:
+    """A plain pattern is an entry everywhere; a mapping may hold to one device type and give its reason.
+    Both are written back as they were given."""
+    entries = ["naive", {"variants": ["flex", "compiled"], "device": "cpu", "reason": "slow on CPU"}]
+    config = parse_config({"shapes": SHAPES, "exclude": entries})
+    assert [(e.variants, e.device, e.reason) for e in config.exclude] == [(["naive"], None, None),
+                                                                          (["flex", "compiled"], "cpu", "slow on CPU")]
+    assert config.model_dump(mode="json")["exclude"] == entries
+    assert [e.variants for e in config.exclusions("cuda:0")] == [["naive"]]
+    assert [e.variants for e in config.exclusions("cpu")] == [["naive"], ["flex", "compiled"]]
+    assert apply_overrides(config, seed=1).exclude == config.exclude
+
+
+def test_bad_exclude_entries_name_the_field() -> None:
+    bad = [{"variants": ["flex"], "device": "cuda:0", "colour": 1}, {"variants": []}, 3]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"shapes": SHAPES, "exclude": bad})
+    lines = [line.strip() for line in info.value.message.splitlines()[1:]]
+    assert lines == ["exclude.0.device: Input should be 'cpu' or 'cuda'", "exclude.0.colour: unknown key",
+                     "exclude.1.variants: List should have at least 1 item after validation, not 0",
+                     "exclude.2: must be a variant pattern or a mapping with variants, device and reason"]
+
+
+def test_a_baseline_excluded_everywhere_is_an_error_but_not_one_excluded_on_one_device() -> None:
+    with pytest.raises(ConfigError, match="baseline 'naive' is excluded"):
+        parse_config({"shapes": SHAPES, "exclude": ["naive"], "baseline": "naive"})
+    scoped = parse_config({"shapes": SHAPES, "exclude": [{"variants": ["flex"], "device": "cpu"}], "baseline": "flex"})
+    assert scoped.baseline == "flex"

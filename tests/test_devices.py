@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -126,3 +127,30 @@ def test_sdpa_and_compile_checks_do_not_import_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("smi", "expected"), [("9.0\\n", "bf16"), ("8.6\\n", "bf16"), ("7.5\\n", "fp16")])
+def test_auto_dtype_from_the_compute_capability(no_torch, monkeypatch, tmp_path, smi, expected) -> None:
+    """`dtype: auto` is bf16 from compute capability 8.0, fp16 below it, fp32 on CPU; without importing torch."""
+    no_torch(cuda="12.8", gpus=1)
+    _fake_smi(tmp_path, monkeypatch, smi)
+    assert devices.resolve_dtype("auto", "cuda:0") == expected
+    assert devices.resolve_dtype("auto", "cpu") == "fp32"
+    assert devices.resolve_dtype("fp32", "cuda:0") == "fp32" and devices.resolve_dtype("bf16", "cpu") == "bf16"
+    assert "torch" not in sys.modules
+
+
+def test_list_on_an_h200_runs_flash_and_cudnn(no_torch, monkeypatch, tmp_path, cli) -> None:
+    """The built-in default on a (faked) H200: bf16, so sdpa-flash and sdpa-cudnn run here."""
+    no_torch(cuda="12.8", gpus=1)
+    _fake_smi(tmp_path, monkeypatch, "9.0\\n")
+    monkeypatch.setattr(devices, "cudnn_available", lambda: True)
+    result = cli("--no-plugins", "list", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["device"], data["dtype"]) == ("cuda:0", "bf16")
+    by_name = {v["name"]: v for v in data["variants"]}
+    assert by_name["sdpa-flash"]["available"] and by_name["sdpa-cudnn"]["available"], by_name
+    table = cli("--no-plugins", "list").stdout
+    assert table.startswith("variants on cuda:0, bf16, 1x4x256x64:")
+    assert "torch" not in sys.modules

@@ -9,28 +9,39 @@ from pathlib import Path
 
 import pytest
 
+from attnprof.plugins import load_variants
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 A100_SHAPE = dict(batch=8, heads=16, seq=1024, head_dim=64)
-BUILTINS = ["naive", "inplace", "sdpa", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "flex", "compiled"]
+BUILTINS = load_variants(no_plugins=True).registry.names()
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Profile every built-in once at the a100 shape (bf16, causal) and keep the results."""
-    from attnprof.config import Schedule
-    from attnprof.plugins import load_variants
-    from attnprof.profiling.ceiling import matmul_peak_tflops
-    from attnprof.profiling.runner import RunOptions, run_cell
+    from types import SimpleNamespace
+
+    from attnprof.config import Config, MeasureOptions, Schedule
+    from attnprof.pipeline import run_cell
+    from attnprof.profiling.ceiling import RunCeiling
     from attnprof.registry import RunSpec
+    from attnprof.report.serialize import json_entry
 
     out = tmp_path_factory.mktemp("gpu")
     spec = RunSpec(device="cuda:0", dtype="bf16", causal=True, **A100_SHAPE)
-    options = RunOptions(schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out, min_time_s=0.1,
-                         ceiling=matmul_peak_tflops("cuda:0", "bf16"))
+    config = Config(shapes=[A100_SHAPE], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=out)
+    measure = MeasureOptions(min_time_s=0.1)
+    ceiling = RunCeiling.start("cuda:0", "bf16")
     registry = load_variants(no_plugins=True).registry
-    return {name: run_cell(registry.get(name), spec, options) for name in BUILTINS}
+    results = {}
+    for name in BUILTINS:
+        result = run_cell(registry.get(name), spec, config, measure, ceiling)
+        entry = json_entry(result)  # the fields as JSON carries them
+        results[name] = SimpleNamespace(status=result.status, reason=result.reason, trace_path=result.trace_path,
+                                        analysis=entry, measures=entry)
+    return results
 
 
 def findings(result) -> set[str]:

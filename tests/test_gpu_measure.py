@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnprof.errors import VariantFailure
-from attnprof.profiling import ceiling
+from attnprof.profiling import ceiling, timing
 from attnprof.profiling.correctness import (
     check_variant_output,
     probe_fully_masked,
@@ -13,7 +13,6 @@ from attnprof.profiling.correctness import (
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
-from attnprof.profiling import timing
 from attnprof.profiling.timing import flush_buffer, time_forward
 from attnprof.registry import RunSpec, Variant
 
@@ -126,11 +125,13 @@ def test_real_oom_becomes_variant_failure():
 def test_measured_ceiling_is_plausible(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNPROF_CACHE_DIR", str(tmp_path))
     ceiling.forget()
-    c = ceiling.matmul_peak_tflops(DEV, "bf16")
+    c = ceiling.device_ceiling(DEV, "bf16")
     assert 50 < c.tflops < 2500 and 300 < c.bandwidth_gbps < 20000
-    assert c.source.startswith("measured: 8192x8192x8192 bf16")
+    assert c.source == "measured" and c.method.startswith("8192x8192x8192 bf16")
+    assert c.torch_version == torch.__version__ and c.reason == "no cached figure"
     ceiling.forget()
-    assert ceiling.matmul_peak_tflops(DEV, "bf16").source.startswith("cached")
+    cached = ceiling.device_ceiling(DEV, "bf16")
+    assert cached.source == "cached" and cached.tflops == c.tflops and cached.driver_version == c.driver_version
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -180,8 +181,10 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
     import shutil
     import time
 
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline import run_cells
     from attnprof.profiling.clocks import ClockSampler, clock_window
-    from attnprof.profiling.runner import RunOptions, run_cells
+    from attnprof.report.serialize import csv_row
     from attnprof.variants import sdpa
 
     if shutil.which("nvidia-smi") is None:
@@ -201,7 +204,8 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
 
     variant = next(v for v in sdpa.variants() if v.name == "sdpa-flash")
     spec = RunSpec(DEV, "bf16", 2, 8, 1024, 64, causal=True)
-    results, interrupted = run_cells([(variant, spec)], RunOptions(output_dir=tmp_path, min_time_s=0.1))
+    config = Config(shapes=[{"batch": 2, "heads": 8, "seq": 1024, "head_dim": 64}], output_dir=tmp_path)
+    results, interrupted = run_cells([(variant, spec)], config, MeasureOptions(min_time_s=0.1))
     assert not interrupted and results[0].ok, results[0].reason
-    m = results[0].measures
+    m = csv_row(results[0])
     assert 300 < m["sm_clock_mhz"] <= m["sm_clock_max_mhz"] and m["sm_clock_min_mhz"] <= m["sm_clock_mhz"]

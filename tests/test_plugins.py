@@ -85,12 +85,14 @@ class Site:
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Site:
-    # Start from the user's environment: no ATTNPROF_PLUGINS, and a cache this test owns.
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # No ATTNPROF_PLUGINS, and no registry loaded before this test (the CLI in test_plugin_cli.py loads
+    # without refresh=True); afterwards the fake plugins are forgotten again.
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    monkeypatch.setattr(plugins_mod, "_cache", {})
+    plugins_mod.forget_loaded_variants()
     (tmp_path / "site").mkdir()
-    return Site(tmp_path / "site", monkeypatch)
+    yield Site(tmp_path / "site", monkeypatch)
+    plugins_mod.forget_loaded_variants()
 
 
 def _status(loaded, entry: str):
@@ -303,7 +305,8 @@ def test_register_variants_failing_midway_registers_nothing(site):
     ''')
     loaded = load_variants(refresh=True)
     assert "half-first" not in loaded.registry
-    assert _status(loaded, "half").error == "plugin failed in register_variants: ImportError: optional dependency missing"
+    assert _status(loaded, "half").error == ("plugin failed in register_variants: "
+                                             "ImportError: optional dependency missing")
 
 
 def test_check_that_raises_becomes_a_reason(site):

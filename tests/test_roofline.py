@@ -86,3 +86,30 @@ def test_achieved_for_uses_tflops_and_gbps_units():
 
 def test_intensity_without_bytes_is_infinite():
     assert arithmetic_intensity(1.0, 0.0) == float("inf")
+
+
+def test_backward_flops_follow_the_tritonbench_convention():
+    from attnprof.analysis.roofline import step_flops
+
+    forward = 4 * 2 * 4 * 8 * 8 * 16
+    assert step_flops(spec()) == forward
+    assert step_flops(spec(mode="bwd")) == 2.5 * forward
+    assert step_flops(spec(mode="fwd+bwd")) == 3.5 * forward
+    assert step_flops(spec(mode="fwd+bwd", causal=True)) == 3.5 * forward / 2
+
+
+def test_flops_convention_states_the_factor_and_the_causal_halving():
+    from attnprof.analysis.roofline import flops_convention
+
+    assert flops_convention(spec()) == "fwd = 4·B·H·Sq·Skv·D (tritonbench / flash-attention convention)"
+    assert flops_convention(spec(mode="bwd", causal=True)) == (
+        "bwd = 2.5 × fwd; fwd = 4·B·H·Sq·Skv·D / 2 (causal) (tritonbench / flash-attention convention)")
+    assert flops_convention(spec(mode="fwd+bwd")).startswith("fwd+bwd = 3.5 × fwd; ")
+
+
+def test_backward_bytes_count_the_gradients_too():
+    per_tensor = 2 * 4 * 8 * 16 * 2  # B*H*S*D, bf16
+    assert min_bytes(spec(mode="bwd")) == 8 * per_tensor  # q, k, v, out, dout read; dq, dk, dv written
+    assert min_bytes(spec(mode="fwd+bwd")) == 12 * per_tensor
+    rates = achieved_for(spec(mode="fwd+bwd"), 1.0, None, None)
+    assert rates["tflops"] == 3.5 * attention_flops(spec()) / 1e12

@@ -4,7 +4,11 @@ import torch
 from attnprof.errors import VariantFailure
 from attnprof.profiling import timing
 from attnprof.profiling.timing import (
-    choose_reps, has_settled, iqr, is_unstable, median, quantile, summarize, time_forward,
+    choose_reps,
+    has_settled,
+    is_unstable,
+    summarize,
+    time_forward,
 )
 
 
@@ -18,19 +22,14 @@ class FakeClock:
         return self.now
 
 
-def test_quantile_matches_torch_linear():
-    values = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0]
-    for q in (0.0, 0.25, 0.5, 0.75, 1.0):
-        expected = torch.quantile(torch.tensor(values, dtype=torch.float64), q).item()
-        assert quantile(values, q) == pytest.approx(expected)
-
-
-def test_median_and_iqr():
-    assert median([3.0, 1.0, 2.0]) == 2.0
-    assert median([1.0, 2.0, 3.0, 4.0]) == 2.5
-    assert iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0)
-    with pytest.raises(ValueError):
-        median([])
+def test_summary_quantiles_match_torch_linear():
+    samples_s = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0]
+    t = summarize(samples_s, reps=6, warmup_reps=0, cold_s=0.0, method="m")
+    us = torch.tensor(samples_s, dtype=torch.float64) * 1e6
+    assert t.p25_us == pytest.approx(torch.quantile(us, 0.25).item())
+    assert t.median_us == pytest.approx(torch.quantile(us, 0.5).item())
+    assert t.p75_us == pytest.approx(torch.quantile(us, 0.75).item())
+    assert t.iqr_us == pytest.approx(t.p75_us - t.p25_us) and t.min_us == pytest.approx(1e6)
 
 
 def test_unstable_rule_is_iqr_over_median_above_ten_percent():

@@ -8,12 +8,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
+from attnprof.registry import DEFAULT_REGION, MODES
 
-from attnprof.registry import DEFAULT_REGION  # noqa: F401 - re-exported
-
+Mode = Literal["fwd", "bwd", "fwd+bwd"]
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -58,15 +68,47 @@ class Schedule(_Strict):
         return self.wait + self.warmup + self.active
 
 
+class Exclusion(_Strict):
+    """One `exclude` entry: variant patterns a run leaves out, only on one device type when `device` is
+    set, for a `reason` the run states. A plain pattern string is the entry `{variants: [pattern]}`
+    (and is written back as that string)."""
+
+    variants: list[str] = Field(min_length=1)
+    device: Literal["cpu", "cuda"] | None = None
+    reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_pattern(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"variants": [value]}
+        if not isinstance(value, (dict, Exclusion)):
+            raise PydanticCustomError(
+                "exclude_entry", "must be a variant pattern or a mapping with variants, device and reason"
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _as_pattern(self, handler: SerializerFunctionWrapHandler) -> Any:
+        if self.device is None and self.reason is None and len(self.variants) == 1:
+            return self.variants[0]
+        return handler(self)
+
+    def applies_to(self, device: str) -> bool:
+        """True when the entry is in force on the resolved `device` (`cpu`, `cuda` or `cuda:N`)."""
+        return self.device is None or device.split(":", 1)[0] == self.device
+
+
 class Config(_Strict):
     """Everything one `attnprof run` or `attnprof compare` needs."""
 
     device: str = "auto"
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
+    modes: list[Mode] = Field(default_factory=lambda: list[Mode](["fwd"]), min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[Exclusion] = Field(default_factory=list)
     baseline: str | None = None
     schedule: Schedule = Field(default_factory=Schedule)
     seed: int = 0
@@ -80,6 +122,14 @@ class Config(_Strict):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return value
 
+    @field_validator("modes")
+    @classmethod
+    def _modes_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({m for m in value if value.count(m) > 1}, key=MODES.index)
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} given more than once")
+        return value
+
     @field_validator("region")
     @classmethod
     def _region_nonempty(cls, value: str) -> str:
@@ -89,9 +139,26 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _baseline_selected(self) -> "Config":
-        if self.baseline is not None and not any(ch in self.baseline for ch in "*?[") and self.baseline in self.exclude:
+        everywhere = [p for entry in self.exclude if entry.device is None for p in entry.variants]
+        if self.baseline is not None and not any(ch in self.baseline for ch in "*?[") and self.baseline in everywhere:
             raise ValueError(f"baseline {self.baseline!r} is excluded")
         return self
+
+    def exclusions(self, device: str) -> list[Exclusion]:
+        """The `exclude` entries in force on the resolved `device`."""
+        return [entry for entry in self.exclude if entry.applies_to(device)]
+
+
+class MeasureOptions(_Strict):
+    """How each cell is measured: the flags `run` and `compare` share, each with its one default."""
+
+    timing: bool = True
+    min_time_s: float = Field(default=0.25, gt=0)
+    cuda_graph: bool = False
+    flush_l2: bool = False
+    check_masking: bool = False
+    refresh_ceiling: bool = False
+    clocks: bool = True
 
 
 def format_validation_error(error: ValidationError) -> list[str]:

@@ -36,7 +36,7 @@ def _torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_dir() -> str | None:
     try:
         spec = importlib.util.find_spec("torch")
@@ -47,7 +47,7 @@ def _torch_dir() -> str | None:
     return os.path.dirname(spec.origin)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_build_info() -> dict[str, str | None]:
     """`__version__`, `cuda` and `hip` of the installed torch build, read from torch/version.py
     without importing torch (values None where unset or unreadable; {} without torch)."""
@@ -153,15 +153,20 @@ def nvidia_smi_query(field: str, gpu: str | None = None, units: bool = True) -> 
     selector = ["-i", gpu] if gpu else []
     fmt = "--format=csv,noheader" + ("" if units else ",nounits")
     try:
-        out = subprocess.run([exe, *selector, f"--query-gpu={field}", fmt], capture_output=True,
-                             text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
+        out = subprocess.run(
+            [exe, *selector, f"--query-gpu={field}", fmt],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     return lines if out.returncode == 0 and lines else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _smi_compute_capabilities() -> tuple[tuple[int, int], ...] | None:
     """The compute capability of every GPU nvidia-smi lists, or None when it cannot tell."""
     lines = nvidia_smi_query("compute_cap")
@@ -205,6 +210,17 @@ def cudnn_available() -> bool:
     return bool(torch.backends.cudnn.is_available())
 
 
+def resolve_dtype(requested: str, device: str) -> str:
+    """The concrete dtype for a config's `dtype` on a resolved `device` (`cpu` or `cuda:N`): `auto` is
+    bf16 on a CUDA device of compute capability 8.0 or newer, fp16 on an older one and fp32 on CPU;
+    bf16, fp16 and fp32 are themselves. Torch-free where `compute_capability` is."""
+    if requested != "auto":
+        return requested
+    if not device.startswith("cuda"):
+        return "fp32"
+    return "bf16" if compute_capability(device) >= (8, 0) else "fp16"
+
+
 def resolve_device(requested: str) -> str:
     """`auto`, `cpu`, `cuda` or `cuda:N` as a device this machine has, or DeviceError; torch-free
     (`attnprof list`); once torch is imported (runs: `profiling.inputs.resolve_device`), torch answers."""
@@ -215,10 +231,14 @@ def resolve_device(requested: str) -> str:
     if not cuda_available():
         version = sys.modules["torch"].version if _torch_loaded() else None
         build = torch_build_info() if version is None else {"cuda": version.cuda, "hip": getattr(version, "hip", None)}
-        built = "a CPU-only torch build" if build.get("cuda") is None and build.get("hip") is None \
+        built = (
+            "a CPU-only torch build"
+            if build.get("cuda") is None and build.get("hip") is None
             else "no visible CUDA device"
-        raise DeviceError(f"device {requested!r} requested but this machine has {built}",
-                          hint="use --device cpu or --device auto")
+        )
+        raise DeviceError(
+            f"device {requested!r} requested but this machine has {built}", hint="use --device cpu or --device auto"
+        )
     index = _index(requested)
     count = cuda_device_count()
     if index >= count:

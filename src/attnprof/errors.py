@@ -59,3 +59,15 @@ class OutputError(AttnprofError):
     """The output directory cannot be created or written."""
 
     exit_code = 5
+
+
+def one_line(exc: BaseException, *, with_type: bool = True, limit: int = 200) -> str:
+    """One line for an exception: `Type: first line of its message` (just the type when the message is
+    empty; just the line with `with_type=False`), the line cut to `limit` characters."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    detail = lines[0] if lines else ""
+    if len(detail) > limit:
+        detail = detail[: limit - 3] + "..."
+    if not with_type:
+        return detail or type(exc).__name__
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

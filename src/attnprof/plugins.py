@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
-from attnprof.errors import AttnprofError
+from attnprof.errors import AttnprofError, one_line
 from attnprof.registry import Registry, Variant
 
 ENTRY_POINT_GROUP = "attnprof.variants"
@@ -54,6 +55,11 @@ class LoadedVariants:
 _cache: dict[tuple, LoadedVariants] = {}
 
 
+def forget_loaded_variants() -> None:
+    """Drop every cached registry, so the next `load_variants` reads the entry points again."""
+    _cache.clear()
+
+
 def enabled_plugins_from_env() -> set[str] | None:
     """The plugin names ATTNPROF_PLUGINS allows, or None when it is unset (all load)."""
     raw = os.environ.get(PLUGINS_ENV)
@@ -62,7 +68,9 @@ def enabled_plugins_from_env() -> set[str] | None:
     return {name.strip() for name in raw.split(",") if name.strip()}
 
 
-def load_variants(no_plugins: bool = False, enabled: set[str] | None = None, *, refresh: bool = False) -> LoadedVariants:
+def load_variants(
+    no_plugins: bool = False, enabled: set[str] | None = None, *, refresh: bool = False
+) -> LoadedVariants:
     """Build the registry from the entry points, once per selection.
 
     `no_plugins` keeps only the built-ins; `enabled` (default: from ATTNPROF_PLUGINS)
@@ -121,19 +129,13 @@ def _source(ep: metadata.EntryPoint, builtin: bool) -> str:
     return f"{dist.name} {dist.version}"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    detail = text[0] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
 def _load_one(ep: metadata.EntryPoint, registry: Registry, builtin: bool) -> PluginStatus:
     source = _source(ep, builtin)
     status = PluginStatus(entry_point=ep.name, package=source)
     try:
         target = ep.load()
     except Exception as exc:
-        status.error = f"plugin failed to import: {_one_line(exc)}"
+        status.error = f"plugin failed to import: {one_line(exc)}"
         _placeholder(registry, ep.name, source, status.error)
         return status
     register_fn = getattr(target, "register_variants", None) if isinstance(target, types.ModuleType) else target
@@ -145,7 +147,7 @@ def _load_one(ep: metadata.EntryPoint, registry: Registry, builtin: bool) -> Plu
     try:
         register_fn(_make_register(staged, source))
     except Exception as exc:
-        status.error = f"plugin failed in register_variants: {_one_line(exc)}"
+        status.error = f"plugin failed in register_variants: {one_line(exc)}"
         _placeholder(registry, ep.name, source, status.error)
         return status
     problems = []
@@ -187,8 +189,9 @@ def _placeholder(registry: Registry, name: str, source: str, error: str) -> None
     if safe in registry:
         return
     try:
-        registry.register(Variant(name=safe, description="(plugin did not load)", forward=_never,
-                                  source=source, load_error=error))
+        registry.register(
+            Variant(name=safe, description="(plugin did not load)", forward=_never, source=source, load_error=error)
+        )
     except (AttnprofError, ValueError):
         pass
 

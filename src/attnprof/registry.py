@@ -8,8 +8,9 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
 
@@ -17,6 +18,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 DEVICE_TYPES = ("cpu", "cuda")
 LAYOUTS = ("bhsd", "bshd")
 DEFAULT_REGION = "attnprof"  # the record_function name around each forward
+MODES = ("fwd", "bwd", "fwd+bwd")  # what a cell times: the forward, the backward alone, or a whole step
+NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in bwd or fwd+bwd
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class RunSpec:
     head_dim: int
     kv_heads: int | None = None
     causal: bool = True
+    mode: str = "fwd"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+
+    @property
+    def backward(self) -> bool:
+        """True when the mode runs the backward (`bwd` or `fwd+bwd`)."""
+        return self.mode != "fwd"
 
     @property
     def device_type(self) -> str:
@@ -75,6 +88,7 @@ class Variant:
     setup: SetupFn | None = None
     layout: str = "bhsd"
     source: str = "built-in"
+    has_backward: bool = True
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +111,8 @@ class Variant:
             return f"needs {' or '.join(d.upper() if d == 'cuda' else d for d in self.devices)}"
         if spec.dtype not in self.dtypes:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
+        if spec.backward and not self.has_backward:
+            return NO_BACKWARD
         if self.check is not None:
             try:
                 return self.check(spec)
@@ -137,12 +153,24 @@ class Registry:
     def __len__(self) -> int:
         return len(self._variants)
 
-    def get(self, name: str) -> Variant:
-        """The variant called `name`; UnknownVariantError with suggestions otherwise."""
+    def get(self, name: str, role: str = "variant") -> Variant:
+        """The variant called `name`; UnknownVariantError with suggestions otherwise. `role` says what
+        the name was given as in that message (`unknown baseline 'sdpa-mth'; did you mean sdpa-math?`)."""
         try:
             return self._variants[name]
         except KeyError:
-            raise UnknownVariantError(_unknown_message(name, self.names())) from None
+            raise UnknownVariantError(_unknown_message(name, self.names(), role)) from None
+
+    def check_patterns(self, patterns: Iterable[str]) -> None:
+        """UnknownVariantError, with suggestions, for the first pattern without wildcards that names no variant."""
+        for pattern in patterns:
+            if not _is_pattern(pattern):
+                self.get(pattern)
+
+    def matching(self, patterns: Iterable[str]) -> list[str]:
+        """Names matching any of `patterns`, in registration order (no check: a pattern may match none)."""
+        patterns = list(patterns)
+        return [n for n in self.names() if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
     def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
         """Variants matching any include pattern and no exclude pattern, in the include order.
@@ -151,19 +179,17 @@ class Registry:
         """
         include = list(include) or ["*"]
         exclude = list(exclude)
-        for pattern in include + exclude:
-            if not _is_pattern(pattern) and pattern not in self._variants:
-                raise UnknownVariantError(_unknown_message(pattern, self.names()))
+        self.check_patterns(include + exclude)
         chosen: list[str] = []
         for pattern in include:
-            for name in self.names():
-                if fnmatch.fnmatchcase(name, pattern) and name not in chosen:
+            for name in self.matching([pattern]):
+                if name not in chosen:
                     chosen.append(name)
-        chosen = [n for n in chosen if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+        excluded = self.matching(exclude)
+        chosen = [n for n in chosen if n not in excluded]
         if not chosen:
             raise UnknownVariantError(
-                f"no variant matches {', '.join(include)}"
-                + (f" minus {', '.join(exclude)}" if exclude else ""),
+                f"no variant matches {', '.join(include)}" + (f" minus {', '.join(exclude)}" if exclude else ""),
                 hint=f"known variants: {', '.join(self.names())}",
             )
         return [self._variants[n] for n in chosen]
@@ -173,8 +199,8 @@ def _is_pattern(text: str) -> bool:
     return any(ch in text for ch in "*?[")
 
 
-def _unknown_message(name: str, known: list[str]) -> str:
+def _unknown_message(name: str, known: list[str], role: str = "variant") -> str:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     if close:
-        return f"unknown variant {name!r}; did you mean {', '.join(close)}?"
-    return f"unknown variant {name!r}; known variants: {', '.join(known) or '(none)'}"
+        return f"unknown {role} {name!r}; did you mean {', '.join(close)}?"
+    return f"unknown {role} {name!r}; known variants: {', '.join(known) or '(none)'}"

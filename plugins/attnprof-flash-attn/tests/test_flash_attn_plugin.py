@@ -14,13 +14,12 @@ import sys
 import types
 from importlib import metadata
 
+import attnprof_flash_attn as fa
 import pytest
 import torch
 import torch.nn.functional as F
 
-import attnprof_flash_attn as fa
 from attnprof import RunSpec
-from attnprof import plugins as plugins_mod
 from attnprof.plugins import PLUGINS_ENV, load_variants
 from attnprof.profiling.inputs import make_inputs, to_bhsd
 
@@ -125,7 +124,6 @@ def test_entry_point_discovered(monkeypatch):
     except metadata.PackageNotFoundError:
         pytest.skip("attnprof-flash-attn is not installed: pip install -e plugins/attnprof-flash-attn")
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    monkeypatch.setattr(plugins_mod, "_cache", {})
     loaded = load_variants(refresh=True)
     status = next(p for p in loaded.plugins if p.entry_point == "flash-attn")
     assert status.ok, status.error
@@ -146,7 +144,7 @@ def test_unavailable_reason_when_missing(no_flash_attn):
     expected = "needs flash_attn (FA2/FA3/FA4): No module named 'flash_attn'"
     assert fa.find_interface(refresh=True) == expected
     assert variant.unavailable_reason(spec(device="cuda")) == expected
-    assert variant.description.endswith("none installed")
+    assert variant.description == fa.BASE_DESCRIPTION  # check is pure
 
 
 def test_unavailable_on_cpu_device():
@@ -223,7 +221,7 @@ def test_newest_interface_wins(fake_flash, which, label):
     assert found.label == label
     variant = fa.make_variant()
     assert variant.check(spec()) is None  # a CPU spec: no GPU checks
-    assert variant.description == f"FlashAttention {label}"
+    assert variant.description == fa.BASE_DESCRIPTION  # check is pure
 
 
 def test_check_reasons(fake_flash):
@@ -283,3 +281,15 @@ def test_gpu_matches_float64(causal, heads, kv_heads, seq, head_dim):
     out = to_bhsd(variant.forward(q, k, v, causal, state), "bshd")
     qr, kr, vr = make_inputs(rs, seed=0)
     torch.testing.assert_close(out.double(), reference(qr, kr, vr, causal), atol=2e-2, rtol=0)
+
+
+def test_backward_support_follows_the_interface_and_the_gpu():
+    fa4, fa3, fa2 = fa.INTERFACES
+    assert fa.make_variant().has_backward is True
+    assert fa.backward_missing(fa4, spec(mode="fwd"), (8, 0)) is None  # the forward needs no backward
+    assert fa.backward_missing(fa4, spec(mode="bwd"), (9, 0)) is None
+    assert fa.backward_missing(fa4, spec(mode="fwd+bwd"), (10, 0)) is None
+    assert fa.backward_missing(fa4, spec(mode="bwd"), (8, 6)) == (
+        "no backward: FA4 (flash_attn.cute) has a backward kernel for compute capability 9.x or 10.x only (got 8.6)")
+    assert fa.backward_missing(fa2, spec(mode="bwd"), (8, 0)) is None
+    assert fa.backward_missing(fa3, spec(mode="fwd+bwd"), (9, 0)) is None

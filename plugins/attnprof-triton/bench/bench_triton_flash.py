@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import os
 
+import attnprof_triton
 import torch.nn.functional as F
+from attnprof_triton import _kernel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from attnprof import RunSpec
 from attnprof.profiling.inputs import make_inputs
-import attnprof_triton
-from attnprof_triton import _kernel
 
 
 def main() -> None:
+    """Parse the arguments, autotune, check agreement, and print the timings."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="4x16x8192x128", help="BxHxSxD or BxHxSxD/kvN")
     parser.add_argument("--dtype", default="bf16")
@@ -39,19 +40,19 @@ def main() -> None:
     reason = variant.unavailable_reason(spec)
     if reason:
         raise SystemExit(reason)
-    state = variant.setup(spec)
-    print(f"{spec.shape_label} {spec.dtype} causal={causal}: chose {state}")
+    variant.setup(spec)
+    q, k, v = make_inputs(spec, seed=0)
+    print(f"{spec.shape_label} {spec.dtype} causal={causal}: chose {_kernel.best_config(q, causal)}")
     timings = getattr(_kernel._attn_fwd_tuned, "configs_timings", None) or {}
     for cfg, ms in sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1]):
         print(f"   {cfg}: {ms}")
-    q, k, v = make_inputs(spec, seed=0)
     flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
 
-    ours = variant.forward(q, k, v, causal, state)
+    ours = variant.forward(q, k, v, causal, None)
     group = h // spec.n_kv_heads
     kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     candidates = {
-        "triton-flash": lambda: variant.forward(q, k, v, causal, state),
+        "triton-flash": lambda: variant.forward(q, k, v, causal, None),
     }
     for name, backend in [("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)]:

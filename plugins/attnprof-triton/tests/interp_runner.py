@@ -43,6 +43,24 @@ def run_case(kernel, case):
     return {"max_err": (out.double() - reference(q, k, v, case["causal"])).abs().max().item()}
 
 
+def run_grad_case(case):
+    """The kernel's own backward (dq, dk, dv through `_backward.FlashAttention`) against float64 autograd."""
+    from attnprof_triton import _backward, _kernel
+
+    from attnprof.profiling.gradcheck import check_grads
+
+    os.environ[_kernel.TMA_ENV] = "1" if case["tma"] else "0"
+    os.environ[_kernel.AUTOTUNE_ENV] = "0"  # the autotuner needs a GPU driver
+    spec = RunSpec(device="cpu", dtype=case["dtype"], batch=case["batch"], heads=case["heads"], seq=case["seq"],
+                   head_dim=case["head_dim"], kv_heads=case["kv_heads"], causal=case["causal"], mode="fwd+bwd")
+    q, k, v = (t.requires_grad_(True) for t in make_inputs(spec, seed=case["seed"]))
+    out = _backward.FlashAttention.apply(q, k, v, case["causal"])
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(case["seed"] + 1)).to(out.dtype)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    check = check_grads(grads, q, k, v, grad_out, causal=case["causal"], dtype=case["dtype"])
+    return {"grad_rel_errors": check.rel_errors, "passed": check.passed, "reason": check.reason}
+
+
 def interpreter_problem() -> str | None:
     """Why this triton's interpreter cannot run the kernel's loops here, or None.
 
@@ -82,7 +100,7 @@ def main() -> None:
     results = {}
     for case in json.load(sys.stdin):
         try:
-            results[case["id"]] = run_case(_kernel, case)
+            results[case["id"]] = run_grad_case(case) if case.get("grad") else run_case(_kernel, case)
         except Exception as exc:  # report, keep going
             results[case["id"]] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     json.dump(results, sys.stdout)

@@ -18,12 +18,11 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import attnprof_triton
 import pytest
 import torch
 
-import attnprof_triton
 from attnprof import RunSpec
-from attnprof import plugins as plugins_mod
 from attnprof.plugins import PLUGINS_ENV, load_variants
 from attnprof.profiling.inputs import make_inputs
 
@@ -85,7 +84,6 @@ def test_discovered_through_entry_point(monkeypatch):
     except metadata.PackageNotFoundError:
         pytest.skip("attnprof-triton is not installed: pip install -e plugins/attnprof-triton")
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    monkeypatch.setattr(plugins_mod, "_cache", {})
     loaded = load_variants(refresh=True)
     status = next(p for p in loaded.plugins if p.entry_point == "triton")
     assert status.ok, status.error
@@ -97,7 +95,6 @@ def test_discovered_through_entry_point(monkeypatch):
 
 
 def test_selected_by_name(monkeypatch):
-    monkeypatch.setattr(plugins_mod, "_cache", {})
     monkeypatch.setenv(PLUGINS_ENV, "attnprof-triton")
     registry = load_variants(refresh=True).registry
     if "triton-flash" not in registry:
@@ -181,7 +178,24 @@ def _interp_cases() -> list[dict]:
                           head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
     cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
                       config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
-    return cases
+    return cases + GRAD_CASES
+
+
+# The backward kernels (fixed tiles, `_backward.block_sizes`): seq a multiple of the tiles and
+# not, GQA groups of 1, 2 and 4, head_dim 16 to 256, the forward with TMA once, fp32 once.
+GRAD_CASES = [
+    dict(id=f"grad-{b}x{h}/kv{kv}x{s}x{d}-{dtype}-{'causal' if causal else 'full'}" + ("-tma" if tma else ""),
+         grad=True, batch=b, heads=h, kv_heads=kv, seq=s, head_dim=d, causal=causal, tma=tma, dtype=dtype, seed=7)
+    for b, h, kv, s, d, causal, tma, dtype in [
+        (1, 2, 2, 64, 16, False, False, "fp16"),
+        (1, 2, 2, 64, 16, True, False, "fp16"),
+        (2, 4, 2, 70, 32, True, False, "fp16"),
+        (1, 4, 1, 45, 32, False, True, "fp16"),
+        (1, 2, 1, 130, 64, True, False, "fp16"),
+        (1, 2, 2, 40, 256, True, False, "fp16"),
+        (1, 4, 2, 50, 32, True, False, "fp32"),
+    ]
+]
 
 
 INTERP_CASES = _interp_cases()
@@ -202,7 +216,19 @@ def interp_results() -> dict:
 
 
 @needs_triton
-@pytest.mark.parametrize("case", INTERP_CASES, ids=[c["id"] for c in INTERP_CASES])
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c["id"] for c in GRAD_CASES])
+def test_interpreter_gradients_match_float64_autograd(interp_results, case):
+    result = interp_results[case["id"]]
+    assert "error" not in result, result["error"]
+    assert result["passed"], result["reason"]
+    assert set(result["grad_rel_errors"]) == {"dq", "dk", "dv"}
+
+
+_FORWARD_CASES = [c for c in INTERP_CASES if not c.get("grad")]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", _FORWARD_CASES, ids=[c["id"] for c in _FORWARD_CASES])
 def test_interpreter_matches_float64(interp_results, case):
     result = interp_results[case["id"]]
     assert "error" not in result, result["error"]
@@ -270,12 +296,14 @@ def test_gpu_kernel_matches_float64(case, dtype, causal):
 ])
 def test_gpu_variant_autotuned(case, dtype, causal):
     """Through the Variant as the runner calls it: check, setup (autotunes), forward."""
+    from attnprof_triton import _kernel
+
     rs = _gpu_spec(case, dtype, causal)
     variant = attnprof_triton.make_variant()
     assert variant.unavailable_reason(rs) is None
     state = variant.setup(rs)
-    assert state.config is not None
     q, k, v = make_inputs(rs, seed=0)
+    assert state is None and _kernel.best_config(q, causal) is not None  # tuned in setup
     out = variant.forward(q, k, v, causal, state)
     torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)
 
@@ -359,3 +387,11 @@ def test_gpu_cuda_graph_replay(monkeypatch, tma):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def test_the_backward_is_declared_and_runs_where_the_forward_does(no_triton):
+    variant = attnprof_triton.make_variant()
+    assert variant.has_backward is True
+    for mode in ("bwd", "fwd+bwd"):  # no "no backward": the same reasons as the forward
+        assert variant.unavailable_reason(spec(mode=mode)) == variant.unavailable_reason(spec())
+

@@ -3,16 +3,15 @@ forward by correlation, with kernel-name decoding, occupancy arithmetic and find
 
 Pure functions on trace files; no torch, no printing. The public surface:
 
-- `analyze_trace(source, region="attnprof", dtype=None) -> TraceAnalysis` (`.to_dict()` is the JSON contract)
+- `analyze_trace(source, region=None, dtype=None) -> TraceAnalysis` (`.to_dict()` is the JSON contract;
+  region None: "attnprof", else the one user annotation, else `ProfilerStep#*`)
 - `load_trace(source) -> ParsedTrace`
-- `region_rows(source, region) -> RegionRows`: the key_averages rows named after the region (CPU and GPU)
 - `dispatched_backend(analysis) -> "flash" | "efficient" | "cudnn" | "math" | None`
 - `explain_kernel(name) -> KernelExplanation`, `short_kernel_name(name)`
 - `theoretical_occupancy(regs, threads, smem, limits)`, `limits_for(cc, device_properties)`
 """
 
-from attnprof.analysis.analyze import (CPU_ROW_MEANING, GPU_ROW_MEANING, RegionRow, RegionRows, TraceAnalysis,
-                                       analyze_trace, dispatched_backend, region_rows)
+from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
 from attnprof.analysis.findings import FINDING_IDS, Finding
 from attnprof.analysis.metrics import KernelStats
 from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
@@ -20,7 +19,19 @@ from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoret
 from attnprof.analysis.trace import ParsedTrace, load_trace
 
 __all__ = [
-    "CPU_ROW_MEANING", "FINDING_IDS", "GPU_ROW_MEANING", "Finding", "KernelExplanation", "KernelStats", "Occupancy",
-    "ParsedTrace", "RegionRow", "RegionRows", "SmLimits", "TraceAnalysis", "analyze_trace", "dispatched_backend",
-    "explain_kernel", "limits_for", "load_trace", "region_rows", "short_kernel_name", "theoretical_occupancy",
+    "FINDING_IDS",
+    "Finding",
+    "KernelExplanation",
+    "KernelStats",
+    "Occupancy",
+    "ParsedTrace",
+    "SmLimits",
+    "TraceAnalysis",
+    "analyze_trace",
+    "dispatched_backend",
+    "explain_kernel",
+    "limits_for",
+    "load_trace",
+    "short_kernel_name",
+    "theoretical_occupancy",
 ]

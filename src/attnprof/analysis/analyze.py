@@ -5,10 +5,15 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region
+    input_dtype, annotation_mismatches, notes, region, region_choice, phases
 
-GPU fields are null for a CPU-only trace; `spread` maps a metric to {min, max} where forwards
-differ; `device` is {name, compute_capability, num_sms} when the trace says.
+`region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
+named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
+metric to {min, max} where forwards differ; `device` is {name, compute_capability, num_sms} when
+the trace says. `phases` is {forward, backward} (null for a CPU-only trace), each with the
+medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance, and backward with
+`outside_region` (true when some instance's backward ran after its region); the `*_per_forward`
+counts hold both phases together (see `analysis.backward` for which backward work is counted).
 """
 
 from __future__ import annotations
@@ -18,15 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
-from attnprof.analysis.forwards import find_forwards
-from attnprof.analysis.metrics import (TRACE_DTYPES, ForwardMetrics, KernelStats, forward_metrics, kernel_stats,
-                                       launch_api_summary, median_count, median_value, normalize_dtype, spread_of)
+from attnprof.analysis.forwards import Attribution, find_forwards
+from attnprof.analysis.metrics import (
+    TRACE_DTYPES,
+    ForwardMetrics,
+    KernelStats,
+    forward_metrics,
+    kernel_stats,
+    launch_api_summary,
+    normalize_dtype,
+)
 from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.phases import PHASES
+from attnprof.analysis.regions import choose_region
 from attnprof.analysis.trace import ParsedTrace, load_trace
 from attnprof.errors import TraceError
-
-DEFAULT_REGION = "attnprof"
-GPU_ANNOTATION_WIDENING_US = 0.002
+from attnprof.stats import median, median_count, spread
 
 
 @dataclass
@@ -34,7 +46,6 @@ class TraceAnalysis:
     """Everything `analyze_trace` found for one region of one trace."""
 
     region: str
-    source: str
     forwards: int
     kernels_per_forward: int | None
     memcpy_per_forward: int | None
@@ -56,15 +67,21 @@ class TraceAnalysis:
     notes: list[str] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)  # median per forward, by op name
     per_forward: list[ForwardMetrics] = field(default_factory=list, repr=False)
+    region_choice: str | None = None  # why this region, when the caller named none
+    phases: dict[str, dict[str, Any]] | None = None  # see the module docstring
 
     @property
     def finding_ids(self) -> list[str]:
+        """The ids of the findings, in order."""
         return [f.id for f in self.findings]
 
     def finding(self, finding_id: str) -> Finding | None:
+        """The finding with this id, or None."""
         return next((f for f in self.findings if f.id == finding_id), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON contract (see the module docstring)."""
+
         def r(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
@@ -89,10 +106,17 @@ class TraceAnalysis:
             "input_dtype": self.input_dtype,
             "annotation_mismatches": self.annotation_mismatches,
             "notes": list(self.notes),
+            "region_choice": self.region_choice,
+            "phases": None
+            if self.phases is None
+            else {
+                phase: {k: (r(v) if isinstance(v, float) else v) for k, v in facts.items()}
+                for phase, facts in self.phases.items()
+            },
         }
 
 
-def _infer_dtype(attribution) -> tuple[str | None, str | None]:  # noqa: ANN001
+def _infer_dtype(attribution: Attribution) -> tuple[str | None, str | None]:
     """The inputs' dtype from `Input type` of the first top-level op that has a tensor input."""
     trace = attribution.trace
     names, ops = trace.names, trace.cpu_ops
@@ -121,16 +145,36 @@ def _device_info(trace: ParsedTrace) -> dict[str, Any] | None:
     return info
 
 
-def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str = DEFAULT_REGION,
-                  dtype: str | None = None) -> TraceAnalysis:
+def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | None:
+    """Per phase, the low median of each count and the median of each time over the instances."""
+    if any(m.phases is None for m in per_forward):
+        return None
+    result: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        facts = [m.phases[phase] for m in per_forward]  # type: ignore[index]
+        counts = {key: median_count([getattr(f, key) for f in facts]) for key in ("kernels", "memcpy", "memset")}
+        times = {key: median([getattr(f, key) for f in facts]) for key in ("kernel_time_us", "gpu_time_us")}
+        result[phase] = {**counts, **times}
+    result["backward"]["outside_region"] = any(m.backward_outside_region for m in per_forward)
+    return result
+
+
+def analyze_trace(
+    source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None, dtype: str | None = None
+) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
-    `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `dtype`
+    `source` is a path (`.json`/`.json.gz`), a loaded trace dict or a `ParsedTrace`. `region` is a
+    record_function name or a glob pattern such as `ProfilerStep#*` (each match is one forward);
+    None chooses one (see `choose_region`) and records why in `region_choice`. `dtype`
     (bf16/fp16/fp32) states the inputs' dtype when the trace lacks `Input type` (record_shapes).
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     trace = load_trace(source)
+    region_choice = None
+    if region is None:
+        region, region_choice = choose_region(trace)
     attribution = find_forwards(trace, region)
     per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
     n = len(per_forward)
@@ -138,15 +182,15 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         raise TraceError(f"region {region!r} has no forward in the trace")
     traced = attribution.device_traced
 
-    spread: dict[str, dict[str, float]] = {}
+    spreads: dict[str, dict[str, float]] = {}
 
     def counted(attr: str, key: str) -> int | None:
         values = [getattr(m, attr) for m in per_forward]
         if any(v is None for v in values):
             return None
-        s = spread_of(values)
+        s = spread(values)
         if s:
-            spread[key] = s
+            spreads[key] = s
         return median_count(values)
 
     def timed(attr: str, key: str) -> float | None:
@@ -154,10 +198,10 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         known = [v for v in values if v is not None]
         if not known:
             return None
-        s = spread_of(known)
+        s = spread(known)
         if s:
-            spread[key] = s
-        return median_value(known)
+            spreads[key] = s
+        return median(known)
 
     kernels = kernel_stats(attribution)
     hint = normalize_dtype(dtype)
@@ -173,7 +217,8 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
     op_names = sorted({name for m in per_forward for name in m.op_counts})
     op_counts = {name: median_count([m.op_counts.get(name, 0) for m in per_forward]) for name in op_names}
     analysis = TraceAnalysis(
-        region=region, source=trace.source, forwards=n,
+        region=region,
+        forwards=n,
         kernels_per_forward=counted("kernels", "kernels_per_forward"),
         memcpy_per_forward=counted("memcpy", "memcpy_per_forward"),
         memset_per_forward=counted("memset", "memset_per_forward"),
@@ -185,19 +230,38 @@ def analyze_trace(source: str | Path | dict[str, Any] | ParsedTrace, region: str
         launch_apis=launch_api_summary(per_forward),
         transposes_per_forward=counted("transposes", "transposes_per_forward") or 0,
         cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
-        kernels=kernels, findings=[], spread=spread, device=_device_info(trace),
-        input_dtype=input_dtype, annotation_mismatches=attribution.annotation_mismatches,
-        notes=list(attribution.notes), op_counts=op_counts, per_forward=per_forward)
+        kernels=kernels,
+        findings=[],
+        spread=spreads,
+        device=_device_info(trace),
+        input_dtype=input_dtype,
+        annotation_mismatches=attribution.annotation_mismatches,
+        notes=list(attribution.notes),
+        op_counts=op_counts,
+        per_forward=per_forward,
+        region_choice=region_choice,
+        phases=_phases(per_forward),
+    )
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
     elif not trace.device_properties:
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
     if analysis.annotation_mismatches:
-        analysis.notes.append(f"{analysis.annotation_mismatches} device event(s) differ between the "
-                              f"gpu_user_annotation ranges of {region!r} and the correlated work")
-    analysis.findings = build_findings(FindingContext(
-        attribution=attribution, per_forward=per_forward, kernels=kernels, dtype=input_dtype,
-        dtype_source=dtype_source, cpu_time_us=analysis.cpu_time_us, gpu_time_us=gpu_time))
+        analysis.notes.append(
+            f"{analysis.annotation_mismatches} device event(s) differ between the "
+            f"gpu_user_annotation ranges of {region!r} and the correlated work"
+        )
+    analysis.findings = build_findings(
+        FindingContext(
+            per_forward=per_forward,
+            kernels=kernels,
+            dtype=input_dtype,
+            dtype_source=dtype_source,
+            cpu_time_us=analysis.cpu_time_us,
+            gpu_time_us=gpu_time,
+            cpu_work_us=median([m.cpu_work_us for m in per_forward]),
+        )
+    )
     return analysis
 
 
@@ -215,74 +279,17 @@ _SDPA_OPS = {
 }
 
 
-def dispatched_backend(analysis: TraceAnalysis | dict[str, Any]) -> str | None:
+def dispatched_backend(analysis: TraceAnalysis) -> str | None:
     """Which SDPA backend the forwards dispatched to: "flash", "efficient", "cudnn", "math" or None.
 
     Kernel names decide first (a kernel that belongs to a backend); then the SDPA ops on the CPU
     (needed for CPU-only traces); None when neither tells.
     """
-    if isinstance(analysis, dict):
-        kernels = [k.get("name", "") for k in analysis.get("kernels") or []]
-        op_counts: dict[str, int] = {}
-    else:
-        kernels = [k.name for k in analysis.kernels]
-        op_counts = analysis.op_counts
-    backends = [explain_kernel(name).backend for name in kernels]
+    backends = [explain_kernel(k.name).backend for k in analysis.kernels]
     for backend in ("cudnn", "flash", "efficient"):
         if backend in backends:
             return backend
     for op, backend in _SDPA_OPS.items():
-        if op_counts.get(op):
+        if analysis.op_counts.get(op):
             return backend
     return None
-
-
-# --------------------------------------------------------------------------- key_averages rows
-
-@dataclass(frozen=True)
-class RegionRow:
-    """One row named after the region, as torch.profiler's key_averages() shows it."""
-
-    name: str
-    kind: str  # "cpu" or "gpu"
-    count: int
-    total_us: float
-    avg_us: float
-    meaning: str
-
-
-@dataclass(frozen=True)
-class RegionRows:
-    cpu: RegionRow | None
-    gpu: RegionRow | None
-
-
-CPU_ROW_MEANING = ("CPU row (user_annotation): wall time the CPU thread spent inside record_function, "
-                   "launch calls included; it says nothing about when the GPU ran the work.")
-GPU_ROW_MEANING = ("GPU row (gpu_user_annotation): per forward and stream, from the start of the first to the "
-                   "end of the last GPU op launched inside the range; idle gaps between kernels count, so it can "
-                   "exceed the summed kernel time, and its share of 'Self CUDA' can pass 100%.")
-
-
-def region_rows(source: str | Path | dict[str, Any] | ParsedTrace, region: str = DEFAULT_REGION) -> RegionRows:
-    """The two key_averages-equivalent rows named after the region: the CPU range and its GPU range.
-
-    key_averages() lists both under the same name; they measure different things (see
-    CPU_ROW_MEANING and GPU_ROW_MEANING). Either is None when the trace lacks it.
-    """
-    trace = load_trace(source)
-    names = trace.names
-    cpu = [i for i, n in enumerate(trace.annotations.name) if names[n] == region]
-    gpu = [i for i, n in enumerate(trace.gpu_annotations.name) if names[n] == region]
-
-    def row(kind: str, idx: list[int], durations, meaning: str, widening: float) -> RegionRow | None:  # noqa: ANN001
-        if not idx:
-            return None
-        total = sum(max(durations[i] - widening, 0.0) for i in idx)
-        return RegionRow(name=region, kind=kind, count=len(idx), total_us=round(total, 3),
-                         avg_us=round(total / len(idx), 3), meaning=meaning)
-
-    # Kineto widens each GPU annotation by 2 ns when it writes the trace (1 ns each side, for
-    # display); key_averages() sees the unwidened range, so take it off again.
-    return RegionRows(cpu=row("cpu", cpu, trace.annotations.dur, CPU_ROW_MEANING, 0.0),
-                      gpu=row("gpu", gpu, trace.gpu_annotations.dur, GPU_ROW_MEANING, GPU_ANNOTATION_WIDENING_US))

@@ -8,7 +8,8 @@ every op, so they are interned by their bytes and decoded once each.
 
 What Kineto writes (checked against traces from torch 2.11 on an H200, and the Kineto source):
 `cpu_op` and `user_annotation` ranges on CPU threads with `args["External id"]` (and
-`args["Input type"]` with `record_shapes=True`); `cuda_runtime`/`cuda_driver` calls with
+`args["Input type"]` with `record_shapes=True`; autograd ops add `Sequence number` and
+`Fwd thread id`, which is > 0 on backward ops); `cuda_runtime`/`cuda_driver` calls with
 `args.correlation`; `kernel`, `gpu_memcpy`, `gpu_memset` on the device (`pid` = device,
 `tid` = stream) with the launching call's correlation and, for kernels, launch facts (`grid`,
 `block`, `registers per thread`, `shared memory`, ...); `gpu_user_annotation` ranges; flows
@@ -95,6 +96,8 @@ class CommonArgs(msgspec.Struct, gc=False):
     stream: Any = ABSENT
     corr: Any = _f(name="correlation", default=ABSENT)
     nbytes: Any = _f(name="bytes", default=ABSENT)
+    seq: Any = _f(name="Sequence number", default=ABSENT)  # autograd: links a backward op to its forward op
+    fwd_tid: Any = _f(name="Fwd thread id", default=ABSENT)  # > 0 on backward ops
 
 
 class Args(CommonArgs, gc=False):

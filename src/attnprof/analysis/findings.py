@@ -10,8 +10,13 @@ missing the finding is simply absent. Ids are a stable JSON contract:
 - ``single-fused-kernel``    exactly one kernel per forward, and it is a fused attention kernel
 - ``low-occupancy-by-design``  theoretical occupancy <= 25% because of registers or shared memory
 - ``occupancy-unreported``   a kernel whose reported occupancy is 0 or missing, with the likely cause
-- ``cpu-bound``              CPU time per forward > GPU time per forward
+- ``cpu-bound``              CPU time per forward > GPU time per forward (the CPU time without the wait
+                             inside the autograd engine, on a training step)
 - ``metadata-transposes``    ``aten::transpose`` ops that launch no kernel
+
+plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
+``bwd-memsets``, ``grad-accumulation``). ``single-fused-kernel`` counts both phases: a training
+step with a backward is never one kernel.
 """
 
 from __future__ import annotations
@@ -20,14 +25,22 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from attnprof.analysis.forwards import Attribution, Forward
-from attnprof.analysis.metrics import SIXTEEN_BIT, ForwardMetrics, KernelStats, median_count
-from attnprof.analysis.names import explain_kernel, short_kernel_name
-from attnprof.analysis.trace import KERNEL
+from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
+from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
+from attnprof.stats import median_count
 
-FINDING_IDS = ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
-               "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes")
-MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
+FINDING_IDS = (
+    "hidden-memcpy",
+    "fp32-cuda-cores",
+    "mask-rebuilt",
+    "safe-softmax",
+    "single-fused-kernel",
+    "low-occupancy-by-design",
+    "occupancy-unreported",
+    "cpu-bound",
+    "metadata-transposes",
+    *BACKWARD_FINDING_IDS,
+)
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
@@ -35,22 +48,27 @@ DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64":
 
 @dataclass(frozen=True)
 class Finding:
+    """One finding: a stable id and the sentence that states it."""
+
     id: str
     message: str
 
     def to_dict(self) -> dict[str, Any]:
+        """{"id", "message"}."""
         return asdict(self)
 
 
 @dataclass
 class FindingContext:
-    attribution: Attribution
+    """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals."""
+
     per_forward: list[ForwardMetrics]
     kernels: list[KernelStats]
     dtype: str | None
     dtype_source: str | None
     cpu_time_us: float
     gpu_time_us: float | None
+    cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
 
 
 def _us(value: float) -> str:
@@ -70,11 +88,21 @@ def _list(items: list[str], limit: int = 4) -> str:
 def build_findings(ctx: FindingContext) -> list[Finding]:
     """All findings the evidence supports, in a stable order."""
     found = []
-    for rule in (_hidden_memcpy, _fp32_cuda_cores, _mask_rebuilt, _safe_softmax, _single_fused_kernel,
-                 _low_occupancy, _occupancy_unreported, _cpu_bound, _metadata_transposes):
+    for rule in (
+        _hidden_memcpy,
+        _fp32_cuda_cores,
+        _mask_rebuilt,
+        _safe_softmax,
+        _single_fused_kernel,
+        _low_occupancy,
+        _occupancy_unreported,
+        _cpu_bound,
+        _metadata_transposes,
+    ):
         finding = rule(ctx)
         if finding is not None:
             found.append(finding)
+    found += [Finding(fid, message) for fid, message in backward_findings(ctx)]
     return found
 
 
@@ -83,7 +111,7 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     with_copy = sum(1 for c in counts if c)
     if not with_copy:
         return None
-    copies = [k for k in ctx.kernels if k.kind == "memcpy" and ("DtoD" in k.name or "Device -> Device" in k.name)]
+    copies = [k for k in ctx.kernels if k.is_dtod_memcpy]
     if not copies:
         return None
     copy = max(copies, key=lambda k: k.time_us)
@@ -92,13 +120,16 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     if chain:
         cause = f"caused by {chain}"
         ops = chain.split(" → ")
-        if not ops[0].endswith("_") and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
+        out_of_place = not ops[0].endswith("_") and not ops[0].startswith("autograd::")  # not a backward op
+        if out_of_place and any(op in ("aten::clone", "aten::copy_") for op in ops[1:]):
             cause += f" (the out-of-place {ops[0]} copies its input before writing)"
     else:
         cause = "launched directly inside the region, under no ATen op"
     who = "Every forward runs" if with_copy == len(counts) else f"{with_copy} of {len(counts)} forwards run"
-    return Finding("hidden-memcpy",
-                   f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.")
+    return Finding(
+        "hidden-memcpy",
+        f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.",
+    )
 
 
 def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
@@ -109,9 +140,11 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
         return None
     n = sum(k.count_per_forward for k in gemms)
     names = [f"{k.short_name}" for k in gemms]
-    message = (f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores "
-               f"({_list(names, 2)}), although the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} "
-               f"({ctx.dtype_source})")
+    message = (
+        f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores "
+        f"({_list(names, 2)}), although the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} "
+        f"({ctx.dtype_source})"
+    )
     upcasts = _upcasts_per_forward(ctx)
     if upcasts:
         count, how = upcasts
@@ -120,105 +153,52 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
 
 
 def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
-    trace = ctx.attribution.trace
-    names, ops = trace.names, trace.cpu_ops
-    counts, typed = [], False
-    for fwd in ctx.attribution.forwards:
-        n = 0
-        for i in fwd.ops:
-            if names[ops.name[i]] != "aten::_to_copy":
-                continue
-            t = ops.input_types[i]
-            if t >= 0:
-                typed = True
-                first = trace.input_types[t][0] if trace.input_types[t] else ""
-                if first in ("c10::BFloat16", "c10::Half", "BFloat16", "Half"):
-                    n += 1
-            else:
-                n += 1
-        counts.append(n)
-    count = median_count(counts)
+    count = median_count([m.upcasts for m in ctx.per_forward])
     if not count:
         return None
+    typed = any(m.upcast_types_known for m in ctx.per_forward)
     return count, ("aten::to → aten::_to_copy from 16-bit" if typed else "aten::to/aten::_to_copy")
 
 
-def _under(fwd: Forward, op: int, names: list[str], table, wanted: frozenset[str] | set[str]) -> bool:  # noqa: ANN001
-    parent = fwd.op_parent.get(op, -1)
-    while parent >= 0:
-        if names[table.name[parent]] in wanted:
-            return True
-        parent = fwd.op_parent.get(parent, -1)
-    return False
-
-
-def _kernels_under(ctx: FindingContext, fwd: Forward, roots: set[int]) -> list[int]:
-    """Device kernels of `fwd` whose launch sits under one of the ops in `roots`."""
-    dev = ctx.attribution.trace.device
-    found = []
-    for e in fwd.device:
-        if dev.kind[e] != KERNEL:
-            continue
-        call = fwd.device_launch.get(e)
-        op = fwd.launch_op.get(call, -1) if call is not None else -1
-        while op >= 0:
-            if op in roots:
-                found.append(e)
-                break
-            op = fwd.op_parent.get(op, -1)
-    return found
-
-
 def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
-    trace = ctx.attribution.trace
-    names, ops = trace.names, trace.cpu_ops
-    mask_names = set(MASK_OPS)
-    per_op: dict[str, list[int]] = {name: [] for name in MASK_OPS}
-    kernel_counts, kernel_names = [], Counter()
-    for fwd in ctx.attribution.forwards:
-        roots = {i for i in fwd.ops if names[ops.name[i]] in mask_names
-                 and not _under(fwd, i, names, ops, mask_names | {"aten::_safe_softmax"})}
-        present = Counter(names[ops.name[i]] for i in roots)
-        if not any(present[name] for name in MASK_CORE):
-            return None  # the mask is not built in this forward
-        for name in MASK_OPS:
-            per_op[name].append(present[name])
-        if ctx.attribution.device_traced:
-            launched = _kernels_under(ctx, fwd, roots)
-            kernel_counts.append(len(launched))
-            kernel_names.update(short_kernel_name(names[trace.device.name[e]]) for e in launched)
-    if not ctx.attribution.forwards:
-        return None
-    listed = ", ".join(f"{name} x{median_count(v)}" for name, v in per_op.items() if median_count(v))
+    if not ctx.per_forward or any(not any(m.mask_ops[name] for name in MASK_CORE) for m in ctx.per_forward):
+        return None  # the mask is not built in every forward
+    kernel_counts: list[int] = []
+    kernel_names: Counter[str] = Counter()
+    for m in ctx.per_forward:
+        if m.mask_kernels is not None:
+            kernel_counts.append(len(m.mask_kernels))
+            kernel_names.update(m.mask_kernels)
+    per_op = {name: median_count([m.mask_ops[name] for m in ctx.per_forward]) for name in MASK_OPS}
+    listed = ", ".join(f"{name} x{n}" for name, n in per_op.items() if n)
     message = f"Every forward builds the attention mask again: {listed} per forward"
     if kernel_counts and median_count(kernel_counts):
-        message += (f", launching {median_count(kernel_counts)} kernels "
-                    f"({_list(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})")
+        message += (
+            f", launching {median_count(kernel_counts)} kernels "
+            f"({_list(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})"
+        )
     return Finding("mask-rebuilt", message + ".")
 
 
 def _safe_softmax(ctx: FindingContext) -> Finding | None:
-    trace = ctx.attribution.trace
-    names, ops = trace.names, trace.cpu_ops
     with_op, kernel_counts, kernel_names = 0, [], []
-    for fwd in ctx.attribution.forwards:
-        roots = {i for i in fwd.ops if names[ops.name[i]] == "aten::_safe_softmax"}
-        if not roots:
+    for m in ctx.per_forward:
+        if not m.op_counts.get(SAFE_SOFTMAX):
             continue
         with_op += 1
-        if ctx.attribution.device_traced:
-            launched = _kernels_under(ctx, fwd, roots)
-            kernel_counts.append(len(launched))
-            for e in launched:
-                short = short_kernel_name(names[trace.device.name[e]])
-                if short not in kernel_names:
-                    kernel_names.append(short)
+        if m.safe_softmax_kernels is not None:
+            kernel_counts.append(len(m.safe_softmax_kernels))
+            for name in m.safe_softmax_kernels:
+                if name not in kernel_names:
+                    kernel_names.append(name)
     if not with_op:
         return None
-    message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.attribution.forwards))}"
+    message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.per_forward))}"
     if kernel_counts and median_count(kernel_counts):
-        message += (f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
-                    "beyond the softmax itself they find fully masked rows and write 0 there instead of NaN")
+        message += (
+            f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
+            "beyond the softmax itself they find fully masked rows and write 0 there instead of NaN"
+        )
     else:
         message += ", guarding fully masked rows against NaN with extra ops"
     return Finding("safe-softmax", message + ".")
@@ -232,34 +212,47 @@ def _single_fused_kernel(ctx: FindingContext) -> Finding | None:
     if len(kernels) != 1:
         return None
     kernel = kernels[0]
-    expl = explain_kernel(kernel.name)
-    if not expl.is_fused_attention:
+    if kernel.family != "fused-attention":
         return None
-    library = f", {expl.library}" if expl.library else ""
-    return Finding("single-fused-kernel",
-                   f"Each forward runs exactly one kernel, the fused attention kernel {kernel.short_name} "
-                   f"({_us(kernel.time_us)}{library}).")
+    library = f", {kernel.library}" if kernel.library else ""
+    return Finding(
+        "single-fused-kernel",
+        f"Each forward runs exactly one kernel, the fused attention kernel {kernel.short_name} "
+        f"({_us(kernel.time_us)}{library}).",
+    )
 
 
 def _low_occupancy(ctx: FindingContext) -> Finding | None:
-    low = [k for k in ctx.kernels if k.theoretical_occupancy_pct is not None
-           and k.theoretical_occupancy_pct <= LOW_OCCUPANCY_PCT
-           and k.occupancy_limiter in ("registers", "shared memory")
-           and k.family in ("fused-attention", "gemm")]
+    low = [
+        k
+        for k in ctx.kernels
+        if k.theoretical_occupancy_pct is not None
+        and k.theoretical_occupancy_pct <= LOW_OCCUPANCY_PCT
+        and k.occupancy_limiter in ("registers", "shared memory")
+        and k.family in ("fused-attention", "gemm")
+    ]
     if not low:
         return None
     low.sort(key=lambda k: -k.time_us)
     top = low[0]
-    message = (f"{top.short_name} has {top.theoretical_occupancy_pct:g}% theoretical occupancy, limited by "
-               f"{top.occupancy_limiter} ({top.occupancy_arithmetic}): heavy blocks that keep tiles on chip, by design")
+    message = (
+        f"{top.short_name} has {top.theoretical_occupancy_pct:g}% theoretical occupancy, limited by "
+        f"{top.occupancy_limiter} ({top.occupancy_arithmetic}): heavy blocks that keep tiles on chip, by design"
+    )
     if len(low) > 1:
         message += f"; {_list([f'{k.short_name} {k.theoretical_occupancy_pct:g}%' for k in low[1:]], 2)} likewise"
     return Finding("low-occupancy-by-design", message + ".")
 
 
 def _occupancy_unreported(ctx: FindingContext) -> Finding | None:
-    flagged = [k for k in ctx.kernels if k.kind == "kernel" and k.achieved_occupancy_pct is None and k.occupancy_note
-               and not k.occupancy_note.startswith(("its grid", "the trace has no occupancy"))]
+    flagged = [
+        k
+        for k in ctx.kernels
+        if k.kind == "kernel"
+        and k.achieved_occupancy_pct is None
+        and k.occupancy_note
+        and not k.occupancy_note.startswith(("its grid", "the trace has no occupancy"))
+    ]
     if not flagged:
         return None
     flagged.sort(key=lambda k: -k.time_us)
@@ -273,38 +266,38 @@ def _occupancy_unreported(ctx: FindingContext) -> Finding | None:
 
 
 def _cpu_bound(ctx: FindingContext) -> Finding | None:
-    if ctx.gpu_time_us is None or ctx.cpu_time_us <= ctx.gpu_time_us:
+    cpu = ctx.cpu_time_us if ctx.cpu_work_us is None else ctx.cpu_work_us
+    if ctx.gpu_time_us is None or cpu <= ctx.gpu_time_us:
         return None
     launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
     ops = median_count([m.cpu_ops for m in ctx.per_forward])
-    return Finding("cpu-bound",
-                   f"CPU time per forward ({_us(ctx.cpu_time_us)}) exceeds GPU time per forward "
-                   f"({_us(ctx.gpu_time_us)}, {ctx.cpu_time_us / ctx.gpu_time_us:.1f}x): the GPU waits while the "
-                   f"CPU runs {ops} ops and {launches} launch calls.")
+    what = "CPU time per forward"
+    if abs(cpu - ctx.cpu_time_us) > 1e-6:
+        what += (
+            f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
+            "plus the backward ops' CPU time)"
+        )
+    else:
+        what += f" ({_us(cpu)})"
+    return Finding(
+        "cpu-bound",
+        f"{what} exceeds GPU time per forward ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
+        f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls.",
+    )
 
 
 def _metadata_transposes(ctx: FindingContext) -> Finding | None:
-    if not ctx.attribution.device_traced:
-        return None
-    counts = [m.metadata_transposes or 0 for m in ctx.per_forward]
-    n = median_count(counts)
+    if any(m.metadata_transposes is None for m in ctx.per_forward):
+        return None  # no CUDA trace: launching or not is unknown
+    n = median_count([m.metadata_transposes or 0 for m in ctx.per_forward])
     if not n:
         return None
-    trace = ctx.attribution.trace
-    names, ops = trace.names, trace.cpu_ops
     parents: Counter = Counter()
-    for fwd in ctx.attribution.forwards:
-        launching = set()
-        for call in fwd.launches:
-            op = fwd.launch_op.get(call, -1)
-            while op >= 0:
-                launching.add(op)
-                op = fwd.op_parent.get(op, -1)
-        for i in fwd.ops:
-            if names[ops.name[i]] == "aten::transpose" and i not in launching:
-                parent = fwd.op_parent.get(i, -1)
-                parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
+    for m in ctx.per_forward:
+        parents.update(m.metadata_transpose_parents)
     where = parents.most_common(1)[0][0] if parents else "the region"
-    return Finding("metadata-transposes",
-                   f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
-                   f"rewrite strides, mostly under {where}).")
+    return Finding(
+        "metadata-transposes",
+        f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
+        f"rewrite strides, mostly under {where}).",
+    )

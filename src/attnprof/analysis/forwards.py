@@ -5,33 +5,53 @@ A forward is one CPU range of `record_function(REGION)` (a `user_annotation`), i
 thread inside that range. Its GPU work is found by correlation, never by time: the CUDA
 runtime/driver calls on that thread inside the range carry correlation ids, and exactly the
 kernels, memcpys and memsets with those ids belong to the forward. Work of an earlier step that
-is still running when the window opens has another step's ids, so it is never counted.
+is still running when the window opens has another step's ids, so it is never counted. The
+autograd backward ops of the instance, on whatever thread (`analysis.backward`), add their calls
+the same way: `Forward.backward_device` is the backward phase of its device work.
 
 Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes one per stream),
 they are matched to the forward (by `External id`, else by overlap) and compared with the
 correlated work; disagreements are counted, never fatal.
+
+Which region: `find_forwards` takes a name or a glob pattern; see `analysis.regions`.
 """
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections import Counter, defaultdict
+from collections import defaultdict
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from attnprof.analysis.backward import attach_backward
+from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
 
 EPS = 0.0021  # us; Kineto widens GPU annotations by 1 ns each side and rounds to ns
 
 #: Launch APIs by what they put on the device. Memcpy and memset variants are matched by prefix.
-KERNEL_LAUNCH_APIS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchKernelEx", "cudaLaunchCooperativeKernel",
-    "cudaLaunchCooperativeKernelMultiDevice", "cudaLaunchHostFunc",
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
-    "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
-    "hipLaunchCooperativeKernel",
-})
+KERNEL_LAUNCH_APIS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
+        "cudaLaunchHostFunc",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernelMultiDevice",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipLaunchCooperativeKernel",
+    }
+)
 GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 _MEMCPY_API = re.compile(r"^(?:cuda|cu|hip)Memcpy")
 _MEMSET_API = re.compile(r"^(?:cuda|cu|hip)Memset")
@@ -57,12 +77,10 @@ class Forward:
     tables). `op_parent[i]` is the enclosing op of op `i` (-1: directly under the region);
     `launch_op[r]` is the innermost op around runtime call `r` (-1: none)."""
 
-    index: int
     thread: int
     start: float
     end: float
     ext: int
-    step: str | None
     ops: list[int] = field(default_factory=list)
     op_parent: dict[int, int] = field(default_factory=dict)
     calls: list[int] = field(default_factory=list)  # all runtime/driver calls inside
@@ -71,11 +89,16 @@ class Forward:
     device: list[int] = field(default_factory=list)  # kernels, memcpys, memsets (sorted by start)
     device_launch: dict[int, int] = field(default_factory=dict)  # device event -> its launch call
     gpu_annotations: list[int] = field(default_factory=list)
+    # Backward work (see analysis.backward); shared empty defaults, replaced when there is some.
+    backward_tops: Sequence[int] = ()  # outermost backward ops
+    backward_calls: AbstractSet[int] = frozenset()  # runtime calls made inside them
+    backward_device: AbstractSet[int] = frozenset()  # device events of those calls
     unmatched_launches: int = 0
     annotation_mismatches: int | None = None
 
     @property
     def cpu_time_us(self) -> float:
+        """Wall time of the CPU range."""
         return self.end - self.start
 
     def op_chain(self, op: int) -> list[int]:
@@ -92,7 +115,6 @@ class Attribution:
     """The forwards of one region, with the trace they index into."""
 
     trace: ParsedTrace
-    region: str
     forwards: list[Forward]
     device_traced: bool  # the trace holds device events at all
     has_gpu_annotations: bool
@@ -100,55 +122,38 @@ class Attribution:
 
     @property
     def annotation_mismatches(self) -> int | None:
+        """Device events that GPU annotations and correlation disagree on; None without annotations."""
         if not self.has_gpu_annotations:
             return None
         return sum(f.annotation_mismatches or 0 for f in self.forwards)
 
 
-def _step_like(name: str) -> str:
-    return "ProfilerStep#*" if name.startswith("ProfilerStep#") else name
-
-
-def _missing_region_error(trace: ParsedTrace, region: str) -> TraceError:
-    names = trace.names
-    counts: Counter[str] = Counter(_step_like(names[n]) for n in trace.annotations.name)
-    gpu_only = Counter(_step_like(names[n]) for n in trace.gpu_annotations.name)
-    for name, n in gpu_only.items():  # a name seen only on the GPU side still helps the user
-        counts.setdefault(name, n)
-    if counts:
-        listed = ", ".join(f"{name!r} ({n})" for name, n in counts.most_common(5))
-        more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
-        return TraceError(f"region {region!r} not found in the trace; annotations present: {listed}{more}",
-                          hint="pass the record_function name that wraps one forward with --region")
-    return TraceError(f"region {region!r} not found: the trace has no record_function annotations",
-                      hint="wrap each forward in torch.profiler.record_function(NAME)")
-
-
-def _sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
+def sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
     """Indices per thread (only `wanted` threads), sorted by start then longest first."""
     by_thread: dict[int, list[int]] = defaultdict(list)
     for i, t in enumerate(threads):
         if t in wanted:
             by_thread[t].append(i)
-    for t, idx in by_thread.items():
+    for idx in by_thread.values():
         idx.sort(key=lambda i: (ts[i], -dur[i]))
     return by_thread
 
 
 def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
-    """Find the forwards of `region` and attribute ops and device work to each.
+    """Find the forwards of `region` (a name or a glob pattern, see `resolve_region`) and
+    attribute ops and device work to each.
 
     Raises TraceError when the region is missing or none of its ranges lies in a profiled step.
     """
     names = trace.names
-    name_ids = [i for i, n in enumerate(names) if n == region]
+    name_ids = resolve_region(trace, region)
     table = trace.annotations
-    region_rows = [i for i, n in enumerate(table.name) if names[n] == region] if name_ids else []
+    region_rows = [i for i, n in enumerate(table.name) if n in name_ids] if name_ids else []
     if not region_rows and name_ids:  # older traces: record_function written as a cpu_op
         table = trace.cpu_ops
-        region_rows = [i for i, n in enumerate(table.name) if names[n] == region]
+        region_rows = [i for i, n in enumerate(table.name) if n in name_ids]
     if not region_rows:
-        raise _missing_region_error(trace, region)
+        raise missing_region_error(trace, region)
 
     # Outermost ranges only (a region nested in itself is one forward).
     region_rows.sort(key=lambda i: (table.thread[i], table.ts[i], -table.dur[i]))
@@ -156,18 +161,19 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     for i in region_rows:
         if outer:
             last = outer[-1]
-            if (table.thread[last] == table.thread[i]
-                    and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS):
+            if (
+                table.thread[last] == table.thread[i]
+                and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS
+            ):
                 continue
         outer.append(i)
 
     ann = trace.annotations
-    steps = [i for i, n in enumerate(ann.name) if names[n].startswith("ProfilerStep#")]
+    steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
     if not steps:  # older traces wrote ProfilerStep#N as a cpu_op
         ann = trace.cpu_ops
-        steps = [i for i, n in enumerate(ann.name) if names[n].startswith("ProfilerStep#")]
-    step_of: dict[int, str | None] = {}
-    if steps:
+        steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
+    if steps and not all(names[n].startswith(STEP_PREFIX) for n in name_ids):  # steps are their own step
         steps.sort(key=lambda i: ann.ts[i])
         step_starts = [ann.ts[i] for i in steps]
         kept = []
@@ -176,37 +182,44 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
             # steps do not overlap: only the last one starting at or before the region can hold it
             j = bisect_right(step_starts, start + EPS) - 1
             if j >= 0 and ann.ts[steps[j]] + ann.dur[steps[j]] + EPS >= end:
-                step_of[i] = names[ann.name[steps[j]]]
                 kept.append(i)
         if not kept:
-            raise TraceError(f"region {region!r} appears {len(outer)} time(s) but never inside a "
-                             "ProfilerStep#N range: no forward ran in the profiler's active steps",
-                             hint="call prof.step() after each forward inside the profile() block")
+            raise TraceError(
+                f"region {region!r} appears {len(outer)} time(s) but never inside a "
+                "ProfilerStep#N range: no forward ran in the profiler's active steps",
+                hint="call prof.step() after each forward inside the profile() block",
+            )
         outer = kept
     outer.sort(key=lambda i: table.ts[i])
 
-    forwards = [Forward(index=k, thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i],
-                        ext=table.ext[i], step=step_of.get(i)) for k, i in enumerate(outer)]
+    forwards = [
+        Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
+        for i in outer
+    ]
     notes: list[str] = []
     _attach_ops(trace, forwards, skip_table_rows=set(region_rows) if table is trace.cpu_ops else set())
     _attach_calls(trace, forwards, notes)
+    attach_backward(trace, forwards, notes)
     device_traced = len(trace.device) > 0
     if device_traced:
         _attach_device(trace, forwards)
         unmatched = sum(f.unmatched_launches for f in forwards)
         if unmatched:
-            notes.append(f"{unmatched} launch call(s) inside the forwards have no device event in the "
-                         "trace (dropped by the profiler, or still running when it stopped)")
-    has_gann = _attach_gpu_annotations(trace, forwards, region)
-    return Attribution(trace=trace, region=region, forwards=forwards, device_traced=device_traced,
-                       has_gpu_annotations=has_gann, notes=notes)
+            notes.append(
+                f"{unmatched} launch call(s) inside the forwards have no device event in the "
+                "trace (dropped by the profiler, or still running when it stopped)"
+            )
+    has_gann = _attach_gpu_annotations(trace, forwards, name_ids)
+    return Attribution(
+        trace=trace, forwards=forwards, device_traced=device_traced, has_gpu_annotations=has_gann, notes=notes
+    )
 
 
 def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: set[int]) -> None:
     ops = trace.cpu_ops
     ts, dur = ops.ts, ops.dur
     wanted = {f.thread for f in forwards}
-    by_thread = _sorted_by_thread(ops.thread, ts, dur, wanted)
+    by_thread = sorted_by_thread(ops.thread, ts, dur, wanted)
     starts = {t: [ts[i] for i in idx] for t, idx in by_thread.items()}
     for fwd in forwards:
         idx = by_thread.get(fwd.thread, [])
@@ -225,14 +238,19 @@ def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: se
             stack.append(i)
 
 
-def _innermost_ops(fwd: Forward, trace: ParsedTrace, calls: list[int]) -> dict[int, int]:
-    """For each call (sorted by start), the innermost op of `fwd` around it (-1: none).
+def innermost_ops(
+    fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
+) -> dict[int, int]:
+    """For each call (sorted by start), the innermost op of `op_list` (sorted by start; default
+    `fwd.ops`) around it (-1: none).
 
     One sweep over ops and calls together, keeping the stack of open ops: O(ops + calls).
     """
     ops, rt = trace.cpu_ops, trace.runtime
-    op_list, result, stack = fwd.ops, {}, []
-    j, n = 0, len(fwd.ops)
+    op_list = fwd.ops if op_list is None else op_list
+    result: dict[int, int] = {}
+    stack: list[int] = []
+    j, n = 0, len(op_list)
     for call in calls:
         t0, t1 = rt.ts[call], rt.ts[call] + rt.dur[call]
         while j < n and ops.ts[op_list[j]] <= t0 + EPS:
@@ -252,7 +270,7 @@ def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str])
     rt = trace.runtime
     names = trace.names
     wanted = {f.thread for f in forwards}
-    by_thread = _sorted_by_thread(rt.thread, rt.ts, rt.dur, wanted)
+    by_thread = sorted_by_thread(rt.thread, rt.ts, rt.dur, wanted)
     starts = {t: [rt.ts[i] for i in idx] for t, idx in by_thread.items()}
     # Fallback: calls made on other threads of the same process (when the forward's thread has none).
     fallback: list[int] | None = None
@@ -265,16 +283,19 @@ def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str])
         elif len(rt):
             if fallback is None:
                 pid = trace.threads[fwd.thread][0]
-                fallback = sorted((i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid),
-                                  key=rt.ts.__getitem__)
+                fallback = sorted(
+                    (i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid), key=rt.ts.__getitem__
+                )
                 if fallback:
-                    notes.append("CUDA calls were not on the region's thread; calls of the same process "
-                                 "inside each forward's time range were used")
+                    notes.append(
+                        "CUDA calls were not on the region's thread; calls of the same process "
+                        "inside each forward's time range were used"
+                    )
             calls = [i for i in fallback if fwd.start - EPS <= rt.ts[i] and rt.ts[i] + rt.dur[i] <= fwd.end + EPS]
         else:
             calls = []
         fwd.calls = calls
-        fwd.launch_op = _innermost_ops(fwd, trace, calls)
+        fwd.launch_op = innermost_ops(fwd, trace, calls)
         fwd.launches = [i for i in calls if launch_kind(names[rt.name[i]]) is not None]
 
 
@@ -307,11 +328,13 @@ def _attach_device(trace: ParsedTrace, forwards: list[Forward]) -> None:
                     fwd.unmatched_launches += 1
         fwd.launches = launches
         fwd.device = sorted(set(work), key=dev.ts.__getitem__)
+        if fwd.backward_calls:
+            fwd.backward_device = {e for e in fwd.device if fwd.device_launch.get(e) in fwd.backward_calls}
 
 
-def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], region: str) -> bool:
-    gann, dev, names = trace.gpu_annotations, trace.device, trace.names
-    rows = [i for i, n in enumerate(gann.name) if names[n] == region]
+def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:
+    gann, dev = trace.gpu_annotations, trace.device
+    rows = [i for i, n in enumerate(gann.name) if n in name_ids]
     if not rows:
         return False
     by_ext: dict[int, list[int]] = defaultdict(list)
@@ -338,7 +361,7 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], region:
             for key, (lo, hi) in spans.items():
                 idx, st = ann_by_stream.get(key, []), ann_starts.get(key, [])
                 best, best_overlap = None, EPS
-                for i in idx[max(bisect_left(st, lo) - 2, 0):bisect_right(st, hi + EPS)]:
+                for i in idx[max(bisect_left(st, lo) - 2, 0) : bisect_right(st, hi + EPS)]:
                     overlap = min(hi, gann.ts[i] + gann.dur[i]) - max(lo, gann.ts[i])
                     if i not in used and overlap > best_overlap:
                         best, best_overlap = i, overlap
@@ -358,7 +381,7 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], region:
         stream_starts[key] = [dev.ts[i] for i in idx]
     for fwd in forwards:
         if not fwd.gpu_annotations:
-            fwd.annotation_mismatches = len(fwd.device) if fwd.device else 0
+            fwd.annotation_mismatches = len(fwd.device) - len(fwd.backward_device)
             continue
         inside: set[int] = set()
         for a in fwd.gpu_annotations:
@@ -369,5 +392,9 @@ def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], region:
             hi = bisect_right(st, gann.ts[a] + gann.dur[a] + EPS)
             end = gann.ts[a] + gann.dur[a] + EPS
             inside.update(i for i in idx[lo:hi] if dev.ts[i] + dev.dur[i] <= end)
-        fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
+        if fwd.backward_device:  # Kineto's annotation covers the forward phase only
+            inside -= fwd.backward_device
+            fwd.annotation_mismatches = len(inside.symmetric_difference(set(fwd.device) - fwd.backward_device))
+        else:
+            fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
     return True

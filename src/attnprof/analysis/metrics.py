@@ -7,28 +7,65 @@ trace cannot give (GPU metrics of a CPU-only trace) are None, never 0.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnprof.analysis.forwards import Attribution, Forward
-from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
+from attnprof.analysis.phases import (
+    NO_WORK,
+    PhaseMetrics,
+    Work,
+    backward_outside_region,
+    backward_roles,
+    cpu_work_us,
+    phase_metrics,
+)
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
+from attnprof.stats import median, median_count
 
 #: Input-type spellings in `record_shapes` traces, by short dtype name.
-TRACE_DTYPES = {"c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16",
-                "float": "fp32", "Float": "fp32", "double": "fp64", "Double": "fp64",
-                "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8"}
-DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-                 "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-                 "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-                 "fp64": "fp64", "float64": "fp64", "double": "fp64", "torch.float64": "fp64"}
+TRACE_DTYPES = {
+    "c10::BFloat16": "bf16",
+    "BFloat16": "bf16",
+    "c10::Half": "fp16",
+    "Half": "fp16",
+    "float": "fp32",
+    "Float": "fp32",
+    "double": "fp64",
+    "Double": "fp64",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+}
+DTYPE_ALIASES = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "fp64": "fp64",
+    "float64": "fp64",
+    "double": "fp64",
+    "torch.float64": "fp64",
+}
 SIXTEEN_BIT = frozenset({"bf16", "fp16"})
+SIXTEEN_BIT_INPUT_TYPES = frozenset({"c10::BFloat16", "c10::Half", "BFloat16", "Half"})
+#: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
+MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
+SAFE_SOFTMAX = "aten::_safe_softmax"
+_MASK_NESTING = frozenset(MASK_OPS) | {SAFE_SOFTMAX}
 
 
 def normalize_dtype(value: str | None) -> str | None:
+    """The short dtype name (bf16, fp16, fp32, fp64) for a spelling like "bfloat16"; None if unknown."""
     if value is None:
         return None
     return DTYPE_ALIASES.get(str(value).strip().lower())
@@ -40,22 +77,32 @@ def _is_dtod(name: str) -> bool:
 
 @dataclass(slots=True)
 class ForwardMetrics:
-    """What one forward did."""
+    """What one forward did. Device-side fields are None when the trace has no device events."""
 
-    kernels: int | None
-    memcpy: int | None
-    memset: int | None
-    dtod_memcpy: int | None
-    gpu_time_us: float | None  # first device event start to last end of its attributed work
-    gpu_annotation_us: float | None  # extent of its gpu_user_annotation ranges
-    kernel_time_us: float | None
-    device_time_us: float | None  # sum of kernel + memcpy + memset durations
     cpu_time_us: float
     launch_apis: Counter
     transposes: int
-    metadata_transposes: int | None  # transposes that launched nothing (None: no CUDA trace)
     cpu_ops: int
     op_counts: Counter
+    upcasts: int  # aten::_to_copy ops from 16-bit inputs (every aten::_to_copy when the types are unknown)
+    upcast_types_known: bool  # some aten::_to_copy carried its input types
+    mask_ops: Counter  # mask-building ops (MASK_OPS) by name, not counting those nested in one another
+    kernels: int | None = None
+    memcpy: int | None = None
+    memset: int | None = None
+    dtod_memcpy: int | None = None
+    gpu_time_us: float | None = None  # first device event start to last end of its attributed work
+    gpu_annotation_us: float | None = None  # extent of its gpu_user_annotation ranges
+    kernel_time_us: float | None = None
+    device_time_us: float | None = None  # sum of kernel + memcpy + memset durations
+    metadata_transposes: int | None = None  # transposes that launched nothing
+    metadata_transpose_parents: Counter = field(default_factory=Counter)  # their enclosing op, by name
+    mask_kernels: list[str] | None = None  # short names of the kernels the mask ops launched
+    safe_softmax_kernels: list[str] | None = None  # short names of the kernels aten::_safe_softmax launched
+    cpu_work_us: float = 0.0  # cpu_time_us without the wait inside the autograd engine (see phases)
+    phases: dict[str, PhaseMetrics] | None = None  # forward and backward work (None without device events)
+    backward_outside_region: bool = False  # some backward op ran after the region ended
+    backward_roles: dict[str, list[Work]] = field(default_factory=dict)  # see phases.backward_roles
 
 
 @dataclass
@@ -85,66 +132,134 @@ class KernelStats:
     first_seen: float = 0.0  # for ordering (position in the first forward that ran it)
     launch_ops: list[str] = field(default_factory=list)  # memcpy only: the op chains that launched it
 
+    @property
+    def is_dtod_memcpy(self) -> bool:
+        """True for a device-to-device memcpy."""
+        return self.kind == KIND_NAMES[MEMCPY] and _is_dtod(self.name)
+
     def to_dict(self) -> dict[str, Any]:
+        """The JSON fields (ordering and launch-op bookkeeping left out)."""
         data = asdict(self)
         data.pop("first_seen")
         data.pop("launch_ops")
         return data
 
 
-def median_count(values: list[int]) -> int:
-    return int(statistics.median_low(values)) if values else 0
-
-
-def median_value(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
-def spread_of(values: list[float]) -> dict[str, float] | None:
-    if len(values) < 2 or min(values) == max(values):
-        return None
-    return {"min": round(min(values), 3), "max": round(max(values), 3)}
-
-
-def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
-    trace = attribution.trace
-    names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
-    op_counts: Counter = Counter(names[ops.name[i]] for i in fwd.ops)
-    transposes = [i for i in fwd.ops if names[ops.name[i]] == "aten::transpose"]
+def _launching_ops(fwd: Forward) -> set[int]:
+    """The ops of `fwd` under which some launch call ran (the innermost op and its ancestors)."""
     launching: set[int] = set()
     for call in fwd.launches:
         op = fwd.launch_op.get(call, -1)
         while op >= 0 and op not in launching:
             launching.add(op)
             op = fwd.op_parent.get(op, -1)
-    traced = attribution.device_traced
-    launch_apis = Counter(names[rt.name[c]] for c in fwd.launches)
-    if not traced:
-        return ForwardMetrics(None, None, None, None, None, None, None, None, fwd.cpu_time_us,
-                              launch_apis, len(transposes), None, len(fwd.ops), op_counts)
+    return launching
+
+
+def _nested_in(fwd: Forward, op: int, op_name: dict[int, str], wanted: frozenset[str]) -> bool:
+    """True when an op enclosing `op` is named in `wanted`."""
+    parent = fwd.op_parent.get(op, -1)
+    while parent >= 0:
+        if op_name[parent] in wanted:
+            return True
+        parent = fwd.op_parent.get(parent, -1)
+    return False
+
+
+def _kernels_under(trace: ParsedTrace, fwd: Forward, roots: set[int]) -> list[str]:
+    """Short names of the kernels of `fwd` launched under one of the ops in `roots`, in time order."""
+    dev, names = trace.device, trace.names
+    found = []
+    for e in fwd.device:
+        if dev.kind[e] != KERNEL:
+            continue
+        call = fwd.device_launch.get(e)
+        op = fwd.launch_op.get(call, -1) if call is not None else -1
+        while op >= 0:
+            if op in roots:
+                found.append(short_kernel_name(names[dev.name[e]]))
+                break
+            op = fwd.op_parent.get(op, -1)
+    return found
+
+
+def _upcasts(trace: ParsedTrace, fwd: Forward, op_name: dict[int, str]) -> tuple[int, bool]:
+    """aten::_to_copy ops from 16-bit inputs (all of them where the input types are unknown), and
+    whether any aten::_to_copy carried its input types."""
+    count, typed = 0, False
+    for i in fwd.ops:
+        if op_name[i] != "aten::_to_copy":
+            continue
+        t = trace.cpu_ops.input_types[i]
+        if t < 0:
+            count += 1
+            continue
+        typed = True
+        first = trace.input_types[t][0] if trace.input_types[t] else ""
+        if first in SIXTEEN_BIT_INPUT_TYPES:
+            count += 1
+    return count, typed
+
+
+def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
+    """Counts, times and the op facts that findings read, for one forward."""
+    trace = attribution.trace
+    names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
+    op_name = {i: names[ops.name[i]] for i in fwd.ops}
+    transposes = [i for i in fwd.ops if op_name[i] == "aten::transpose"]
+    mask_roots = {i for i in fwd.ops if op_name[i] in MASK_OPS and not _nested_in(fwd, i, op_name, _MASK_NESTING)}
+    upcasts, upcast_types_known = _upcasts(trace, fwd, op_name)
+    metrics = ForwardMetrics(
+        cpu_time_us=fwd.cpu_time_us,
+        launch_apis=Counter(names[rt.name[c]] for c in fwd.launches),
+        transposes=len(transposes),
+        cpu_ops=len(fwd.ops),
+        op_counts=Counter(op_name.values()),
+        upcasts=upcasts,
+        upcast_types_known=upcast_types_known,
+        mask_ops=Counter(op_name[i] for i in mask_roots),
+        cpu_work_us=cpu_work_us(trace, fwd),
+        backward_outside_region=backward_outside_region(trace, fwd),
+    )
+    if not attribution.device_traced:
+        return metrics
     kinds = Counter(dev.kind[e] for e in fwd.device)
-    dtod = sum(1 for e in fwd.device if dev.kind[e] == MEMCPY and _is_dtod(names[dev.name[e]]))
+    metrics.kernels, metrics.memcpy, metrics.memset = kinds[KERNEL], kinds[MEMCPY], kinds[MEMSET]
+    metrics.dtod_memcpy = sum(1 for e in fwd.device if dev.kind[e] == MEMCPY and _is_dtod(names[dev.name[e]]))
     if fwd.device:
         start = min(dev.ts[e] for e in fwd.device)
-        gpu_time = max(dev.ts[e] + dev.dur[e] for e in fwd.device) - start
-    else:
-        gpu_time = None
+        metrics.gpu_time_us = max(dev.ts[e] + dev.dur[e] for e in fwd.device) - start
     gann = trace.gpu_annotations
-    gpu_ann = None
     if fwd.gpu_annotations:
-        gpu_ann = (max(gann.ts[a] + gann.dur[a] for a in fwd.gpu_annotations)
-                   - min(gann.ts[a] for a in fwd.gpu_annotations))
-    kernel_time = sum(dev.dur[e] for e in fwd.device if dev.kind[e] == KERNEL)
-    device_time = sum(dev.dur[e] for e in fwd.device)
-    return ForwardMetrics(kernels=kinds[KERNEL], memcpy=kinds[MEMCPY], memset=kinds[MEMSET], dtod_memcpy=dtod,
-                          gpu_time_us=gpu_time, gpu_annotation_us=gpu_ann, kernel_time_us=kernel_time,
-                          device_time_us=device_time, cpu_time_us=fwd.cpu_time_us, launch_apis=launch_apis,
-                          transposes=len(transposes),
-                          metadata_transposes=sum(1 for i in transposes if i not in launching),
-                          cpu_ops=len(fwd.ops), op_counts=op_counts)
+        metrics.gpu_annotation_us = max(gann.ts[a] + gann.dur[a] for a in fwd.gpu_annotations) - min(
+            gann.ts[a] for a in fwd.gpu_annotations
+        )
+    metrics.kernel_time_us = sum(dev.dur[e] for e in fwd.device if dev.kind[e] == KERNEL)
+    metrics.device_time_us = sum(dev.dur[e] for e in fwd.device)
+    launching = _launching_ops(fwd)
+    metadata = [i for i in transposes if i not in launching]
+    metrics.metadata_transposes = len(metadata)
+    for i in metadata:
+        parent = fwd.op_parent.get(i, -1)
+        metrics.metadata_transpose_parents[op_name[parent] if parent >= 0 else "the region itself"] += 1
+    metrics.mask_kernels = _kernels_under(trace, fwd, mask_roots) if mask_roots else []
+    softmax_roots = {i for i in fwd.ops if op_name[i] == SAFE_SOFTMAX}
+    metrics.safe_softmax_kernels = _kernels_under(trace, fwd, softmax_roots) if softmax_roots else []
+    if fwd.backward_device:
+        metrics.phases = phase_metrics(trace, fwd)
+    else:  # all of it is forward work, counted above
+        metrics.phases = {
+            "forward": PhaseMetrics(
+                metrics.kernels, metrics.memcpy, metrics.memset, metrics.kernel_time_us, metrics.gpu_time_us or 0.0
+            ),
+            "backward": NO_WORK,
+        }
+    metrics.backward_roles = backward_roles(trace, fwd)
+    return metrics
 
 
 def device_limits(trace: ParsedTrace, device: int) -> SmLimits | None:
+    """The SM limits of `device` from the trace's deviceProperties, or None when it has none."""
     props = trace.device_properties_for(device)
     return limits_for(device_properties=props) if props else None
 
@@ -199,10 +314,17 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
         times_list = [0.0] * (n_fwd - len(per_name_times[nid])) + per_name_times[nid]
         name = names[nid]
         expl = explain_kernel(name)
-        stats = KernelStats(name=name, short_name=expl.short_name, kind=KIND_NAMES[kinds[nid]],
-                            family=expl.family, library=expl.library, count_per_forward=median_count(counts_list),
-                            time_us=round(median_value(times_list), 3), tensor_cores=expl.tensor_cores,
-                            first_seen=first_seen[nid])
+        stats = KernelStats(
+            name=name,
+            short_name=expl.short_name,
+            kind=KIND_NAMES[kinds[nid]],
+            family=expl.family,
+            library=expl.library,
+            count_per_forward=median_count(counts_list),
+            time_us=round(median(times_list), 3),
+            tensor_cores=expl.tensor_cores,
+            first_seen=first_seen[nid],
+        )
         if nid in apis:
             stats.launch_api = apis[nid].most_common(1)[0][0]
         if nid in chains:
@@ -217,7 +339,7 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
     return result
 
 
-def _fill_launch_facts(stats: KernelStats, info, limits: SmLimits | None) -> None:  # noqa: ANN001
+def _fill_launch_facts(stats: KernelStats, info, limits: SmLimits | None) -> None:
     stats.grid = list(info.grid) if info.grid else None
     stats.block = list(info.block) if info.block else None
     stats.registers_per_thread = info.registers_per_thread
@@ -238,28 +360,33 @@ def _fill_launch_facts(stats: KernelStats, info, limits: SmLimits | None) -> Non
         stats.occupancy_note = unreported_cause(stats, info, limits, occ)
 
 
-def unreported_cause(stats: KernelStats, info, limits: SmLimits | None, occ) -> str:  # noqa: ANN001
+def unreported_cause(stats: KernelStats, info, limits: SmLimits | None, occ) -> str:
     """The likeliest reason the profiler's achieved-occupancy figure is 0 or missing."""
     if info.achieved_occupancy_pct is None:
         return "the trace has no occupancy field for this kernel"
     smem = info.shared_memory_bytes or 0
     default_limit = limits.default_smem_per_block if limits else 48 * 1024
     if smem > default_limit:
-        return (f"its {smem:,} B of shared memory per block exceed the {default_limit // 1024} KB default "
-                "per-block limit that Kineto's estimate assumes, so the estimate finds no resident block")
+        return (
+            f"its {smem:,} B of shared memory per block exceed the {default_limit // 1024} KB default "
+            "per-block limit that Kineto's estimate assumes, so the estimate finds no resident block"
+        )
     if limits is not None and occ is not None and info.grid and info.threads_per_block:
         grid_blocks = 1
         for d in info.grid:
             grid_blocks *= d
         estimate = kineto_estimate_pct(grid_blocks, info.threads_per_block, occ.active_blocks, limits)
         if estimate is not None and estimate < 0.5:
-            return (f"its grid of {grid_blocks} block(s) over {limits.num_sms} SMs keeps the estimate "
-                    f"under 0.5%, which rounds to 0")
+            return (
+                f"its grid of {grid_blocks} block(s) over {limits.num_sms} SMs keeps the estimate "
+                f"under 0.5%, which rounds to 0"
+            )
     if stats.launch_api and stats.launch_api.startswith("cu") and not stats.launch_api.startswith("cuda"):
         return f"it was launched through the driver API ({stats.launch_api}), which the estimate may not cover"
     return "none visible in the trace"
 
 
 def launch_api_summary(per_forward: list[ForwardMetrics]) -> dict[str, int]:
+    """Launch calls per forward by API name (the low median over forwards), APIs sorted by name."""
     apis = sorted({api for m in per_forward for api in m.launch_apis})
     return {api: median_count([m.launch_apis.get(api, 0) for m in per_forward]) for api in apis}

@@ -17,19 +17,41 @@ from typing import Any
 RULES_FILE = "kernel_names.yaml"
 
 ARCH_NAMES = {
-    "sm70": "Volta, compute capability 7.0: V100", "sm72": "Volta, compute capability 7.2: Xavier",
-    "sm75": "Turing, compute capability 7.5: T4", "sm80": "Ampere, compute capability 8.0: A100",
-    "sm86": "Ampere, compute capability 8.6: RTX 30, A10, A40", "sm87": "Ampere, compute capability 8.7: Orin",
+    "sm70": "Volta, compute capability 7.0: V100",
+    "sm72": "Volta, compute capability 7.2: Xavier",
+    "sm75": "Turing, compute capability 7.5: T4",
+    "sm80": "Ampere, compute capability 8.0: A100",
+    "sm86": "Ampere, compute capability 8.6: RTX 30, A10, A40",
+    "sm87": "Ampere, compute capability 8.7: Orin",
     "sm89": "Ada Lovelace, compute capability 8.9: L4, L40, RTX 40",
-    "sm90": "Hopper, compute capability 9.0: H100, H200", "sm100": "Blackwell, compute capability 10.0: B200",
-    "sm103": "Blackwell, compute capability 10.3: B300", "sm120": "Blackwell, compute capability 12.0: RTX 50",
-    "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta", "turing": "Turing", "ampere": "Ampere",
-    "hopper": "Hopper", "blackwell": "Blackwell",
+    "sm90": "Hopper, compute capability 9.0: H100, H200",
+    "sm100": "Blackwell, compute capability 10.0: B200",
+    "sm103": "Blackwell, compute capability 10.3: B300",
+    "sm120": "Blackwell, compute capability 12.0: RTX 50",
+    "maxwell": "Maxwell",
+    "pascal": "Pascal",
+    "volta": "Volta",
+    "turing": "Turing",
+    "ampere": "Ampere",
+    "hopper": "Hopper",
+    "blackwell": "Blackwell",
 }
 DTYPE_NAMES = {
-    "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32",
-    "tf32": "TF32 (tensor-float 32)", "f64": "float64", "fp64": "float64", "fp8": "FP8", "f8": "FP8",
-    "e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "int8": "int8", "i8": "int8", "s8": "int8",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+    "tf32": "TF32 (tensor-float 32)",
+    "f64": "float64",
+    "fp64": "float64",
+    "fp8": "FP8",
+    "f8": "FP8",
+    "e4m3": "FP8 E4M3",
+    "e5m2": "FP8 E5M2",
+    "int8": "int8",
+    "i8": "int8",
+    "s8": "int8",
 }
 _DTYPE_TOKEN = re.compile(r"bf16|tf32|fp16|fp32|fp64|fp8|f16|f32|f64|f8|e4m3|e5m2|int8|i8|s8")
 
@@ -48,11 +70,8 @@ class KernelExplanation:
     rule: str | None = None
     backend: str | None = None  # the SDPA backend this kernel belongs to, when it tells
 
-    @property
-    def is_fused_attention(self) -> bool:
-        return self.family == "fused-attention"
-
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `parts` as [{token, meaning}]."""
         data = asdict(self)
         data["parts"] = [{"token": t, "meaning": m} for t, m in self.parts]
         return data
@@ -92,17 +111,30 @@ def _load_rules(text: str | None = None) -> tuple[_Rule, ...]:
         except (KeyError, re.error) as exc:
             raise ValueError(f"kernel-name rule {raw.get('id', '?')!r} has a bad pattern: {exc}") from None
         parts = tuple(
-            _Part(literal=p.get("literal"), group=p.get("group"), meaning=str(p.get("meaning", "{decoded}")),
-                  values={str(k): str(v) for k, v in (p.get("values") or {}).items()} or None,
-                  fmt=p.get("format"))
-            for p in raw.get("parts") or ())
+            _Part(
+                literal=p.get("literal"),
+                group=p.get("group"),
+                meaning=str(p.get("meaning", "{decoded}")),
+                values={str(k): str(v) for k, v in (p.get("values") or {}).items()} or None,
+                fmt=p.get("format"),
+            )
+            for p in raw.get("parts") or ()
+        )
         for part in parts:
             if part.group and part.group not in regex.groupindex:
-                raise ValueError(f"kernel-name rule {raw['id']!r} names group {part.group!r} "
-                                 "that its pattern lacks")
-        rules.append(_Rule(id=str(raw["id"]), regex=regex, family=str(raw.get("family", "unknown")),
-                           library=raw.get("library"), meaning=raw.get("meaning"),
-                           tensor_cores=raw.get("tensor_cores"), backend=raw.get("backend"), parts=parts))
+                raise ValueError(f"kernel-name rule {raw['id']!r} names group {part.group!r} that its pattern lacks")
+        rules.append(
+            _Rule(
+                id=str(raw["id"]),
+                regex=regex,
+                family=str(raw.get("family", "unknown")),
+                library=raw.get("library"),
+                meaning=raw.get("meaning"),
+                tensor_cores=raw.get("tensor_cores"),
+                backend=raw.get("backend"),
+                parts=parts,
+            )
+        )
     return tuple(rules)
 
 
@@ -153,11 +185,28 @@ def _explain_with(name: str, rule_set: tuple[_Rule, ...]) -> KernelExplanation:
             else:
                 decoded = _format(part.fmt, value)
             parts.append((value, part.meaning.replace("{value}", value).replace("{decoded}", decoded)))
-        return KernelExplanation(name=name, short_name=short, family=rule.family, library=rule.library,
-                                 meaning=rule.meaning, tensor_cores=rule.tensor_cores, parts=parts,
-                                 rule=rule.id, backend=rule.backend)
-    return KernelExplanation(name=name, short_name=short, family="unknown", library=None,
-                             meaning=None, tensor_cores=None, parts=[], rule=None, backend=None)
+        return KernelExplanation(
+            name=name,
+            short_name=short,
+            family=rule.family,
+            library=rule.library,
+            meaning=rule.meaning,
+            tensor_cores=rule.tensor_cores,
+            parts=parts,
+            rule=rule.id,
+            backend=rule.backend,
+        )
+    return KernelExplanation(
+        name=name,
+        short_name=short,
+        family="unknown",
+        library=None,
+        meaning=None,
+        tensor_cores=None,
+        parts=[],
+        rule=None,
+        backend=None,
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -169,12 +218,32 @@ def explain_kernel(name: str) -> KernelExplanation:
 # --------------------------------------------------------------------------- short names
 
 _WRAPPERS = re.compile(r"^(?:Kernel\d*|device_kernel|enable_sm\w*|kernel)$")
-_HINTED = frozenset({"vectorized_elementwise_kernel", "unrolled_elementwise_kernel", "elementwise_kernel",
-                     "elementwise_kernel_with_index", "index_elementwise_kernel", "reduce_kernel"})
+_HINTED = frozenset(
+    {
+        "vectorized_elementwise_kernel",
+        "unrolled_elementwise_kernel",
+        "elementwise_kernel",
+        "elementwise_kernel_with_index",
+        "index_elementwise_kernel",
+        "reduce_kernel",
+    }
+)
 _CALL_HINT = re.compile(r"([A-Za-z_]\w*)\((?!\))")
 _FUNCTOR_HINT = re.compile(r"(\w*Functor\w*)")
-_GENERIC = frozenset({"lambda", "operator", "gpu_kernel_impl", "gpu_kernel_impl_nocast", "launch_kernel",
-                      "AUnaryFunctor", "BUnaryFunctor", "BinaryFunctor", "UnaryFunctor", "func_wrapper_t"})
+_GENERIC = frozenset(
+    {
+        "lambda",
+        "operator",
+        "gpu_kernel_impl",
+        "gpu_kernel_impl_nocast",
+        "launch_kernel",
+        "AUnaryFunctor",
+        "BUnaryFunctor",
+        "BinaryFunctor",
+        "UnaryFunctor",
+        "func_wrapper_t",
+    }
+)
 
 
 def _split_top(text: str) -> tuple[str, str]:

@@ -45,10 +45,12 @@ class SmLimits:
 
     @property
     def compute_capability(self) -> str:
+        """The compute capability as major.minor ("9.0" for sm90)."""
         digits = self.arch[2:]
         return f"{digits[:-1]}.{digits[-1]}"
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
         return asdict(self)
 
 
@@ -58,20 +60,69 @@ ARCH_LIMITS: dict[str, SmLimits] = {
     "sm70": SmLimits("sm70", 64, 32, smem_per_sm=96 * KB, max_smem_per_block=96 * KB, smem_alloc_unit=256),
     "sm72": SmLimits("sm72", 64, 32, smem_per_sm=96 * KB, max_smem_per_block=96 * KB, smem_alloc_unit=256),
     "sm75": SmLimits("sm75", 32, 16, smem_per_sm=64 * KB, max_smem_per_block=64 * KB, smem_alloc_unit=256),
-    "sm80": SmLimits("sm80", 64, 32, smem_per_sm=164 * KB, max_smem_per_block=163 * KB,
-                     reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm86": SmLimits("sm86", 48, 16, smem_per_sm=100 * KB, max_smem_per_block=99 * KB,
-                     reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm87": SmLimits("sm87", 48, 16, smem_per_sm=164 * KB, max_smem_per_block=163 * KB,
-                     reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm89": SmLimits("sm89", 48, 24, smem_per_sm=100 * KB, max_smem_per_block=99 * KB,
-                     reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm90": SmLimits("sm90", 64, 32, smem_per_sm=228 * KB, max_smem_per_block=227 * KB,
-                     reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm100": SmLimits("sm100", 64, 32, smem_per_sm=228 * KB, max_smem_per_block=227 * KB,
-                      reserved_smem_per_block=KB, smem_alloc_unit=128),
-    "sm120": SmLimits("sm120", 48, 32, smem_per_sm=128 * KB, max_smem_per_block=99 * KB,
-                      reserved_smem_per_block=KB, smem_alloc_unit=128),
+    "sm80": SmLimits(
+        "sm80",
+        64,
+        32,
+        smem_per_sm=164 * KB,
+        max_smem_per_block=163 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm86": SmLimits(
+        "sm86",
+        48,
+        16,
+        smem_per_sm=100 * KB,
+        max_smem_per_block=99 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm87": SmLimits(
+        "sm87",
+        48,
+        16,
+        smem_per_sm=164 * KB,
+        max_smem_per_block=163 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm89": SmLimits(
+        "sm89",
+        48,
+        24,
+        smem_per_sm=100 * KB,
+        max_smem_per_block=99 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm90": SmLimits(
+        "sm90",
+        64,
+        32,
+        smem_per_sm=228 * KB,
+        max_smem_per_block=227 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm100": SmLimits(
+        "sm100",
+        64,
+        32,
+        smem_per_sm=228 * KB,
+        max_smem_per_block=227 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
+    "sm120": SmLimits(
+        "sm120",
+        48,
+        32,
+        smem_per_sm=128 * KB,
+        max_smem_per_block=99 * KB,
+        reserved_smem_per_block=KB,
+        smem_alloc_unit=128,
+    ),
 }
 
 REGISTERS, SHARED_MEMORY, WARPS, BLOCKS = "registers", "shared memory", "threads", "blocks"
@@ -91,11 +142,13 @@ class Occupancy:
     arch: str
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
         return asdict(self)
 
 
-def limits_for(compute_capability: str | tuple[int, int] | None = None,
-               device_properties: dict[str, Any] | None = None) -> SmLimits | None:
+def limits_for(
+    compute_capability: str | tuple[int, int] | None = None, device_properties: dict[str, Any] | None = None
+) -> SmLimits | None:
     """Limits for a compute capability ("9.0", (9, 0), "sm90"), refined by a trace's
     `deviceProperties` entry when given. None when neither names a known architecture."""
     props = device_properties or {}
@@ -112,8 +165,9 @@ def limits_for(compute_capability: str | tuple[int, int] | None = None,
     arch = f"sm{major}{minor}"
     base = ARCH_LIMITS.get(arch)
     if base is None:  # nearest known architecture of the same major version, at or below
-        same = sorted((a for a in ARCH_LIMITS if a.startswith(f"sm{major}") and len(a) == len(arch)
-                       and a <= arch), reverse=True)
+        same = sorted(
+            (a for a in ARCH_LIMITS if a.startswith(f"sm{major}") and len(a) == len(arch) and a <= arch), reverse=True
+        )
         if not same:
             return None
         base = replace(ARCH_LIMITS[same[0]], arch=arch)
@@ -142,8 +196,8 @@ def _apply_properties(base: SmLimits, props: dict[str, Any]) -> SmLimits:
 
     changes: dict[str, Any] = {}
     warp = num("warpSize") or base.warp_size
-    if num("maxThreadsPerMultiprocessor"):
-        changes["max_warps_per_sm"] = num("maxThreadsPerMultiprocessor") // warp
+    if threads := num("maxThreadsPerMultiprocessor"):
+        changes["max_warps_per_sm"] = threads // warp
     if num("maxBlocksPerMultiProcessor"):
         changes["max_blocks_per_sm"] = num("maxBlocksPerMultiProcessor")
     if num("regsPerMultiprocessor"):
@@ -174,8 +228,9 @@ def _fmt_pct(pct: float) -> str:
     return f"{pct:.2f}".rstrip("0").rstrip(".") + "%"
 
 
-def theoretical_occupancy(registers_per_thread: int | None, threads_per_block: int | None,
-                          shared_memory_bytes: int | None, limits: SmLimits) -> Occupancy | None:
+def theoretical_occupancy(
+    registers_per_thread: int | None, threads_per_block: int | None, shared_memory_bytes: int | None, limits: SmLimits
+) -> Occupancy | None:
     """The occupancy calculator's result for one launch, or None if the launch cannot run
     (no threads, too many threads, registers or shared memory for one block) or is unknown."""
     if not threads_per_block or threads_per_block <= 0 or threads_per_block > limits.max_threads_per_block:
@@ -206,31 +261,40 @@ def theoretical_occupancy(registers_per_thread: int | None, threads_per_block: i
     limiter = next(name for name in order if by_limit.get(name) == blocks)
     active_warps = blocks * warps_per_block
     pct = 100.0 * active_warps / max_warps
-    tail = (f"{blocks} block{'s' if blocks != 1 else ''} = {active_warps} warps of {max_warps} "
-            f"= {_fmt_pct(pct)}")
+    tail = f"{blocks} block{'s' if blocks != 1 else ''} = {active_warps} warps of {max_warps} = {_fmt_pct(pct)}"
     if limiter == REGISTERS:
         per_block = regs * threads_per_block
         allocated = regs_per_warp * warps_per_block
         note = f" (allocated {allocated:,})" if allocated != per_block else ""
-        arithmetic = (f"{regs} regs x {threads_per_block} threads = {per_block:,} regs/block{note}; "
-                      f"{limits.regs_per_sm:,}/SM -> {tail}")
+        arithmetic = (
+            f"{regs} regs x {threads_per_block} threads = {per_block:,} regs/block{note}; "
+            f"{limits.regs_per_sm:,}/SM -> {tail}"
+        )
     elif limiter == SHARED_MEMORY:
-        reserved = (f" + {limits.reserved_smem_per_block:,} B reserved"
-                    if limits.reserved_smem_per_block else "")
-        arithmetic = (f"{smem:,} B shared memory{reserved} = {smem_alloc:,} B/block; "
-                      f"{limits.smem_per_sm:,} B/SM -> {tail}")
+        reserved = f" + {limits.reserved_smem_per_block:,} B reserved" if limits.reserved_smem_per_block else ""
+        arithmetic = (
+            f"{smem:,} B shared memory{reserved} = {smem_alloc:,} B/block; {limits.smem_per_sm:,} B/SM -> {tail}"
+        )
     elif limiter == WARPS:
-        arithmetic = (f"{threads_per_block} threads = {warps_per_block} warps/block; "
-                      f"{max_warps} warps/SM -> {tail}")
+        arithmetic = f"{threads_per_block} threads = {warps_per_block} warps/block; {max_warps} warps/SM -> {tail}"
     else:
-        arithmetic = (f"{threads_per_block} threads = {warps_per_block} warps/block; "
-                      f"at most {limits.max_blocks_per_sm} blocks/SM -> {tail}")
-    return Occupancy(pct=round(pct, 2), active_blocks=blocks, active_warps=active_warps, max_warps=max_warps,
-                     limiter=limiter, blocks_by_limit=by_limit, arithmetic=arithmetic, arch=limits.arch)
+        arithmetic = (
+            f"{threads_per_block} threads = {warps_per_block} warps/block; "
+            f"at most {limits.max_blocks_per_sm} blocks/SM -> {tail}"
+        )
+    return Occupancy(
+        pct=round(pct, 2),
+        active_blocks=blocks,
+        active_warps=active_warps,
+        max_warps=max_warps,
+        limiter=limiter,
+        blocks_by_limit=by_limit,
+        arithmetic=arithmetic,
+        arch=limits.arch,
+    )
 
 
-def kineto_estimate_pct(grid_blocks: int, threads_per_block: int, active_blocks: int,
-                        limits: SmLimits) -> float | None:
+def kineto_estimate_pct(grid_blocks: int, threads_per_block: int, active_blocks: int, limits: SmLimits) -> float | None:
     """What Kineto's `est. achieved occupancy %` would be: min(grid blocks / SMs, resident
     blocks) x threads / max threads per SM. None without the SM count."""
     if not limits.num_sms:

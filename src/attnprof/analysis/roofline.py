@@ -1,8 +1,13 @@
-"""Roofline arithmetic for one attention forward: FLOPs, minimum bytes, achieved rates.
+"""Roofline arithmetic for one attention step: FLOPs, minimum bytes, achieved rates.
 
 Pure math on a `RunSpec`; no torch. FLOPs are counted from the shape (the profiler's
 `with_flops` is not used): they are the *useful* work of the attention, so a variant that
 computes the masked half of a causal score matrix anyway gets no credit for it.
+
+The step is the spec's mode. FLOPs follow the convention of tritonbench and flash-attention's
+benchmarks, so figures compare across tools: backward = 2.5 × forward (five matmuls against the
+forward's two; the recomputation of P is not counted), forward + backward = 3.5 × forward, the
+causal halving applying to each. `flops_convention(spec)` states it in the results.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ from typing import Any
 from attnprof.registry import RunSpec
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: FLOPs of each mode as a multiple of the forward's (tritonbench, flash-attention benchmarks).
+MODE_FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+#: Tensors a mode must move at least, as (query-head tensors, key/value-head tensors), each once:
+#: fwd reads q, k, v and writes out; bwd reads q, k, v, out, dout and writes dq, dk, dv.
+MODE_TENSORS = {"fwd": (2, 2), "bwd": (4, 4), "fwd+bwd": (6, 6)}
 
 
 def attention_flops(spec: RunSpec) -> float:
@@ -24,10 +34,26 @@ def attention_flops(spec: RunSpec) -> float:
     return flops / 2.0 if spec.causal else flops
 
 
-def min_bytes(spec: RunSpec) -> float:
-    """The fewest bytes a forward can move: read q, k, v once and write the output once.
+def step_flops(spec: RunSpec) -> float:
+    """FLOPs of the spec's mode: the forward's (`attention_flops`) times `MODE_FLOPS_FACTOR`
+    (1 for fwd, 2.5 for bwd, 3.5 for fwd+bwd)."""
+    return MODE_FLOPS_FACTOR[spec.mode] * attention_flops(spec)
 
-    q and the output have `heads` heads; k and v have `n_kv_heads` (GQA). The element size
+
+def flops_convention(spec: RunSpec) -> str:
+    """How the spec's FLOPs were counted, in words, for the results (`flops_convention`)."""
+    forward = "fwd = 4·B·H·Sq·Skv·D" + (" / 2 (causal)" if spec.causal else "")
+    factor = MODE_FLOPS_FACTOR[spec.mode]
+    scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
+    return f"{scaled}{forward} (tritonbench / flash-attention convention)"
+
+
+def min_bytes(spec: RunSpec) -> float:
+    """The fewest bytes the spec's mode can move, each tensor once (`MODE_TENSORS`): a forward
+    reads q, k, v and writes the output; a backward reads q, k, v, the output and its gradient
+    and writes dq, dk, dv; fwd+bwd is both.
+
+    q-like tensors have `heads` heads; k-like ones have `n_kv_heads` (GQA). The element size
     follows the spec's dtype.
     """
     try:
@@ -35,7 +61,8 @@ def min_bytes(spec: RunSpec) -> float:
     except KeyError:
         raise ValueError(f"unknown dtype {spec.dtype!r}; expected one of {', '.join(ELEMENT_BYTES)}") from None
     per_head = spec.batch * spec.seq * spec.head_dim
-    elements = 2 * spec.heads * per_head + 2 * spec.n_kv_heads * per_head
+    q_like, kv_like = MODE_TENSORS[spec.mode]
+    elements = q_like * spec.heads * per_head + kv_like * spec.n_kv_heads * per_head
     return float(elements * size)
 
 
@@ -44,8 +71,9 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     return flops / bytes_moved if bytes_moved > 0 else float("inf")
 
 
-def achieved(flops: float, bytes_moved: float, seconds: float,
-             peak_flops: float | None, peak_bandwidth: float | None) -> dict[str, Any]:
+def achieved(
+    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_bandwidth: float | None
+) -> dict[str, Any]:
     """Achieved TFLOP/s and GB/s for `flops` and `bytes_moved` done in `seconds`, as a dict.
 
     Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved
@@ -82,11 +110,12 @@ def achieved(flops: float, bytes_moved: float, seconds: float,
     }
 
 
-def achieved_for(spec: RunSpec, seconds: float, peak_tflops: float | None,
-                 peak_gbps: float | None) -> dict[str, Any]:
-    """`achieved` for one spec's forward taking `seconds`, with peaks in TFLOP/s and GB/s."""
+def achieved_for(spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None) -> dict[str, Any]:
+    """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s."""
     return achieved(
-        attention_flops(spec), min_bytes(spec), seconds,
+        step_flops(spec),
+        min_bytes(spec),
+        seconds,
         peak_tflops * 1e12 if peak_tflops else None,
         peak_gbps * 1e9 if peak_gbps else None,
     )

@@ -45,6 +45,8 @@ class CpuTable(_Table):
     dur: array = field(default_factory=lambda: array("d"))
     ext: array = field(default_factory=lambda: array("q"))
     input_types: array = field(default_factory=lambda: array("i"))  # index into ParsedTrace.input_types; -1
+    seq: array = field(default_factory=lambda: array("q"))  # autograd `Sequence number`; -1
+    fwd_tid: array = field(default_factory=lambda: array("q"))  # `Fwd thread id` (> 0: a backward op); -1
 
 
 @dataclass(slots=True)
@@ -247,8 +249,8 @@ class _Builder:
         cpu, ann, rt, dev, gann = self.cpu_ops, self.annotations, self.runtime, self.device, self.gpu_annotations
         overhead_names = decoding.OVERHEAD_NAMES
         absent = ABSENT
-        cpu_name, cpu_thread, cpu_ts, cpu_dur, cpu_ext, cpu_types = _appenders(cpu)
-        ann_name, ann_thread, ann_ts, ann_dur, ann_ext, ann_types = _appenders(ann)
+        cpu_name, cpu_thread, cpu_ts, cpu_dur, cpu_ext, cpu_types, cpu_seq, cpu_fwd_tid = _appenders(cpu)
+        ann_name, ann_thread, ann_ts, ann_dur, ann_ext, ann_types, ann_seq, ann_fwd_tid = _appenders(ann)
         rt_name, rt_thread, rt_ts, rt_dur, rt_corr, rt_ext, rt_domain = _appenders(rt)
         dev_kind, dev_name, dev_device, dev_stream, dev_ts, dev_dur, dev_corr, dev_ext, dev_info, dev_nbytes = (
             _appenders(dev)
@@ -301,6 +303,9 @@ class _Builder:
                 raw = bytes(args.input_type)
                 types = raw_type_ids.get(raw)
                 cpu_types(types if types is not None else self._raw_input_types(raw))
+                seq, fwd_tid = args.seq, args.fwd_tid
+                cpu_seq(seq if seq.__class__ is int else -1)
+                cpu_fwd_tid(fwd_tid if fwd_tid.__class__ is int else -1)
             elif code == decoding.CAT_RUNTIME or code == decoding.CAT_DRIVER:
                 if name in overhead_names:
                     self.overhead_count += 1
@@ -320,6 +325,8 @@ class _Builder:
                 ann_dur(dur)
                 ann_ext(ext)
                 ann_types(-1)
+                ann_seq(-1)
+                ann_fwd_tid(-1)
             else:  # device work and GPU annotations: device and stream default to pid and tid
                 device, stream = args.device, args.stream
                 if device is absent:

@@ -4,26 +4,54 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from attnprof.cli import common as c
-from attnprof.registry import DEFAULT_REGION
 
 TraceArg = Annotated[Path, typer.Argument(help="A torch.profiler Chrome trace (.json or .json.gz).")]
-DtypeHintOpt = Annotated[Optional[str], typer.Option("--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False)]
+RegionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--region",
+        show_default=False,
+        help="The record_function name around one forward, or a glob pattern such as 'ProfilerStep#*'. "
+        "Default: chosen from the trace (see above).",
+    ),
+]
+DtypeHintOpt = Annotated[
+    str | None,
+    typer.Option("--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False),
+]
 
 
 @c.handle_errors
-def analyze_command(trace: TraceArg, region: Annotated[str, typer.Option(help="Name of the record_function region that marks one forward.")] = DEFAULT_REGION,
-                    dtype: DtypeHintOpt = None, fmt: c.FormatOpt = c.OutputFormat.table) -> None:
-    """Analyse a trace: attribute GPU work to each forward and explain what it shows."""
+def analyze_command(
+    trace: TraceArg,
+    region: RegionOpt = None,
+    dtype: DtypeHintOpt = None,
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+) -> None:
+    """Analyse a trace: attribute GPU work to each forward and explain what it shows.
+
+    A forward is one range of --region; its GPU work is what was launched inside it (by correlation).
+
+    --region: a record_function name, or a glob pattern (* ? [...]) whose every match is one forward.
+    'ProfilerStep#*' makes each profiler step (prof.step()) one forward.
+    A string that is exactly a name in the trace means that name only.
+
+    Without --region: 'attnprof' if the trace has it, else the only user annotation, else 'ProfilerStep#*'.
+    The choice is said on stderr (and in the JSON as region_choice).
+    """
     from attnprof.analysis import analyze_trace
     from attnprof.report.analysis_tables import render_analysis
 
     analysis = analyze_trace(trace, region=region, dtype=dtype)
+    if analysis.region_choice:
+        c.note(analysis.region_choice)
     if fmt is c.OutputFormat.json:
         c.emit(json.dumps(analysis.to_dict(), indent=2))
         return
-    c.emit(render_analysis(analysis, fmt.value))
+    c.emit(render_analysis(analysis, fmt.value, c.table_width(fmt, wide)))

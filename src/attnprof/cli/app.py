@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from attnprof.cli.analyze_cmd import analyze_command
 from attnprof.cli.common import STATE
@@ -13,8 +14,32 @@ from attnprof.cli.explain_cmd import explain_command
 from attnprof.cli.list_cmd import list_command
 from attnprof.cli.run_cmd import run_command
 
+
+class _FlagsTakeNoValue:
+    """Help that shows a flag as a flag. typer's rich help prints each option's type, and a type of
+    `<bool>` for an on/off flag such as `--debug` or `--timing/--no-timing`, as though it took a value,
+    unless the option has a metavar; every flag (`--help` included) gets the empty one."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        """The command's parameters, each flag with an empty metavar."""
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Group(_FlagsTakeNoValue, TyperGroup):
+    """The attnprof command group."""
+
+
+class Command(_FlagsTakeNoValue, TyperCommand):
+    """One attnprof command."""
+
+
 app = typer.Typer(
     name="attnprof",
+    cls=Group,
     help="Profile attention in PyTorch: what each implementation really does on the GPU, and why.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -35,18 +60,20 @@ def _version(value: bool) -> None:
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Load only the built-in variants.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     """Global options, given before the command."""
     STATE.debug = debug
     STATE.no_plugins = no_plugins
 
 
-app.command("list")(list_command)
-app.command("run")(run_command)
-app.command("compare")(compare_command)
-app.command("analyze")(analyze_command)
-app.command("explain")(explain_command)
+app.command("list", cls=Command)(list_command)
+app.command("run", cls=Command)(run_command)
+app.command("compare", cls=Command)(compare_command)
+app.command("analyze", cls=Command)(analyze_command)
+app.command("explain", cls=Command)(explain_command)
 
 
 def main() -> None:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 
-from attnprof.errors import AttnprofError
+from attnprof.errors import AttnprofError, ConfigError
+from attnprof.interrupts import interrupt_requested, recording_interrupts
 
 
 class OutputFormat(str, Enum):
@@ -33,30 +38,68 @@ class GlobalState:
 
 STATE = GlobalState()
 
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document).")]
-ConfigArg = Annotated[Optional[Path], typer.Argument(help="YAML config; the built-in default when omitted.", show_default=False)]
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config; the built-in default when omitted.", show_default=False)]
-DeviceOpt = Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)]
-DtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16 or fp32 (overrides the config).", show_default=False)]
-BatchOpt = Annotated[Optional[int], typer.Option(help="Batch size (overrides the config's shapes).", show_default=False)]
-HeadsOpt = Annotated[Optional[int], typer.Option(help="Query heads.", show_default=False)]
-KvHeadsOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).", show_default=False)]
-SeqOpt = Annotated[Optional[int], typer.Option(help="Sequence length.", show_default=False)]
-HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="Head dimension.", show_default=False)]
-CausalOpt = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal masking.", show_default=False)]
-OutputDirOpt = Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)]
-RegionOpt = Annotated[Optional[str], typer.Option(help="Name of the record_function region around each forward.", show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option(help="Seed for the inputs.", show_default=False)]
-WaitOpt = Annotated[Optional[int], typer.Option(help="Profiler schedule: steps skipped.", show_default=False)]
-WarmupOpt = Annotated[Optional[int], typer.Option(help="Profiler schedule: warm-up steps.", show_default=False)]
-ActiveOpt = Annotated[Optional[int], typer.Option(help="Profiler schedule: recorded steps.", show_default=False)]
-TimingOpt = Annotated[bool, typer.Option("--timing/--no-timing", help="Time the forward outside the profiler (latency, memory, throughput).")]
-MinTimeOpt = Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")]
-CudaGraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays (many forwards per graph) where the variant allows capture.")]
-FlushL2Opt = Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")]
-RefreshCeilingOpt = Annotated[bool, typer.Option("--refresh-ceiling", help="Measure the matmul ceiling again instead of using the cached figure.")]
-ClocksOpt = Annotated[bool, typer.Option("--clocks/--no-clocks", help="Sample the GPU's SM clock with nvidia-smi while timing (CUDA only).")]
-MaskingOpt = Annotated[bool, typer.Option("--check-masking", help="Probe fully masked rows and report NaN per variant.")]
+FormatOpt = Annotated[
+    OutputFormat,
+    typer.Option("--format", "-f", help="table, markdown or json (json: stdout holds only the JSON document)."),
+]
+ConfigArg = Annotated[
+    Path | None,
+    typer.Argument(help="YAML config (or give it with -c); the built-in default when omitted.", show_default=False),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML config (or give it as the argument); the built-in default when omitted.",
+        show_default=False,
+    ),
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option(help="auto, cpu, cuda or cuda:N (overrides the config).", show_default=False)
+]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability "
+        "8.0 or newer, fp16 on an older GPU, fp32 on CPU.",
+        show_default=False,
+    ),
+]
+
+
+def config_path(argument: Path | None, option: Path | None) -> Path | None:
+    """The config file given as the argument (ConfigArg) or with -c/--config (ConfigOpt); None for the
+    built-in default; ConfigError (exit 2) when both are given."""
+    if argument is not None and option is not None:
+        raise ConfigError(
+            f"two configs given ({argument} and -c {option}): give it as the argument or with -c, not both"
+        )
+    return argument if argument is not None else option
+
+
+WideOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="Print tables in full: every column, nothing cut (default: fit $COLUMNS, the terminal, "
+        "or 120 columns when stdout is not a terminal).",
+    ),
+]
+
+#: The width tables fit when stdout is not a terminal and $COLUMNS is unset (a pipe, a file, CI logs).
+DEFAULT_WIDTH = 120
+#: Tables are never fitted to fewer columns than this; a narrower terminal wraps their lines.
+MIN_WIDTH = 60
+
+
+def table_width(fmt: OutputFormat, wide: bool) -> int | None:
+    """The width tables must fit, computed once per command: None (no limit) with --wide or a format
+    other than table; else $COLUMNS when set, the terminal's width, or DEFAULT_WIDTH when stdout is
+    not a terminal; at least MIN_WIDTH."""
+    if wide or fmt is not OutputFormat.table:
+        return None
+    return max(shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns, MIN_WIDTH)
 
 
 def stderr_console() -> Any:
@@ -64,6 +107,23 @@ def stderr_console() -> Any:
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+@contextmanager
+def terminal_console() -> Iterator[Any]:
+    """A rich console on a duplicate of file descriptor 2, for a progress display: it keeps reaching the
+    terminal while the profiler's native stderr is captured (descriptor 2 sent to a file)."""
+    from rich.console import Console
+
+    try:
+        stream = os.fdopen(os.dup(sys.stderr.fileno()), "w")
+    except (AttributeError, OSError, ValueError):  # no real stderr (a test runner's): the plain console
+        yield stderr_console()
+        return
+    try:
+        yield Console(file=stream)
+    finally:
+        stream.close()
 
 
 def emit(text: str) -> None:
@@ -90,13 +150,23 @@ def fail(message: str, hint: str | None = None, code: int = 1, as_json: bool = F
 
 
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn attnprof errors into one-line messages; anything else too, unless --debug."""
+    """Turn attnprof errors into one-line messages; anything else too, unless --debug. Ctrl-C at any
+    moment of the command ends it with exit 130, even when something swallowed the KeyboardInterrupt."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = getattr(kwargs.get("fmt"), "value", None) == "json"
         try:
-            return command(*args, **kwargs)
+            with recording_interrupts():  # Ctrl-C is remembered even where torch or CPython swallows it
+                try:
+                    result = command(*args, **kwargs)
+                except typer.Exit as done:
+                    if interrupt_requested() and done.exit_code != 130:
+                        raise KeyboardInterrupt from None
+                    raise
+                if interrupt_requested():
+                    raise KeyboardInterrupt
+                return result
         except (typer.Exit, typer.Abort):
             raise
         except AttnprofError as exc:

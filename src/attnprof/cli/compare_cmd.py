@@ -2,88 +2,94 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import Measure, execute, exit_code
-from attnprof.cli.settings import build_config
+from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
+from attnprof.cli.options import shared_options
 
-PatternsOpt = Annotated[Optional[list[str]], typer.Option("--variants", help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).", show_default=False)]
-ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", help="Exclude pattern (repeatable; overrides the config).", show_default=False)]
-BaselineOpt = Annotated[Optional[str], typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
+if TYPE_CHECKING:
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline import RunOutcome
+    from attnprof.registry import Registry
+
+PatternsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--variants",
+        metavar="PATTERN",
+        help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).",
+        show_default=False,
+    ),
+]
+ExcludeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False
+    ),
+]
+BaselineOpt = Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
 
 @c.handle_errors
+@shared_options
 def compare_command(
     config: c.ConfigArg = None,
+    config_file: c.ConfigOpt = None,
     variants: PatternsOpt = None,
     exclude: ExcludeOpt = None,
     baseline: BaselineOpt = None,
-    device: c.DeviceOpt = None,
-    dtype: c.DtypeOpt = None,
-    batch: c.BatchOpt = None,
-    heads: c.HeadsOpt = None,
-    kv_heads: c.KvHeadsOpt = None,
-    seq: c.SeqOpt = None,
-    head_dim: c.HeadDimOpt = None,
-    causal: c.CausalOpt = None,
-    output_dir: c.OutputDirOpt = None,
-    region: c.RegionOpt = None,
-    seed: c.SeedOpt = None,
-    wait: c.WaitOpt = None,
-    warmup: c.WarmupOpt = None,
-    active: c.ActiveOpt = None,
-    timing: c.TimingOpt = True,
-    min_time: c.MinTimeOpt = 0.25,
-    cuda_graph: c.CudaGraphOpt = False,
-    flush_l2: c.FlushL2Opt = False,
-    check_masking: c.MaskingOpt = False,
-    refresh_ceiling: c.RefreshCeilingOpt = False,
-    clocks: c.ClocksOpt = True,
     fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
 ) -> None:
     """Profile every selected variant at every configured shape and compare them."""
-    from attnprof.profiling.inputs import resolve_device
-    from attnprof.profiling.session import plan_cells, select_variants
+    from attnprof.pipeline import check_names, plan_cells, select_variants
 
     if variants and exclude is None:
         exclude = []  # an explicit selection replaces the config's include and exclude lists together
-    cfg = build_config(config, variants=variants or None, exclude=exclude, baseline=baseline, device=device,
-                       dtype=dtype, causal=causal, output_dir=output_dir, region=region, seed=seed,
-                       shape=dict(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, head_dim=head_dim),
-                       schedule=dict(wait=wait, warmup=warmup, active=active))
+    cfg = config_from_options(
+        c.config_path(config, config_file), overrides, variants=variants or None, exclude=exclude, baseline=baseline
+    )
     loaded = c.load_variants_for_cli()
     for line in c.plugin_notes(loaded):
         c.note(line)
-    chosen = select_variants(cfg, loaded.registry)
+    check_names(cfg, loaded.registry)  # a typo fails before torch is imported
+    cfg, device = config_on_device(cfg)
+    chosen = select_variants(cfg, loaded.registry, device)
+    if exclude is None:  # the config's own exclusions, not the command line's
+        _note_exclusions(cfg, loaded.registry, device)
     if cfg.baseline and cfg.baseline not in [v.name for v in chosen]:
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
-    resolved = resolve_device(cfg.device)
-    outcome = execute("compare", cfg, plan_cells(cfg, chosen, resolved), resolved,
-                      Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling, clocks), fmt)
-    _print(outcome, fmt, cfg.baseline)
-    raise typer.Exit(exit_code(outcome))
+    outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
+    _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
+    note_outputs(outcome)
+    raise typer.Exit(outcome.exit_code)
 
 
-def _print(outcome, fmt: c.OutputFormat, baseline: str | None) -> None:  # noqa: ANN001
+def _note_exclusions(config: Config, registry: Registry, device: str) -> None:
+    """One stderr line naming what the config's exclude entries left out on `device`, each with its reason."""
+    from attnprof.pipeline import config_exclusions
+
+    groups = [
+        ", ".join(names) + (f" ({reason})" if reason else "")
+        for names, reason in config_exclusions(config, registry, device)
+    ]
+    if groups:
+        c.note(f"excluded by the config: {'; '.join(groups)}")
+
+
+def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:
     from attnprof.report.export import to_json
-    from attnprof.report.tables import glance_table, shape_table
+    from attnprof.report.tables import compare_report
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    entries = outcome.document["results"]
-    heading = "###" if fmt is c.OutputFormat.markdown else "=="
-    for shape in dict.fromkeys(e["shape"] for e in entries):
-        rows = [e for e in entries if e["shape"] == shape]
-        first = rows[0]
-        title = f"{shape} {first['dtype']} {'causal' if first['causal'] else 'full'} on {first['device']}"
-        if baseline:
-            title += f", speed-up vs {baseline}"
-        c.emit(f"\n{heading} {title}\n")
-        c.emit(shape_table(rows, fmt.value))
-    c.emit(f"\n{heading} at a glance\n")
-    c.emit(glance_table(entries, fmt.value))
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}; traces in {outcome.files[0].parent}")
+    if not outcome.document["results"]:  # interrupted before the first cell finished
+        return
+    c.emit(compare_report(outcome.document["results"], fmt.value, baseline, width))

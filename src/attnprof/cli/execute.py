@@ -1,84 +1,145 @@
-"""The part `run` and `compare` share: resolve, run the cells with progress, write and print results."""
+"""What `run` and `compare` share at the edge: build the config, run the cells with a progress display on
+stderr, and write the results (through the pipeline)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attnprof.cli.common import OutputFormat, emit, note, stderr_console
-from typing import TYPE_CHECKING
+from attnprof.cli.common import STATE, note, terminal_console
+from attnprof.cli.options import config_changes
+from attnprof.cli.settings import build_config
+from attnprof.interrupts import raise_if_interrupted
 
 if TYPE_CHECKING:
-    from attnprof.config import Config
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline import RunOutcome
+    from attnprof.pipeline.run import Cell
+    from attnprof.profiling.ceiling import RunCeiling
     from attnprof.registry import RunSpec, Variant
+    from attnprof.results import CellResult
 
 
-@dataclass
-class Measure:
-    """The measurement flags both commands take."""
-
-    timing: bool = True
-    min_time_s: float = 0.25
-    cuda_graph: bool = False
-    flush_l2: bool = False
-    check_masking: bool = False
-    refresh_ceiling: bool = False
-    clocks: bool = True
+def config_from_options(path: Path | None, overrides: dict[str, Any], **more: Any) -> Config:
+    """The config file (or the built-in default) with the shared overrides and `more` fields applied."""
+    return build_config(path, **config_changes(overrides), **more)
 
 
-@dataclass
-class Outcome:
-    """What a run produced: results, the JSON document, and files written."""
+def config_on_device(config: Config) -> tuple[Config, str]:
+    """The config resolved for its device (`dtype: auto` made concrete), and that device as torch resolves it."""
+    from attnprof.pipeline import resolve_config
+    from attnprof.profiling.inputs import resolve_torch_device
 
-    results: list[Any]
-    document: dict[str, Any]
-    files: tuple[Path, Path]
-    interrupted: bool
+    device = resolve_torch_device(config.device)
+    return resolve_config(config, device), device
 
 
-def execute(command: str, config: "Config", cells: "list[tuple[Variant, RunSpec]]", device: str,
-            measure: Measure, fmt: OutputFormat) -> Outcome:
-    """Run the cells with a progress display on stderr and write JSON and CSV."""
+def execute(command: str, config: Config, cells: list[Cell], device: str, measure: MeasureOptions) -> RunOutcome:
+    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
+
+    Ctrl-C at any point after the folder exists ends the run with the finished cells written.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.profiling import session
-    from attnprof.profiling.runner import ensure_output_dir, run_cells
+    from attnprof.pipeline import finish_run, open_run_folder, run_cells
+    from attnprof.profiling.ceiling import RunCeiling
 
-    output_dir = ensure_output_dir(Path(config.output_dir))
+    folder = open_run_folder(Path(config.output_dir), command)
     ceiling = None
-    if measure.timing:
-        note(f"{config.dtype} matmul ceiling on {device}: measured once, then cached (--refresh-ceiling measures again)")
-        ceiling = session.measure_ceiling(device, config.dtype, refresh=measure.refresh_ceiling)
-    options = session.run_options(config, timing=measure.timing, min_time_s=measure.min_time_s,
-                                  cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2,
-                                  check_masking=measure.check_masking, ceiling=ceiling,
-                                  sample_clocks=measure.clocks)
-    console = stderr_console()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
+    results: list[CellResult] = []
+    interrupted = False
+    try:
+        raise_if_interrupted()  # Ctrl-C that something swallowed before the run began
+        if measure.timing:
+            ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling)
+            note(ceiling_note(ceiling))
+    except KeyboardInterrupt:
+        interrupted = True
+    with (
+        terminal_console() as console,
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        ) as progress,
+    ):
         task = progress.add_task("starting", total=len(cells))
 
-        def on_start(index: int, total: int, variant: "Variant", spec: "RunSpec") -> None:
-            progress.update(task, description=f"{variant.name} @ {spec.shape_label}")
+        def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+            progress.update(task, description=f"{variant.name} @ {_cell(spec)}")
             if not console.is_terminal:
-                note(f"[{index + 1}/{total}] {variant.name} @ {spec.shape_label} {spec.dtype} on {spec.device}")
+                note(f"[{index + 1}/{total}] {variant.name} @ {_cell(spec)} {spec.dtype} on {spec.device}")
 
-        def on_done(result: Any) -> None:
+        def on_done(result: CellResult) -> None:
             progress.advance(task)
-            if result.status != "ok":
-                note(f"  {result.variant} @ {result.spec.shape_label}: {result.status}: {result.reason}")
+            if not result.ok:
+                note(f"  {result.variant} @ {_cell(result.spec)}: {result.status}: {result.reason}")
+            if STATE.debug:
+                note_captured(result)
 
-        results, interrupted = run_cells(cells, options, on_start, on_done)
+        if not interrupted:
+            results, interrupted = run_cells(cells, config, measure, ceiling, on_start, on_done, folder.traces)
+    if ceiling is not None and ceiling.replaced is not None:
+        note(
+            ceiling_note(
+                ceiling,
+                [
+                    f"{r.variant} @ {_cell(r.spec)}"
+                    for r in results
+                    if r.throughput is not None and r.throughput.pct_of_peak is None
+                ],
+            )
+        )
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
-    document = session.build_document(command, config, device, results, ceiling, interrupted)
-    files = session.write_outputs(session.result_file_stem(command), output_dir, document, results, config.baseline)
-    return Outcome(results, document, files, interrupted)
+    return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted, folder)
 
 
-def exit_code(outcome: Outcome) -> int:
-    """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
-    if outcome.interrupted:
-        return 130
-    return 1 if any(r.status == "failed" for r in outcome.results) else 0
+def note_captured(result: CellResult) -> None:
+    """With --debug: the profiler's native stderr and the Python warnings captured during a cell."""
+    where = f"  {result.variant} @ {_cell(result.spec)}"
+    for line in result.native_stderr:
+        note(f"{where}: profiler stderr: {line}")
+    for line in result.warnings:
+        note(f"{where}: warning: {line}")
+
+
+def note_outputs(outcome: RunOutcome) -> None:
+    """Say on stderr, in every format, where the results and traces went and what opens a trace."""
+    folder, traces = outcome.folder, outcome.traces
+    note(f"results: {folder.results_json} and {folder.results_csv.name}")
+    if not traces:
+        note(f"traces: none written (folder {folder.traces})")
+        return
+    where = str(traces[0]) if len(traces) == 1 else f"{len(traces)} files in {folder.traces}{os.sep}"
+    note(f"traces: {where} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)")
+
+
+def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
+    """One line on the run's matmul ceiling: cached (and when), measured now (and why), or none; once measured
+    again, that, and the cells (`beaten`) that still beat it."""
+    current = ceiling.current
+    what = f"{ceiling.dtype} matmul ceiling on {ceiling.device}"
+    if current.source == "none":
+        return f"% of peak is n/a: {current.reason}"
+    if ceiling.replaced is not None:
+        still = f"; still beaten by {', '.join(beaten)}: % of peak is n/a there" if beaten else ""
+        return (
+            f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
+            f"measured again: {current.tflops:.3g} TFLOP/s{still}"
+        )
+    if current.source == "cached":
+        when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
+    else:
+        when = f"measured now ({current.reason})"
+    return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"
+
+
+def _cell(spec: "RunSpec") -> str:
+    """The spec's shape, with its mode after it when that is not the default `fwd`."""
+    return f"{spec.shape_label} {spec.mode}" if spec.backward else spec.shape_label

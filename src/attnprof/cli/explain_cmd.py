@@ -12,8 +12,11 @@ from attnprof.cli import common as c
 
 
 @c.handle_errors
-def explain_command(kernel: Annotated[str, typer.Argument(help="A kernel name as the trace shows it.")],
-                    fmt: c.FormatOpt = c.OutputFormat.table) -> None:
+def explain_command(
+    kernel: Annotated[str, typer.Argument(help="A kernel name as the trace shows it.")],
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+) -> None:
     """Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores."""
     from attnprof.analysis import explain_kernel
     from attnprof.report.analysis_tables import render_explanation
@@ -23,4 +26,4 @@ def explain_command(kernel: Annotated[str, typer.Argument(help="A kernel name as
         data = asdict(explanation) if is_dataclass(explanation) else explanation.to_dict()
         c.emit(json.dumps(data, indent=2))
         return
-    c.emit(render_explanation(explanation, fmt.value))
+    c.emit(render_explanation(explanation, fmt.value, c.table_width(fmt, wide)))

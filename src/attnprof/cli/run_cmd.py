@@ -2,91 +2,72 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import Measure, execute, exit_code
-from attnprof.cli.settings import build_config
+from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
+from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
+
+if TYPE_CHECKING:
+    from attnprof.config import MeasureOptions
+    from attnprof.pipeline import RunOutcome
+    from attnprof.registry import Registry, RunSpec, Variant
 
 VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to profile (see `attnprof list`).")]
 
 
 @c.handle_errors
+@shared_options
 def run_command(
     variant: VariantOpt,
-    config: c.ConfigOpt = None,
-    device: c.DeviceOpt = None,
-    dtype: c.DtypeOpt = None,
-    batch: c.BatchOpt = None,
-    heads: c.HeadsOpt = None,
-    kv_heads: c.KvHeadsOpt = None,
-    seq: c.SeqOpt = None,
-    head_dim: c.HeadDimOpt = None,
-    causal: c.CausalOpt = None,
-    output_dir: c.OutputDirOpt = None,
-    region: c.RegionOpt = None,
-    seed: c.SeedOpt = None,
-    wait: c.WaitOpt = None,
-    warmup: c.WarmupOpt = None,
-    active: c.ActiveOpt = None,
-    timing: c.TimingOpt = True,
-    min_time: c.MinTimeOpt = 0.25,
-    cuda_graph: c.CudaGraphOpt = False,
-    flush_l2: c.FlushL2Opt = False,
-    check_masking: c.MaskingOpt = False,
-    refresh_ceiling: c.RefreshCeilingOpt = False,
-    clocks: c.ClocksOpt = True,
+    config: c.ConfigArg = None,
+    config_file: c.ConfigOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
 ) -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
-    from attnprof.profiling.inputs import resolve_device
-    from attnprof.profiling.session import plan_cells
+    from attnprof.pipeline import check_baseline, plan_cells
 
-    cfg = build_config(config, device=device, dtype=dtype, causal=causal, output_dir=output_dir, region=region,
-                       seed=seed, shape=dict(batch=batch, heads=heads, kv_heads=kv_heads, seq=seq, head_dim=head_dim),
-                       schedule=dict(wait=wait, warmup=warmup, active=active))
+    cfg = config_from_options(c.config_path(config, config_file), overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
-    resolved = resolve_device(cfg.device)
-    cells = plan_cells(cfg, [chosen], resolved)
+    check_baseline(cfg, loaded.registry)
+    cfg, device = config_on_device(cfg)
+    cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
-    outcome = execute("run", cfg, cells, resolved, Measure(timing, min_time, cuda_graph, flush_l2, check_masking, refresh_ceiling, clocks), fmt)
-    _print(outcome, fmt)
-    code = exit_code(outcome)
+    outcome = execute("run", cfg, cells, device, measure)
+    _print(outcome, fmt, c.table_width(fmt, wide))
+    note_outputs(outcome)
     failed = [r for r in outcome.results if r.status == "failed"]
     if failed:
-        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=code)
-    raise typer.Exit(code)
+        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
+    raise typer.Exit(outcome.exit_code)
 
 
-def _refuse_unavailable(variant, spec, registry) -> None:  # noqa: ANN001
+def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> None:
     reason = variant.unavailable_reason(spec)
     if reason is None:
         return
     runnable = [v.name for v in registry.all() if v.unavailable_reason(spec) is None]
-    where = f"{spec.device} with {spec.dtype} at {spec.shape_label}"
-    raise VariantUnavailableError(f"{variant.name} cannot run on {where}: {reason}",
-                                  hint=f"variants that can run here: {', '.join(runnable) or 'none'}")
+    where = f"{spec.device} with {spec.dtype} at {spec.shape_label}" + (f" in {spec.mode}" if spec.backward else "")
+    raise VariantUnavailableError(
+        f"{variant.name} cannot run on {where}: {reason}",
+        hint=f"variants that can run here: {', '.join(runnable) or 'none'}",
+    )
 
 
-def _print(outcome, fmt: c.OutputFormat) -> None:  # noqa: ANN001
-    from attnprof.report.analysis_tables import render_analysis_dict
+def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.export import to_json
-    from attnprof.report.tables import run_summary_table
+    from attnprof.report.tables import run_report
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    style = fmt.value
-    for result, entry in zip(outcome.results, outcome.document["results"]):
-        c.emit(run_summary_table(entry, style))
-        if result.analysis:
-            c.emit("")
-            c.emit(render_analysis_dict(result.analysis, style))
-        if result.key_averages_table:
-            c.emit("\ntorch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):")
-            c.emit(result.key_averages_table if style == "table" else f"```\n{result.key_averages_table}\n```")
-    c.note(f"results: {outcome.files[0]} and {outcome.files[1].name}")
+    for result, entry in zip(outcome.results, outcome.document["results"], strict=True):
+        c.emit(run_report(entry, result.analysis, result.key_averages_table, fmt.value, width))

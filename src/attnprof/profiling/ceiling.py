@@ -1,15 +1,25 @@
 """Measured ceilings: dense matmul throughput and device copy bandwidth, cached on disk.
 
 Nothing here is a datasheet number: both ceilings are measured on this machine, once per
-device name, dtype and torch version (and CPU thread count on CPU), and kept in
-`$ATTNPROF_CACHE_DIR/ceilings.json` (default `~/.cache/attnprof/ceilings.json`). A cache
-that cannot be read or written is ignored; the measurement is then simply not kept.
+device name and dtype (and CPU thread count on CPU), and kept in `ceilings.json` in the
+cache directory: `$ATTNPROF_CACHE_DIR` if set, else `$XDG_CACHE_HOME/attnprof` (an absolute
+XDG_CACHE_HOME), else `~/.cache/attnprof`. A cache that cannot be read or written is ignored;
+the measurement is then simply not kept.
+
+A cached entry is used only while it is trustworthy: it is measured again when it is older
+than `MAX_AGE_DAYS`, when it was measured under another torch version or NVIDIA driver
+version, or when `refresh` asks for it. A run measures it again, at most once, when a cell's
+achieved TFLOP/s exceeds it (`RunCeiling.measure_again`).
+
+CPU in bf16 or fp16 has no ceiling (`source` "none"): a half-precision matmul on a CPU is no
+peak for attention kernels that compute in fp32 inside (against a freshly measured bf16 matmul,
+sdpa-flash on CPU reached 4,832%). Nothing is measured then, and % of peak is n/a.
 
 CUDA: an 8192³ matmul in the dtype (current torch matmul settings, so fp32 is true fp32
 unless TF32 was allowed), 3 warm-ups then the median of 10 CUDA-event timings; and a 1 GiB
-device-to-device copy, bandwidth counted as bytes read plus bytes written. CPU: the same
-with a 64 MiB copy and a square matmul whose size doubles from 256 until one product takes
-5 ms (at most 2048), so the whole measurement stays well under a second on 2 cores.
+device-to-device copy, bandwidth counted as bytes read plus bytes written. CPU (fp32): the
+same with a 64 MiB copy and a square matmul whose size doubles from 256 until one product
+takes 5 ms (at most 2048), so the whole measurement stays well under a second on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,51 +28,86 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal
+
+from attnprof.stats import median
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
+XDG_ENV = "XDG_CACHE_HOME"
 CACHE_FILE = "ceilings.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: torch and driver version in the entry, not the key
+MAX_AGE_DAYS = 30  # a cached ceiling older than this is measured again
 
 GPU_MATMUL_N = 8192
 GPU_COPY_BYTES = 1 << 30
 CPU_MATMUL_MIN_N, CPU_MATMUL_MAX_N = 256, 2048
 CPU_MATMUL_TARGET_S = 0.005
 CPU_COPY_BYTES = 64 << 20
+CPU_NO_CEILING_DTYPES = ("bf16", "fp16")
 WARMUP = 3
 REPS = 10
 
-_memo: dict[tuple[str, str], "Ceiling"] = {}
+#: Where a Ceiling's figures come from: measured in this call, read from the cache, or none at all.
+CeilingSource = Literal["measured", "cached", "none"]
+
+_memo: dict[tuple[str, str], Ceiling] = {}
 
 
 @dataclass(frozen=True)
 class Ceiling:
-    """Measured peaks: matmul TFLOP/s and copy bandwidth in GB/s (1e9 B/s), and where they came from."""
+    """Measured peaks: matmul TFLOP/s and copy bandwidth in GB/s (1e9 B/s), and where they came from.
 
-    tflops: float
-    bandwidth_gbps: float
-    source: str
+    `source` is "measured" (just now), "cached" (read from the cache file) or "none" (no
+    meaningful ceiling: both figures None). `reason` says why: why it was measured now (no
+    cached figure, too old, another torch ...), or why there is none; None for "cached".
+    `method` says how it was measured; `measured_at` is an ISO timestamp (UTC).
+    """
+
+    tflops: float | None
+    bandwidth_gbps: float | None
+    source: CeilingSource
+    method: str | None = None
+    measured_at: str | None = None
+    torch_version: str | None = None
+    driver_version: str | None = None
+    reason: str | None = None
+
+    @property
+    def measured_on(self) -> str:
+        """The date it was measured, YYYY-MM-DD, or "?" when unknown."""
+        return self.measured_at[:10] if self.measured_at else "?"
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of the fields."""
         return asdict(self)
 
 
-Measure = Callable[[str, str], Ceiling]
+#: Measures one device and dtype now, without the cache: `probe_ceiling`, or a stand-in in tests.
+CeilingProbe = Callable[[str, str], Ceiling]
+
+
+def cache_dir() -> Path:
+    """`$ATTNPROF_CACHE_DIR`, else `$XDG_CACHE_HOME/attnprof` (when absolute), else `~/.cache/attnprof`."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get(XDG_ENV)
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "attnprof"
+    return Path.home() / ".cache" / "attnprof"
 
 
 def cache_path() -> Path:
-    """The JSON file ceilings are kept in: `$ATTNPROF_CACHE_DIR/ceilings.json` or `~/.cache/attnprof/ceilings.json`."""
-    root = os.environ.get(CACHE_ENV)
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "attnprof"
-    return base / CACHE_FILE
+    """The JSON file ceilings are kept in: `ceilings.json` in `cache_dir()`."""
+    return cache_dir() / CACHE_FILE
 
 
 def device_key(device: str, dtype: str) -> str:
-    """The cache key: device name, dtype and torch version (plus threads on CPU)."""
+    """The cache key: device name and dtype (plus threads on CPU); versions live in the entry."""
     import torch
 
     dev = torch.device(device)
@@ -72,7 +117,27 @@ def device_key(device: str, dtype: str) -> str:
         from attnprof.profiling.environment import cpu_model
 
         name = f"{cpu_model() or 'cpu'} ({torch.get_num_threads()} threads)"
-    return f"{name}|{dtype}|torch {torch.__version__}"
+    return f"{name}|{dtype}"
+
+
+def software_versions(device: str) -> tuple[str, str | None]:
+    """The torch version and the NVIDIA driver version (None on CPU or without nvidia-smi)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return torch.__version__, None
+    from attnprof.profiling.environment import nvidia_driver_version
+
+    return torch.__version__, nvidia_driver_version()
+
+
+def no_ceiling_reason(device: str, dtype: str) -> str | None:
+    """Why `device` has no meaningful matmul ceiling in `dtype` (CPU in bf16 or fp16), or None."""
+    import torch
+
+    if torch.device(device).type == "cpu" and dtype in CPU_NO_CEILING_DTYPES:
+        return f"no meaningful {dtype} matmul ceiling on CPU (attention there computes in fp32)"
+    return None
 
 
 def read_cache(path: Path) -> dict[str, Any]:
@@ -99,28 +164,47 @@ def write_cache(path: Path, entries: dict[str, Any]) -> bool:
         return False
 
 
-def matmul_peak_tflops(device: str, dtype: str, *, refresh: bool = False, measure: Measure | None = None,
-                       path: Path | None = None) -> Ceiling:
-    """The measured matmul and copy ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
+def device_ceiling(
+    device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None, path: Path | None = None
+) -> Ceiling:
+    """The matmul and copy ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
 
-    `refresh` measures again and overwrites the cache; `measure(device, dtype)` replaces the
+    A cached entry that is too old or from another torch or driver version is measured again
+    (see the module docstring); CPU in bf16/fp16 gives a Ceiling with source "none".
+    `refresh` measures again and overwrites the cache; `probe(device, dtype)` replaces the
     real measurement (tests); `path` overrides the cache file.
     """
+    none = no_ceiling_reason(device, dtype)
+    if none:
+        return Ceiling(None, None, "none", reason=none)
     path = path or cache_path()
     key = device_key(device, dtype)
     memo_key = (str(path), key)
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
     entries = read_cache(path)
-    entry = entries.get(key)
-    if not refresh and _valid_entry(entry):
-        ceiling = Ceiling(float(entry["tflops"]), float(entry["bandwidth_gbps"]),
-                          f"cached {entry.get('measured_at', '?')}: {entry['source']} ({path})")
+    torch_version, driver_version = software_versions(device)
+    why = (
+        "a fresh measurement was asked for"
+        if refresh
+        else _why_measure(entries.get(key), torch_version, driver_version)
+    )
+    if why is None:
+        ceiling = _from_entry(entries[key])
     else:
-        ceiling = (measure or measure_ceiling)(device, dtype)
-        entries[key] = {**ceiling.to_dict(), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        write_cache(path, entries)
-    _memo[memo_key] = ceiling
+        measured = (probe or probe_ceiling)(device, dtype)
+        ceiling = replace(
+            measured,
+            source="measured",
+            torch_version=torch_version,
+            driver_version=driver_version,
+            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            reason=why,
+        )
+        entries[key] = {k: v for k, v in ceiling.to_dict().items() if k not in ("source", "reason")}
+        if not write_cache(path, entries):
+            ceiling = replace(ceiling, reason=f"{why}; not kept: cannot write {path}")
+    _memo[memo_key] = replace(ceiling, source="cached", reason=None)  # later calls in this process reuse it
     return ceiling
 
 
@@ -129,17 +213,80 @@ def forget() -> None:
     _memo.clear()
 
 
-def _valid_entry(entry: Any) -> bool:
+@dataclass
+class RunCeiling:
+    """The ceiling one run compares against: `current`, measured again at most once per run (`measure_again`).
+
+    `replaced` is the ceiling `current` replaced, or None while it has not been measured again.
+    """
+
+    device: str
+    dtype: str
+    current: Ceiling
+    probe: CeilingProbe | None = None
+    path: Path | None = None
+    replaced: Ceiling | None = None
+
+    @classmethod
+    def start(
+        cls,
+        device: str,
+        dtype: str,
+        refresh: bool = False,
+        *,
+        probe: CeilingProbe | None = None,
+        path: Path | None = None,
+    ) -> RunCeiling:
+        """The run's ceiling from `device_ceiling` (same arguments)."""
+        return cls(device, dtype, device_ceiling(device, dtype, refresh, probe=probe, path=path), probe, path)
+
+    def measure_again(self, why: str) -> bool:
+        """Measure `current` again (and re-cache it) because `why`; True the first time in a run, then False.
+
+        A run without a ceiling (source "none") never measures.
+        """
+        if self.replaced is not None or self.current.source == "none":
+            return False
+        self.replaced = self.current
+        fresh = device_ceiling(self.device, self.dtype, refresh=True, probe=self.probe, path=self.path)
+        self.current = replace(fresh, reason=why)
+        return True
+
+
+def _from_entry(entry: dict[str, Any]) -> Ceiling:
+    return Ceiling(
+        float(entry["tflops"]),
+        float(entry["bandwidth_gbps"]),
+        "cached",
+        method=entry["method"],
+        measured_at=entry["measured_at"],
+        torch_version=entry["torch_version"],
+        driver_version=entry.get("driver_version"),
+    )
+
+
+def _why_measure(entry: Any, torch_version: str, driver_version: str | None) -> str | None:
+    """Why a cached entry cannot be used (no entry, unreadable, too old, other versions), or None when it can."""
     if not isinstance(entry, dict):
-        return False
+        return "no cached figure"
     try:
-        return float(entry["tflops"]) > 0 and float(entry["bandwidth_gbps"]) > 0 and isinstance(entry["source"], str)
+        valid = float(entry["tflops"]) > 0 and float(entry["bandwidth_gbps"]) > 0 and isinstance(entry["method"], str)
+        age = datetime.now(timezone.utc) - datetime.fromisoformat(entry["measured_at"])
     except (KeyError, TypeError, ValueError):
-        return False
+        valid = False
+    if not valid:
+        return "the cached figure was unreadable"
+    if age > timedelta(days=MAX_AGE_DAYS):
+        return f"the cached figure was {age.days} days old (limit {MAX_AGE_DAYS})"
+    if entry.get("torch_version") != torch_version:
+        return f"the cached figure was measured with torch {entry.get('torch_version')}"
+    if entry.get("driver_version") != driver_version:
+        return f"the cached figure was measured with driver {entry.get('driver_version') or 'none'}"
+    return None
 
 
-def measure_ceiling(device: str, dtype: str) -> Ceiling:
-    """Measure matmul TFLOP/s and copy GB/s on `device` now (see the module docstring)."""
+def probe_ceiling(device: str, dtype: str) -> Ceiling:
+    """Measure matmul TFLOP/s and copy GB/s on `device` now, bypassing the cache (see the module docstring)."""
     import torch
 
     from attnprof.profiling.inputs import torch_dtype
@@ -149,20 +296,34 @@ def measure_ceiling(device: str, dtype: str) -> Ceiling:
     cuda = dev.type == "cuda"
     n = GPU_MATMUL_N if cuda else _cpu_matmul_size(tdtype)
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
+    mm_s = _matmul_seconds(n, tdtype, dev)
+    copy_s = _copy_seconds(nbytes, dev)
+    tflops = 2.0 * n**3 / mm_s / 1e12
+    gbps = 2.0 * nbytes / copy_s / 1e9
+    where = "CUDA events" if cuda else "perf_counter"
+    method = (
+        f"{n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
+        f"median of {REPS} after {WARMUP} warm-ups, {where}"
+    )
+    return Ceiling(tflops, gbps, "measured", method=method)
+
+
+def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
+    """Median seconds of one n x n x n matmul; the operands are freed on return."""
+    import torch
+
     a, b, c = _operands(n, tdtype, dev)
-    mm_s = _median_seconds(lambda: torch.matmul(a, b, out=c), dev)
-    del a, b, c
+    return _median_seconds(lambda: torch.matmul(a, b, out=c), dev)
+
+
+def _copy_seconds(nbytes: int, dev: Any) -> float:
+    """Median seconds of one device copy of `nbytes`; the buffers are freed on return."""
+    import torch
+
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     src.fill_(1)
-    copy_s = _median_seconds(lambda: dst.copy_(src), dev)
-    del src, dst
-    tflops = 2.0 * n ** 3 / mm_s / 1e12
-    gbps = 2.0 * nbytes / copy_s / 1e9
-    where = "CUDA events" if cuda else "perf_counter"
-    source = (f"measured: {n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
-              f"median of {REPS} after {WARMUP} warm-ups, {where}")
-    return Ceiling(tflops, gbps, source)
+    return _median_seconds(lambda: dst.copy_(src), dev)
 
 
 def _operands(n: int, tdtype: Any, dev: Any) -> tuple[Any, Any, Any]:
@@ -191,8 +352,6 @@ def _cpu_matmul_size(tdtype: Any) -> int:
 
 def _median_seconds(fn: Callable[[], Any], dev: Any) -> float:
     import torch
-
-    from attnprof.profiling.timing import median
 
     for _ in range(WARMUP):
         fn()

@@ -13,20 +13,28 @@ time afterwards. Without nvidia-smi (or on CPU) nothing is sampled and the field
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from attnprof.devices import nvidia_smi_query
 
 PERIOD_MS = 25
 # nvidia-smi's clocks_event_reasons bits (called clocks_throttle_reasons by older drivers).
 REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
 }
 IDLE = 0x1
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
@@ -55,8 +63,12 @@ class ClockWindow:
     def to_measures(self) -> dict[str, Any]:
         """The result-row fields: `sm_clock_mhz` (median), `sm_clock_min_mhz`, `sm_clock_max_mhz`,
         `clock_limits` (space-separated reasons, or None)."""
-        return {"sm_clock_mhz": self.sm_mhz, "sm_clock_min_mhz": self.min_sm_mhz,
-                "sm_clock_max_mhz": self.max_sm_mhz, "clock_limits": " ".join(self.limits) or None}
+        return {
+            "sm_clock_mhz": self.sm_mhz,
+            "sm_clock_min_mhz": self.min_sm_mhz,
+            "sm_clock_max_mhz": self.max_sm_mhz,
+            "clock_limits": " ".join(self.limits) or None,
+        }
 
 
 def reason_names(bits: int) -> tuple[str, ...]:
@@ -90,9 +102,13 @@ def clock_window(samples: Sequence[ClockSample], spans: Sequence[tuple[float, fl
     bits = 0
     for s in inside:
         bits |= s.reasons
-    return ClockWindow(sm_mhz=clocks[len(clocks) // 2], min_sm_mhz=clocks[0],
-                       max_sm_mhz=max(s.max_sm_mhz for s in inside), limits=reason_names(bits),
-                       samples=len(inside))
+    return ClockWindow(
+        sm_mhz=statistics.median_high(clocks),
+        min_sm_mhz=clocks[0],
+        max_sm_mhz=max(s.max_sm_mhz for s in inside),
+        limits=reason_names(bits),
+        samples=len(inside),
+    )
 
 
 def gpu_selector(device: str) -> str | None:
@@ -121,23 +137,39 @@ class ClockSampler:
         self._proc: subprocess.Popen | None = None
         self._file: Any = None
 
-    def start(self) -> "ClockSampler":
+    def start(self) -> ClockSampler:
         """Start the background nvidia-smi (after checking which reasons field this driver knows)."""
         exe = shutil.which("nvidia-smi")
         selector = gpu_selector(self.device)
         if exe is None or selector is None:
             self.unavailable = "no nvidia-smi" if exe is None else "cannot identify the GPU for nvidia-smi"
             return self
-        query = next((q for q in (f"timestamp,clocks.sm,clocks.max.sm,{field}" for field in REASON_FIELDS)
-                      if _query_works(selector, q)), None)
+        query = next(
+            (
+                q
+                for q in (f"timestamp,clocks.sm,clocks.max.sm,{field}" for field in REASON_FIELDS)
+                if _query_works(selector, q)
+            ),
+            None,
+        )
         if query is None:
             self.unavailable = "nvidia-smi does not report SM clocks here"
             return self
         self._file = tempfile.TemporaryFile("w+")
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", selector, f"--query-gpu={query}", "--format=csv,noheader,nounits",
-                 "-lms", str(self.period_ms)], stdout=self._file, stderr=subprocess.DEVNULL)
+                [
+                    exe,
+                    "-i",
+                    selector,
+                    f"--query-gpu={query}",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    str(self.period_ms),
+                ],
+                stdout=self._file,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as exc:
             self.unavailable = f"nvidia-smi failed to start: {exc}"
         return self

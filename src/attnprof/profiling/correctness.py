@@ -53,25 +53,28 @@ class Check:
         return asdict(self)
 
 
-def threshold_for(dtype: str) -> float:
-    """The relative-error limit for `bf16`, `fp16` or `fp32`."""
+def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
+    """The relative-error limit for `bf16`, `fp16` or `fp32` in `limits` (the output's by default)."""
     try:
-        return THRESHOLDS[dtype]
+        return limits[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(THRESHOLDS)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(limits)}") from None
 
 
-def reference_attention(q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None,
-                        device: Any = "cpu") -> Any:
+def reference_attention(
+    q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None, device: Any = "cpu", differentiable: bool = False
+) -> Any:
     """Softmax(q·kᵀ/√D)·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
     GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
     Causal masking is top-left aligned (query i sees keys 0..i). `q_rows` (1-D indices)
-    computes only those query rows, each against all the keys it may see.
+    computes only those query rows, each against all the keys it may see. `differentiable`
+    keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
     """
     import torch
 
-    q, k, v = (t.detach().to(device=device, dtype=torch.float64) for t in (q, k, v))
+    q, k, v = (t if differentiable else t.detach() for t in (q, k, v))
+    q, k, v = (t.to(device=device, dtype=torch.float64) for t in (q, k, v))
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"query heads {heads} are not a multiple of key/value heads {kv_heads}")
@@ -129,19 +132,37 @@ def _spaced(n: int, count: int) -> list[int]:
     """Up to `count` evenly spaced indices in [0, n), first and last included."""
     if n <= count:
         return list(range(n))
+    if count == 1:
+        return [0]
     return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
 
 
-def reference_subset(batch: int, heads: int, seq: int, *, limit: int = FULL_REFERENCE_LIMIT,
-                     max_heads: int = SUBSET_HEADS, max_rows: int = SUBSET_ROWS) -> dict | None:
+def reference_subset(
+    batch: int,
+    heads: int,
+    seq: int,
+    *,
+    limit: int = FULL_REFERENCE_LIMIT,
+    max_heads: int = SUBSET_HEADS,
+    max_rows: int = SUBSET_ROWS,
+) -> dict | None:
     """The batches, heads and query rows the reference is computed on, or None for all of them."""
     if batch * heads * seq * seq <= limit:
         return None
     return {"batches": sorted({0, batch - 1}), "heads": _spaced(heads, max_heads), "rows": _spaced(seq, max_rows)}
 
 
-def check_variant_output(out: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: str, layout: str = "bhsd",
-                         limit: int = FULL_REFERENCE_LIMIT) -> Check:
+def check_variant_output(
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    dtype: str,
+    layout: str = "bhsd",
+    limit: int = FULL_REFERENCE_LIMIT,
+) -> Check:
     """Check a variant's output against the float64 reference; q, k, v and out in `layout`.
 
     NaN/Inf are looked for in the whole output; the error uses the whole reference when
@@ -171,8 +192,10 @@ def check_variant_output(out: Any, q: Any, k: Any, v: Any, *, causal: bool, dtyp
     vs = v.index_select(0, b_idx).index_select(1, kv_idx)
     ref = reference_attention(qs, ks, vs, causal, q_rows=rows, device=q.device)
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, rows)
-    scope = (f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
-             f"{len(subset['rows'])} of {seq} query rows")
+    scope = (
+        f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
+        f"{len(subset['rows'])} of {seq} query rows"
+    )
     return check_output(got, ref, dtype, scope=scope)
 
 

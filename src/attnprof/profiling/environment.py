@@ -53,8 +53,14 @@ def nvidia_driver_version() -> str | None:
 def _gpu_fields(device: str) -> dict[str, Any]:
     import torch
 
-    fields: dict[str, Any] = {"gpu_name": None, "compute_capability": None, "gpu_memory_gib": None,
-                              "sm_count": None, "l2_cache_mib": None, "driver_version": None}
+    fields: dict[str, Any] = {
+        "gpu_name": None,
+        "compute_capability": None,
+        "gpu_memory_gib": None,
+        "sm_count": None,
+        "l2_cache_mib": None,
+        "driver_version": None,
+    }
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         return fields

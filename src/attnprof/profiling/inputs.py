@@ -16,16 +16,16 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, DTYPE_NAMES[name])
 
 
-def resolve_device(requested: str) -> str:
+def resolve_torch_device(requested: str) -> str:
     """Turn `auto`, `cpu`, `cuda` or `cuda:N` into a device this machine has, or raise DeviceError.
 
     Imports torch first, so the answer is torch's own (see `attnprof.devices` for the torch-free path).
     """
     import torch  # noqa: F401 - loaded, attnprof.devices asks torch itself
 
-    from attnprof.devices import resolve_device as resolve
+    from attnprof.devices import resolve_device
 
-    return resolve(requested)
+    return resolve_device(requested)
 
 
 def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:

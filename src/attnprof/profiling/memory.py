@@ -7,10 +7,11 @@ threads and Python), so CPU reports None, shown as "n/a", never a made-up number
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from attnprof.errors import VariantFailure
+from attnprof.errors import VariantFailure, one_line
 
 MIB = 1024 * 1024
 
@@ -26,11 +27,10 @@ def is_oom(exc: BaseException) -> bool:
 
 def oom_failure(exc: BaseException) -> VariantFailure:
     """A one-line `VariantFailure("out of memory: ...")` for an OOM exception."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    detail = lines[0] if lines else type(exc).__name__
-    if len(detail) > 200:
-        detail = detail[:197] + "..."
-    detail = re.sub(r"^(cuda\s+)?out of memory[\s.:;,]*", "", detail, flags=re.IGNORECASE) or type(exc).__name__
+    detail = (
+        re.sub(r"^(cuda\s+)?out of memory[\s.:;,]*", "", one_line(exc, with_type=False), flags=re.IGNORECASE)
+        or type(exc).__name__
+    )
     return VariantFailure(f"out of memory: {detail}")
 
 

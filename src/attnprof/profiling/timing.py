@@ -22,7 +22,7 @@ How a sample is taken:
   starts on a flushed L2 (and its time includes the graph launch).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
 
-Statistics: median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
+Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
 `unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
 """
 
@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from attnprof.errors import one_line
 from attnprof.profiling.memory import oom_guard
+from attnprof.stats import median, quantile
 
 UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
@@ -69,29 +72,6 @@ class Timing:
         return data
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile (0 ≤ q ≤ 1) by linear interpolation between order statistics."""
-    if not values:
-        raise ValueError("quantile of an empty sample")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile q must be in [0, 1], got {q}")
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float:
-    """The median (the 0.5 quantile)."""
-    return quantile(values, 0.5)
-
-
-def iqr(values: Sequence[float]) -> float:
-    """The interquartile range: 75th minus 25th percentile."""
-    return quantile(values, 0.75) - quantile(values, 0.25)
-
-
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
     """True when IQR / median exceeds `threshold` (default 10 %), or the median is not positive."""
     if median_value <= 0:
@@ -117,8 +97,9 @@ def has_settled(times: Sequence[float], window: int, tolerance: float = SETTLE_T
     return mid > 0 and (max(last) - min(last)) <= tolerance * mid
 
 
-def forwards_per_graph(replay_us: float, target_us: float = GRAPH_TARGET_US,
-                       max_forwards: int = GRAPH_MAX_FORWARDS) -> int:
+def forwards_per_graph(
+    replay_us: float, target_us: float = GRAPH_TARGET_US, max_forwards: int = GRAPH_MAX_FORWARDS
+) -> int:
     """How many forwards one CUDA graph should hold so that a replay takes about `target_us`,
     given one single-forward replay's time; at least 1, at most `max_forwards`."""
     if max_forwards < 1:
@@ -128,25 +109,53 @@ def forwards_per_graph(replay_us: float, target_us: float = GRAPH_TARGET_US,
     return max(1, min(max_forwards, round(target_us / replay_us)))
 
 
-def summarize(samples_s: Sequence[float], *, reps: int, warmup_reps: int, cold_s: float, method: str,
-              cuda_graph: bool = False, flush_l2: bool = False, forwards_per_sample: int = 1,
-              unstable_threshold: float = UNSTABLE_IQR_RATIO) -> Timing:
+def summarize(
+    samples_s: Sequence[float],
+    *,
+    reps: int,
+    warmup_reps: int,
+    cold_s: float,
+    method: str,
+    cuda_graph: bool = False,
+    flush_l2: bool = False,
+    forwards_per_sample: int = 1,
+    unstable_threshold: float = UNSTABLE_IQR_RATIO,
+) -> Timing:
     """Build a Timing from per-forward seconds (each sample may average several forwards)."""
     us = [s * 1e6 for s in samples_s]
     p25, mid, p75 = quantile(us, 0.25), quantile(us, 0.5), quantile(us, 0.75)
     return Timing(
-        median_us=mid, iqr_us=p75 - p25, p25_us=p25, p75_us=p75, min_us=min(us), reps=reps,
-        warmup_reps=warmup_reps, cold_ms=cold_s * 1e3,
+        median_us=mid,
+        iqr_us=p75 - p25,
+        p25_us=p25,
+        p75_us=p75,
+        min_us=min(us),
+        reps=reps,
+        warmup_reps=warmup_reps,
+        cold_ms=cold_s * 1e3,
         unstable=is_unstable(mid, p75 - p25, unstable_threshold),
-        method=method, cuda_graph=cuda_graph, flush_l2=flush_l2, forwards_per_sample=forwards_per_sample,
+        method=method,
+        cuda_graph=cuda_graph,
+        flush_l2=flush_l2,
+        forwards_per_sample=forwards_per_sample,
     )
 
 
-def time_forward(fn: Callable[[], Any], device: str, *, min_time_s: float = 0.25, max_reps: int = 1000,
-                 min_reps: int = 10, warmup_s: float = 1.0, warmup_min_s: float = 0.02, warmup_reps: int = 3,
-                 cuda_graph: bool = False, flush_l2: bool = False,
-                 unstable_threshold: float = UNSTABLE_IQR_RATIO,
-                 clock: Callable[[], float] | None = None) -> Timing:
+def time_forward(
+    fn: Callable[[], Any],
+    device: str,
+    *,
+    min_time_s: float = 0.25,
+    max_reps: int = 1000,
+    min_reps: int = 10,
+    warmup_s: float = 1.0,
+    warmup_min_s: float = 0.02,
+    warmup_reps: int = 3,
+    cuda_graph: bool = False,
+    flush_l2: bool = False,
+    unstable_threshold: float = UNSTABLE_IQR_RATIO,
+    clock: Callable[[], float] | None = None,
+) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
 
     `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
@@ -159,14 +168,38 @@ def time_forward(fn: Callable[[], Any], device: str, *, min_time_s: float = 0.25
     with oom_guard():
         if dev.type == "cuda":
             with torch.cuda.device(dev):
-                return _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s,
-                                  warmup_reps, cuda_graph, flush_l2, unstable_threshold)
-        return _time_cpu(fn, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
-                         cuda_graph, flush_l2, unstable_threshold)
+                return _time_cuda(
+                    fn,
+                    dev,
+                    clock,
+                    min_time_s,
+                    max_reps,
+                    min_reps,
+                    warmup_s,
+                    warmup_min_s,
+                    warmup_reps,
+                    cuda_graph,
+                    flush_l2,
+                    unstable_threshold,
+                )
+        return _time_cpu(
+            fn,
+            clock,
+            min_time_s,
+            max_reps,
+            min_reps,
+            warmup_s,
+            warmup_min_s,
+            warmup_reps,
+            cuda_graph,
+            flush_l2,
+            unstable_threshold,
+        )
 
 
-def _warm_up(call_s: Callable[[], float], clock: Callable[[], float], warmup_s: float,
-             warmup_min_s: float, warmup_reps: int) -> tuple[list[float], bool]:
+def _warm_up(
+    call_s: Callable[[], float], clock: Callable[[], float], warmup_s: float, warmup_min_s: float, warmup_reps: int
+) -> tuple[list[float], bool]:
     """Call until settled or out of budget; return the call times and whether they settled."""
     times: list[float] = []
     window = max(1, warmup_reps)
@@ -181,7 +214,7 @@ def _warm_up(call_s: Callable[[], float], clock: Callable[[], float], warmup_s: 
 
 
 def _estimate(times: Sequence[float], window: int) -> float:
-    return median(list(times[-max(1, window):]))
+    return median(list(times[-max(1, window) :]))
 
 
 def _rep_note(reps: int, min_time_s: float, min_reps: int, max_reps: int) -> str:
@@ -192,8 +225,19 @@ def _warm_note(n: int, settled: bool) -> str:
     return f"warm-up {n} calls ({'settled' if settled else 'time budget'})"
 
 
-def _time_cpu(fn, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
-              cuda_graph, flush_l2, unstable_threshold) -> Timing:
+def _time_cpu(
+    fn,
+    clock,
+    min_time_s,
+    max_reps,
+    min_reps,
+    warmup_s,
+    warmup_min_s,
+    warmup_reps,
+    cuda_graph,
+    flush_l2,
+    unstable_threshold,
+) -> Timing:
     def call_s() -> float:
         t0 = clock()
         fn()
@@ -203,14 +247,23 @@ def _time_cpu(fn, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s,
     warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps)
     reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
     samples = [call_s() for _ in range(reps)]
-    notes = ["time.perf_counter per call", _rep_note(reps, min_time_s, min_reps, max_reps),
-             _warm_note(len(warm), settled)]
+    notes = [
+        "time.perf_counter per call",
+        _rep_note(reps, min_time_s, min_reps, max_reps),
+        _warm_note(len(warm), settled),
+    ]
     if cuda_graph:
         notes.append("cuda-graph n/a on CPU")
     if flush_l2:
         notes.append("flush-l2 n/a on CPU")
-    return summarize(samples, reps=reps, warmup_reps=len(warm), cold_s=cold, method="; ".join(notes),
-                     unstable_threshold=unstable_threshold)
+    return summarize(
+        samples,
+        reps=reps,
+        warmup_reps=len(warm),
+        cold_s=cold,
+        method="; ".join(notes),
+        unstable_threshold=unstable_threshold,
+    )
 
 
 def flush_buffer(device: Any) -> Any:
@@ -280,14 +333,20 @@ def recover_from_failed_capture(device: Any) -> None:
     torch.cuda.synchronize(device)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    detail = text[0][:160] if text else ""
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_min_s, warmup_reps,
-               cuda_graph, flush_l2, unstable_threshold) -> Timing:
+def _time_cuda(
+    fn,
+    dev,
+    clock,
+    min_time_s,
+    max_reps,
+    min_reps,
+    warmup_s,
+    warmup_min_s,
+    warmup_reps,
+    cuda_graph,
+    flush_l2,
+    unstable_threshold,
+) -> Timing:
     import torch
 
     torch.cuda.synchronize(dev)
@@ -307,7 +366,7 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
             graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
             recover_from_failed_capture(dev)
-            notes.append(f"cuda-graph capture failed ({_one_line(exc)}), fell back to eager")
+            notes.append(f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager")
         else:
             launch = graph.replay
             graph_used = True
@@ -323,19 +382,29 @@ def _time_cuda(fn, dev, clock, min_time_s, max_reps, min_reps, warmup_s, warmup_
         launch()
         ends[i].record()
     torch.cuda.synchronize(dev)
-    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends)]
+    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends, strict=True)]
     del cache
     if graph_used:
-        head = (f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
-                f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else ""))
+        head = (
+            f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
+            f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
+        )
     else:
         head = "CUDA events per call, eager, back to back"
     notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
     if flush_l2:
         notes.append("L2 flushed before each call (outside the events)")
-    return summarize(samples, reps=reps, warmup_reps=warm_n, cold_s=cold, method="; ".join(notes),
-                     cuda_graph=graph_used, flush_l2=flush_l2, forwards_per_sample=per_sample,
-                     unstable_threshold=unstable_threshold)
+    return summarize(
+        samples,
+        reps=reps,
+        warmup_reps=warm_n,
+        cold_s=cold,
+        method="; ".join(notes),
+        cuda_graph=graph_used,
+        flush_l2=flush_l2,
+        forwards_per_sample=per_sample,
+        unstable_threshold=unstable_threshold,
+    )
 
 
 def _graphed(fn: Callable[[], Any], warmup_reps: int, single: bool) -> tuple[Any, int, list[float]]:

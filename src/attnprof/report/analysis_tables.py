@@ -1,18 +1,21 @@
 """Tables for `attnprof analyze` and `attnprof explain`: formatting only, no metrics computed here.
 
-`render_analysis(analysis, fmt)` takes a `TraceAnalysis` (or its `to_dict()`), fmt "table"
+`render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
-a per-kernel table and the findings. Missing values read "n/a" (never 0); an occupancy the
-profiler did not report reads "unreported"; tensor cores read yes / no / ?.
+the forward/backward phases (only with backward work), a per-kernel table and the findings.
+Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
+"unreported"; tensor cores read yes / no / ?. `width` None (`--wide`, and always for markdown)
+gives the full tables; a number fits every line of the table style to it: kernel names are cut
+shorter, the less wanted kernel columns dropped, and the finding bullets wrapped (see
+`report.layout`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tabulate import tabulate
-
 from attnprof.report.formatting import fmt_number, table_style
+from attnprof.report.layout import Column, bullets, limit, table, wrap
 
 NAME_WIDTH = 60
 
@@ -41,17 +44,42 @@ def _tensor_cores(value: Any) -> str:
 
 def _short(name: str, fmt: str) -> str:
     if fmt == "table" and len(name) > NAME_WIDTH:
-        return name[:NAME_WIDTH - 1] + "…"
+        return name[: NAME_WIDTH - 1] + "…"
     return name
 
 
-def _as_dict(analysis: Any) -> dict[str, Any]:
-    return analysis.to_dict() if hasattr(analysis, "to_dict") else dict(analysis)
+SUMMARY_COLUMNS = (Column("metric"), Column("median", narrow=12), Column("min – max"))
+
+KERNEL_COLUMNS = (
+    Column("kernel", narrow=40, cut=True),
+    Column("count / fwd", drop=8),
+    Column("µs / fwd"),
+    Column("grid", drop=5),
+    Column("block", drop=1),
+    Column("regs", drop=2),
+    Column("shared mem", drop=3),
+    Column("achieved occ.", drop=6),
+    Column("theoretical occ.", drop=7),
+    Column("tensor cores", drop=9),
+    Column("launched by", drop=4),
+)
+
+PHASE_COLUMNS = (
+    Column("phase", narrow=10),
+    Column("kernels"),
+    Column("memcpy"),
+    Column("memset"),
+    Column("kernel µs", drop=2),
+    Column("GPU µs", drop=1),
+)
+
+EXPLAIN_COLUMNS = (Column(""), Column("", narrow=20))
+PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
 
 
-def render_analysis(analysis: Any, fmt: str = "table") -> str:
-    """Summary, kernels and findings of a `TraceAnalysis` (or its dict) as one string."""
-    return render_analysis_dict(_as_dict(analysis), fmt)
+def render_analysis(analysis: Any, fmt: str = "table", width: int | None = None) -> str:
+    """Summary, kernels and findings of a `TraceAnalysis` as one string, fitted to `width` (None: in full)."""
+    return render_analysis_dict(analysis.to_dict(), fmt, width)
 
 
 def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
@@ -61,7 +89,7 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
     return f"{fmt_number(s.get('min'), digits)} – {fmt_number(s.get('max'), digits)}"
 
 
-def summary_table(data: dict[str, Any], fmt: str) -> str:
+def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str:
     """One row per per-forward metric: median and, where forwards differ, min – max."""
     apis = data.get("launch_apis") or {}
     api_text = ", ".join(f"{api} {n}" for api, n in sorted(apis.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -73,95 +101,143 @@ def summary_table(data: dict[str, Any], fmt: str) -> str:
         ["GPU time / forward (µs)", fmt_number(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
     ]
     if data.get("gpu_annotation_time_us") is not None:
-        rows.append(["GPU annotation / forward (µs)", fmt_number(data.get("gpu_annotation_time_us")),
-                     _spread(data, "gpu_annotation_time_us")])
+        rows.append(
+            [
+                "GPU annotation / forward (µs)",
+                fmt_number(data.get("gpu_annotation_time_us")),
+                _spread(data, "gpu_annotation_time_us"),
+            ]
+        )
     rows += [
         ["kernel time / forward (µs)", fmt_number(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
         ["CPU time / forward (µs)", fmt_number(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
         ["self device time, all forwards (µs)", fmt_number(data.get("self_device_time_total_us")), ""],
         ["launch calls / forward", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
-        ["aten::transpose / forward", fmt_number(data.get("transposes_per_forward")),
-         _spread(data, "transposes_per_forward", 0)],
+        [
+            "aten::transpose / forward",
+            fmt_number(data.get("transposes_per_forward")),
+            _spread(data, "transposes_per_forward", 0),
+        ],
         ["CPU ops / forward", fmt_number(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
         ["input dtype", data.get("input_dtype") or "n/a", ""],
     ]
     if data.get("annotation_mismatches") is not None:
         rows.append(["GPU annotation mismatches", fmt_number(data.get("annotation_mismatches")), ""])
-    return tabulate(rows, headers=["metric", "median", "min – max"], tablefmt=table_style(fmt), disable_numparse=True)
+    return table(SUMMARY_COLUMNS, rows, fmt, width)
 
 
-def kernel_table(kernels: list[dict[str, Any]], fmt: str) -> str:
+def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str | None:
+    """Forward and backward work per forward (medians); None when the trace shows no backward work."""
+    phases = data.get("phases") or {}
+    backward = phases.get("backward") or {}
+    if not any(backward.get(key) for key in ("kernels", "memcpy", "memset")):
+        return None
+    rows = []
+    for phase in ("forward", "backward"):
+        facts = phases.get(phase) or {}
+        label = phase + (" (after the region)" if facts.get("outside_region") else "")
+        rows.append(
+            [
+                label,
+                *(fmt_number(facts.get(key)) for key in ("kernels", "memcpy", "memset")),
+                fmt_number(facts.get("kernel_time_us")),
+                fmt_number(facts.get("gpu_time_us")),
+            ]
+        )
+    return table(PHASE_COLUMNS, rows, fmt, width)
+
+
+def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One row per distinct kernel, memcpy or memset, in the order they first ran."""
     rows = []
     for k in kernels:
         is_kernel = k.get("kind", "kernel") == "kernel"
-        achieved = _pct(k.get("achieved_occupancy_pct")) if k.get("achieved_occupancy_pct") is not None else (
-            "unreported" if is_kernel else "")
+        achieved = (
+            _pct(k.get("achieved_occupancy_pct"))
+            if k.get("achieved_occupancy_pct") is not None
+            else ("unreported" if is_kernel else "")
+        )
         theoretical = ""
         if k.get("theoretical_occupancy_pct") is not None:
             theoretical = _pct(k["theoretical_occupancy_pct"])
             if k.get("occupancy_limiter"):
                 theoretical += f" ({k['occupancy_limiter']})"
-        rows.append([
-            _short(k.get("short_name") or k.get("name", ""), fmt), fmt_number(k.get("count_per_forward")),
-            fmt_number(k.get("time_us")), _dims(k.get("grid")), _dims(k.get("block")),
-            "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
-            _bytes(k.get("shared_memory_bytes")), achieved, theoretical, _tensor_cores(k.get("tensor_cores")),
-            k.get("launch_api") or "",
-        ])
-    headers = ["kernel", "count / fwd", "µs / fwd", "grid", "block", "regs", "shared mem", "achieved occ.",
-               "theoretical occ.", "tensor cores", "launched by"]
-    return tabulate(rows, headers=headers, tablefmt=table_style(fmt), disable_numparse=True)
+        rows.append(
+            [
+                _short(k.get("short_name") or k.get("name", ""), fmt),
+                fmt_number(k.get("count_per_forward")),
+                fmt_number(k.get("time_us")),
+                _dims(k.get("grid")),
+                _dims(k.get("block")),
+                "" if k.get("registers_per_thread") is None else str(k["registers_per_thread"]),
+                _bytes(k.get("shared_memory_bytes")),
+                achieved,
+                theoretical,
+                _tensor_cores(k.get("tensor_cores")),
+                k.get("launch_api") or "",
+            ]
+        )
+    return table(KERNEL_COLUMNS, rows, fmt, width)
 
 
-def findings_list(findings: list[dict[str, Any]], fmt: str) -> str:
+def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One bullet per finding, its id first, wrapped to `width` in the table style."""
     if not findings:
         return "No findings." if fmt == "table" else "_No findings._"
     if fmt == "markdown":
         return "\n".join(f"- **`{f['id']}`** {f['message']}" for f in findings)
-    return "\n".join(f"- [{f['id']}] {f['message']}" for f in findings)
+    return bullets([f"[{f['id']}] {f['message']}" for f in findings], width)
 
 
-def render_analysis_dict(data: dict[str, Any], fmt: str = "table") -> str:
+def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | None = None) -> str:
     """Like `render_analysis`, from the JSON dict (as `run` stores it)."""
     table_style(fmt)
+    width = limit(width, fmt)
     device = data.get("device") or {}
     where = ""
     if device.get("name"):
         where = f" on {device['name']}"
         if device.get("compute_capability"):
             where += f" (compute capability {device['compute_capability']})"
-    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}"
+    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}" + (
+        f"; {data['region_choice']}" if data.get("region_choice") else ""
+    )
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
-    parts = [heading(title), "", summary_table(data, fmt)]
+    parts = [*wrap(heading(title), width), "", summary_table(data, fmt, width)]
+    phases = phases_table(data, fmt, width)
+    if phases:
+        parts += ["", heading("Phases per forward"), "", phases]
     kernels = data.get("kernels") or []
     if kernels:
-        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt)]
+        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]
     elif data.get("kernels_per_forward") is None:
-        parts += ["", "No GPU activity in the trace: GPU metrics are n/a."]
-    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt)]
+        parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
+    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width)]
     notes = data.get("notes") or []
     if notes:
-        parts += ["", heading("Notes"), ""] + [f"- {note}" for note in notes]
+        parts += ["", heading("Notes"), "", bullets(notes, width)]
     return "\n".join(parts)
 
 
-def render_explanation(explanation: Any, fmt: str = "table") -> str:
-    """`attnprof explain`: what a kernel name says, part by part."""
-    style = table_style(fmt)
+def _tensor_cores_text(value: bool | None) -> str:
+    return "yes" if value is True else "no" if value is False else "? (the name does not tell)"
+
+
+def render_explanation(explanation: Any, fmt: str = "table", width: int | None = None) -> str:
+    """`attnprof explain`: what a kernel name says, part by part, fitted to `width` (None: in full)."""
     data = explanation.to_dict() if hasattr(explanation, "to_dict") else dict(explanation)
-    facts = [
-        ["kernel", data.get("short_name") or data.get("name")],
-        ["family", data.get("family")],
+    facts: list[list[str]] = [
+        ["kernel", str(data.get("short_name") or data.get("name"))],
+        ["family", str(data.get("family"))],
         ["library", data.get("library") or "n/a"],
         ["what it is", data.get("meaning") or "not decoded: no rule matches this name"],
-        ["tensor cores", {True: "yes", False: "no"}.get(data.get("tensor_cores"), "? (the name does not tell)")],
+        ["tensor cores", _tensor_cores_text(data.get("tensor_cores"))],
     ]
     if data.get("backend"):
-        facts.append(["SDPA backend", data["backend"]])
-    out = [tabulate(facts, tablefmt=style, disable_numparse=True, headers=["", ""] if fmt == "markdown" else ())]
+        facts.append(["SDPA backend", str(data["backend"])])
+    out = [table(EXPLAIN_COLUMNS, facts, fmt, width)]
     parts = data.get("parts") or []
     rows = [[p["token"], p["meaning"]] if isinstance(p, dict) else list(p) for p in parts]
     if rows:
-        out += ["", tabulate(rows, headers=["part", "meaning"], tablefmt=style, disable_numparse=True)]
+        out += ["", table(PART_COLUMNS, rows, fmt, width)]
     return "\n".join(out)

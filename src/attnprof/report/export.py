@@ -1,13 +1,14 @@
-"""Write results as JSON and CSV files."""
+"""Write results as JSON and CSV files, each created whole and never over an existing one."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from attnprof.errors import OutputError
+from attnprof.files import create_new
 
 
 def to_json(document: dict[str, Any]) -> str:
@@ -16,7 +17,7 @@ def to_json(document: dict[str, Any]) -> str:
 
 
 def _clean(value: Any) -> Any:
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
@@ -26,22 +27,23 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, document: dict[str, Any]) -> Path:
-    """Write `document` as JSON at `path`."""
-    try:
-        path.write_text(to_json(document) + "\n")
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    """Create `path` holding `document` as JSON, atomically; OutputError if it exists or cannot be written."""
+    text = to_json(document) + "\n"
+
+    def write(temporary: Path) -> None:
+        temporary.write_text(text)
+
+    return create_new(path, write)
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], fields: tuple[str, ...]) -> Path:
-    """Write flat rows as CSV with the given column order."""
-    try:
-        with path.open("w", newline="") as handle:
+    """Create `path` holding flat rows as CSV in the given column order, atomically, never replacing a file."""
+
+    def write(temporary: Path) -> None:
+        with temporary.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(fields), extrasaction="ignore")
             writer.writeheader()
             for row in rows:
                 writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+
+    return create_new(path, write)

@@ -1,34 +1,99 @@
-"""Tables for `list`, `run` and `compare`, rendered with tabulate. Formatting only."""
+"""Tables for `list`, `run` and `compare`, rendered with tabulate. Formatting only.
+
+Every renderer takes `width`: None (`--wide`, and always for markdown) gives the full tables;
+a number fits every line of the `table` style to it (see `report.layout`): low-value columns
+are dropped, long text is wrapped, and reasons and finding messages move below the tables,
+with the finding ids left in them.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import replace
+from typing import Any
 
-from tabulate import tabulate
+from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.layout import (
+    Column,
+    bullets,
+    fit_profiler_table,
+    limit,
+    table,
+    wrap,
+)
 
-from attnprof.report.formatting import fmt_count, fmt_number, table_style
+UNRELIABLE = (
+    "~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
+    "(IQR over 10% of the median) after a re-time"
+)
+
+LIST_COLUMNS = (
+    Column("variant", narrow=16),
+    Column("runs here"),
+    Column("why not", narrow=10, wide=40),
+    Column("from", narrow=10),
+    Column("description", narrow=20, wide=60),
+)
+
+SHAPE_COLUMNS = (
+    Column("variant", narrow=16),
+    Column("status", wide=36),
+    Column("kernels/fwd", drop=6),
+    Column("GPU µs", drop=7),
+    Column("CPU µs", drop=4),
+    Column("latency µs ± IQR", narrow=17),
+    Column("TFLOP/s", drop=3),
+    Column("% peak", drop=2),
+    Column("peak MiB", drop=1),
+    Column("rel err", drop=5),
+    Column("speed-up"),
+    Column("findings", narrow=30, wide=40),
+)
+
+GLANCE_COLUMNS = (
+    Column("variant", narrow=16),
+    Column("shape"),
+    Column("kernels/fwd", drop=2),
+    Column("GPU µs/fwd", drop=3),
+    Column("CPU µs/fwd", drop=1),
+    Column("what the trace revealed", narrow=30, wide=90),
+)
+
+RUN_COLUMNS = (Column("metric"), Column("value", narrow=20))
+
+#: key_averages columns kept when the profiler's table is fitted to a width, most wanted first.
+PROFILER_COLUMNS = (
+    "Self CUDA",
+    "CUDA total",
+    "# of Calls",
+    "Self CPU",
+    "CPU total",
+    "CUDA time avg",
+    "CPU time avg",
+    "Self CUDA %",
+    "Self CPU %",
+    "CPU total %",
+)
 
 
-def render(rows: list[list[Any]], headers: Iterable[str], fmt: str, widths: list[int | None] | None = None) -> str:
-    """One table in the `table` or `markdown` style."""
-    return tabulate(rows, headers=list(headers), tablefmt=table_style(fmt), maxcolwidths=widths, disable_numparse=True)
-
-
-def variant_list_table(entries: list[dict[str, Any]], fmt: str) -> str:
+def variant_list_table(entries: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """`attnprof list`: name, availability here, reason, source, description."""
-    rows = [[e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
-            for e in entries]
-    return render(rows, ["variant", "runs here", "why not", "from", "description"], fmt,
-                  widths=[None, None, 40, None, 60] if fmt == "table" else None)
+    rows = [
+        [e["name"], "yes" if e["available"] else "no", e["reason"] or "", e["source"], e["description"]]
+        for e in entries
+    ]
+    return table(LIST_COLUMNS, rows, fmt, width)
 
 
-def _latency(row: dict[str, Any]) -> str:
+def _latency(row: dict[str, Any], say_retimed: bool = False) -> str:
     if row.get("latency_us") is None:
         return "n/a"
     text = f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
     if clock_held_down(row):
         text += f" @ {fmt_count(row['sm_clock_mhz'])} MHz"
-    return text + (" (unstable)" if row.get("unstable") else "")
+    retimed = say_retimed and bool(row.get("retimed"))
+    if row.get("unstable"):
+        return text + (" (unstable, also when re-timed)" if retimed else " (unstable)")
+    return text + (" (re-timed: the first sample was unstable)" if retimed else "")
 
 
 def clock_held_down(row: dict[str, Any]) -> bool:
@@ -40,75 +105,190 @@ def clock_held_down(row: dict[str, Any]) -> bool:
 def _clock(row: dict[str, Any]) -> str:
     if not row.get("sm_clock_mhz"):
         return "n/a (not sampled: CPU, no nvidia-smi, --no-clocks or --no-timing)"
-    text = f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, " \
-           f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
+    text = (
+        f"{fmt_count(row['sm_clock_mhz'])} MHz median, {fmt_count(row.get('sm_clock_min_mhz'))} lowest, "
+        f"{fmt_count(row.get('sm_clock_max_mhz'))} max"
+    )
     return text + (f"; held down by {row['clock_limits']}" if row.get("clock_limits") else "")
 
 
-def _speedup(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+def speedup_text(row: dict[str, Any]) -> str:
+    """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `UNRELIABLE`);
+    a missing one `n/a`."""
+    value = row.get("speedup_vs_baseline")
+    if value is None:
+        return "n/a"
+    if row.get("speedup_reliable") is False:
+        return f"~{value:.2g}x?" if value < 10 else f"~{value:,.0f}x?"
+    return f"{value:.2f}x"
+
+
+def _throughput(row: dict[str, Any]) -> str:
+    """TFLOP/s with its % of the measured peak, or `n/a: why` when there is no meaningful peak."""
+    if row.get("pct_of_peak") is None and row.get("pct_of_peak_note"):
+        return f"{fmt_number(row.get('tflops'))} (n/a: {row['pct_of_peak_note']})"
+    return f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"
 
 
 def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
 
-def _finding_ids(row: dict[str, Any]) -> str:
-    if "finding_ids" in row:
-        return row["finding_ids"] or ""
-    findings = row.get("findings") or ""
-    return findings if isinstance(findings, str) else " ".join(f["id"] for f in findings)
+def _status_word(row: dict[str, Any]) -> str:
+    return row["status"].partition(":")[0]
 
 
-def shape_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    """One comparison table for the rows of one shape."""
+def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
+    follow it as bullets. A legend follows when a speed-up is unreliable."""
+    width = limit(width, fmt)
     body = []
     for row in rows:
+        status = row["status"] if width is None else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
-            body.append([row["variant"], row["status"]] + ["" for _ in range(10)])
+            body.append([row["variant"], status] + ["" for _ in range(10)])
             continue
-        body.append([
-            row["variant"], row["status"] if row["status"] == "ok" else row["status"],
-            fmt_count(row.get("kernels_per_forward")), fmt_number(row.get("gpu_time_us")),
-            fmt_number(row.get("cpu_time_us")), _latency(row), fmt_number(row.get("tflops")),
-            fmt_number(row.get("pct_of_peak")), fmt_number(row.get("peak_memory_mib")),
-            _error(row.get("rel_error")), _speedup(row.get("speedup_vs_baseline")), _finding_ids(row),
-        ])
-    headers = ["variant", "status", "kernels/fwd", "GPU µs", "CPU µs", "latency µs ± IQR", "TFLOP/s",
-               "% peak", "peak MiB", "rel err", "speed-up", "findings"]
-    widths = [None, 36, None, None, None, None, None, None, None, None, None, 40] if fmt == "table" else None
-    return render(body, headers, fmt, widths)
+        body.append(
+            [
+                row["variant"],
+                status,
+                fmt_count(row.get("kernels_per_forward")),
+                fmt_number(row.get("gpu_time_us")),
+                fmt_number(row.get("cpu_time_us")),
+                _latency(row),
+                fmt_number(row.get("tflops")),
+                fmt_number(row.get("pct_of_peak")),
+                fmt_number(row.get("peak_memory_mib")),
+                _error(row.get("rel_error")),
+                speedup_text(row),
+                row.get("finding_ids") or "",
+            ]
+        )
+    notes = _reasons(rows, width) if width is not None else []
+    if any(row.get("speedup_reliable") is False for row in rows):
+        notes += wrap(UNRELIABLE, width)
+    return "\n".join([table(SHAPE_COLUMNS, body, fmt, width)] + (["", *notes] if notes else []))
 
 
-def glance_table(results: list[dict[str, Any]], fmt: str) -> str:
-    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed."""
+def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
+    """One bullet per distinct reason a row is not ok, naming its variants."""
+    grouped: dict[str, list[str]] = {}
+    for row in rows:
+        if row["status"] != "ok":
+            grouped.setdefault(row["status"], []).append(row["variant"])
+    return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
+
+
+def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
+    column holds the finding ids and the messages follow as wrapped bullets."""
+    fitted = limit(width, fmt) is not None
     body = []
     for entry in results:
         if entry.get("forwards") is None:
-            body.append([entry["variant"], entry["shape"], "", "", "", entry["status"]])
+            body.append(
+                [entry["variant"], _shape_mode(entry), "", "", "", _status_word(entry) if fitted else entry["status"]]
+            )
             continue
-        revealed = "; ".join(f["message"] for f in entry.get("findings", [])) or "nothing unusual"
-        body.append([entry["variant"], entry["shape"], fmt_count(entry.get("kernels_per_forward")),
-                     fmt_number(entry.get("gpu_time_us")), fmt_number(entry.get("cpu_time_us")), revealed])
-    headers = ["variant", "shape", "kernels/fwd", "GPU µs/fwd", "CPU µs/fwd", "what the trace revealed"]
-    return render(body, headers, fmt, [None, None, None, None, None, 90] if fmt == "table" else None)
+        findings = entry.get("findings", [])
+        revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
+        body.append(
+            [
+                entry["variant"],
+                _shape_mode(entry),
+                fmt_count(entry.get("kernels_per_forward")),
+                fmt_number(entry.get("gpu_time_us")),
+                fmt_number(entry.get("cpu_time_us")),
+                revealed or "nothing unusual",
+            ]
+        )
+    if not fitted:
+        return table(GLANCE_COLUMNS, body, fmt)
+    columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+    shapes = len({_shape_mode(entry) for entry in results})
+    messages = [
+        f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+        for e in results
+        for f in e.get("findings", [])
+    ]
+    return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
-def run_summary_table(row: dict[str, Any], fmt: str) -> str:
+def cell_title(row: dict[str, Any]) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row."""
+    mode = row.get("mode") or "fwd"
+    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {row['device']}"
+
+
+def _shape_mode(entry: dict[str, Any]) -> str:
+    """The shape, with the mode after it when it is not the default `fwd`."""
+    mode = entry.get("mode") or "fwd"
+    return entry["shape"] if mode == "fwd" else f"{entry['shape']} {mode}"
+
+
+def _grad_errors(row: dict[str, Any]) -> str:
+    errors = [row.get(f"grad_rel_error_{name}") for name in ("dq", "dk", "dv")]
+    if all(e is None for e in errors):
+        return "n/a"
+    return ", ".join(f"{name} {_error(e)}" for name, e in zip(("dq", "dk", "dv"), errors, strict=True))
+
+
+def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
+    """`attnprof compare`: a titled table per shape, then the at-a-glance table."""
+    heading = "###" if fmt == "markdown" else "=="
+    width = limit(width, fmt)
+    parts = []
+    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
+        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
+        title = cell_title(rows[0])
+        if baseline:
+            title += f", speed-up vs {baseline}"
+        parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
+    parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
+    return "\n".join(parts)
+
+
+def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -> str:
     """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it)."""
     items = [
         ("variant", f"{row['variant']} ({row['source']})"),
-        ("shape", f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} on {row['device']}"),
+        ("shape", cell_title(row)),
         ("status", row["status"]),
         ("backend dispatched", row.get("backend") or "n/a"),
-        ("latency (µs, median ± IQR)", _latency(row)),
+        ("latency (µs, median ± IQR)", _latency(row, say_retimed=True)),
         ("timing method", row.get("timing_method") or "n/a"),
         ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
-        ("TFLOP/s (% of measured peak)", f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"),
+        ("TFLOP/s (% of measured peak)", _throughput(row)),
         ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
     ]
-    return render([list(item) for item in items], ["metric", "value"], fmt)
+    if (row.get("mode") or "fwd") != "fwd":
+        items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
+    return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
+
+
+def run_report(
+    entry: dict[str, Any], analysis: Any, key_averages: str | None, fmt: str, width: int | None = None
+) -> str:
+    """`attnprof run`, one result: the summary, the trace analysis (when there is one) and the
+    profiler's own key_averages table (fitted to `width` by dropping its less wanted columns)."""
+    from attnprof.report.analysis_tables import render_analysis
+
+    width = limit(width, fmt)
+    parts = [run_summary_table(entry, fmt, width)]
+    if analysis is not None:
+        parts += ["", render_analysis(analysis, fmt, width)]
+    if key_averages:
+        parts += [
+            "",
+            *wrap(
+                "torch.profiler key_averages (all profiled steps; the region's CPU and GPU rows are separate):", width
+            ),
+        ]
+        parts.append(
+            fit_profiler_table(key_averages, width, PROFILER_COLUMNS) if fmt == "table" else f"```\n{key_averages}\n```"
+        )
+    return "\n".join(parts)

@@ -15,6 +15,7 @@ def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
 
 # Checks read versions and find modules without importing torch, so `attnprof list` stays fast.
 
+
 def _compile_check(spec: RunSpec) -> str | None:
     version = devices.torch_version()
     if version is None or version < (2, 0):
@@ -40,8 +41,11 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
     block_mask = None
     if spec.causal:
         block_mask = create_block_mask(_causal, B=None, H=None, Q_LEN=spec.seq, KV_LEN=spec.seq, device=spec.device)
-    return {"fn": torch.compile(flex_attention, dynamic=False), "block_mask": block_mask,
-            "gqa": spec.n_kv_heads != spec.heads}
+    return {
+        "fn": torch.compile(flex_attention, dynamic=False),
+        "block_mask": block_mask,
+        "gqa": spec.n_kv_heads != spec.heads,
+    }
 
 
 def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:

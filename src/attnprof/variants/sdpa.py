@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 from attnprof import devices
 from attnprof.errors import VariantUnavailableError
@@ -51,7 +54,7 @@ def _check_cudnn(spec: RunSpec) -> str | None:
     return None
 
 
-CHECKS: dict[str, Callable[[RunSpec], "str | None"]] = {
+CHECKS: dict[str, Callable[[RunSpec], str | None]] = {
     "flash": _check_flash,
     "efficient": _check_efficient,
     "cudnn": _check_cudnn,
@@ -61,7 +64,7 @@ CHECKS: dict[str, Callable[[RunSpec], "str | None"]] = {
 def _sdpa(q: Any, k: Any, v: Any, causal: bool, attn_mask: Any = None) -> Any:
     import torch.nn.functional as F
 
-    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    extra: dict[str, Any] = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if attn_mask is not None:
         extra["attn_mask"] = attn_mask
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal and attn_mask is None, **extra)
@@ -80,14 +83,45 @@ def pinned_forward(backend: str) -> Callable[..., Any]:
         except RuntimeError as exc:
             text = str(exc)
             if "No available kernel" in text or "No viable backend" in text:
+                reasons = refusal_reasons(lambda: _sdpa(q, k, v, causal, attn_mask), getattr(SDPBackend, member))
                 raise VariantUnavailableError(
-                    f"SDPA {backend} backend rejected this input "
-                    f"({tuple(q.shape)}, {str(q.dtype).removeprefix('torch.')}, {q.device})"
+                    reasons
+                    or (
+                        f"SDPA {backend} backend rejected this input "
+                        f"({tuple(q.shape)}, {str(q.dtype).removeprefix('torch.')}, {q.device})"
+                    )
                 ) from None
             raise
 
     forward.__name__ = f"sdpa_{backend}_forward"
     return forward
+
+
+def refusal_reasons(call: Callable[[], Any], member: Any) -> str | None:
+    """Why the pinned backend refused, in one line, from the warnings torch gives when `call` runs
+    again with only `member` enabled ("Memory efficient kernel not used because: ...; ..."); None
+    when it gives none. Only the refusal path pays for the second call and the warning capture."""
+    from torch.nn.attention import sdpa_kernel
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(member):
+                call()
+        except RuntimeError:
+            pass
+    lines = [_TRIGGERED.sub("", str(w.message)).strip() for w in caught]
+    lines = list(dict.fromkeys(line for line in lines if line))
+    if not lines:
+        return None
+    head, *rest = lines
+    if head.endswith(":") and rest:
+        return f"{head} {'; '.join(rest)}"
+    return "; ".join(lines)
+
+
+# torch's C++ warnings end with "(Triggered internally at /path/file.cpp:99.)"
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*")
 
 
 def dispatched_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:

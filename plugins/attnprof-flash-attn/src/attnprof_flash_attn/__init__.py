@@ -14,8 +14,9 @@ Nothing is imported when this module is: the lookup happens in check() or setup(
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from attnprof import RunSpec, Variant
 
@@ -33,13 +34,16 @@ class Interface:
     module: str
     attr: str = "flash_attn_func"
     min_capability: int = 8  # major compute capability the kernels need
+    backward_capabilities: tuple[int, ...] | None = None  # majors with a backward kernel; None: all above
 
     def load(self) -> Callable[..., Any]:
+        """Import the module and return its function (raises what the import raises)."""
         return getattr(importlib.import_module(self.module), self.attr)
 
 
 INTERFACES = (
-    Interface("FA4 (flash_attn.cute)", "flash_attn.cute", min_capability=8),
+    # FA4's backward (flash_attn/cute/interface.py `_flash_attn_bwd`) asserts compute capability 9.x or 10.x.
+    Interface("FA4 (flash_attn.cute)", "flash_attn.cute", min_capability=8, backward_capabilities=(9, 10)),
     Interface("FA3 (flash_attn_interface)", "flash_attn_interface", min_capability=9),
     Interface("FA2 (flash_attn)", "flash_attn", min_capability=8),
 )
@@ -54,6 +58,7 @@ class Found:
 
     @property
     def label(self) -> str:
+        """The interface's label, e.g. "FA2 (flash_attn)"."""
         return self.interface.label
 
 
@@ -131,63 +136,70 @@ def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = Non
     return _call(state.func, q, k, v, causal)
 
 
+def check(spec: RunSpec) -> str | None:
+    """Why `flash-attn` cannot run `spec` (no interface, head_dim, heads, the GPU), or None."""
+    found = find_interface()
+    if isinstance(found, str):
+        return found
+    if spec.head_dim % 8 or spec.head_dim > 256:
+        return f"head_dim must be a multiple of 8 up to 256 (got {spec.head_dim})"
+    if spec.heads % spec.n_kv_heads:
+        return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
+    if spec.device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU (torch sees none)"
+        major, minor = torch.cuda.get_device_capability(spec.device)
+        if major < found.interface.min_capability:
+            return (f"{found.label} needs compute capability {found.interface.min_capability}.0 "
+                    f"or newer (got {major}.{minor})")
+        return backward_missing(found.interface, spec, (major, minor))
+    return None
+
+
+def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int, int]) -> str | None:
+    """Why `interface` cannot run the backward of `spec` (its mode bwd or fwd+bwd) on a GPU of
+    `capability`, or None (also for the fwd mode)."""
+    allowed = interface.backward_capabilities
+    if not spec.backward or allowed is None or capability[0] in allowed:
+        return None
+    majors = " or ".join(f"{m}.x" for m in allowed)
+    return (f"no backward: {interface.label} has a backward kernel for compute capability {majors} only "
+            f"(got {capability[0]}.{capability[1]})")
+
+
+def setup(spec: RunSpec) -> FlashState:
+    """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds)."""
+    import torch
+
+    found = find_interface()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
+    q = torch.randn(spec.batch, spec.seq, spec.heads, spec.head_dim, device=spec.device, dtype=dtype)
+    k = torch.randn(spec.batch, spec.seq, spec.n_kv_heads, spec.head_dim, device=spec.device, dtype=dtype)
+    v = torch.randn_like(k)
+    _call(found.func, q, k, v, spec.causal)
+    if spec.device_type == "cuda":
+        torch.cuda.synchronize(spec.device)
+    return FlashState(found.func, found.label)
+
+
 def make_variant() -> Variant:
-    """The `flash-attn` Variant; its check and setup fill in which interface was found."""
-    variant = Variant(
+    """The `flash-attn` Variant. Its description names the three interfaces; `check` and `setup`
+    find the one installed (the label is in setup's state) and change nothing."""
+    return Variant(
         name=VARIANT_NAME,
         description=BASE_DESCRIPTION,
         forward=forward,
         devices=("cuda",),
         dtypes=("bf16", "fp16"),
+        check=check,
+        setup=setup,
         layout="bshd",
+        has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
     )
-
-    def describe(found: Found | str) -> None:
-        if isinstance(found, str):
-            variant.description = f"{BASE_DESCRIPTION}: none installed"
-        else:
-            variant.description = f"FlashAttention {found.label}"
-
-    def check(spec: RunSpec) -> str | None:
-        found = find_interface()
-        describe(found)
-        if isinstance(found, str):
-            return found
-        if spec.head_dim % 8 or spec.head_dim > 256:
-            return f"head_dim must be a multiple of 8 up to 256 (got {spec.head_dim})"
-        if spec.heads % spec.n_kv_heads:
-            return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
-        if spec.device_type == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                return "needs a CUDA GPU (torch sees none)"
-            major, minor = torch.cuda.get_device_capability(spec.device)
-            if major < found.interface.min_capability:
-                return (f"{found.label} needs compute capability {found.interface.min_capability}.0 "
-                        f"or newer (got {major}.{minor})")
-        return None
-
-    def setup(spec: RunSpec) -> FlashState:
-        """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds)."""
-        import torch
-
-        found = find_interface()
-        describe(found)
-        if isinstance(found, str):
-            raise RuntimeError(found)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
-        q = torch.randn(spec.batch, spec.seq, spec.heads, spec.head_dim, device=spec.device, dtype=dtype)
-        k = torch.randn(spec.batch, spec.seq, spec.n_kv_heads, spec.head_dim, device=spec.device, dtype=dtype)
-        v = torch.randn_like(k)
-        _call(found.func, q, k, v, spec.causal)
-        if spec.device_type == "cuda":
-            torch.cuda.synchronize(spec.device)
-        return FlashState(found.func, found.label)
-
-    variant.check = check
-    variant.setup = setup
-    return variant
 
 
 def register_variants(register: Any) -> None:

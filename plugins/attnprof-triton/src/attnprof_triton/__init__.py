@@ -2,7 +2,10 @@
 
 This module imports neither triton nor torch: `check` and `setup` import them when asked,
 so `attnprof list` shows the variant (as unavailable, with the reason) on machines without
-them. The kernel lives in `attnprof_triton._kernel`.
+them. The forward kernel lives in `attnprof_triton._kernel`; the backward kernels (dQ, dK, dV
+from the row statistics the forward saves) in `attnprof_triton._backward`. `forward` launches
+the bare forward kernel unless autograd is recording (the `bwd` and `fwd+bwd` modes give q, k, v
+`requires_grad=True`); then it goes through `_backward.FlashAttention`, which also saves them.
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ __version__ = "0.1.0"
 VARIANT_NAME = "triton-flash"
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DESCRIPTION = (
-    "FlashAttention-style forward in Triton (this plugin): Q/KV tiling, online softmax, "
-    "causal block skip, GQA; autotuned per shape"
+    "FlashAttention-style forward and backward in Triton (this plugin): Q/KV tiling, online softmax, "
+    "causal block skip, GQA; forward autotuned per shape"
 )
 
 
 def triton_missing() -> str | None:
     """Why triton cannot be used here, or None when it imports."""
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install raising something else
         return f"needs triton: {exc}"
@@ -53,19 +56,12 @@ def check(spec: RunSpec) -> str | None:
     return None
 
 
-class TritonState:
-    """What setup leaves for forward: the launch configuration the autotuner chose."""
+def setup(spec: RunSpec) -> None:
+    """Compile and autotune for this shape (and mode) on throw-away inputs, outside any timed region.
 
-    def __init__(self, config: Any, tma: bool) -> None:
-        self.config = config
-        self.tma = tma
-
-    def __repr__(self) -> str:
-        return f"TritonState({self.config}, tma={self.tma})"
-
-
-def setup(spec: RunSpec) -> TritonState:
-    """Compile and autotune for this shape on throw-away inputs, outside any timed region."""
+    The autotuner keeps its choice per shape (`_kernel.best_config` reads it back), so `forward`
+    launches the tuned kernel and no state is passed on.
+    """
     import torch
 
     from attnprof_triton import _kernel
@@ -74,19 +70,22 @@ def setup(spec: RunSpec) -> TritonState:
     q = torch.randn(spec.batch, spec.heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    out = _kernel.attention(q, k, v, spec.causal)
+    _kernel.attention(q, k, v, spec.causal, return_lse=spec.backward)  # the backward modes' forward saves lse
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
-    config = _kernel.best_config(q, spec.causal) or _kernel.default_config(spec.seq, spec.head_dim, q.element_size())
-    state = TritonState(config, _kernel._tma_ok(q, k, v, out))
-    del q, k, v, out
-    return state
 
 
-def forward(q: Any, k: Any, v: Any, causal: bool, state: Any = None) -> Any:
-    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch."""
+def forward(q: Any, k: Any, v: Any, causal: bool, state: None = None) -> Any:
+    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch (`state` is
+    unused). When autograd records (an input requires grad), the output's backward is ours too."""
+    import torch
+
     from attnprof_triton import _kernel
 
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        from attnprof_triton._backward import FlashAttention
+
+        return FlashAttention.apply(q, k, v, causal)
     return _kernel.attention(q, k, v, causal)
 
 
@@ -101,6 +100,7 @@ def make_variant() -> Variant:
         check=check,
         setup=setup,
         layout="bhsd",
+        has_backward=True,  # `_backward.py`: dQ, dK, dV kernels of our own
     )
 
 

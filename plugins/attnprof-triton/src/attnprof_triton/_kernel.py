@@ -95,14 +95,15 @@ def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, off
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out,
+def _attn_fwd(Q, K, V, Out, Lse,
               stride_qb, stride_qh, stride_qs,
               stride_kb, stride_kh, stride_ks,
               stride_vb, stride_vh, stride_vs,
               stride_ob, stride_oh, stride_os,
               n_heads, group, seq_len, qk_scale,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Axis 0 (fastest in launch order) walks (batch, head); axis 1 walks query tiles from
     # the last one backwards, so the longest causal rows go out in the first wave.
     pid_bh = tl.program_id(0)
@@ -162,6 +163,8 @@ def _attn_fwd(Q, K, V, Out,
                                          offs_m, offs_n, offs_d, seq_len, stride_ks, stride_vs, qk_scale,
                                          False, True, USE_TMA, BLOCK_N, DOT_PRECISION)
 
+    if STORE_LSE:  # the row's log-sum-exp in the exp2 domain, [B, H, S] float32: what the backward needs
+        tl.store(Lse + pid_bh.to(tl.int64) * seq_len + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < seq_len)
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     if USE_TMA:
         desc_o.store([start_m * BLOCK_M, 0], out)
@@ -178,6 +181,7 @@ class BlockConfig(NamedTuple):
     num_stages: int
 
     def as_triton(self) -> Any:
+        """This configuration as a triton.Config."""
         return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n},
                              num_warps=self.num_warps, num_stages=self.num_stages)
 
@@ -244,7 +248,7 @@ def autotune_space(seq_len: int, head_dim: int, elem: int = 2) -> list[BlockConf
 
 _attn_fwd_tuned = triton.autotune(
     configs=[c.as_triton() for c in AUTOTUNE_SPACE],
-    key=["seq_len", "HEAD_DIM", "CAUSAL", "USE_TMA"],
+    key=["seq_len", "HEAD_DIM", "CAUSAL", "USE_TMA", "STORE_LSE"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_attn_fwd)
 
@@ -285,11 +289,14 @@ def _scratch(size: int, alignment: int, stream: Any) -> Any:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None = None) -> Any:
+def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None = None,
+              return_lse: bool = False) -> Any:
     """softmax(q kᵀ / sqrt(D)) v for [B, H, S, D] tensors (k, v may have fewer heads).
 
     Without `config` the autotuner picks the launch configuration (timed once per shape
-    on first use); with it, that configuration is launched as given.
+    on first use); with it, that configuration is launched as given. `return_lse` also
+    returns each row's log-sum-exp ([B, H, S] float32, base 2, scores scaled by
+    log2(e)/sqrt(D)): the statistics the backward (`_backward.py`) recomputes P from.
     """
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -300,18 +307,20 @@ def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None =
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32) if return_lse else out
     use_tma = _tma_ok(q, k, v, out)
     if use_tma and not _interpreting():
         triton.set_allocator(_scratch)
     qk_scale = LOG2E / (head_dim ** 0.5)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    args = (q, k, v, out,
+    args = (q, k, v, out, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             heads, heads // kv_heads, seq_len, qk_scale)
-    meta = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), USE_TMA=use_tma, DOT_PRECISION=precision)
+    meta = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), USE_TMA=use_tma, DOT_PRECISION=precision,
+                STORE_LSE=bool(return_lse))
     if config is None and (os.environ.get(AUTOTUNE_ENV) == "0" or q.dtype == torch.float32):
         # fp32 is for checking, not speed: ieee-precision dots make the search slow for nothing.
         config = default_config(seq_len, head_dim, q.element_size())
@@ -324,7 +333,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None =
         grid = (batch * heads, triton.cdiv(seq_len, config.block_m))
         _attn_fwd[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         num_warps=config.num_warps, num_stages=config.num_stages)
-    return out
+    return (out, lse) if return_lse else out
 
 
 def best_config(q: Any, causal: bool) -> BlockConfig | None:

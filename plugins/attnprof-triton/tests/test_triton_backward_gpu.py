@@ -1,0 +1,62 @@
+"""triton-flash's backward kernels on a CUDA GPU (their CPU check runs under the Triton interpreter in
+test_triton_plugin.py). Run on the device with `python -m pytest -m gpu`."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import attnprof_triton
+import pytest
+import torch
+
+from attnprof import RunSpec
+from attnprof.profiling.inputs import make_inputs
+
+requires_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
+                                  reason="needs a CUDA GPU and triton")
+
+
+def _gpu_spec(case, dtype, causal):
+    batch, heads, kv_heads, seq, head_dim = case
+    return RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=seq, head_dim=head_dim,
+                   kv_heads=kv_heads, causal=causal, mode="fwd+bwd")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(("case", "dtype"), [
+    ((2, 8, 2, 1024, 128), "bf16"),
+    ((1, 4, None, 777, 64), "fp16"),
+    ((1, 2, 1, 300, 256), "bf16"),
+    ((1, 4, 2, 300, 64), "fp32"),
+], ids=lambda c: "x".join(str(x) for x in c if x is not None) if isinstance(c, tuple) else c)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_backward_matches_float64_autograd(case, dtype, causal):
+    """Our dQ, dK, dV kernels on the GPU, through the Variant in a backward mode's cell."""
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.steps import build_step
+
+    rs = _gpu_spec(case, dtype, causal)
+    variant = attnprof_triton.make_variant()
+    state = variant.setup(rs)
+    q, k, v = make_inputs(rs, seed=0)
+    step = build_step(rs, lambda q, k, v: variant.forward(q, k, v, causal, state), (q, k, v), seed=0)
+    result = step.call()
+    check = check_grads(result.grads, q, k, v, step.grad_out, causal=causal, dtype=dtype)
+    assert check.passed, (check.reason, check.rel_errors)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
+def test_gpu_backward_cell_runs(tmp_path, mode):
+    """A whole attnprof cell in a backward mode: timed, profiled, gradients checked."""
+    from attnprof.config import Config, MeasureOptions, Schedule
+    from attnprof.pipeline import run_cell
+
+    shape = dict(batch=2, heads=8, seq=1024, head_dim=64)
+    config = Config(shapes=[shape], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=tmp_path)
+    rs = RunSpec(device="cuda:0", dtype="bf16", causal=True, mode=mode, **shape)
+    result = run_cell(attnprof_triton.make_variant(), rs, config, MeasureOptions(min_time_s=0.05))
+    assert result.status == "ok", result.reason
+    assert result.grad_check.passed and result.latency_us > 0

@@ -1,0 +1,130 @@
+"""The option block `run` and `compare` share: config overrides and measurement flags, declared once.
+
+`shared_options` adds every option below to a command's signature. The command receives them
+gathered: `overrides` (a dict of config fields the user set) and `measure` (a `MeasureOptions`).
+A new measurement option is one field on `config.MeasureOptions` plus one entry in
+`MEASURE_OPTIONS`; its default comes from the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attnprof.cli.common import DeviceOpt, DtypeOpt
+from attnprof.config import MeasureOptions
+
+#: Config fields a command-line option overrides; None means "as the config says".
+CONFIG_OPTIONS: dict[str, Any] = {
+    "device": DeviceOpt,
+    "dtype": DtypeOpt,
+    "batch": Annotated[
+        int | None, typer.Option(help="Batch size (overrides the config's shapes).", show_default=False)
+    ],
+    "heads": Annotated[int | None, typer.Option(help="Query heads.", show_default=False)],
+    "kv_heads": Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads (GQA).", show_default=False)],
+    "seq": Annotated[int | None, typer.Option(help="Sequence length.", show_default=False)],
+    "head_dim": Annotated[int | None, typer.Option("--head-dim", help="Head dimension.", show_default=False)],
+    "causal": Annotated[bool | None, typer.Option("--causal/--no-causal", help="Causal masking.", show_default=False)],
+    "mode": Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            metavar="fwd|bwd|fwd+bwd",
+            show_default=False,
+            help="What is timed: the forward, the backward alone, or a whole step; comma-separated for several "
+            "(overrides the config's modes).",
+        ),
+    ],
+    "output_dir": Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)
+    ],
+    "region": Annotated[
+        str | None, typer.Option(help="Name of the record_function region around each forward.", show_default=False)
+    ],
+    "seed": Annotated[int | None, typer.Option(help="Seed for the inputs.", show_default=False)],
+    "wait": Annotated[int | None, typer.Option(help="Profiler schedule: steps skipped.", show_default=False)],
+    "warmup": Annotated[int | None, typer.Option(help="Profiler schedule: warm-up steps.", show_default=False)],
+    "active": Annotated[int | None, typer.Option(help="Profiler schedule: recorded steps.", show_default=False)],
+}
+
+#: One entry per field of MeasureOptions.
+MEASURE_OPTIONS: dict[str, Any] = {
+    "timing": Annotated[
+        bool,
+        typer.Option(
+            "--timing/--no-timing", help="Time the forward outside the profiler (latency, memory, throughput)."
+        ),
+    ],
+    "min_time_s": Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")],
+    "cuda_graph": Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graph", help="Time CUDA-graph replays (many forwards per graph) where the variant allows capture."
+        ),
+    ],
+    "flush_l2": Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")],
+    "check_masking": Annotated[
+        bool, typer.Option("--check-masking", help="Probe fully masked rows and report NaN per variant.")
+    ],
+    "refresh_ceiling": Annotated[
+        bool,
+        typer.Option("--refresh-ceiling", help="Measure the matmul ceiling again instead of using the cached figure."),
+    ],
+    "clocks": Annotated[
+        bool,
+        typer.Option(
+            "--clocks/--no-clocks", help="Sample the GPU's SM clock with nvidia-smi while timing (CUDA only)."
+        ),
+    ],
+}
+
+SHAPE_FIELDS = ("batch", "heads", "kv_heads", "seq", "head_dim")
+SCHEDULE_FIELDS = ("wait", "warmup", "active")
+
+
+def _parameters() -> list[inspect.Parameter]:
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter(name, keyword, annotation=annotation, default=None)
+        for name, annotation in CONFIG_OPTIONS.items()
+    ]
+    defaults = MeasureOptions()
+    params += [
+        inspect.Parameter(name, keyword, annotation=annotation, default=getattr(defaults, name))
+        for name, annotation in MEASURE_OPTIONS.items()
+    ]
+    return params
+
+
+def shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `command` the shared option block; it is called with `overrides=` and `measure=` instead."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name not in ("overrides", "measure")]
+    added = _parameters()
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        overrides = {name: kwargs.pop(name) for name in CONFIG_OPTIONS}
+        measure = MeasureOptions(**{name: kwargs.pop(name) for name in MEASURE_OPTIONS})
+        return command(*args, overrides=overrides, measure=measure, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+    return wrapper
+
+
+def config_changes(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`build_config` keyword arguments from the shared overrides: plain fields, `shape` and `schedule`."""
+    plain = {k: v for k, v in overrides.items() if k not in SHAPE_FIELDS + SCHEDULE_FIELDS + ("mode",)}
+    if overrides.get("mode") is not None:
+        plain["modes"] = [m.strip() for m in overrides["mode"].split(",")]
+    return plain | {
+        "shape": {k: overrides.get(k) for k in SHAPE_FIELDS},
+        "schedule": {k: overrides.get(k) for k in SCHEDULE_FIELDS},
+    }

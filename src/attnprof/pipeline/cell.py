@@ -1,0 +1,302 @@
+"""One cell, top to bottom: inputs, timing, the profiled loop, correctness, memory, then the trace analysis.
+
+A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
+whole run (device, output directory) and Ctrl-C raise. Each stage runs under `phase` (its wall
+time goes into `phases_s`) and `guard` (any exception of the variant's becomes a one-line
+failure; after Ctrl-C, KeyboardInterrupt again). An unstable timing (a loaded machine) is taken
+again, up to `RETIMES` times; the last sample is kept and `retimed` counts the samples thrown
+away. Python warnings raised during the cell are kept on the result (`warnings`), as is the
+profiler's native stderr (`native_stderr`), never printed.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnprof.config import Config, MeasureOptions
+from attnprof.errors import (
+    AttnprofError,
+    TraceError,
+    VariantFailure,
+    VariantUnavailableError,
+    one_line,
+)
+from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
+from attnprof.registry import RunSpec, Variant
+from attnprof.results import CellResult, Throughput
+
+if TYPE_CHECKING:
+    from attnprof.profiling.ceiling import Ceiling, RunCeiling
+
+RETIMES = 1
+
+
+@contextmanager
+def phase(result: CellResult, name: str) -> Iterator[None]:
+    """Add the block's wall time to `result.phases_s[name]`."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        result.phases_s[name] = result.phases_s.get(name, 0.0) + time.perf_counter() - started
+
+
+@contextmanager
+def guard(stage: str, variant: Variant) -> Iterator[None]:
+    """Turn any exception of the variant's inside the block into a one-line VariantFailure
+    (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through.
+
+    Once Ctrl-C has happened (see `attnprof.interrupts`), the block ends in KeyboardInterrupt
+    whether it raised something else (torch swallowed the interrupt) or nothing at all.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        if caused_by_interrupt(exc):
+            raise KeyboardInterrupt from None
+        if isinstance(exc, AttnprofError):
+            raise
+        from attnprof.profiling.memory import is_oom, oom_failure
+
+        if is_oom(exc):
+            raise oom_failure(exc) from None
+        who = "" if variant.source == "built-in" else f" (plugin {variant.source})"
+        raise VariantFailure(f"{stage} raised {type(exc).__name__}{who}: {one_line(exc, with_type=False)}") from None
+    raise_if_interrupted()
+
+
+def run_cell(
+    variant: Variant,
+    spec: RunSpec,
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None = None,
+    trace_dir: Path | None = None,
+) -> CellResult:
+    """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
+
+    `ceiling` is the run's ceiling (None: no throughput figures); a cell that exceeds it has it
+    measured again once per run (`cell_throughput`). The trace goes into `trace_dir` (default:
+    the config's output directory).
+    """
+    result = CellResult(variant=variant.name, source=variant.source, spec=spec)
+    if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
+        result.status, result.reason = "failed", variant.load_error
+        return result
+    reason = variant.unavailable_reason(spec)
+    if reason:
+        result.status, result.reason = "skipped", reason
+        return result
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
+        try:
+            _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
+            _analyse(result, config.region, ceiling)
+            if result.check is not None and not result.check.passed:
+                raise VariantFailure(result.check.reason or "output does not match the float64 reference")
+            if result.grad_check is not None and not result.grad_check.passed:
+                raise VariantFailure(result.grad_check.reason or "gradients do not match float64 autograd")
+        except VariantUnavailableError as exc:
+            result.status, result.reason = "skipped", exc.message
+        except VariantFailure as exc:
+            result.status, result.reason = "failed", exc.message
+    result.warnings = warning_lines(caught)
+    if not result.ok and spec.device_type == "cuda":
+        _release()  # a failed cell (OOM above all) may leave memory the next cell needs
+    return result
+
+
+def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
+    """`Category: first line of the message (file:line)` for each distinct recorded warning, in order."""
+    lines = []
+    for w in caught:
+        text = one_line(w.message, with_type=False) if isinstance(w.message, Warning) else str(w.message)
+        lines.append(f"{w.category.__name__}: {text} ({Path(w.filename).name}:{w.lineno})")
+    return list(dict.fromkeys(lines))
+
+
+def _measure(
+    variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult, trace_dir: Path
+) -> None:
+    """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
+    What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
+    import torch
+
+    from attnprof.profiling import correctness, memory
+    from attnprof.profiling.inputs import make_inputs
+    from attnprof.profiling.profiler import profile_forward, trace_file_name
+    from attnprof.profiling.steps import build_step, graph_retention
+
+    with phase(result, "setup"), guard("input creation", variant):
+        q, k, v = make_inputs(spec, config.seed, variant.layout)
+    state = None
+    if variant.setup is not None:
+        with phase(result, "setup"), guard("setup", variant):
+            state = variant.setup(spec)
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return variant.forward(q, k, v, spec.causal, state)
+
+    stage = "backward" if spec.backward else "forward"
+    with torch.no_grad(), graph_retention(spec.mode):
+        with phase(result, "setup"), guard("forward", variant):
+            step = build_step(spec, forward, (q, k, v), config.seed)
+        if measure.timing:
+            _time(step.call, variant, measure, result, stage)
+        else:
+            with phase(result, "warmup"), guard(stage, variant):
+                _warm_up(step.call, spec)
+        with phase(result, "profile"), guard(stage, variant):
+            run = profile_forward(
+                step.call, spec, config.schedule, config.region, trace_dir / trace_file_name(variant.name, spec)
+            )
+        result.phases_s["profile"] -= run.export_s
+        result.phases_s["trace_export"] = run.export_s
+        result.trace_path, result.key_averages_table = run.trace_path, run.key_averages_table
+        result.native_stderr = run.native_stderr
+        with phase(result, "correctness"), guard("correctness check", variant):
+            _check(step, run.output, variant, spec, result)
+        del run
+        if measure.timing:
+            with phase(result, "memory"), guard(stage, variant):
+                result.memory_mib = memory.peak_extra_memory_mib(step.whole, spec.device)
+        if measure.check_masking:
+            with phase(result, "masking_probe"), guard("masking probe", variant):
+                result.nan_on_fully_masked = correctness.probe_fully_masked(
+                    variant, spec.device, spec.dtype, config.seed
+                )
+
+
+def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: CellResult) -> None:
+    """The output against float64 (`result.check`) and, in the backward modes, dq, dk and dv against
+    float64 autograd on the same inputs and grad_out (`result.grad_check`)."""
+    from attnprof.profiling import correctness
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.inputs import to_bhsd
+
+    out = output.out if spec.backward else output
+    out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
+    result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype)
+    if spec.backward:
+        q_in, k_in, v_in = step.inputs
+        result.grad_check = check_grads(
+            output.grads, q_in, k_in, v_in, step.grad_out, causal=spec.causal, dtype=spec.dtype, layout=variant.layout
+        )
+
+
+def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult, stage: str = "forward") -> None:
+    """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
+    An unstable sample is taken again, up to RETIMES times;
+    the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
+    sample's `cold_ms` (only the first sample's first call was cold)."""
+    from attnprof.profiling import timing
+
+    while True:
+        started = time.time()
+        with phase(result, "timing"), guard(stage, variant):
+            sample = timing.time_forward(
+                forward,
+                result.spec.device,
+                min_time_s=measure.min_time_s,
+                cuda_graph=measure.cuda_graph,
+                flush_l2=measure.flush_l2,
+            )
+        result.timing_window = (started, time.time())
+        result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
+        if not sample.unstable or result.retimed >= RETIMES:
+            return
+        result.retimed += 1
+
+
+def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> None:
+    """The trace analysis, the backend it shows, and the throughput of the latency."""
+    from attnprof.analysis import analyze_trace, dispatched_backend
+
+    if result.trace_path is None:
+        raise VariantFailure("no trace was written")
+    with phase(result, "analysis"):
+        try:
+            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.spec.dtype)
+        except TraceError as exc:
+            raise VariantFailure(f"trace analysis failed: {exc.message}") from None
+    result.backend = dispatched_backend(result.analysis)
+    latency_us = result.latency_us
+    if ceiling is not None and latency_us:
+        result.throughput = cell_throughput(result.variant, result.spec, latency_us, ceiling)
+
+
+def cell_throughput(variant: str, spec: RunSpec, latency_us: float, ceiling: RunCeiling) -> Throughput:
+    """`throughput` against the run's ceiling; when the cell exceeds it, the ceiling is measured again
+    (once per run) and the throughput computed against the fresh one."""
+    rates = throughput(spec, latency_us, ceiling.current)
+    if exceeds(rates):
+        why = f"{variant} at {spec.shape_label} reached {rates.tflops:.3g} TFLOP/s"
+        if ceiling.measure_again(why):
+            rates = throughput(spec, latency_us, ceiling.current)
+    return rates
+
+
+def exceeds(rates: Throughput) -> bool:
+    """True when the achieved TFLOP/s is above the ceiling it was compared against."""
+    return rates.peak_tflops is not None and rates.tflops > rates.peak_tflops
+
+
+def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling) -> Throughput:
+    """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency.
+
+    Without a ceiling (source "none"), or when the latency beats the ceiling (over 100% is
+    impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
+    an exceeded ceiling gives no `bound` either.
+    """
+    from attnprof.analysis.roofline import achieved_for
+
+    rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps)
+    pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
+    if ceiling.tflops is not None and rates["tflops"] > ceiling.tflops:
+        pct = bound = None
+        note = (
+            f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
+            f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling"
+        )
+    return Throughput(
+        tflops=rates["tflops"],
+        pct_of_peak=pct,
+        peak_tflops=ceiling.tflops,
+        achieved_gbps=rates["achieved_gbps"],
+        bound=bound,
+        pct_of_peak_note=note,
+    )
+
+
+def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:
+    """Compute every timed result's throughput again against `ceiling` (after it was measured again),
+    so all cells of a run share one ceiling."""
+    for result in results:
+        if result.throughput is not None and (latency_us := result.latency_us):
+            result.throughput = throughput(result.spec, latency_us, ceiling)
+
+
+def _warm_up(forward: Any, spec: RunSpec, calls: int = 3) -> None:
+    import torch
+
+    for _ in range(calls):
+        forward()
+    if spec.device_type == "cuda":
+        torch.cuda.synchronize(spec.device)
+
+
+def _release() -> None:
+    """Collect garbage and hand cached CUDA memory back; costs ~0.1 s, so only after a failure."""
+    import gc
+
+    from attnprof.profiling.memory import release_cached_memory
+
+    gc.collect()
+    release_cached_memory()

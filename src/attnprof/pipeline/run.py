@@ -1,0 +1,273 @@
+"""A whole `run` or `compare`: plan the cells, measure the ceiling, run every cell with the SM clock
+sampled alongside, then write the results through the report layer.
+
+Each invocation writes into its own folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>/` (`-2`, `-3`,
+... when a parallel invocation took the name): `results.json`, `results.csv` and `traces/`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnprof.config import Config, MeasureOptions
+from attnprof.errors import OutputError
+from attnprof.files import unique_dir
+from attnprof.interrupts import (
+    interrupt_requested,
+    raise_if_interrupted,
+    recording_interrupts,
+)
+from attnprof.pipeline.cell import rethroughput, run_cell
+from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.results import CellResult, attach_speedups
+
+if TYPE_CHECKING:
+    from attnprof.profiling.ceiling import RunCeiling
+
+Cell = tuple[Variant, RunSpec]
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One invocation's own folder and the paths in it."""
+
+    dir: Path
+
+    @property
+    def results_json(self) -> Path:
+        """The results document."""
+        return self.dir / "results.json"
+
+    @property
+    def results_csv(self) -> Path:
+        """One CSV row per cell."""
+        return self.dir / "results.csv"
+
+    @property
+    def traces(self) -> Path:
+        """The folder of Chrome traces, one per profiled cell."""
+        return self.dir / "traces"
+
+    def to_dict(self) -> dict[str, str]:
+        """The paths as the results document's `files` names them."""
+        return {
+            "dir": str(self.dir),
+            "results_json": str(self.results_json),
+            "results_csv": str(self.results_csv),
+            "traces": str(self.traces),
+        }
+
+
+@dataclass
+class RunOutcome:
+    """What a run produced: its results, the JSON document, its folder, and whether Ctrl-C cut it short."""
+
+    command: str
+    results: list[CellResult]
+    document: dict[str, Any]
+    folder: RunFolder
+    interrupted: bool
+
+    @property
+    def files(self) -> tuple[Path, Path]:
+        """The JSON and CSV results files."""
+        return self.folder.results_json, self.folder.results_csv
+
+    @property
+    def traces(self) -> list[Path]:
+        """The traces this run wrote."""
+        return [r.trace_path for r in self.results if r.trace_path is not None]
+
+    @property
+    def exit_code(self) -> int:
+        """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
+        if self.interrupted:
+            return 130
+        return 1 if any(r.status == "failed" for r in self.results) else 0
+
+
+def resolve_config(config: Config, device: str) -> Config:
+    """`config` for the resolved `device`, with `dtype: auto` made concrete (`devices.resolve_dtype`).
+    Done once, before cell specs, the ceiling, the tables or the results document see the config."""
+    from attnprof.devices import resolve_dtype
+
+    dtype = resolve_dtype(config.dtype, device)
+    return config if dtype == config.dtype else config.model_copy(update={"dtype": dtype})
+
+
+def cell_specs(config: Config, device: str) -> list[RunSpec]:
+    """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
+    config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
+    return [
+        RunSpec(
+            device=device,
+            dtype=config.dtype,
+            batch=s.batch,
+            heads=s.heads,
+            seq=s.seq,
+            head_dim=s.head_dim,
+            kv_heads=s.kv_heads,
+            causal=config.causal,
+            mode=mode,
+        )
+        for s in config.shapes
+        for mode in config.modes
+    ]
+
+
+def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
+    """Every shape × mode × variant, spec-major so each comparison table fills in turn."""
+    return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
+
+
+def check_baseline(config: Config, registry: Registry) -> None:
+    """UnknownVariantError, with the registry's close-match hint, for a baseline no variant has. (A
+    registered baseline that the selection leaves out is the caller's to mention.)"""
+    if config.baseline is not None:
+        registry.get(config.baseline, role="baseline")
+
+
+def check_names(config: Config, registry: Registry) -> None:
+    """Every name the config gives must be registered: include patterns, exclude patterns (for every
+    device) and the baseline; otherwise UnknownVariantError with the registry's close-match hint."""
+    registry.check_patterns(config.variants + [p for entry in config.exclude for p in entry.variants])
+    check_baseline(config, registry)
+
+
+def select_variants(config: Config, registry: Registry, device: str) -> list[Variant]:
+    """The config's include patterns minus the exclude entries in force on the resolved `device`,
+    after `check_names`."""
+    check_names(config, registry)
+    return registry.select(config.variants, [p for entry in config.exclusions(device) for p in entry.variants])
+
+
+def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
+    """What the exclude entries in force on `device` left out of the include patterns' variants: the
+    names, in registration order, and the reason of each entry that left out any (a variant is named
+    under the first entry that excludes it)."""
+    included = registry.matching(config.variants)
+    taken: set[str] = set()
+    found = []
+    for entry in config.exclusions(device):
+        names = [n for n in registry.matching(entry.variants) if n in included and n not in taken]
+        taken.update(names)
+        if names:
+            found.append((names, entry.reason))
+    return found
+
+
+def ensure_output_dir(path: Path) -> Path:
+    """Create the output directory and prove it is writable, or raise OutputError."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".attnprof-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write to output directory {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def open_run_folder(output_dir: Path, command: str) -> RunFolder:
+    """Create this invocation's folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>` with `traces/` in it,
+    exclusively: a name another invocation took gets `-2`, `-3`, ... OutputError when not writable."""
+    ensure_output_dir(output_dir)
+    folder = RunFolder(unique_dir(output_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{command}"))
+    try:
+        folder.traces.mkdir()
+    except OSError as exc:
+        raise OutputError(f"cannot write to output directory {folder.dir}: {exc.strerror or exc}") from None
+    return folder
+
+
+def run_cells(
+    cells: list[Cell],
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None = None,
+    on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
+    trace_dir: Path | None = None,
+) -> tuple[list[CellResult], bool]:
+    """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
+
+    Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
+    and the cell ended some other way; the finished cells are kept. On CUDA with timing and
+    clocks on, nvidia-smi samples the SM clock throughout, and each timed result gets the clock
+    of its own timing window. Speed-ups against the config's baseline are set on the results at
+    the end; so is every throughput again when a cell had the ceiling measured again, so all
+    cells share one ceiling. Traces go into `trace_dir` (default: the config's output directory).
+    """
+    results: list[CellResult] = []
+    interrupted = False
+    sampler = _clock_sampler(cells, measure)
+    try:
+        with recording_interrupts():
+            try:
+                for index, (variant, spec) in enumerate(cells):
+                    raise_if_interrupted()  # also one recorded before the cells, and swallowed since
+                    if on_start:
+                        on_start(index, len(cells), variant, spec)
+                    result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                    if interrupt_requested():
+                        raise KeyboardInterrupt
+                    results.append(result)
+                    if on_done:
+                        on_done(result)
+            except KeyboardInterrupt:
+                interrupted = True
+    finally:
+        if sampler is not None:
+            attach_clocks(results, sampler.device, sampler.stop())
+    if ceiling is not None and ceiling.replaced is not None:
+        rethroughput(results, ceiling.current)
+    attach_speedups(results, config.baseline)
+    return results, interrupted
+
+
+def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
+    """A started ClockSampler for the first CUDA device among the cells, or None."""
+    device = next((spec.device for _, spec in cells if spec.device_type == "cuda"), None)
+    if device is None or not (measure.timing and measure.clocks):
+        return None
+    from attnprof.profiling.clocks import ClockSampler
+
+    return ClockSampler(device).start()
+
+
+def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) -> None:
+    """Set each timed result's `clock` on `device` from the samples inside its timing window."""
+    from attnprof.profiling.clocks import clock_window
+
+    for result in results:
+        if result.timing_window is not None and result.spec.device == device:
+            result.clock = clock_window(samples, [result.timing_window])
+
+
+def finish_run(
+    command: str,
+    config: Config,
+    device: str,
+    results: list[CellResult],
+    ceiling: Any,
+    interrupted: bool,
+    folder: RunFolder | None = None,
+) -> RunOutcome:
+    """Build the results document (naming its files) and write it as `results.json` and `results.csv`
+    into `folder` (default: a new folder in the config's output directory)."""
+    from attnprof.profiling.environment import collect_environment
+    from attnprof.report.export import write_csv, write_json
+    from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
+
+    if folder is None:
+        folder = open_run_folder(Path(config.output_dir), command)
+    document = results_document(
+        command, config, collect_environment(device), ceiling, results, interrupted, files=folder.to_dict()
+    )
+    write_json(folder.results_json, document)
+    write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
+    return RunOutcome(command, results, document, folder, interrupted)

@@ -1,0 +1,146 @@
+"""Are a variant's gradients right? dq, dk and dv against float64 autograd on the same inputs.
+
+The reference is `correctness.reference_attention` in float64, differentiated by autograd with the
+same `grad_out` the variant's backward got (rounded to the working dtype, as the variant saw it).
+Each gradient gets its own relative Frobenius error ‖g − ref‖ / ‖ref‖ and must stay within the
+dtype's `GRAD_THRESHOLDS`. The limits are looser than the forward's: a backward recomputes the
+softmax and chains five matmuls, and dk/dv sum over every query row in the working dtype. Measured
+on CPU with torch 2.13 (standard-normal inputs, D 16 to 128, S up to 1024, causal and not, GQA):
+`sdpa-math` gave at most 1.7e-3 (bf16), 2.2e-4 (fp16), 5.3e-7 (fp32) and `naive`, which rounds the
+scores to the working dtype, 6.6e-3 (bf16), 8.2e-4 (fp16), 5.1e-7 (fp32). The limits sit 6 to 8 times
+above the worst low-precision figure (fp32: 40 times, room for a GPU's reordered sums), while a wrong
+mask, scale or a dropped term gives 0.1 and more.
+
+Big shapes: dk and dv depend on every query row, so the forward check's row subset does not apply.
+Above `GRAD_REFERENCE_LIMIT` scores the reference runs on a slice instead: the first and last batch
+element and up to `SUBSET_HEADS` evenly spaced key/value heads, each with all the query heads of its
+group (GQA) and all rows, fewer when even that is over the limit (at least one batch element and one
+key/value head). Batches and heads are independent, so the slice's gradients are exact. NaN and
+Inf are looked for in the whole gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from attnprof.profiling.correctness import (
+    _spaced,
+    nonfinite_reason,
+    reference_attention,
+    relative_error,
+    threshold_for,
+)
+from attnprof.profiling.inputs import to_bhsd
+
+GRAD_THRESHOLDS = {"bf16": 5e-2, "fp16": 5e-3, "fp32": 2e-5}
+GRAD_REFERENCE_LIMIT = 1 << 24  # scores in the float64 reference with its graph (about 0.5 GiB)
+SUBSET_HEADS = 4
+GRAD_NAMES = ("dq", "dk", "dv")
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    """The verdict on dq, dk and dv: each one's relative error, pass/fail, why it failed, the limit,
+    and what the errors were computed on (`scope`: 'full' or the slice)."""
+
+    rel_errors: dict[str, float | None] = field(default_factory=dict)
+    passed: bool = False
+    reason: str | None = None
+    threshold: float | None = None
+    scope: str = "full"
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of the fields."""
+        return asdict(self)
+
+
+def grad_threshold_for(dtype: str) -> float:
+    """The gradients' relative-error limit for `bf16`, `fp16` or `fp32`."""
+    return threshold_for(dtype, GRAD_THRESHOLDS)
+
+
+def grad_subset(
+    batch: int, heads: int, kv_heads: int, seq: int, *, limit: int = GRAD_REFERENCE_LIMIT, max_heads: int = SUBSET_HEADS
+) -> dict | None:
+    """The batch elements and key/value heads the gradient reference runs on, or None for all."""
+    if batch * heads * seq * seq <= limit:
+        return None
+    per_pair = (heads // kv_heads) * seq * seq  # scores of one batch element and one kv head's group
+    room = max(1, limit // per_pair)
+    batches = sorted({0, batch - 1})
+    if room < len(batches):
+        batches = [0]
+    count = max(1, min(max_heads, room // len(batches)))
+    return {"batches": batches, "kv_heads": _spaced(kv_heads, count)}
+
+
+def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool) -> tuple[Any, ...]:
+    """(dq, dk, dv) of float64 attention on [B, H, S, D] inputs, against `grad_out`, on their device."""
+    import torch
+
+    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        q64, k64, v64 = leaves
+        out = reference_attention(q64, k64, v64, causal, device=q.device, differentiable=True)
+        return torch.autograd.grad(out, leaves, grad_out.detach().to(torch.float64))
+
+
+def check_grads(
+    grads: tuple[Any, Any, Any],
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    *,
+    causal: bool,
+    dtype: str,
+    layout: str = "bhsd",
+    limit: int = GRAD_REFERENCE_LIMIT,
+) -> GradCheck:
+    """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`
+    (all in `layout`); the slice of the module docstring above `limit` scores."""
+    import torch
+
+    grads = tuple(to_bhsd(g, layout) for g in grads)
+    q, k, v, grad_out = (to_bhsd(t, layout) for t in (q, k, v, grad_out))
+    threshold = grad_threshold_for(dtype)
+    for name, grad, like in zip(GRAD_NAMES, grads, (q, k, v), strict=True):
+        if grad is None or tuple(grad.shape) != tuple(like.shape):
+            got = None if grad is None else tuple(grad.shape)
+            return GradCheck({}, False, f"{name} shape {got} != expected {tuple(like.shape)} (bhsd)", threshold)
+        bad = nonfinite_reason(grad)
+        if bad:
+            return GradCheck({}, False, bad.replace("output", name), threshold)
+    batch, heads, seq, _ = q.shape
+    kv_heads = k.shape[1]
+    subset = grad_subset(batch, heads, kv_heads, seq, limit=limit)
+    scope = "full"
+    if subset is not None:
+        group = heads // kv_heads
+        b_idx = torch.tensor(subset["batches"], device=q.device)
+        kv_idx = torch.tensor(subset["kv_heads"], device=q.device)
+        h_idx = torch.tensor([h * group + g for h in subset["kv_heads"] for g in range(group)], device=q.device)
+        pick_q = lambda t: t.index_select(0, b_idx).index_select(1, h_idx)  # noqa: E731
+        pick_kv = lambda t: t.index_select(0, b_idx).index_select(1, kv_idx)  # noqa: E731
+        q, grad_out = pick_q(q), pick_q(grad_out)
+        k, v = pick_kv(k), pick_kv(v)
+        grads = (pick_q(grads[0]), pick_kv(grads[1]), pick_kv(grads[2]))
+        scope = (
+            f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
+            f"({len(h_idx)} of {heads} query heads), all rows"
+        )
+    refs = reference_grads(q, k, v, grad_out, causal)
+    errors: dict[str, float | None] = {
+        name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=True)
+    }
+    over = [f"{name} {err:.1e}" for name, err in errors.items() if err is None or not err <= threshold]
+    if over:
+        return GradCheck(
+            errors,
+            False,
+            f"gradient relative error {', '.join(over)} > {threshold:.0e} ({dtype} limit)",
+            threshold,
+            scope,
+        )
+    return GradCheck(errors, True, None, threshold, scope)

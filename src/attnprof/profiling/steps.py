@@ -1,0 +1,123 @@
+"""One step of a cell's mode, built in one place: the no-argument callable that timing and profiling
+take unchanged, and what correctness and memory need beside it.
+
+* `fwd`: the variant's forward; it returns the output, as before modes existed.
+* `bwd`: the forward runs once, untimed, on q, k, v made with `requires_grad=True`; the step is
+  `torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)` on that graph, so only the
+  backward is timed and nothing accumulates into `.grad`.
+* `fwd+bwd`: the forward, then `torch.autograd.grad(out, (q, k, v), grad_out)`: a whole step.
+
+`grad_out` is seeded standard-normal in the output's shape, made once outside the timed region.
+The backward modes' steps return a `StepOutput` (the forward output and the three gradients).
+
+torch.compile'd variants (`flex`, `compiled`) and `retain_graph=True`: AOTAutograd "donates" the
+buffers a compiled backward saves, and refuses a backward that keeps its graph ("compiled with
+non-empty donated buffers which requires ... retain_graph=False"). In the `bwd` mode the whole
+cell therefore runs under `torch._functorch.config.donated_buffer = False` (`graph_retention`):
+the forward compiles without donated buffers and the backward may run again on the same graph.
+The other choice, an untimed forward before each backward with events around the backward alone,
+would need a timing loop of its own; this one keeps one timing path for every mode. The cost: a
+compiled backward in `bwd` keeps its saved buffers until the graph is freed (it does not free them
+as it goes), which `fwd+bwd`, where the graph is used once and donation stays on, does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from attnprof.errors import VariantUnavailableError
+from attnprof.registry import NO_BACKWARD, RunSpec
+
+GRAD_SEED_OFFSET = 1  # grad_out's generator seed = the inputs' seed + this, so the two differ
+
+
+class StepOutput(NamedTuple):
+    """What a backward-mode step returns: the forward output and (dq, dk, dv) in the variant's layout."""
+
+    out: Any
+    grads: tuple[Any, Any, Any]
+
+
+@dataclass
+class Step:
+    """A cell's step: `call` is timed and profiled; `whole` runs one forward and backward (what peak
+    memory measures in the backward modes); `inputs` are q, k, v and `grad_out` the output gradient
+    (None in `fwd`)."""
+
+    mode: str
+    call: Callable[[], Any]
+    whole: Callable[[], Any]
+    inputs: tuple[Any, Any, Any]
+    grad_out: Any = None
+
+
+@contextlib.contextmanager
+def graph_retention(mode: str) -> Iterator[None]:
+    """In `bwd`, let compiled backwards run with `retain_graph=True` (the module docstring says
+    why); in the other modes, change nothing."""
+    if mode != "bwd":
+        yield
+        return
+    try:
+        import torch._functorch.config as functorch_config
+    except ImportError:  # a torch without AOTAutograd has no donated buffers either
+        yield
+        return
+    if not hasattr(functorch_config, "donated_buffer"):
+        yield
+        return
+    with functorch_config.patch(donated_buffer=False):
+        yield
+
+
+def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) -> tuple[Any, ...]:
+    """(dq, dk, dv) of `out` against `grad_out`; a forward whose output tracks no gradient, or
+    whose backward is not implemented, is skipped as 'no backward'."""
+    import torch
+
+    if out.grad_fn is None:
+        raise VariantUnavailableError(f"{NO_BACKWARD} (the output does not track gradients)")
+    try:
+        return torch.autograd.grad(out, inputs, grad_out, retain_graph=retain)
+    except (NotImplementedError, RuntimeError) as exc:
+        if "not implemented" in str(exc).lower():
+            raise VariantUnavailableError(f"{NO_BACKWARD} ({str(exc).strip().splitlines()[0]})") from None
+        raise
+
+
+def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: tuple[Any, Any, Any], seed: int) -> Step:
+    """The step of `spec.mode` for `forward(q, k, v)`; everything it needs is prepared here, outside
+    the timed region: in the backward modes q, k, v get `requires_grad=True`, `grad_out` is drawn,
+    and in `bwd` the forward whose graph the backward reuses runs once."""
+    import torch
+
+    q, k, v = inputs
+    if not spec.backward:
+
+        def call() -> Any:
+            return forward(q, k, v)
+
+        return Step(spec.mode, call, call, inputs)
+    for tensor in inputs:
+        tensor.requires_grad_(True)
+    generator = torch.Generator(device=q.device).manual_seed(seed + GRAD_SEED_OFFSET)
+    grad_out = torch.randn(q.shape, generator=generator, dtype=torch.float32, device=q.device).to(q.dtype)
+
+    def whole() -> StepOutput:
+        with torch.enable_grad():
+            out = forward(q, k, v)
+        return StepOutput(out.detach(), _grads(out, inputs, grad_out, retain=False))
+
+    if spec.mode == "fwd+bwd":
+        return Step(spec.mode, whole, whole, inputs, grad_out)
+    with torch.enable_grad():
+        kept = forward(q, k, v)
+    detached = kept.detach()
+
+    def backward() -> StepOutput:
+        return StepOutput(detached, _grads(kept, inputs, grad_out, retain=True))
+
+    return Step(spec.mode, backward, whole, inputs, grad_out)

@@ -1,0 +1,175 @@
+"""The one serializer: a `CellResult` as a flat row (CSV, tables) and as a JSON entry (the row plus the
+nested parts), and the self-contained results document.
+
+A new field is one entry in `ROW` (name and how to read it from the result); JSON, CSV and the
+tables pick it up from there. A part that was not measured gives None, never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from attnprof.results import CellResult
+
+
+def _status(r: CellResult) -> str:
+    return r.status if r.ok else f"{r.status}: {r.reason}"
+
+
+def _analysis(key: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.analysis, key) if r.analysis is not None else None
+
+
+def _timing(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.timing, attr) if r.timing is not None else None
+
+
+def _check(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.check, attr) if r.check is not None else None
+
+
+def _throughput(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.throughput, attr) if r.throughput is not None else None
+
+
+def _clock(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.clock, attr) if r.clock is not None else None
+
+
+def _grad_error(name: str) -> Callable[[CellResult], Any]:
+    return lambda r: r.grad_check.rel_errors.get(name) if r.grad_check is not None else None
+
+
+def _scope(r: CellResult) -> str | None:
+    """The forward check's scope, and in the backward modes the gradients' after it."""
+    if r.check is None or r.grad_check is None:
+        return r.check.scope if r.check is not None else None
+    return f"output: {r.check.scope}; gradients: {r.grad_check.scope}"
+
+
+def _flops_convention(r: CellResult) -> str | None:
+    """How the row's FLOPs (`tflops`) were counted; None when there is no FLOP figure."""
+    from attnprof.analysis.roofline import flops_convention
+
+    return flops_convention(r.spec) if r.throughput is not None else None
+
+
+def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
+    return lambda r: None if (value := read(r)) is None else round(value, 3)
+
+
+#: The flat row, in column order: (field, how to read it from a CellResult).
+ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
+    ("variant", lambda r: r.variant),
+    ("source", lambda r: r.source),
+    ("shape", lambda r: r.spec.shape_label),
+    ("batch", lambda r: r.spec.batch),
+    ("heads", lambda r: r.spec.heads),
+    ("kv_heads", lambda r: r.spec.n_kv_heads),
+    ("seq", lambda r: r.spec.seq),
+    ("head_dim", lambda r: r.spec.head_dim),
+    ("dtype", lambda r: r.spec.dtype),
+    ("device", lambda r: r.spec.device),
+    ("causal", lambda r: r.spec.causal),
+    ("mode", lambda r: r.spec.mode),
+    ("status", _status),
+    ("reason", lambda r: r.reason),
+    ("forwards", _analysis("forwards")),
+    ("kernels_per_forward", _analysis("kernels_per_forward")),
+    ("memcpy_per_forward", _analysis("memcpy_per_forward")),
+    ("memset_per_forward", _analysis("memset_per_forward")),
+    ("gpu_time_us", _rounded(_analysis("gpu_time_us"))),
+    ("kernel_time_us", _rounded(_analysis("kernel_time_us"))),
+    ("cpu_time_us", _rounded(_analysis("cpu_time_us"))),
+    ("self_device_time_total_us", _rounded(_analysis("self_device_time_total_us"))),
+    ("transposes_per_forward", _analysis("transposes_per_forward")),
+    ("cpu_ops_per_forward", _analysis("cpu_ops_per_forward")),
+    ("backend", lambda r: r.backend),
+    ("latency_us", _timing("median_us")),
+    ("latency_iqr_us", _timing("iqr_us")),
+    ("cold_ms", _timing("cold_ms")),
+    ("unstable", _timing("unstable")),
+    ("retimed", lambda r: r.retimed if r.timing is not None else None),
+    ("timing_method", _timing("method")),
+    ("tflops", _throughput("tflops")),
+    ("pct_of_peak", _throughput("pct_of_peak")),
+    ("pct_of_peak_note", _throughput("pct_of_peak_note")),
+    ("peak_tflops", _throughput("peak_tflops")),
+    ("achieved_gbps", _throughput("achieved_gbps")),
+    ("bound", _throughput("bound")),
+    ("peak_memory_mib", lambda r: r.memory_mib),
+    ("rel_error", _check("rel_error")),
+    ("passed", lambda r: r.passed),
+    ("grad_rel_error_dq", _grad_error("dq")),
+    ("grad_rel_error_dk", _grad_error("dk")),
+    ("grad_rel_error_dv", _grad_error("dv")),
+    ("nan_on_fully_masked", lambda r: r.nan_on_fully_masked),
+    ("sm_clock_mhz", _clock("sm_mhz")),
+    ("sm_clock_min_mhz", _clock("min_sm_mhz")),
+    ("sm_clock_max_mhz", _clock("max_sm_mhz")),
+    ("clock_limits", lambda r: " ".join(r.clock.limits) or None if r.clock is not None else None),
+    ("latency_p25_us", _timing("p25_us")),
+    ("latency_p75_us", _timing("p75_us")),
+    ("latency_min_us", _timing("min_us")),
+    ("timing_reps", _timing("reps")),
+    ("warmup_reps", _timing("warmup_reps")),
+    ("forwards_per_sample", _timing("forwards_per_sample")),
+    ("rel_error_threshold", _check("threshold")),
+    ("grad_rel_error_threshold", lambda r: r.grad_check.threshold if r.grad_check is not None else None),
+    ("correctness_scope", _scope),
+    ("flops_convention", _flops_convention),
+    ("speedup_vs_baseline", lambda r: r.speedup_vs_baseline),
+    ("speedup_reliable", lambda r: r.speedup_reliable),
+    ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
+    ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
+)
+CSV_FIELDS = tuple(name for name, _ in ROW)
+
+
+def csv_row(result: CellResult) -> dict[str, Any]:
+    """The flat row of scalars: CSV's columns, and the base of the JSON entry."""
+    return {name: read(result) for name, read in ROW}
+
+
+def json_entry(result: CellResult) -> dict[str, Any]:
+    """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
+    and `grad_rel_error` as {dq, dk, dv} (None outside the backward modes)."""
+    entry = csv_row(result)
+    entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
+    analysis = result.analysis.to_dict() if result.analysis is not None else {}
+    entry["finding_ids"] = entry["findings"]
+    entry["findings"] = analysis.get("findings", [])
+    for key in ("launch_apis", "kernels", "spread"):
+        if key in analysis:
+            entry[key] = analysis[key]
+    entry["trace_device"] = analysis.get("device")
+    entry["phases_s"] = dict(result.phases_s)
+    return entry
+
+
+def results_document(
+    command: str,
+    config: Any,
+    environment: dict[str, Any],
+    ceiling: Any,
+    results: list[CellResult],
+    interrupted: bool,
+    files: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The self-contained JSON document: the files it was written to, environment, config, ceiling and
+    every result. `files` names the run's folder, its results files and its traces folder."""
+    from attnprof import __version__
+
+    return {
+        "attnprof_version": __version__,
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "interrupted": interrupted,
+        "files": files,
+        "environment": environment,
+        "config": config.model_dump(mode="json"),
+        "ceiling": None if ceiling is None else ceiling.to_dict(),
+        "results": [json_entry(r) for r in results],
+    }

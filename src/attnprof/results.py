@@ -1,0 +1,136 @@
+"""The typed result of one cell: what was run, how it ended, and every measurement, each in its part.
+
+`CellResult` is the one object every command renders and exports; `report.serialize` turns it
+into JSON and CSV rows at the edge. A missing measurement is None, never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from attnprof.registry import RunSpec
+
+if TYPE_CHECKING:
+    from attnprof.analysis import TraceAnalysis
+    from attnprof.profiling.clocks import ClockWindow
+    from attnprof.profiling.correctness import Check
+    from attnprof.profiling.gradcheck import GradCheck
+    from attnprof.profiling.timing import Timing
+
+Status = Literal["ok", "skipped", "failed"]
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Achieved rates of one latency against the device's measured ceilings.
+
+    `pct_of_peak` is None when there is no ceiling or the latency beat it; `pct_of_peak_note`
+    then says why in one line.
+    """
+
+    tflops: float
+    pct_of_peak: float | None
+    peak_tflops: float | None
+    achieved_gbps: float
+    bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
+    pct_of_peak_note: str | None = None
+
+
+@dataclass
+class CellResult:
+    """The outcome of one variant at one spec. `status` is ok, skipped or failed; `reason` says why not ok.
+
+    Parts are None when they were not measured: `timing`, `memory_mib` and `throughput` with
+    `--no-timing`, `check` when the cell failed before its output existed, `grad_check` outside
+    the backward modes (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `clock` without
+    nvidia-smi, `analysis` when no trace was analysed. `retimed` counts the samples thrown away
+    because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
+    speed-up rests on a latency that is unstable, the variant's or the baseline's.
+    """
+
+    variant: str
+    source: str
+    spec: RunSpec
+    status: Status = "ok"
+    reason: str | None = None
+    timing: Timing | None = None
+    check: Check | None = None
+    grad_check: GradCheck | None = None
+    memory_mib: float | None = None
+    nan_on_fully_masked: bool | None = None
+    clock: ClockWindow | None = None
+    throughput: Throughput | None = None
+    analysis: TraceAnalysis | None = None
+    backend: str | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_reliable: bool | None = None
+    retimed: int = 0
+    trace_path: Path | None = None
+    key_averages_table: str | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+    timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
+    warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
+    native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
+
+    @property
+    def ok(self) -> bool:
+        """True when the cell ran and passed its checks."""
+        return self.status == "ok"
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the output (and, in the backward modes, the gradients) matched float64; None unchecked."""
+        checks = [c for c in (self.check, self.grad_check) if c is not None]
+        return all(c.passed for c in checks) if checks else None
+
+    @property
+    def latency_us(self) -> float | None:
+        """The median latency outside the profiler, or None when not timed."""
+        return self.timing.median_us if self.timing else None
+
+
+SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
+
+
+def speed_time(result: CellResult, key: str) -> float | None:
+    """The result's `latency_us`, `gpu_time_us` or `cpu_time_us`, when known and positive."""
+    if key == "latency_us":
+        value = result.latency_us
+    else:
+        value = getattr(result.analysis, key, None) if result.analysis else None
+    return float(value) if value is not None and value > 0 else None
+
+
+def speed_basis(result: CellResult) -> tuple[str, float] | None:
+    """The time a speed-up is computed from: clean latency, else profiler GPU time, else CPU time."""
+    for key in SPEED_KEYS:
+        value = speed_time(result, key)
+        if value is not None:
+            return key, value
+    return None
+
+
+def unstable(result: CellResult) -> bool:
+    """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
+    return result.timing is not None and result.timing.unstable
+
+
+def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
+    """Set `speedup_vs_baseline` = baseline time / variant time for the ok results of each baseline spec,
+    and `speedup_reliable`: False when it is computed from latencies and either one is unstable (the
+    baseline's own 1.00x is exact)."""
+    if not baseline:
+        return
+    for base in results:
+        basis = speed_basis(base) if base.variant == baseline and base.ok else None
+        if basis is None:
+            continue
+        key, base_time = basis
+        for result in results:
+            mine = speed_time(result, key) if result.spec == base.spec and result.ok else None
+            if mine is not None:
+                result.speedup_vs_baseline = base_time / mine
+                shaky = key == "latency_us" and result is not base and (unstable(base) or unstable(result))
+                result.speedup_reliable = not shaky
