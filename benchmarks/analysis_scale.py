@@ -27,7 +27,8 @@ Every measurement runs in a fresh child process:
 `--stages-size 1M` times the stages of the analysis (CPU seconds: imports, parse in this process
 and in the worker, find_forwards, forward_metrics, kernel_stats, findings, gc) in one more child.
 CLI and bare runs alternate, `--repeats` times each (the machine is shared: the minimum is kept,
-all runs are in the JSON). Targets: CLI within 1.5x of the bare decode; peak memory under 1x
+all runs are in the JSON; with `--before-src DIR` that tree's CLI runs alternate with them too).
+Targets: CLI within 1.5x of the bare decode; peak memory under 1x
 the trace's uncompressed size. `--src DIR` measures another checkout's `src` (say, the commit
 before a change). With --cprofile-size, one more attnprof child runs under cProfile and its top
 functions go into the JSON: where the time goes.
@@ -72,9 +73,9 @@ def label(n: int) -> str:
     return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k"
 
 
-def _python_env() -> dict[str, str]:
+def _python_env(src_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    src = str(SRC)
+    src = str(src_dir or SRC)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -280,13 +281,13 @@ def make_traces(n: int, workdir: Path, formats: list[str], reuse: bool) -> dict[
     return meta
 
 
-def cli_run(path: Path) -> dict[str, Any] | None:
+def cli_run(path: Path, src: Path | None = None) -> dict[str, Any] | None:
     """Wall time of `attnprof analyze PATH --format json`, end to end, its CPU time (with the
     worker's) and the peak RSS of the largest process of its tree (the kernel's figure for a
     waited-for child); None if it failed."""
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "attnprof", "analyze", str(path), "--format", "json"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_python_env())
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_python_env(src))
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     if status != 0:
@@ -305,13 +306,13 @@ def _ratio(a: float | None, b: float | None, digits: int = 2) -> str:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """One row per size and format."""
     head = ("| trace | events | MiB (uncompressed) | parse s | analysis s | total s | events/s | parse s, 1 process | "
-            "CLI s | bare decode s | CLI / bare | peak RSS MiB (main + worker) | x uncompressed | CLI peak MiB | "
-            "HTA s | HTA / attnprof |")
+            "CLI s | bare decode s | CLI / bare | before: CLI s | before / bare | peak RSS MiB (main + worker) | "
+            "x uncompressed | CLI peak MiB | HTA s | HTA / attnprof |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         a = r["attnprof"]
         if "error" in a:
-            lines.append(f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['error']} |" + " |" * 12)
+            lines.append(f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['error']} |" + " |" * 14)
             continue
         hta = r.get("hta") or {}
         if not hta:
@@ -322,13 +323,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         else:
             hta_s, ratio = f"{hta['total_s']:.1f}", f"{hta['total_s'] / a['total_s']:.0f}x"
         one = r.get("one_process") or {}
-        cli, bare = r.get("cli") or {}, r.get("bare") or {}
+        cli, bare, before = r.get("cli") or {}, r.get("bare") or {}, r.get("cli_before") or {}
         lines.append(
             f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['parse_s']:.2f} | "
             f"{a['analysis_s']:.2f} | {a['total_s']:.2f} | {a['events_per_s']:,.0f} | "
             f"{format(one['parse_s'], '.2f') if 'parse_s' in one else 'n/a'} | "
             f"{format(cli['wall_s'], '.2f') if cli else 'n/a'} | {format(bare['wall_s'], '.2f') if bare else 'n/a'} | "
-            f"{_ratio(cli.get('wall_s'), bare.get('wall_s'))} | {_mib(a['peak_rss_bytes'])} | "
+            f"{_ratio(cli.get('wall_s'), bare.get('wall_s'))} | "
+            f"{format(before['wall_s'], '.2f') if before else 'n/a'} | {_ratio(before.get('wall_s'), bare.get('wall_s'))} | "
+            f"{_mib(a['peak_rss_bytes'])} | "
             f"{a['peak_rss_bytes'] / r['uncompressed_bytes']:.2f} | {_mib(cli.get('peak_rss_bytes'))} | "
             f"{hta_s} | {ratio} |")
     return "\n".join(lines)
@@ -344,8 +347,9 @@ def _best(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | None:
     return best
 
 
-def measure(path: Path, meta: dict[str, Any], repeats: int, one_process: bool) -> dict[str, Any]:
-    """attnprof in-process (best of `repeats`), then CLI and bare decode alternating `repeats` times."""
+def measure(path: Path, meta: dict[str, Any], repeats: int, one_process: bool, before: Path | None) -> dict[str, Any]:
+    """attnprof in-process (best of `repeats`), then the CLI, the `before` tree's CLI (if given) and
+    the bare decode, alternating, `repeats` times each."""
     runs = [run_child(["--child-attnprof", str(path)], None) for _ in range(repeats)]
     ok = [r for r in runs if "error" not in r]
     best = min(ok, key=lambda r: r["total_s"]) if ok else runs[0]
@@ -356,11 +360,15 @@ def measure(path: Path, meta: dict[str, Any], repeats: int, one_process: bool) -
     row: dict[str, Any] = {"attnprof": best}
     if one_process:
         row["one_process"] = run_child(["--child-attnprof", str(path), "--child-one-process"], None)
-    cli_runs, bare_runs = [], []
+    cli_runs, before_runs, bare_runs = [], [], []
     for _ in range(repeats):
         cli_runs.append(cli_run(path))
+        if before is not None:
+            before_runs.append(cli_run(path, before))
         bare_runs.append(bare_decode(path))
     row["cli"], row["bare"] = _best(cli_runs, "wall_s"), _best(bare_runs, "wall_s")
+    if before is not None:
+        row["cli_before"] = _best(before_runs, "wall_s")
     if row["cli"] and row["bare"]:
         row["cli_over_bare"] = row["cli"]["wall_s"] / row["bare"]["wall_s"]
         row["cli_events_per_s"] = meta["events"] / row["cli"]["wall_s"]
@@ -378,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-repeats", type=int, default=1, help="runs of each kind per larger trace")
     parser.add_argument("--one-process", action="store_true", help="also parse in-process without the worker process")
     parser.add_argument("--src", type=Path, default=SRC, help="the attnprof source tree to measure (default: this one)")
+    parser.add_argument("--before-src", type=Path, default=None,
+                        help="another tree (say, before a change) whose CLI runs alternate with this one's")
     parser.add_argument("--hta-sizes", default="100k,1M", help="sizes HTA runs at ('' for none)")
     parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds before an HTA child is killed")
     parser.add_argument("--cprofile-size", default="1M", help="size profiled with cProfile ('' for none)")
@@ -429,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"name": f"{label(n)} .{fmt.replace('gz', 'json.gz')}", "size": label(n), "format": fmt,
                        "events": meta["events"], "forwards": meta["forwards"],
                        "uncompressed_bytes": meta["bytes_uncompressed"], "file_bytes": meta["file_bytes"][fmt],
-                       **measure(path, meta, repeats, args.one_process)}
+                       **measure(path, meta, repeats, args.one_process, args.before_src)}
                 if fmt == "json" and n in hta_sizes:
                     hta_dir = workdir / f"hta_{label(n)}"
                     hta_dir.mkdir(exist_ok=True)
