@@ -1,6 +1,6 @@
 """`python -m attnprof` runs the same CLI as the `attnprof` command."""
 
-from attnprof.cli.app import main
+from attnprof.entry import main
 
 if __name__ == "__main__":
     main()
