@@ -8,6 +8,9 @@ import pytest
 
 from attnprof.profiling import clocks
 from attnprof.profiling.clocks import ClockSample, ClockSampler, clock_window, parse_samples, reason_names
+from attnprof.registry import RunSpec
+from attnprof.report.serialize import csv_row
+from attnprof.results import CellResult
 
 
 def stamp(t: float) -> str:
@@ -36,11 +39,12 @@ def test_parse_samples_reads_nvidia_smi_lines_and_skips_junk():
 def test_window_median_min_max_and_reasons():
     w = clock_window(SAMPLES, [(T0 + 0.01, T0 + 0.07)])
     assert (w.sm_mhz, w.min_sm_mhz, w.max_sm_mhz, w.limits, w.samples) == (1845, 1845, 1980, ("sw_power_cap",), 3)
-    assert w.to_measures() == {"sm_clock_mhz": 1845, "sm_clock_min_mhz": 1845, "sm_clock_max_mhz": 1980,
-                               "clock_limits": "sw_power_cap"}
+    row = csv_row(CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16), clock=w))
+    assert {k: row[k] for k in ("sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits")} == {
+        "sm_clock_mhz": 1845, "sm_clock_min_mhz": 1845, "sm_clock_max_mhz": 1980, "clock_limits": "sw_power_cap"}
     both = clock_window(SAMPLES, [(T0 - 0.01, T0 + 0.01), (T0 + 0.05, T0 + 0.07), (T0 + 0.9, T0 + 1.1)])
     assert (both.sm_mhz, both.min_sm_mhz, both.limits) == (1980, 1965, ())  # idle is not a limit
-    assert both.to_measures()["clock_limits"] is None
+    assert both.limits_text is None
     assert clock_window(SAMPLES, [(T0 + 5, T0 + 6)]) is None
 
 

@@ -63,6 +63,11 @@ class RunSpec:
             label += f"/kv{self.n_kv_heads}"
         return label
 
+    @property
+    def cell_label(self) -> str:
+        """`shape_label`, with the mode after it when that is not the default `fwd`."""
+        return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
+
 
 ForwardFn = Callable[..., Any]
 CheckFn = Callable[[RunSpec], "str | None"]

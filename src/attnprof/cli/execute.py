@@ -71,14 +71,14 @@ def execute(command: str, config: Config, cells: list[Cell], device: str, measur
         task = progress.add_task("starting", total=len(cells))
 
         def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
-            progress.update(task, description=f"{variant.name} @ {_cell(spec)}")
+            progress.update(task, description=f"{variant.name} @ {spec.cell_label}")
             if not console.is_terminal:
-                note(f"[{index + 1}/{total}] {variant.name} @ {_cell(spec)} {spec.dtype} on {spec.device}")
+                note(f"[{index + 1}/{total}] {variant.name} @ {spec.cell_label} {spec.dtype} on {spec.device}")
 
         def on_done(result: CellResult) -> None:
             progress.advance(task)
             if not result.ok:
-                note(f"  {result.variant} @ {_cell(result.spec)}: {result.status}: {result.reason}")
+                note(f"  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
             if STATE.debug:
                 note_captured(result)
 
@@ -89,7 +89,7 @@ def execute(command: str, config: Config, cells: list[Cell], device: str, measur
             ceiling_note(
                 ceiling,
                 [
-                    f"{r.variant} @ {_cell(r.spec)}"
+                    f"{r.variant} @ {r.spec.cell_label}"
                     for r in results
                     if r.throughput is not None and r.throughput.pct_of_peak is None
                 ],
@@ -102,7 +102,7 @@ def execute(command: str, config: Config, cells: list[Cell], device: str, measur
 
 def note_captured(result: CellResult) -> None:
     """With --debug: the profiler's native stderr and the Python warnings captured during a cell."""
-    where = f"  {result.variant} @ {_cell(result.spec)}"
+    where = f"  {result.variant} @ {result.spec.cell_label}"
     for line in result.native_stderr:
         note(f"{where}: profiler stderr: {line}")
     for line in result.warnings:
@@ -138,8 +138,3 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
     else:
         when = f"measured now ({current.reason})"
     return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"
-
-
-def _cell(spec: "RunSpec") -> str:
-    """The spec's shape, with its mode after it when that is not the default `fwd`."""
-    return f"{spec.shape_label} {spec.mode}" if spec.backward else spec.shape_label

@@ -237,7 +237,7 @@ def cell_throughput(variant: str, spec: RunSpec, latency_us: float, ceiling: Run
     (once per run) and the throughput computed against the fresh one."""
     rates = throughput(spec, latency_us, ceiling.current)
     if exceeds(rates):
-        why = f"{variant} at {spec.shape_label} reached {rates.tflops:.3g} TFLOP/s"
+        why = f"{variant} at {spec.cell_label} reached {rates.tflops:.3g} TFLOP/s"
         if ceiling.measure_again(why):
             rates = throughput(spec, latency_us, ceiling.current)
     return rates

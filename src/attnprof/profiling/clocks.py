@@ -60,15 +60,10 @@ class ClockWindow:
     limits: tuple[str, ...]
     samples: int
 
-    def to_measures(self) -> dict[str, Any]:
-        """The result-row fields: `sm_clock_mhz` (median), `sm_clock_min_mhz`, `sm_clock_max_mhz`,
-        `clock_limits` (space-separated reasons, or None)."""
-        return {
-            "sm_clock_mhz": self.sm_mhz,
-            "sm_clock_min_mhz": self.min_sm_mhz,
-            "sm_clock_max_mhz": self.max_sm_mhz,
-            "clock_limits": " ".join(self.limits) or None,
-        }
+    @property
+    def limits_text(self) -> str | None:
+        """The reasons the driver held the clock down, space-separated; None when there were none."""
+        return " ".join(self.limits) or None
 
 
 def reason_names(bits: int) -> tuple[str, ...]:

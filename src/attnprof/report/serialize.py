@@ -109,7 +109,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("sm_clock_mhz", _clock("sm_mhz")),
     ("sm_clock_min_mhz", _clock("min_sm_mhz")),
     ("sm_clock_max_mhz", _clock("max_sm_mhz")),
-    ("clock_limits", lambda r: " ".join(r.clock.limits) or None if r.clock is not None else None),
+    ("clock_limits", _clock("limits_text")),
     ("latency_p25_us", _timing("p25_us")),
     ("latency_p75_us", _timing("p75_us")),
     ("latency_min_us", _timing("min_us")),
