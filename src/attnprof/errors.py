@@ -71,3 +71,9 @@ def one_line(exc: BaseException, *, with_type: bool = True, limit: int = 200) ->
     if not with_type:
         return detail or type(exc).__name__
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+class ResultsFileError(AttnprofError):
+    """A results file that cannot be read back: missing, empty, or not written by attnprof."""
+
+    exit_code = 2
