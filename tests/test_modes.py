@@ -87,6 +87,53 @@ def test_bwd_times_only_the_backward(config) -> None:
     assert result.analysis.forwards == 2
 
 
+def test_a_backward_that_cannot_repeat_gets_a_fresh_untimed_forward_each_time(config) -> None:
+    """`repeatable_backward=False` (the `compiled` variant): every timed or profiled backward runs on
+    the graph of its own forward, made outside the timing and outside the region, and freed after."""
+    calls = []
+    naive = builtin("naive")
+
+    def once_only(q, k, v, causal, state):
+        out = naive.forward(q, k, v, causal, state)
+        calls.append(out)
+        return out
+
+    variant = replace(naive, forward=once_only, repeatable_backward=False)
+    result = run_cell(variant, spec("bwd"), config, FAST)
+    assert result.ok and result.passed, result.reason
+    assert result.timing.method.startswith("time.perf_counter per call, each after an untimed forward")
+    n_timed = result.timing.reps + result.timing.warmup_reps + 1  # + the cold call
+    # build_step's forward, one per timed call, one per profiled step (wait+warmup+active = 3), and
+    # the memory probe's whole step
+    assert len(calls) >= n_timed + 3 + 1
+    assert result.analysis.forwards == 2
+
+
+def test_build_step_prepare_runs_the_forward_and_call_frees_it() -> None:
+    from attnprof.profiling.steps import build_step
+
+    counts = {"fwd": 0}
+
+    def forward(q, k, v):
+        counts["fwd"] += 1
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    step = build_step(spec("bwd"), forward, (q, k, v), seed=0, repeatable_backward=False)
+    assert step.prepare is not None and counts["fwd"] == 1
+    first = step.call()
+    assert counts["fwd"] == 1  # the graph build_step made
+    step.prepare()
+    second = step.call()
+    assert counts["fwd"] == 2
+    for a, b in zip(first.grads, second.grads, strict=True):
+        assert torch.equal(a, b)
+    step.call()  # without prepare it still runs a true backward (on a forward of its own)
+    assert counts["fwd"] == 3
+    repeatable = build_step(spec("bwd"), forward, (q, k, v), seed=0)
+    assert repeatable.prepare is None
+
+
 def test_a_variant_without_backward_is_skipped(config) -> None:
     naive = replace(builtin("naive"), has_backward=False)
     for mode in ("bwd", "fwd+bwd"):

@@ -94,6 +94,7 @@ class Variant:
     layout: str = "bhsd"
     source: str = "built-in"
     has_backward: bool = True
+    repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -147,15 +147,20 @@ def _measure(
     stage = "backward" if spec.backward else "forward"
     with torch.no_grad(), graph_retention(spec.mode):
         with phase(result, "setup"), guard("forward", variant):
-            step = build_step(spec, forward, (q, k, v), config.seed)
+            step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
         if measure.timing:
-            _time(step.call, variant, measure, result, stage)
+            _time(step.call, variant, measure, result, stage, step.prepare)
         else:
             with phase(result, "warmup"), guard(stage, variant):
-                _warm_up(step.call, spec)
+                _warm_up(step.call, spec, step.prepare)
         with phase(result, "profile"), guard(stage, variant):
             run = profile_forward(
-                step.call, spec, config.schedule, config.region, trace_dir / trace_file_name(variant.name, spec)
+                step.call,
+                spec,
+                config.schedule,
+                config.region,
+                trace_dir / trace_file_name(variant.name, spec),
+                prepare=step.prepare,
             )
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
@@ -191,7 +196,14 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
         )
 
 
-def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellResult, stage: str = "forward") -> None:
+def _time(
+    forward: Any,
+    variant: Variant,
+    measure: MeasureOptions,
+    result: CellResult,
+    stage: str = "forward",
+    prepare: Any = None,
+) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
     An unstable sample is taken again, up to RETIMES times;
     the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
@@ -207,6 +219,7 @@ def _time(forward: Any, variant: Variant, measure: MeasureOptions, result: CellR
                 min_time_s=measure.min_time_s,
                 cuda_graph=measure.cuda_graph,
                 flush_l2=measure.flush_l2,
+                prepare=prepare,
             )
         result.timing_window = (started, time.time())
         result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
@@ -283,10 +296,12 @@ def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:
             result.throughput = throughput(result.spec, latency_us, ceiling)
 
 
-def _warm_up(forward: Any, spec: RunSpec, calls: int = 3) -> None:
+def _warm_up(forward: Any, spec: RunSpec, prepare: Any = None, calls: int = 3) -> None:
     import torch
 
     for _ in range(calls):
+        if prepare is not None:
+            prepare()
         forward()
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)

@@ -155,9 +155,12 @@ def time_forward(
     flush_l2: bool = False,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     clock: Callable[[], float] | None = None,
+    prepare: Callable[[], Any] | None = None,
 ) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
 
+    `prepare`, when given, runs before every call of `fn` (cold, warm-up and timed), outside the clock
+    and the CUDA events; a step with one cannot be captured in a CUDA graph, so it is timed eagerly.
     `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
     Out-of-memory anywhere inside raises VariantFailure("out of memory: ...").
     """
@@ -165,11 +168,14 @@ def time_forward(
 
     clock = clock or time.perf_counter
     dev = torch.device(device)
+    setup = prepare or _nothing
     with oom_guard():
         if dev.type == "cuda":
             with torch.cuda.device(dev):
                 return _time_cuda(
                     fn,
+                    setup,
+                    prepare is not None,
                     dev,
                     clock,
                     min_time_s,
@@ -184,6 +190,8 @@ def time_forward(
                 )
         return _time_cpu(
             fn,
+            setup,
+            prepare is not None,
             clock,
             min_time_s,
             max_reps,
@@ -225,8 +233,14 @@ def _warm_note(n: int, settled: bool) -> str:
     return f"warm-up {n} calls ({'settled' if settled else 'time budget'})"
 
 
+def _nothing() -> None:
+    return None
+
+
 def _time_cpu(
     fn,
+    setup,
+    prepared,
     clock,
     min_time_s,
     max_reps,
@@ -239,6 +253,7 @@ def _time_cpu(
     unstable_threshold,
 ) -> Timing:
     def call_s() -> float:
+        setup()
         t0 = clock()
         fn()
         return clock() - t0
@@ -248,7 +263,7 @@ def _time_cpu(
     reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
     samples = [call_s() for _ in range(reps)]
     notes = [
-        "time.perf_counter per call",
+        "time.perf_counter per call" + (", each after an untimed forward" if prepared else ""),
         _rep_note(reps, min_time_s, min_reps, max_reps),
         _warm_note(len(warm), settled),
     ]
@@ -335,6 +350,8 @@ def recover_from_failed_capture(device: Any) -> None:
 
 def _time_cuda(
     fn,
+    setup,
+    prepared,
     dev,
     clock,
     min_time_s,
@@ -349,19 +366,26 @@ def _time_cuda(
 ) -> Timing:
     import torch
 
+    setup()
     torch.cuda.synchronize(dev)
     t0 = clock()
     fn()
     torch.cuda.synchronize(dev)
     cold = clock() - t0
 
-    warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps)
+    def warm_call() -> float:
+        setup()
+        return _event_time_s(fn)
+
+    warm, settled = _warm_up(warm_call, clock, warmup_s, warmup_min_s, warmup_reps)
     warm_n = len(warm)
     launch = fn
     per_sample = 1
     notes: list[str] = []
     graph_used = False
-    if cuda_graph:
+    if cuda_graph and prepared:
+        notes.append("cuda-graph n/a: an untimed forward precedes each backward")
+    elif cuda_graph:
         try:
             graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
@@ -376,6 +400,7 @@ def _time_cuda(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize(dev)
     for i in range(reps):
+        setup()
         if cache is not None:
             cache.zero_()
         starts[i].record()
@@ -390,7 +415,11 @@ def _time_cuda(
             f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
         )
     else:
-        head = "CUDA events per call, eager, back to back"
+        head = (
+            "CUDA events per call, eager, back to back"
+            if not prepared
+            else ("CUDA events per call, eager, each after an untimed forward")
+        )
     notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
     if flush_l2:
         notes.append("L2 flushed before each call (outside the events)")
