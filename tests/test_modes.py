@@ -247,3 +247,31 @@ def test_run_refuses_a_variant_without_backward_in_one_line(cli, write_config, m
     result = cli("run", str(write_config()), "-v", "naive", "--mode", "bwd")
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "naive cannot run on cpu with fp32 at 1x2x32x16 in bwd: no backward" in result.output
+
+
+def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
+    """run/compare rows hold the forward and backward phase facts of the real H200 trace they were
+    measured with; in a backward mode the tables' per-forward columns read per step."""
+    from pathlib import Path
+
+    from attnprof.analysis import analyze_trace
+    from attnprof.report.tables import compare_report, run_summary_table
+
+    data = Path(__file__).parent / "data" / "h200" / "training"
+    result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
+    step = replace(result, analysis=analyze_trace(data / "fwd+bwd/8x16x1024x64/sdpa-flash.json.gz"))
+    entry = json_entry(step)
+    assert (entry["forward_kernels"], entry["backward_kernels"]) == (1, 5)
+    assert (entry["backward_memcpy"], entry["backward_memset"], entry["backward_outside_region"]) == (0, 0, False)
+    assert entry["backward_kernel_time_us"] > entry["forward_kernel_time_us"] > 0
+    assert entry["phases"]["backward"]["kernels"] == 5 and entry["kernels_per_forward"] == 6
+    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(csv_row(step))
+    summary = run_summary_table(entry, "table")
+    assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
+    after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
+    assert "(backward after the region)" in run_summary_table(json_entry(after), "table")
+    report = compare_report([entry], "table", None, width=200)
+    assert "kernels/step" in report and "kernels/fwd" not in report
+    forward_only = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    assert forward_only["forward_kernels"] is None and forward_only["phases"] is None  # CPU: no device work
+    assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)

@@ -56,6 +56,16 @@ def _flops_convention(r: CellResult) -> str | None:
     return flops_convention(r.spec) if r.throughput is not None else None
 
 
+def _phase(phase: str, key: str) -> Callable[[CellResult], Any]:
+    """One fact of the forward or backward phase (`TraceAnalysis.phases`); None without device work."""
+
+    def read(r: CellResult) -> Any:
+        phases = r.analysis.phases if r.analysis is not None else None
+        return None if phases is None else phases[phase].get(key)
+
+    return read
+
+
 def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
     return lambda r: None if (value := read(r)) is None else round(value, 3)
 
@@ -86,6 +96,13 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("self_device_time_total_us", _rounded(_analysis("self_device_time_total_us"))),
     ("transposes_per_forward", _analysis("transposes_per_forward")),
     ("cpu_ops_per_forward", _analysis("cpu_ops_per_forward")),
+    ("forward_kernels", _phase("forward", "kernels")),
+    ("forward_kernel_time_us", _rounded(_phase("forward", "kernel_time_us"))),
+    ("backward_kernels", _phase("backward", "kernels")),
+    ("backward_memcpy", _phase("backward", "memcpy")),
+    ("backward_memset", _phase("backward", "memset")),
+    ("backward_kernel_time_us", _rounded(_phase("backward", "kernel_time_us"))),
+    ("backward_outside_region", _phase("backward", "outside_region")),
     ("backend", lambda r: r.backend),
     ("latency_us", _timing("median_us")),
     ("latency_iqr_us", _timing("iqr_us")),
@@ -135,13 +152,14 @@ def csv_row(result: CellResult) -> dict[str, Any]:
 
 def json_entry(result: CellResult) -> dict[str, Any]:
     """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
-    and `grad_rel_error` as {dq, dk, dv} (None outside the backward modes)."""
+    phases (forward and backward work, as `analyze` gives them), and `grad_rel_error` as {dq, dk, dv}
+    (None outside the backward modes)."""
     entry = csv_row(result)
     entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["finding_ids"] = entry["findings"]
     entry["findings"] = analysis.get("findings", [])
-    for key in ("launch_apis", "kernels", "spread"):
+    for key in ("launch_apis", "kernels", "spread", "phases"):
         if key in analysis:
             entry[key] = analysis[key]
     entry["trace_device"] = analysis.get("device")

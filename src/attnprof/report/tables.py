@@ -138,6 +138,14 @@ def _status_word(row: dict[str, Any]) -> str:
     return row["status"].partition(":")[0]
 
 
+def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]:
+    """The columns with `/fwd` read as `/step` when a backward mode is among `modes`: a row's counts
+    and times there are of the whole timed step (forward, backward, or both), not of a forward."""
+    if modes <= {"fwd"}:
+        return columns
+    return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
+
+
 def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
     follow it as bullets. A legend follows when a speed-up is unreliable."""
@@ -167,7 +175,8 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
     notes = _reasons(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
-    return "\n".join([table(SHAPE_COLUMNS, body, fmt, width)] + (["", *notes] if notes else []))
+    columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
+    return "\n".join([table(columns, body, fmt, width)] + (["", *notes] if notes else []))
 
 
 def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
@@ -202,9 +211,10 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
                 revealed or "nothing unusual",
             ]
         )
+    glance = per_step(GLANCE_COLUMNS, {entry.get("mode") or "fwd" for entry in results})
     if not fitted:
-        return table(GLANCE_COLUMNS, body, fmt)
-    columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+        return table(glance, body, fmt)
+    columns = glance[:-1] + (replace(glance[-1], header="findings"),)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
         f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
@@ -224,6 +234,17 @@ def _shape_mode(entry: dict[str, Any]) -> str:
     """The shape, with the mode after it when it is not the default `fwd`."""
     mode = entry.get("mode") or "fwd"
     return entry["shape"] if mode == "fwd" else f"{entry['shape']} {mode}"
+
+
+def _phase_split(row: dict[str, Any]) -> str:
+    """`1 + 5 (backward after the region)`: the step's kernels by phase, from the row's phase fields."""
+    forward, backward = row.get("forward_kernels"), row.get("backward_kernels")
+    if forward is None or backward is None:
+        return "n/a"
+    text = f"{forward} + {backward}"
+    if row.get("backward_kernel_time_us") is not None:
+        text += f" ({fmt_number(row.get('forward_kernel_time_us'))} + {fmt_number(row['backward_kernel_time_us'])} µs)"
+    return text + (" (backward after the region)" if row.get("backward_outside_region") else "")
 
 
 def _grad_errors(row: dict[str, Any]) -> str:
@@ -267,6 +288,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
     ]
     if (row.get("mode") or "fwd") != "fwd":
         items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
+        items.insert(2, ("kernels per step: forward + backward", _phase_split(row)))
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
 
 
