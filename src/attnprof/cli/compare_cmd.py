@@ -63,10 +63,12 @@ def compare_command(
     chosen = select_variants(cfg, loaded.registry, device)
     if exclude is None:  # the config's own exclusions, not the command line's
         _note_exclusions(cfg, loaded.registry, device)
-    if cfg.baseline and cfg.baseline not in [v.name for v in chosen]:
-        c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
+    baseline = cfg.baseline
+    if baseline and baseline not in [v.name for v in chosen]:
+        c.note(f"baseline {baseline!r} is not among the selected variants: no speed-ups")
+        baseline = None
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
-    _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
+    _print(outcome, fmt, baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
 
