@@ -77,3 +77,9 @@ class ResultsFileError(AttnprofError):
     """A results file that cannot be read back: missing, empty, or not written by attnprof."""
 
     exit_code = 2
+
+
+class MissingExtraError(AttnprofError):
+    """An optional dependency that a command needs is not installed (e.g. matplotlib for `plot`)."""
+
+    exit_code = 2

@@ -12,6 +12,8 @@ from attnprof.cli.common import STATE
 from attnprof.cli.compare_cmd import compare_command
 from attnprof.cli.explain_cmd import explain_command
 from attnprof.cli.list_cmd import list_command
+from attnprof.cli.plot_cmd import plot_command
+from attnprof.cli.report_cmd import report_command
 from attnprof.cli.run_cmd import run_command
 
 
@@ -74,6 +76,8 @@ app.command("run", cls=Command)(run_command)
 app.command("compare", cls=Command)(compare_command)
 app.command("analyze", cls=Command)(analyze_command)
 app.command("explain", cls=Command)(explain_command)
+app.command("plot", cls=Command)(plot_command)
+app.command("report", cls=Command)(report_command)
 
 
 def main() -> None:

@@ -149,6 +149,11 @@ def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> st
 
 def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One row per distinct kernel, memcpy or memset, in the order they first ran."""
+    return table(KERNEL_COLUMNS, kernel_rows(kernels, fmt), fmt, width)
+
+
+def kernel_rows(kernels: list[dict[str, Any]], fmt: str) -> list[list[str]]:
+    """The cells of `KERNEL_COLUMNS` for each kernel entry (names cut to NAME_WIDTH in the table style)."""
     rows = []
     for k in kernels:
         is_kernel = k.get("kind", "kernel") == "kernel"
@@ -177,7 +182,7 @@ def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = No
                 k.get("launch_api") or "",
             ]
         )
-    return table(KERNEL_COLUMNS, rows, fmt, width)
+    return rows
 
 
 def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:

@@ -146,13 +146,12 @@ def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]
     return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
 
 
-def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable."""
-    width = limit(width, fmt)
+def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
+    """The comparison table's cells (`SHAPE_COLUMNS`) for the rows of one shape; `full` keeps each
+    status's reason in its cell, else only the status word."""
     body = []
     for row in rows:
-        status = row["status"] if width is None else _status_word(row)
+        status = row["status"] if full else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
             body.append([row["variant"], status] + ["" for _ in range(10)])
             continue
@@ -172,6 +171,14 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
                 row.get("finding_ids") or "",
             ]
         )
+    return body
+
+
+def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
+    follow it as bullets. A legend follows when a speed-up is unreliable."""
+    width = limit(width, fmt)
+    body = shape_rows(rows, full=width is None)
     notes = _reasons(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
@@ -188,10 +195,9 @@ def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
-def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
-    column holds the finding ids and the messages follow as wrapped bullets."""
-    fitted = limit(width, fmt) is not None
+def glance_rows(results: list[dict[str, Any]], fitted: bool) -> list[list[str]]:
+    """The at-a-glance cells (`GLANCE_COLUMNS`), one row per entry; `fitted` puts finding ids and
+    status words where the full table has finding messages and whole statuses."""
     body = []
     for entry in results:
         if entry.get("forwards") is None:
@@ -211,16 +217,28 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
                 revealed or "nothing unusual",
             ]
         )
-    glance = per_step(GLANCE_COLUMNS, {entry.get("mode") or "fwd" for entry in results})
+    return body
+
+
+#: The at-a-glance columns of a fitted table: the last one holds finding ids.
+GLANCE_FITTED = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+
+
+def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
+    column holds the finding ids and the messages follow as wrapped bullets."""
+    fitted = limit(width, fmt) is not None
+    body = glance_rows(results, fitted)
+    modes = {entry.get("mode") or "fwd" for entry in results}
     if not fitted:
-        return table(glance, body, fmt)
-    columns = glance[:-1] + (replace(glance[-1], header="findings"),)
+        return table(per_step(GLANCE_COLUMNS, modes), body, fmt)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
         f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
         for e in results
         for f in e.get("findings", [])
     ]
+    columns = per_step(GLANCE_FITTED, modes)
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
@@ -254,16 +272,22 @@ def _grad_errors(row: dict[str, Any]) -> str:
     return ", ".join(f"{name} {_error(e)}" for name, e in zip(("dq", "dk", "dv"), errors, strict=True))
 
 
+def compare_groups(entries: list[dict[str, Any]], baseline: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The entries of each shape and mode, in file order, with the title of their comparison table."""
+    groups = []
+    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
+        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
+        title = cell_title(rows[0]) + (f", speed-up vs {baseline}" if baseline else "")
+        groups.append((title, rows))
+    return groups
+
+
 def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
     """`attnprof compare`: a titled table per shape, then the at-a-glance table."""
     heading = "###" if fmt == "markdown" else "=="
     width = limit(width, fmt)
     parts = []
-    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
-        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
-        title = cell_title(rows[0])
-        if baseline:
-            title += f", speed-up vs {baseline}"
+    for title, rows in compare_groups(entries, baseline):
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
     parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
     return "\n".join(parts)
