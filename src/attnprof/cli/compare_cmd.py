@@ -2,45 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
-from attnprof.cli.options import shared_options
+from attnprof.cli.execute import choose_variants, config_from_options, execute, note_outputs
+from attnprof.cli.options import exclude_given, shared_options
 
 if TYPE_CHECKING:
-    from attnprof.config import Config, MeasureOptions
+    from attnprof.config import MeasureOptions
     from attnprof.pipeline import RunOutcome
-    from attnprof.registry import Registry
-
-PatternsOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--variants",
-        metavar="PATTERN",
-        help="Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude).",
-        show_default=False,
-    ),
-]
-ExcludeOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--exclude", metavar="PATTERN", help="Exclude pattern (repeatable; overrides the config).", show_default=False
-    ),
-]
-BaselineOpt = Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
 
 
 @c.handle_errors
-@shared_options
+@shared_options(select=True)
 def compare_command(
     config: c.ConfigArg = None,
     config_file: c.ConfigOpt = None,
-    variants: PatternsOpt = None,
-    exclude: ExcludeOpt = None,
-    baseline: BaselineOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
     *,
@@ -48,41 +27,15 @@ def compare_command(
     measure: "MeasureOptions",
 ) -> None:
     """Profile every selected variant at every configured shape and compare them."""
-    from attnprof.pipeline import check_names, plan_cells, select_variants
+    from attnprof.pipeline import plan_cells
 
-    if variants and exclude is None:
-        exclude = []  # an explicit selection replaces the config's include and exclude lists together
-    cfg = config_from_options(
-        c.config_path(config, config_file), overrides, variants=variants or None, exclude=exclude, baseline=baseline
-    )
-    loaded = c.load_variants_for_cli()
-    for line in c.plugin_notes(loaded):
-        c.note(line)
-    check_names(cfg, loaded.registry)  # a typo fails before torch is imported
-    cfg, device = config_on_device(cfg)
-    chosen = select_variants(cfg, loaded.registry, device)
-    if exclude is None:  # the config's own exclusions, not the command line's
-        _note_exclusions(cfg, loaded.registry, device)
-    baseline = cfg.baseline
-    if baseline and baseline not in [v.name for v in chosen]:
-        c.note(f"baseline {baseline!r} is not among the selected variants: no speed-ups")
-        baseline = None
+    cfg = config_from_options(c.config_path(config, config_file), overrides)
+    cfg, device, chosen = choose_variants(cfg, exclude_given(overrides))
+    baseline = cfg.baseline if cfg.baseline in [v.name for v in chosen] else None  # no title promises speed-ups
     outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
     _print(outcome, fmt, baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
-
-
-def _note_exclusions(config: Config, registry: Registry, device: str) -> None:
-    """One stderr line naming what the config's exclude entries left out on `device`, each with its reason."""
-    from attnprof.pipeline import config_exclusions
-
-    groups = [
-        ", ".join(names) + (f" ({reason})" if reason else "")
-        for names, reason in config_exclusions(config, registry, device)
-    ]
-    if groups:
-        c.note(f"excluded by the config: {'; '.join(groups)}")
 
 
 def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:

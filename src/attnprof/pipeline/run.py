@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
-from attnprof.errors import OutputError
+from attnprof.errors import ConfigError, OutputError
 from attnprof.files import unique_dir
 from attnprof.interrupts import (
     interrupt_requested,
@@ -102,25 +102,17 @@ def resolve_config(config: Config, device: str) -> Config:
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
-    return [
-        RunSpec(
-            device=device,
-            dtype=config.dtype,
-            batch=s.batch,
-            heads=s.heads,
-            seq=s.seq,
-            head_dim=s.head_dim,
-            kv_heads=s.kv_heads,
-            causal=config.causal,
-            mode=mode,
-        )
-        for s in config.shapes
-        for mode in config.modes
-    ]
+    return [shape.spec(device, config.dtype, config.causal, mode) for shape in config.shapes for mode in config.modes]
 
 
 def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
-    """Every shape × mode × variant, spec-major so each comparison table fills in turn."""
+    """Every shape × mode × variant, spec-major so each comparison table fills in turn. ConfigError for
+    a config that declares sweep axes: those are `attnprof sweep`'s (`pipeline.sweep.plan_sweep`)."""
+    if config.sweep is not None and config.sweep.axes():
+        raise ConfigError(
+            f"the config declares sweep axes ({', '.join(config.sweep.axes())})",
+            hint="run it with `attnprof sweep`",
+        )
     return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
 
 
@@ -192,15 +184,18 @@ def run_cells(
     on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
     on_done: Callable[[CellResult], None] | None = None,
     trace_dir: Path | None = None,
+    skip: Callable[[Variant, RunSpec], str | None] | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
     Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
     and the cell ended some other way; the finished cells are kept. On CUDA with timing and
     clocks on, nvidia-smi samples the SM clock throughout, and each timed result gets the clock
-    of its own timing window. Speed-ups against the config's baseline are set on the results at
-    the end; so is every throughput again when a cell had the ceiling measured again, so all
-    cells share one ceiling. Traces go into `trace_dir` (default: the config's output directory).
+    of its own timing window (from the samples written by then before `on_done`, from all of them
+    at the end). Speed-ups against the config's baseline are set on the results at the end; so is
+    every throughput again when a cell had the ceiling measured again, so all cells share one
+    ceiling. Traces go into `trace_dir` (default: the config's output directory). A cell for which
+    `skip` gives a reason is not run: its result is `skipped` with that reason.
     """
     results: list[CellResult] = []
     interrupted = False
@@ -212,10 +207,16 @@ def run_cells(
                     raise_if_interrupted()  # also one recorded before the cells, and swallowed since
                     if on_start:
                         on_start(index, len(cells), variant, spec)
-                    result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                    reason = skip(variant, spec) if skip else None
+                    if reason:
+                        result = CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
+                    else:
+                        result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
                     if interrupt_requested():
                         raise KeyboardInterrupt
                     results.append(result)
+                    if sampler is not None and result.timing_window is not None:
+                        attach_clocks([result], sampler.device, sampler.samples_so_far())
                     if on_done:
                         on_done(result)
             except KeyboardInterrupt:

@@ -150,6 +150,19 @@ def csv_row(result: CellResult) -> dict[str, Any]:
     return {name: read(result) for name, read in ROW}
 
 
+def row_finding_ids(row: dict[str, Any]) -> list[str]:
+    """The finding ids of a row read back: a JSON entry's `finding_ids` (or its `findings` list)."""
+    ids = row.get("finding_ids")
+    if isinstance(ids, str):
+        return ids.split()
+    return [f["id"] for f in row.get("findings") or [] if isinstance(f, dict) and "id" in f]
+
+
+def entry_csv_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """The flat row of a JSON entry read back (`json_entry`'s inverse for CSV): its `findings` are the ids."""
+    return {name: entry.get(name) for name in CSV_FIELDS} | {"findings": entry.get("finding_ids") or ""}
+
+
 def json_entry(result: CellResult) -> dict[str, Any]:
     """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
     phases (forward and backward work, as `analyze` gives them), and `grad_rel_error` as {dq, dk, dv}

@@ -242,10 +242,16 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
+def cell_label(row: dict[str, Any]) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd`: shape, dtype, masking and mode of a row."""
+    return (
+        f"{row.get('shape')} {row.get('dtype')} {'causal' if row.get('causal') else 'full'} {row.get('mode') or 'fwd'}"
+    )
+
+
 def cell_title(row: dict[str, Any]) -> str:
-    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row."""
-    mode = row.get("mode") or "fwd"
-    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {row['device']}"
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: `cell_label` and the device of a row."""
+    return f"{cell_label(row)} on {row['device']}"
 
 
 def _shape_mode(entry: dict[str, Any]) -> str:
