@@ -22,6 +22,16 @@ def _analysis(key: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.analysis, key) if r.analysis is not None else None
 
 
+def _attention(attr: str) -> Callable[[CellResult], Any]:
+    """A field of the attention ledger (None without an analysis or without device events)."""
+
+    def read(r: CellResult) -> Any:
+        ledger = r.analysis.attention if r.analysis is not None else None
+        return getattr(ledger, attr) if ledger is not None else None
+
+    return read
+
+
 def _timing(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.timing, attr) if r.timing is not None else None
 
@@ -87,6 +97,11 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("transposes_per_forward", _analysis("transposes_per_forward")),
     ("cpu_ops_per_forward", _analysis("cpu_ops_per_forward")),
     ("backend", lambda r: r.backend),
+    ("attention_calls_per_forward", _attention("calls_per_forward")),
+    ("attention_backends", lambda r: _attention("backends_text")(r) or None),  # "cudnn:2"; None: no call
+    ("attention_time_us", _rounded(_attention("kernel_time_us"))),
+    ("attention_gpu_pct", _rounded(_attention("gpu_time_pct"))),
+    ("attention_overhead_us", _rounded(_attention("overhead_us"))),
     ("latency_us", _timing("median_us")),
     ("latency_iqr_us", _timing("iqr_us")),
     ("cold_ms", _timing("cold_ms")),
@@ -135,7 +150,8 @@ def csv_row(result: CellResult) -> dict[str, Any]:
 
 def json_entry(result: CellResult) -> dict[str, Any]:
     """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
-    and `grad_rel_error` as {dq, dk, dv} (None outside the backward modes)."""
+    the attention ledger (`attention`, None without device events) and `grad_rel_error` as {dq, dk, dv}
+    (None outside the backward modes)."""
     entry = csv_row(result)
     entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
@@ -144,6 +160,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     for key in ("launch_apis", "kernels", "spread"):
         if key in analysis:
             entry[key] = analysis[key]
+    entry["attention"] = analysis.get("attention")
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     return entry
