@@ -61,7 +61,8 @@ PHASES = {
 _COMMON = {"low-occupancy-by-design", "occupancy-unreported"}
 _FUSED_BWD = {"bwd-dot-do-o", "bwd-dq-convert"}
 _CUDNN_BWD = _FUSED_BWD | {"bwd-memsets"}
-_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes"}
+# fp32-cuda-cores: without record_shapes the bf16 inputs are known from the kernels' names (c10::BFloat16)
+_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes", "fp32-cuda-cores"}
 _UNFUSED = {"hidden-memcpy", *_COMMON, "metadata-transposes", "bwd-memsets"}
 FINDINGS = {
     "bwd/8x16x1024x64/inplace": {"hidden-memcpy", *_COMMON, "bwd-memsets"},
@@ -69,7 +70,7 @@ FINDINGS = {
     "bwd/8x16x1024x64/sdpa-cudnn": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
     "bwd/8x16x1024x64/sdpa-efficient": {"low-occupancy-by-design"},
     "bwd/8x16x1024x64/sdpa-flash": {*_COMMON, "cpu-bound", *_FUSED_BWD},
-    "bwd/8x16x1024x64/sdpa-math": {"low-occupancy-by-design"},
+    "bwd/8x16x1024x64/sdpa-math": {"low-occupancy-by-design", "fp32-cuda-cores"},
     "bwd/8x16x1024x64/sdpa": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
     "fwd+bwd/4x16x8192x128/compiled": {*_COMMON, "bwd-memsets"},
     "fwd+bwd/4x16x8192x128/flex": {*_COMMON, "bwd-dot-do-o"},

@@ -15,7 +15,8 @@ missing the finding is simply absent. Ids are a stable JSON contract:
 - ``metadata-transposes``    ``aten::transpose`` ops that launch no kernel
 
 plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
-``bwd-memsets``, ``grad-accumulation``). ``single-fused-kernel`` counts both phases: a training
+``bwd-memsets``, ``grad-accumulation``) and the ledger's of `analysis.ledger_findings` (``host-sync``,
+``gpu-idle``, ``attention-overhead``). ``single-fused-kernel`` counts both phases: a training
 step with a backward is never one kernel.
 """
 
@@ -26,6 +27,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
+from attnprof.analysis.ledger import AttentionLedger
+from attnprof.analysis.ledger_findings import LEDGER_FINDING_IDS, ledger_findings
 from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
 from attnprof.stats import median_count
 
@@ -40,6 +43,7 @@ FINDING_IDS = (
     "cpu-bound",
     "metadata-transposes",
     *BACKWARD_FINDING_IDS,
+    *LEDGER_FINDING_IDS,
 )
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
@@ -69,6 +73,7 @@ class FindingContext:
     cpu_time_us: float
     gpu_time_us: float | None
     cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
+    attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
 
 def _us(value: float) -> str:
@@ -103,6 +108,7 @@ def build_findings(ctx: FindingContext) -> list[Finding]:
         if finding is not None:
             found.append(finding)
     found += [Finding(fid, message) for fid, message in backward_findings(ctx)]
+    found += [Finding(fid, message) for fid, message in ledger_findings(ctx)]
     return found
 
 

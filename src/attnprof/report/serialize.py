@@ -22,6 +22,16 @@ def _analysis(key: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.analysis, key) if r.analysis is not None else None
 
 
+def _attention(attr: str) -> Callable[[CellResult], Any]:
+    """A field of the attention ledger (None without an analysis or without device events)."""
+
+    def read(r: CellResult) -> Any:
+        ledger = r.analysis.attention if r.analysis is not None else None
+        return getattr(ledger, attr) if ledger is not None else None
+
+    return read
+
+
 def _timing(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.timing, attr) if r.timing is not None else None
 
@@ -104,6 +114,11 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("backward_kernel_time_us", _rounded(_phase("backward", "kernel_time_us"))),
     ("backward_outside_region", _phase("backward", "outside_region")),
     ("backend", lambda r: r.backend),
+    ("attention_calls_per_forward", _attention("calls_per_forward")),
+    ("attention_backends", lambda r: _attention("backends_text")(r) or None),  # "cudnn:2"; None: no call
+    ("attention_time_us", _rounded(_attention("kernel_time_us"))),
+    ("attention_gpu_pct", _rounded(_attention("gpu_time_pct"))),
+    ("attention_overhead_us", _rounded(_attention("overhead_us"))),
     ("latency_us", _timing("median_us")),
     ("latency_iqr_us", _timing("iqr_us")),
     ("cold_ms", _timing("cold_ms")),
@@ -165,7 +180,8 @@ def entry_csv_row(entry: dict[str, Any]) -> dict[str, Any]:
 
 def json_entry(result: CellResult) -> dict[str, Any]:
     """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
-    phases (forward and backward work, as `analyze` gives them), and `grad_rel_error` as {dq, dk, dv}
+    phases (forward and backward work, as `analyze` gives them), the attention ledger (`attention`, None
+    without device events) and `grad_rel_error` as {dq, dk, dv}
     (None outside the backward modes)."""
     entry = csv_row(result)
     entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
@@ -175,6 +191,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     for key in ("launch_apis", "kernels", "spread", "phases"):
         if key in analysis:
             entry[key] = analysis[key]
+    entry["attention"] = analysis.get("attention")
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     return entry
