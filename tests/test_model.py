@@ -218,6 +218,7 @@ def test_cpu_config_end_to_end(cli, tmp_path: Path) -> None:
         assert row["status"] == "ok", row["status"]
         assert row["latency_us"] > 0 and row["forwards"] == 2 and Path(row["trace"]).is_file()
         assert (row["heads"], row["kv_heads"], row["head_dim"], row["params"]) == (4, 2, 32, 557_696)
+        assert (row["shape"], row["causal"]) == (f"2x4x{row['seq']}x32/kv2", True)  # as compare labels it
         if row["variant"] != "eager":
             assert row["logits_baseline"] == "eager" and row["logits_rel_diff"] < 1e-5
     assert rows[6]["implementation"] == "attnprof:naive" and rows[6]["source"] == "built-in"
@@ -338,6 +339,7 @@ def test_a_factory_model_without_a_way_to_swap_is_profiled_as_built(cli, tmp_pat
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.stdout)["results"]
     assert (row["variant"], row["implementation"], row["status"], row["source"]) == ("as-built", None, "ok", "model")
+    assert (row["shape"], row["causal"], row["heads"]) == ("1x16", None, None)  # the model does not state them
     assert "profiled as built, not under sdpa, eager" in result.stderr
 
 
@@ -361,7 +363,7 @@ def test_the_h200_config_is_a_1b_gqa_llama_in_bf16() -> None:
     assert (config.seq, config.dtype, config.device) == ([2048, 8192], "bf16", "cuda")
     assert config.implementations == ["eager", "sdpa", "flex_attention", "triton-flash"]
     llama = hf_config(str(config.hf), config.hf_config, config.seq)
-    assert attention_shape(llama) == AttentionShape(heads=32, kv_heads=8, head_dim=64)
+    assert attention_shape(llama) == AttentionShape(heads=32, kv_heads=8, head_dim=64, causal=True)
     with torch.device("meta"):  # sizes only, no memory
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(llama).parameters())
     assert 1.0e9 < params < 1.2e9

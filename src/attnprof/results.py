@@ -162,6 +162,7 @@ class ModelResult:
     heads: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
+    causal: bool | None = None
     timing: Timing | None = None
     analysis: TraceAnalysis | None = None
     memory_mib: float | None = None
@@ -184,6 +185,17 @@ class ModelResult:
     def latency_us(self) -> float | None:
         """The median latency of the whole step, or None when not timed."""
         return self.timing.median_us if self.timing else None
+
+    @property
+    def shape(self) -> str | None:
+        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA), when the model states its
+        heads; `BxS` otherwise; None for a factory model whose inputs the factory chose."""
+        if self.seq is None:
+            return None
+        if self.heads is None or self.head_dim is None:
+            return f"{self.batch}x{self.seq}"
+        spec = RunSpec("cpu", self.dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads)
+        return spec.shape_label
 
     @property
     def label(self) -> str:

@@ -17,11 +17,13 @@ from attnprof.errors import VariantFailure
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Query heads, key/value heads and head dim of a model's attention; None where unknown (a factory model)."""
+    """Query heads, key/value heads and head dim of a model's attention, and whether it is causal; None where
+    unknown (a factory model)."""
 
     heads: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
+    causal: bool | None = None
 
 
 @dataclass

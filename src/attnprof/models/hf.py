@@ -82,13 +82,17 @@ def hf_config(model_type: str, fields: dict[str, Any], seqs: list[int]) -> Any:
 
 
 def attention_shape(config: Any) -> AttentionShape:
-    """Query heads, key/value heads and head dim of the model's attention, as its config states them."""
+    """Query heads, key/value heads and head dim of the model's attention, as its config states them; causal
+    when the model type is a causal LM (None: not stated)."""
+    from transformers import AutoModelForCausalLM
+
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None and heads and getattr(config, "hidden_size", None):
         head_dim = config.hidden_size // heads
-    return AttentionShape(heads, kv_heads, head_dim)
+    causal = True if type(config) in AutoModelForCausalLM._model_mapping else None
+    return AttentionShape(heads, kv_heads, head_dim, causal)
 
 
 def build_hf_model(config: Any, attn_implementation: str, device: str, dtype: str, seed: int) -> Any:

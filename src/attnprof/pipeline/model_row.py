@@ -91,7 +91,8 @@ def _measure(
         built = source.prepare(implementation, result.seq, result.mode)
         result.params = built.params
     result.seq = built.seq
-    result.heads, result.kv_heads, result.head_dim = built.shape.heads, built.shape.kv_heads, built.shape.head_dim
+    for name in ("heads", "kv_heads", "head_dim", "causal"):  # as the model states them (None: it does not)
+        setattr(result, name, getattr(built.shape, name))
     with phase(result, "timing"), guard(stage, variant):
         started = time.time()
         options = config.timing
