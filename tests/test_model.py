@@ -174,21 +174,27 @@ def test_bridge_refuses_what_variants_cannot_compute(mask, kwargs: dict, message
     assert message in caught.value.message and "attnprof:naive" in caught.value.message
 
 
-def test_the_ledger_is_read_into_the_row_when_the_analysis_has_one() -> None:
+OVERHEAD = [{"kind": "copy", "ops": ["aten::contiguous"], "count_per_forward": 2, "time_us": 5.5}]
+
+
+def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one() -> None:
     from tracegen import build, fused_forward
 
     from attnprof.analysis import analyze_trace
+    from attnprof.report.model_tables import model_table
     from attnprof.report.serialize import model_csv_row, model_json_entry
     from attnprof.results import ModelResult
 
-    ledger = {"calls_per_forward": 2, "backends": {"flash": 2}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
+    ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))
     analysis.attention = SimpleNamespace(to_dict=lambda: ledger)  # what the attention ledger will provide
     result = ModelResult("sdpa", "sdpa", "transformers", "llama", 1, 16, "fwd", "fp32", "cpu", analysis=analysis)
     entry = model_json_entry(result)
-    assert entry["attention"] == ledger and entry["attention_backends"] == {"flash": 2}
-    assert (entry["attention_gpu_pct"], entry["attention_calls_per_forward"]) == (40.0, 2)
-    assert model_csv_row(result)["attention_backends"] == "flash=2"
+    assert entry["attention"] == ledger and entry["attention_backends"] == "flash:2 math:1"  # as compare's rows
+    assert (entry["attention_gpu_pct"], entry["attention_calls_per_forward"], entry["attention_time_us"]) == (40, 2, 3)
+    assert model_csv_row(result)["attention_backends"] == "flash:2 math:1"
+    table = model_table([entry | {"attention": ledger | {"overhead": OVERHEAD}}], "table", "sdpa", width=None)
+    assert "flash ×2, math ×1" in table and "copy ×2 5.5 µs" in table and "40" in table
     bare = model_json_entry(ModelResult("sdpa", "sdpa", "transformers", "llama", 1, 16, "fwd", "fp32", "cpu"))
     assert bare["attention"] is None and bare["attention_gpu_pct"] is None
 

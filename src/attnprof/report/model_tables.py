@@ -32,10 +32,11 @@ def params_text(count: Any) -> str:
     return str(count)
 
 
-def _backends(backends: Any) -> str:
-    if not isinstance(backends, dict):
+def _backends(text: Any) -> str:
+    """`cudnn:2` as `cudnn ×2`; `n/a` without a ledger."""
+    if not isinstance(text, str):
         return "n/a"
-    return ", ".join(f"{name} ×{fmt_count(count)}" for name, count in backends.items()) or "none"
+    return ", ".join(" ×".join(item.rsplit(":", 1)) for item in text.split())
 
 
 def _overhead(ledger: Any) -> str:

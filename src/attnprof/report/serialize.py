@@ -213,7 +213,8 @@ def results_document(
 
 def attention_ledger(result: ModelResult) -> dict[str, Any] | None:
     """The attention ledger of the row's trace analysis as a dict (`calls_per_forward`, `backends`,
-    `kernel_time_us`, `gpu_time_pct`, `calls`, `overhead`), or None when the analysis has none.
+    `kernel_time_us`, `gpu_time_pct`, `overhead_us`, `calls`, `overhead`), or None when the analysis has none
+    (a CPU-only trace).
     The one place that reads `TraceAnalysis.attention`."""
     ledger = getattr(result.analysis, "attention", None) if result.analysis is not None else None
     return ledger.to_dict() if ledger is not None else None
@@ -221,6 +222,12 @@ def attention_ledger(result: ModelResult) -> dict[str, Any] | None:
 
 def _ledger(key: str) -> Callable[[ModelResult], Any]:
     return lambda r: (attention_ledger(r) or {}).get(key)
+
+
+def _backends(r: ModelResult) -> str | None:
+    """The ledger's backends as "cudnn:2" ("eager:1 flex:1" for several), as compare's rows write them."""
+    backends = (attention_ledger(r) or {}).get("backends") or {}
+    return " ".join(f"{name}:{count}" for name, count in backends.items()) or None
 
 
 def _logits(attr: str) -> Callable[[ModelResult], Any]:
@@ -243,8 +250,11 @@ MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     *_shared("speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward", "memcpy_per_forward"),
     *_shared("memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us", "peak_memory_mib"),
     # the attention ledger's figures, under the row's names
+    ("attention_calls_per_forward", _ledger("calls_per_forward")),
+    ("attention_backends", _backends),
+    ("attention_time_us", _ledger("kernel_time_us")),
     ("attention_gpu_pct", _ledger("gpu_time_pct")),
-    *((f"attention_{key}", _ledger(key)) for key in ("calls_per_forward", "backends", "kernel_time_us")),
+    ("attention_overhead_us", _ledger("overhead_us")),
     *((f"logits_{attr}", _logits(attr)) for attr in ("baseline", "max_abs_diff", "rel_diff")),
     *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace"),
 )
@@ -252,18 +262,14 @@ MODEL_CSV_FIELDS = tuple(name for name, _ in MODEL_ROW)
 
 
 def model_csv_row(result: ModelResult) -> dict[str, Any]:
-    """The flat row of scalars of `attnprof model` (CSV; `attention_backends` as `name=count` pairs)."""
-    row = {name: read(result) for name, read in MODEL_ROW}
-    backends = row["attention_backends"]
-    if isinstance(backends, dict):
-        row["attention_backends"] = " ".join(f"{name}={count}" for name, count in backends.items())
-    return row
+    """The flat row of scalars of `attnprof model` (CSV, and the base of the JSON entry)."""
+    return {name: read(result) for name, read in MODEL_ROW}
 
 
 def model_json_entry(result: ModelResult) -> dict[str, Any]:
     """The row of `attnprof model` plus the nested parts: `attention` (the ledger dict), findings with their
     messages, kernels, the timing's spread, phase times and the Python warnings the row raised."""
-    entry = {name: read(result) for name, read in MODEL_ROW}
+    entry = model_csv_row(result)
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["attention"] = attention_ledger(result)
     entry["finding_ids"] = entry["findings"]
