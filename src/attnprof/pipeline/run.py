@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError, OutputError
@@ -23,7 +23,7 @@ from attnprof.interrupts import (
 )
 from attnprof.pipeline.cell import rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
-from attnprof.results import CellResult, attach_speedups
+from attnprof.results import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import RunCeiling
@@ -62,12 +62,16 @@ class RunFolder:
         }
 
 
+ResultT = TypeVar("ResultT", CellResult, ModelResult)
+
+
 @dataclass
-class RunOutcome:
-    """What a run produced: its results, the JSON document, its folder, and whether Ctrl-C cut it short."""
+class RunOutcome(Generic[ResultT]):
+    """What a run produced: its results (cells, or the rows of `attnprof model`), the JSON document, its
+    folder, and whether Ctrl-C cut it short."""
 
     command: str
-    results: list[CellResult]
+    results: list[ResultT]
     document: dict[str, Any]
     folder: RunFolder
     interrupted: bool
@@ -84,7 +88,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
+        """130 after Ctrl-C, 1 if any cell (row) failed, else 0 (a skipped one is not a failure)."""
         if self.interrupted:
             return 130
         return 1 if any(r.status == "failed" for r in self.results) else 0
@@ -257,7 +261,7 @@ def finish_run(
     ceiling: Any,
     interrupted: bool,
     folder: RunFolder | None = None,
-) -> RunOutcome:
+) -> RunOutcome[CellResult]:
     """Build the results document (naming its files) and write it as `results.json` and `results.csv`
     into `folder` (default: a new folder in the config's output directory)."""
     from attnprof.profiling.environment import collect_environment
