@@ -85,13 +85,29 @@ def test_implementation_names() -> None:
     registry = load_variants(no_plugins=True).registry
     assert resolve_implementation("sdpa", registry).variant is None  # transformers' own comes first
     explicit = resolve_implementation("attnprof:sdpa", registry)
-    assert (explicit.attn_implementation, explicit.variant.name) == ("attnprof:sdpa", "sdpa")
+    assert (explicit.attn_implementation, explicit.variant.name) == ("attnprof:SDPA", "sdpa")
     naive = resolve_implementation("naive", registry)
     assert (naive.attn_implementation, naive.source) == ("attnprof:naive", "built-in")
     assert resolve_implementation("my_kernel", registry, passthrough=True).source == "model"
     with pytest.raises(UnknownVariantError) as caught:
         resolve_implementation("sdpa-mth", registry)
     assert "did you mean sdpa-math" in caught.value.message
+
+
+@pytest.mark.parametrize("name", ["sdpa-flash", "sdpa-math", "sdpa-efficient", "flex", "naive"])
+def test_bridge_names_stay_clear_of_the_words_transformers_dispatches_on(name: str) -> None:
+    """transformers sends any `attn_implementation` containing "flash" to its FlashAttention loader (which
+    looks the name up on the Hub: "Could not find the currently requested flash attention implementation"),
+    and treats names containing "sdpa" or "flex_attention" as its own; a bridge name contains none of them."""
+    pytest.importorskip("transformers")
+    from transformers.utils.generic import is_flash_attention_requested
+
+    registry = load_variants(no_plugins=True).registry
+    implementation = resolve_implementation(name, registry)
+    key = implementation.attn_implementation
+    assert not is_flash_attention_requested(requested_attention_implementation=key)
+    assert "sdpa" not in key and "flex_attention" not in key and key.lower() == f"attnprof:{name}"
+    assert resolve_implementation(key, registry).variant.name == name  # the registered name resolves back
 
 
 # --------------------------------------------------------------------------- the bridge

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnprof.errors import VariantUnavailableError
-from attnprof.models.implementations import bridge_name
+from attnprof.models.implementations import BRIDGE_PREFIX, bridge_name
 from attnprof.registry import RunSpec, Variant
 
 #: Keyword arguments that change attention in ways attnprof variants do not implement.
@@ -42,7 +42,7 @@ TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _refuse(variant: Variant, why: str) -> VariantUnavailableError:
-    return VariantUnavailableError(f"{bridge_name(variant)} cannot run this model's attention: {why}")
+    return VariantUnavailableError(f"{BRIDGE_PREFIX}{variant.name} cannot run this model's attention: {why}")
 
 
 def call_spec(variant: Variant, query: Any, key: Any, causal: bool) -> RunSpec:
@@ -94,14 +94,14 @@ def runnable_spec(variant: Variant, spec: RunSpec) -> RunSpec:
         if variant.unavailable_reason(repeated) is None:
             return repeated
     if reason is not None:
-        raise VariantUnavailableError(f"{bridge_name(variant)}: {reason}")
+        raise VariantUnavailableError(f"{BRIDGE_PREFIX}{variant.name}: {reason}")
     return spec
 
 
 def attention_function(variant: Variant) -> Callable[..., tuple[Any, None]]:
     """A transformers attention function that runs `variant` (see the module docstring)."""
     states: dict[RunSpec, tuple[RunSpec, Any]] = {}  # call spec -> (the spec the variant runs, its setup state)
-    label = bridge_name(variant)
+    label = BRIDGE_PREFIX + variant.name  # the record_function range: the variant's own name
 
     def prepare(spec: RunSpec) -> tuple[RunSpec, Any]:
         spec = runnable_spec(variant, spec)

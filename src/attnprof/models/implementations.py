@@ -10,6 +10,7 @@ own: they are passed to it as they are.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from attnprof.errors import UnknownVariantError
@@ -40,9 +41,15 @@ class Implementation:
         return "transformers" if self.attn_implementation in HF_IMPLEMENTATIONS else "model"
 
 
+#: Words transformers reads inside an `attn_implementation` name and dispatches on ("flash" anywhere sends it
+#: to its FlashAttention loader, which looks the name up on the Hub): written upper-case in a bridge name.
+RESERVED_WORDS = re.compile(r"flash|sdpa|flex_attention")
+
+
 def bridge_name(variant: Variant) -> str:
-    """The name an attnprof variant is registered under in transformers' attention interface."""
-    return BRIDGE_PREFIX + variant.name
+    """The name an attnprof variant is registered under in transformers' attention interface:
+    `attnprof:NAME`, with the words transformers dispatches on upper-cased (`attnprof:triton-FLASH`)."""
+    return BRIDGE_PREFIX + RESERVED_WORDS.sub(lambda m: m.group(0).upper(), variant.name)
 
 
 def resolve_implementation(name: str, registry: Registry, passthrough: bool = False) -> Implementation:
@@ -50,7 +57,7 @@ def resolve_implementation(name: str, registry: Registry, passthrough: bool = Fa
     `attnprof:NAME` must name a variant. Any other name is UnknownVariantError (exit 2) with close
     matches, unless `passthrough` (a factory model), which passes it to the model as it is."""
     if name.startswith(BRIDGE_PREFIX):
-        variant = registry.get(name.removeprefix(BRIDGE_PREFIX))
+        variant = registry.get(name.removeprefix(BRIDGE_PREFIX).lower())
         return Implementation(name, bridge_name(variant), variant)
     if name in HF_IMPLEMENTATIONS:
         return Implementation(name, name)
