@@ -66,3 +66,16 @@ def test_compiled_bwd_at_the_blog_shape_runs_each_backward_on_a_fresh_graph(tmp_
     assert entry["passed"] is True and all(e < 5e-2 for e in entry["grad_rel_error"].values())
     assert "each after an untimed forward" in entry["timing_method"]
     assert entry["forward_kernels"] == 0 and entry["backward_kernels"] > 0  # the region holds the backward alone
+
+
+def test_flex_stays_compiled_past_dynamos_recompile_limit(tmp_path, monkeypatch) -> None:
+    """With Dynamo's limit at 1 graph per function, a second shape would run flex uncompiled (its eager
+    path: many kernels); each cell's fresh compile keeps it one fused kernel."""
+    import torch._dynamo
+
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(torch._dynamo.config, limit, 1)
+    for seq in (512, 1024):
+        result, entry = run("flex", "fwd", tmp_path, seq=seq)
+        assert result.status == "ok", result.reason
+        assert entry["kernels_per_forward"] == 1, (seq, entry["kernels_per_forward"])

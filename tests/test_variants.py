@@ -89,3 +89,21 @@ def test_compiled_variants_match_reference(name: str) -> None:
         pytest.skip(variant.unavailable_reason(spec))
     out, ref = run_variant(name, spec)
     assert rel_error(out, ref) < 1e-5
+
+
+def test_compiled_variants_start_each_cell_with_a_fresh_compile(monkeypatch) -> None:
+    """Past Dynamo's recompile limit (8 shapes) a compiled function silently runs uncompiled: in an H200
+    sweep `flex` fell back to eager at the 9th shape. Each cell's setup resets Dynamo, so none inherits
+    the compile cache of the cells before it."""
+    torch = pytest.importorskip("torch")
+    from attnprof.plugins import load_variants
+    from attnprof.registry import RunSpec
+
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    registry = load_variants(no_plugins=True).registry
+    spec = RunSpec("cpu", "fp32", batch=1, heads=2, seq=32, head_dim=16)
+    for name in ("flex", "compiled"):
+        state = registry.get(name).setup(spec)
+        assert state["fn"] is not None
+    assert len(resets) == 2

@@ -9,6 +9,20 @@ from attnprof.registry import RunSpec, Variant
 from attnprof.variants.handwritten import build_causal_mask, inplace_forward
 
 
+def fresh_compile_state() -> None:
+    """Forget what torch.compile compiled for earlier cells, so this cell compiles as a new process would.
+
+    `dynamic=False` compiles once per shape, and Dynamo keeps at most `recompile_limit` (8) graphs per
+    function: past that it silently runs the function uncompiled. In a sweep, FlexAttention at the 9th
+    shape then fell back to its eager path (116 kernels and S×S scores instead of 1 fused kernel: seen on
+    the H200 at 4x16x8192x64) while still reported as `flex`. Resetting in setup (outside the timed and
+    profiled region) gives every cell its own compile.
+    """
+    import torch
+
+    torch._dynamo.reset()
+
+
 def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
     return q_idx >= kv_idx
 
@@ -38,6 +52,7 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    fresh_compile_state()
     block_mask = None
     if spec.causal:
         block_mask = create_block_mask(_causal, B=None, H=None, Q_LEN=spec.seq, KV_LEN=spec.seq, device=spec.device)
@@ -55,6 +70,7 @@ def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -
 def _compiled_setup(spec: RunSpec) -> dict[str, Any]:
     import torch
 
+    fresh_compile_state()
     return {"fn": torch.compile(inplace_forward, dynamic=False), "mask": build_causal_mask(spec)}
 
 
