@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -31,6 +32,16 @@ ExcludeOpt = Annotated[
     ),
 ]
 BaselineOpt = Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)]
+ResumeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        metavar="FOLDER",
+        help="An earlier run's folder: run only the cells that have no row there yet, and write the results "
+        "(old rows and new) into it as results-2.json, ... (a torchrun run's folder keeps each rank's rows).",
+        show_default=False,
+    ),
+]
 
 
 @c.handle_errors
@@ -41,14 +52,18 @@ def compare_command(
     variants: PatternsOpt = None,
     exclude: ExcludeOpt = None,
     baseline: BaselineOpt = None,
+    resume: ResumeOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
     *,
     overrides: dict[str, Any],
     measure: "MeasureOptions",
 ) -> None:
-    """Profile every selected variant at every configured shape and compare them."""
-    from attnprof.pipeline import check_names, plan_cells, select_variants
+    """Profile every selected variant at every configured shape and compare them.
+
+    Under torchrun (`torchrun --nproc-per-node=N -m attnprof compare ...`) the cells are split across
+    the ranks by estimated cost, each on its own GPU, and rank 0 writes the one results file."""
+    from attnprof.pipeline import check_names, distributed, plan_cells, select_variants, without_collective
 
     if variants and exclude is None:
         exclude = []  # an explicit selection replaces the config's include and exclude lists together
@@ -60,12 +75,12 @@ def compare_command(
         c.note(line)
     check_names(cfg, loaded.registry)  # a typo fails before torch is imported
     cfg, device = config_on_device(cfg)
-    chosen = select_variants(cfg, loaded.registry, device)
+    chosen = without_collective(cfg, select_variants(cfg, loaded.registry, device), distributed.current() is not None)
     if exclude is None:  # the config's own exclusions, not the command line's
         _note_exclusions(cfg, loaded.registry, device)
     if cfg.baseline and cfg.baseline not in [v.name for v in chosen]:
         c.note(f"baseline {cfg.baseline!r} is not among the selected variants: no speed-ups")
-    outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
+    outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure, resume)
     _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)

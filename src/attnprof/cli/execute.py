@@ -27,24 +27,41 @@ def config_from_options(path: Path | None, overrides: dict[str, Any], **more: An
 
 
 def config_on_device(config: Config) -> tuple[Config, str]:
-    """The config resolved for its device (`dtype: auto` made concrete), and that device as torch resolves it."""
+    """The config resolved for its device (`dtype: auto` made concrete), and that device as torch resolves it.
+    Under torchrun the device is the rank's own (`cuda:LOCAL_RANK`), and the process group starts here."""
+    from attnprof.pipeline import distributed as dist
     from attnprof.pipeline import resolve_config
     from attnprof.profiling.inputs import resolve_torch_device
 
-    device = resolve_torch_device(config.device)
+    ctx = dist.detect()
+    if ctx is None:
+        device = resolve_torch_device(config.device)
+    else:
+        device = dist.rank_device(ctx, config.device)
+        dist.start(ctx, device)
     return resolve_config(config, device), device
 
 
-def execute(command: str, config: Config, cells: list[Cell], device: str, measure: MeasureOptions) -> RunOutcome:
+def execute(
+    command: str,
+    config: Config,
+    cells: list[Cell],
+    device: str,
+    measure: MeasureOptions,
+    resume: Path | None = None,
+) -> RunOutcome:
     """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
 
-    Ctrl-C at any point after the folder exists ends the run with the finished cells written.
+    Ctrl-C at any point after the folder exists ends the run with the finished cells written. Under
+    torchrun, or with `resume` (an earlier run's folder), `execute_sharded` runs them instead.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnprof.pipeline import finish_run, open_run_folder, run_cells
+    from attnprof.pipeline import distributed, finish_run, open_run_folder, run_cells
     from attnprof.profiling.ceiling import RunCeiling
 
+    if resume is not None or distributed.current() is not None:
+        return execute_sharded(command, config, cells, device, measure, resume)
     folder = open_run_folder(Path(config.output_dir), command)
     ceiling = None
     results: list[CellResult] = []
@@ -98,6 +115,67 @@ def execute(command: str, config: Config, cells: list[Cell], device: str, measur
     if interrupted:
         note(f"interrupted: keeping the {len(results)} finished cell(s)")
     return finish_run(command, config, device, results, ceiling.current if ceiling else None, interrupted, folder)
+
+
+def execute_sharded(
+    command: str, config: Config, cells: list[Cell], device: str, measure: MeasureOptions, resume: Path | None
+) -> RunOutcome:
+    """`execute` across the ranks of a torchrun group (or resuming a folder): each rank says on stderr,
+    as `[rank R]`, which cell it starts; rank 0 gets the outcome, the other ranks exit with its code."""
+    import typer
+
+    from attnprof.pipeline import distributed
+    from attnprof.pipeline.sharded import run_sharded
+    from attnprof.profiling.ceiling import RunCeiling
+
+    group = distributed.current()
+    main = group is None or group.ctx.is_main
+    prefix = "" if group is None else f"[rank {group.ctx.rank}] "
+    try:
+        ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling) if measure.timing else None
+        if ceiling is not None and main:
+            note(ceiling_note(ceiling))
+
+        def on_start(index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+            note(f"{prefix}[{index + 1}/{total}] {variant.name} @ {spec.cell_label} {spec.dtype} on {spec.device}")
+
+        def on_done(result: CellResult) -> None:
+            if not result.ok:
+                note(f"{prefix}  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
+            if STATE.debug:
+                note_captured(result)
+
+        where = None if group is None else distributed.placement(group.ctx, device)
+        outcome, code = run_sharded(
+            command,
+            config,
+            cells,
+            device,
+            measure,
+            group,
+            resume=resume,
+            ceiling=ceiling,
+            where=where,
+            on_start=on_start,
+            on_done=on_done,
+        )
+    finally:
+        distributed.stop()
+    if outcome is None:
+        raise typer.Exit(code)
+    resumed = outcome.document.get("resumed")
+    if resumed:
+        note(
+            f"resumed {resumed['from']}: {resumed['kept_rows']} row(s) kept, {resumed['cells_run']} cell(s) run"
+            + (
+                f", {resumed['rows_of_other_cells']} row(s) of cells not in this plan left out"
+                if resumed["rows_of_other_cells"]
+                else ""
+            )
+        )
+    if outcome.interrupted:
+        note(f"interrupted: keeping the {len(outcome.document['results'])} finished row(s)")
+    return outcome
 
 
 def note_captured(result: CellResult) -> None:

@@ -26,6 +26,7 @@ from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, attach_speedups
 
 if TYPE_CHECKING:
+    from attnprof.pipeline.distributed import Group
     from attnprof.profiling.ceiling import RunCeiling
 
 Cell = tuple[Variant, RunSpec]
@@ -33,19 +34,21 @@ Cell = tuple[Variant, RunSpec]
 
 @dataclass(frozen=True)
 class RunFolder:
-    """One invocation's own folder and the paths in it."""
+    """One invocation's own folder and the paths in it. `suffix` (`-2`, ...) names the results files of
+    a later run into the same folder (`--resume`), beside the earlier ones."""
 
     dir: Path
+    suffix: str = ""
 
     @property
     def results_json(self) -> Path:
         """The results document."""
-        return self.dir / "results.json"
+        return self.dir / f"results{self.suffix}.json"
 
     @property
     def results_csv(self) -> Path:
         """One CSV row per cell."""
-        return self.dir / "results.csv"
+        return self.dir / f"results{self.suffix}.csv"
 
     @property
     def traces(self) -> Path:
@@ -79,15 +82,15 @@ class RunOutcome:
 
     @property
     def traces(self) -> list[Path]:
-        """The traces this run wrote."""
-        return [r.trace_path for r in self.results if r.trace_path is not None]
+        """The traces of the document's rows (on several ranks: every rank's)."""
+        return [Path(row["trace"]) for row in self.document["results"] if row.get("trace")]
 
     @property
     def exit_code(self) -> int:
-        """130 after Ctrl-C, 1 if any cell failed, else 0 (a skipped cell is not a failure)."""
+        """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped cell is not a failure)."""
         if self.interrupted:
             return 130
-        return 1 if any(r.status == "failed" for r in self.results) else 0
+        return 1 if any(str(row["status"]).startswith("failed") for row in self.document["results"]) else 0
 
 
 def resolve_config(config: Config, device: str) -> Config:
@@ -145,6 +148,17 @@ def select_variants(config: Config, registry: Registry, device: str) -> list[Var
     return registry.select(config.variants, [p for entry in config.exclusions(device) for p in entry.variants])
 
 
+def without_collective(config: Config, variants: list[Variant], grouped: bool) -> list[Variant]:
+    """Outside a torchrun group, the collective variants (`Variant.collective`) that only a wildcard chose
+    are left out: they need every rank of a group, so a single-process run stays as it was. A variant
+    named in full stays (its row says why it is skipped), and so do they all when nothing else is left."""
+    if grouped:
+        return variants
+    named = {p for p in config.variants if not any(ch in p for ch in "*?[")}
+    kept = [v for v in variants if not v.collective or v.name in named]
+    return kept or variants
+
+
 def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
     """What the exclude entries in force on `device` left out of the include patterns' variants: the
     names, in registration order, and the reason of each entry that left out any (a variant is named
@@ -192,6 +206,7 @@ def run_cells(
     on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
     on_done: Callable[[CellResult], None] | None = None,
     trace_dir: Path | None = None,
+    group: Group | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
@@ -201,6 +216,8 @@ def run_cells(
     of its own timing window. Speed-ups against the config's baseline are set on the results at
     the end; so is every throughput again when a cell had the ceiling measured again, so all
     cells share one ceiling. Traces go into `trace_dir` (default: the config's output directory).
+    Under torchrun (`group`), a collective variant's cell starts when every rank is there, runs
+    only when it can run on every rank, and its timing's call counts are agreed by the ranks.
     """
     results: list[CellResult] = []
     interrupted = False
@@ -212,7 +229,10 @@ def run_cells(
                     raise_if_interrupted()  # also one recorded before the cells, and swallowed since
                     if on_start:
                         on_start(index, len(cells), variant, spec)
-                    result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                    if variant.collective and group is not None:
+                        result = _collective_cell(variant, spec, config, measure, ceiling, trace_dir, group)
+                    else:
+                        result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
                     if interrupt_requested():
                         raise KeyboardInterrupt
                     results.append(result)
@@ -227,6 +247,22 @@ def run_cells(
         rethroughput(results, ceiling.current)
     attach_speedups(results, config.baseline)
     return results, interrupted
+
+
+def _collective_cell(
+    variant: Variant,
+    spec: RunSpec,
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None,
+    trace_dir: Path | None,
+    group: Group,
+) -> CellResult:
+    """One cell that every rank runs together: after a barrier, and only when no rank refuses it."""
+    group.barrier()
+    if group.agree_max(int(variant.unavailable_reason(spec) is not None)) and not variant.unavailable_reason(spec):
+        return CellResult(variant.name, variant.source, spec, status="skipped", reason="another rank cannot run it")
+    return run_cell(variant, spec, config, measure, ceiling, trace_dir, agree=group.agree_max)
 
 
 def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
@@ -271,3 +307,49 @@ def finish_run(
     write_json(folder.results_json, document)
     write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
     return RunOutcome(command, results, document, folder, interrupted)
+
+
+def resume_folder(path: Path) -> RunFolder:
+    """An earlier run's folder to add to: its results files get the first free suffix (`-2`, `-3`, ...)
+    when `results.json` is there. ConfigError when it is no folder."""
+    from attnprof.errors import ConfigError
+
+    if not path.is_dir():
+        raise ConfigError(f"--resume {path}: no such folder")
+    folder = RunFolder(path)
+    n = 1
+    while folder.results_json.exists() or folder.results_csv.exists():
+        n += 1
+        folder = RunFolder(path, f"-{n}")
+    folder.traces.mkdir(exist_ok=True)
+    return folder
+
+
+def finish_rows(
+    command: str,
+    config: Config,
+    device: str,
+    rows: list[dict[str, Any]],
+    ceiling: Any,
+    interrupted: bool,
+    folder: RunFolder,
+    extra: dict[str, Any] | None = None,
+    results: list[CellResult] | None = None,
+) -> RunOutcome:
+    """`finish_run` for serialized rows: several ranks' rows, or an earlier run's with this one's. The
+    speed-ups are computed again over all of them; `extra` adds top-level keys to the document;
+    `results` are this process's own results among the rows (the outcome keeps them)."""
+    from attnprof.pipeline.resume import attach_row_speedups
+    from attnprof.profiling.environment import collect_environment
+    from attnprof.report.export import write_csv, write_json
+    from attnprof.report.serialize import CSV_FIELDS, csv_row_of_entry, results_document
+
+    attach_row_speedups(rows, config.baseline)
+    document = results_document(
+        command, config, collect_environment(device), ceiling, [], interrupted, files=folder.to_dict()
+    )
+    document["results"] = rows
+    document.update(extra or {})
+    write_json(folder.results_json, document)
+    write_csv(folder.results_csv, [csv_row_of_entry(row) for row in rows], CSV_FIELDS)
+    return RunOutcome(command, list(results or []), document, folder, interrupted)

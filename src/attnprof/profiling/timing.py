@@ -21,6 +21,10 @@ How a sample is taken:
   do_bench; with a graph as well, each graph holds one forward so that every forward
   starts on a flushed L2 (and its time includes the graph launch).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
+* `agree`: processes that run one forward together (a collective variant under torchrun) must call it
+  the same number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on
+  until every process is done, the repetitions are the most any process asks for, and no CUDA graph
+  is captured.
 
 Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
 `unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
@@ -155,6 +159,7 @@ def time_forward(
     flush_l2: bool = False,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     clock: Callable[[], float] | None = None,
+    agree: Callable[[int], int] | None = None,
 ) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
 
@@ -181,6 +186,7 @@ def time_forward(
                     cuda_graph,
                     flush_l2,
                     unstable_threshold,
+                    agree,
                 )
         return _time_cpu(
             fn,
@@ -194,23 +200,36 @@ def time_forward(
             cuda_graph,
             flush_l2,
             unstable_threshold,
+            agree,
         )
 
 
 def _warm_up(
-    call_s: Callable[[], float], clock: Callable[[], float], warmup_s: float, warmup_min_s: float, warmup_reps: int
+    call_s: Callable[[], float],
+    clock: Callable[[], float],
+    warmup_s: float,
+    warmup_min_s: float,
+    warmup_reps: int,
+    agree: Callable[[int], int] | None = None,
 ) -> tuple[list[float], bool]:
-    """Call until settled or out of budget; return the call times and whether they settled."""
+    """Call until settled or out of budget (with `agree`: until every process is); return the call
+    times and whether they settled here."""
     times: list[float] = []
     window = max(1, warmup_reps)
     start = clock()
     while True:
         times.append(call_s())
         elapsed = clock() - start
-        if len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window):
-            return times, True
-        if elapsed >= warmup_s:
-            return times, False
+        settled = len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window)
+        done = settled or elapsed >= warmup_s
+        if agree is not None:
+            done = not agree(int(not done))
+        if done:
+            return times, settled
+
+
+def _agreed(reps: int, agree: Callable[[int], int] | None) -> int:
+    return reps if agree is None else agree(reps)
 
 
 def _estimate(times: Sequence[float], window: int) -> float:
@@ -237,6 +256,7 @@ def _time_cpu(
     cuda_graph,
     flush_l2,
     unstable_threshold,
+    agree=None,
 ) -> Timing:
     def call_s() -> float:
         t0 = clock()
@@ -244,8 +264,8 @@ def _time_cpu(
         return clock() - t0
 
     cold = call_s()
-    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps)
-    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps, agree)
+    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
     samples = [call_s() for _ in range(reps)]
     notes = [
         "time.perf_counter per call",
@@ -346,6 +366,7 @@ def _time_cuda(
     cuda_graph,
     flush_l2,
     unstable_threshold,
+    agree=None,
 ) -> Timing:
     import torch
 
@@ -355,13 +376,15 @@ def _time_cuda(
     torch.cuda.synchronize(dev)
     cold = clock() - t0
 
-    warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps)
+    warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps, agree)
     warm_n = len(warm)
     launch = fn
     per_sample = 1
     notes: list[str] = []
     graph_used = False
-    if cuda_graph:
+    if cuda_graph and agree is not None:
+        notes.append("cuda-graph not used: every rank runs this forward together")
+    elif cuda_graph:
         try:
             graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
@@ -370,7 +393,7 @@ def _time_cuda(
         else:
             launch = graph.replay
             graph_used = True
-    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
     cache = flush_buffer(dev) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]

@@ -56,6 +56,14 @@ def _flops_convention(r: CellResult) -> str | None:
     return flops_convention(r.spec) if r.throughput is not None else None
 
 
+def _comm(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.analysis.comm, attr) if r.analysis is not None and r.analysis.comm else None
+
+
+def _placement(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.placement, attr) if r.placement is not None else None
+
+
 def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
     return lambda r: None if (value := read(r)) is None else round(value, 3)
 
@@ -124,6 +132,15 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("speedup_reliable", lambda r: r.speedup_reliable),
     ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
     ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
+    ("comm_kernels_per_forward", _comm("kernels_per_forward")),
+    ("comm_time_us", _rounded(_comm("comm_time_us"))),
+    ("comm_overlap_pct", _rounded(_comm("overlap_pct"))),
+    ("comm_exposed_us", _rounded(_comm("exposed_us"))),
+    ("rank", _placement("rank")),
+    ("local_rank", _placement("local_rank")),
+    ("world_size", _placement("world_size")),
+    ("hostname", _placement("hostname")),
+    ("gpu", _placement("gpu")),
 )
 CSV_FIELDS = tuple(name for name, _ in ROW)
 
@@ -131,6 +148,28 @@ CSV_FIELDS = tuple(name for name, _ in ROW)
 def csv_row(result: CellResult) -> dict[str, Any]:
     """The flat row of scalars: CSV's columns, and the base of the JSON entry."""
     return {name: read(result) for name, read in ROW}
+
+
+def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """`RunSpec.cell_key` of a serialized row (a JSON entry or a CSV row read back)."""
+    return (
+        str(row["device"]).split(":", 1)[0],
+        row["dtype"],
+        row["batch"],
+        row["heads"],
+        row["kv_heads"],
+        row["seq"],
+        row["head_dim"],
+        row["causal"],
+        row.get("mode") or "fwd",
+    )
+
+
+def csv_row_of_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """The flat CSV row of a JSON entry (`json_entry`), e.g. one read back from a results stream."""
+    row = {name: entry.get(name) for name in CSV_FIELDS}
+    row["findings"] = entry.get("finding_ids") or ""
+    return row
 
 
 def json_entry(result: CellResult) -> dict[str, Any]:
@@ -146,6 +185,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
             entry[key] = analysis[key]
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
+    entry["comm"] = analysis.get("comm")
     return entry
 
 

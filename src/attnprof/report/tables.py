@@ -138,6 +138,15 @@ def _status_word(row: dict[str, Any]) -> str:
     return row["status"].partition(":")[0]
 
 
+def variant_label(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The variant's name, with `(rank R)` when its cell has a row from several ranks (a collective variant
+    under torchrun)."""
+    twins = [r for r in rows if r["variant"] == row["variant"] and _shape_mode(r) == _shape_mode(row)]
+    if len(twins) > 1 and row.get("rank") is not None:
+        return f"{row['variant']} (rank {row['rank']})"
+    return row["variant"]
+
+
 def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
     follow it as bullets. A legend follows when a speed-up is unreliable."""
@@ -146,11 +155,11 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
     for row in rows:
         status = row["status"] if width is None else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
-            body.append([row["variant"], status] + ["" for _ in range(10)])
+            body.append([variant_label(row, rows), status] + ["" for _ in range(10)])
             continue
         body.append(
             [
-                row["variant"],
+                variant_label(row, rows),
                 status,
                 fmt_count(row.get("kernels_per_forward")),
                 fmt_number(row.get("gpu_time_us")),
@@ -175,7 +184,7 @@ def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
     grouped: dict[str, list[str]] = {}
     for row in rows:
         if row["status"] != "ok":
-            grouped.setdefault(row["status"], []).append(row["variant"])
+            grouped.setdefault(row["status"], []).append(variant_label(row, rows))
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
@@ -187,14 +196,21 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
     for entry in results:
         if entry.get("forwards") is None:
             body.append(
-                [entry["variant"], _shape_mode(entry), "", "", "", _status_word(entry) if fitted else entry["status"]]
+                [
+                    variant_label(entry, results),
+                    _shape_mode(entry),
+                    "",
+                    "",
+                    "",
+                    _status_word(entry) if fitted else entry["status"],
+                ]
             )
             continue
         findings = entry.get("findings", [])
         revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
         body.append(
             [
-                entry["variant"],
+                variant_label(entry, results),
                 _shape_mode(entry),
                 fmt_count(entry.get("kernels_per_forward")),
                 fmt_number(entry.get("gpu_time_us")),
@@ -207,17 +223,19 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
     columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
-        f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+        f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
         for e in results
         for f in e.get("findings", [])
     ]
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
-def cell_title(row: dict[str, Any]) -> str:
-    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row."""
+def cell_title(row: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row (every
+    device of `rows`, when they ran on several: the ranks of a torchrun run)."""
     mode = row.get("mode") or "fwd"
-    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {row['device']}"
+    devices = ", ".join(dict.fromkeys(r["device"] for r in rows or [row]))
+    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {devices}"
 
 
 def _shape_mode(entry: dict[str, Any]) -> str:
@@ -240,7 +258,7 @@ def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None
     parts = []
     for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
         rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
-        title = cell_title(rows[0])
+        title = cell_title(rows[0], rows)
         if baseline:
             title += f", speed-up vs {baseline}"
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
