@@ -19,7 +19,7 @@ from attnprof.profiling.correctness import check_against_reference
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.timing import time_forward
 from attnprof.registry import RunSpec
-from attnprof.variants.context_parallel import check_ring, ring_rows
+from attnprof.variants.context_parallel import TorchCpState, check_ring, ring_rows, torch_rows
 from attnprof.variants.ring import RingState, ring_forward
 
 SPECS = {
@@ -75,6 +75,36 @@ def ring_checks() -> dict:
     return found
 
 
+def torch_cp_checks() -> dict:
+    """PyTorch's context parallelism on CPU: the wiring up to the forward (which only CUDA can run)."""
+    from torch.distributed.tensor import DTensor
+
+    spec = RunSpec(device="cpu", **SPECS["causal"])
+    q, k, v = make_inputs(spec, seed=0)
+    before = q.clone()
+    state = TorchCpState(spec)
+    shards = state.local(q, k, v)
+    rows = torch.tensor(torch_rows(spec))
+    found = {
+        "rows": torch_rows(spec),
+        "shards_match": all(torch.equal(s, t.index_select(2, rows)) for s, t in zip(shards, (q, k, v), strict=True)),
+        "inputs_untouched": bool(torch.equal(q, before)),
+        "cut_once": state.local(q, k, v) is shards,
+    }
+    try:
+        state.module(*shards, is_causal=True)
+    except NotImplementedError as exc:
+        found["forward_on_cpu"] = str(exc).splitlines()[0]
+    state.dispatch()
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    found["dispatcher_on"] = torch.ops.aten._scaled_dot_product_flash_attention.default in handlers
+    del state, handlers
+    found["dispatcher_off_after"] = (
+        torch.ops.aten._scaled_dot_product_flash_attention.default not in DTensor._op_dispatcher._custom_op_handlers
+    )
+    return found
+
+
 def timing_checks(group: distributed.Group) -> dict:
     rank = group.ctx.rank
     partner = torch.zeros(1)
@@ -95,6 +125,7 @@ def main() -> None:
     seen = {"rank": ctx.rank, "world_size": ctx.world_size, "backend": group.backend}
     seen["group"] = group_checks(group)
     seen["ring"] = ring_checks()
+    seen["torch_cp"] = torch_cp_checks()
     seen["timing"] = timing_checks(group)
     group.barrier()
     distributed.stop()

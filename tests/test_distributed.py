@@ -145,3 +145,15 @@ def test_the_ring_of_one_rank(tmp_path: Path) -> None:
     for name, shard in seen["ring"].items():
         assert shard["transfers"] == 0  # gloo cannot send to itself; NCCL does (see the GPU test)
         assert shard["passed"] and shard["rows"] == list(range(len(shard["rows"]))), name
+
+
+@pytest.mark.slow
+def test_pytorchs_context_parallelism_is_wired_up_to_the_cuda_forward(two_ranks: list[dict]) -> None:
+    """On CPU its DTensor dispatch has no kernel (the forward is CUDA-only); the shards, rows and the
+    dispatcher's lifetime are checked here, the forward on the GPU (tests/test_gpu_distributed.py)."""
+    for seen in two_ranks:
+        cp = seen["torch_cp"]
+        assert cp["rows"] == seen["ring"]["causal"]["rows"]  # PyTorch's split is the ring's
+        assert cp["shards_match"] and cp["inputs_untouched"] and cp["cut_once"]
+        assert "does not have a sharding strategy" in cp["forward_on_cpu"]  # PyTorch's DTensor path was taken
+        assert cp["dispatcher_on"] and cp["dispatcher_off_after"]

@@ -101,7 +101,7 @@ def run_sharded(
     world = 1 if group is None else group.ctx.world_size
     if group is not None:
         _check_same_plan(cells, group)
-    kept: dict[str, ResumePlan] = {}
+    kept: dict[str, Any] = {}
 
     def prepare() -> tuple[RunFolder, list[int]]:
         folder = resume_folder(resume) if resume else open_run_folder(Path(config.output_dir), command)
@@ -149,7 +149,7 @@ def run_sharded(
     }
     shares: list[dict[str, Any]] | None = [share] if group is None else group.gather(share)
 
-    def finish() -> tuple[RunOutcome, int]:
+    def finish() -> int:
         assert shares is not None
         plan = kept["plan"]
         rows = ordered_rows(cells, plan.kept + [row for s in shares for row in s["rows"]])
@@ -164,16 +164,17 @@ def run_sharded(
             _summary(group, shares, plan, resume),
             results,
         )
+        kept["outcome"] = outcome
         failed = next((s for s in shares if s["error"] is not None), None)
         if failed is not None and group is not None:
             error = failed["error"]
             raise type(error)(f"rank {failed['rank']}: {error.message}", error.hint)
         if failed is not None:
             raise failed["error"]
-        return outcome, outcome.exit_code
+        return outcome.exit_code
 
-    outcome, code = _on_main(group, finish)
-    return (outcome if rank == 0 else None), code
+    code = _on_main(group, finish)  # only the exit code travels; rank 0 keeps the outcome
+    return kept.get("outcome"), code
 
 
 def _open_stream(

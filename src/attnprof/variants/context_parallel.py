@@ -7,8 +7,9 @@ rank's rows of the output; `output_rows` names them for the correctness check.
   its DTensor dispatch handles the CUDA SDPA kernels alone. It uses the module-wrapper form that
   PyTorch's `_ContextParallel` style offers (a one-module wrapper around SDPA), shards the inputs
   once per cell with PyTorch's `_context_parallel_shard` (head-and-tail balanced when causal) and
-  keeps PyTorch's dispatcher on while the cell runs; `check` says which of these names the
-  installed torch lacks.
+  keeps PyTorch's dispatcher on while the cell runs (turned off when the cell's state is dropped);
+  `check` says which of these names the installed torch lacks. The communication is PyTorch's
+  choice (all-gather of the key/value shards by default).
 
 Neither has a backward here (`has_backward=False`). Without a process group (no torchrun) both are
 unavailable, with the reason; world size 1 is the degenerate ring of one rank.
@@ -84,11 +85,22 @@ def _ring_forward(q: Any, k: Any, v: Any, causal: bool, state: RingState) -> Any
 
 
 def ring_rows(spec: RunSpec) -> list[int]:
-    """The global query positions of this rank's output, for both variants: PyTorch's head-and-tail
-    balancer gives rank r the same chunks r and 2W−1−r as the ring (a test holds the two together)."""
+    """The global query positions of this rank's `cp-ring` output (`variants.ring.shard_rows`)."""
     group = _group()
     rank, world = (group[0], group[1]) if group else (0, 1)
     return shard_rows(spec.seq, world, rank, spec.causal)
+
+
+def torch_rows(spec: RunSpec) -> list[int]:
+    """The global query positions of this rank's `cp-torch` output, as PyTorch's own head-and-tail
+    balancer orders them when causal (the rank's contiguous chunk otherwise)."""
+    group = _group()
+    if group is None or not spec.causal:
+        return ring_rows(spec)
+    from torch.distributed.tensor.experimental import _attention as cp
+
+    rank, world, _ = group
+    return cp._HeadTailLoadBalancer(spec.seq, world, "cpu")._generate_indices()[0].chunk(world)[rank].tolist()
 
 
 class TorchCpState:
@@ -115,14 +127,16 @@ class TorchCpState:
 
     def local(self, q: Any, k: Any, v: Any) -> list[Any]:
         """This rank's shards of q, k, v, cut by PyTorch once per input tensors."""
-        if self._inputs.changed(q, k, v):
-            self.shards = self.cp._context_parallel_shard(self.mesh, [q, k, v], [2, 2, 2], self.balancer)
+        if self._inputs.changed(q, k, v):  # clones: some torch versions rearrange the buffers in place
+            copies = [t.clone() for t in (q, k, v)]
+            self.shards = self.cp._context_parallel_shard(self.mesh, copies, [2, 2, 2], self.balancer)
         return self.shards
 
     def dispatch(self) -> None:
-        """Turn PyTorch's context-parallel dispatcher on for the rest of the cell."""
+        """Turn PyTorch's context-parallel dispatcher on (a dict assignment once its rules are registered),
+        and off again when the cell's state is dropped."""
+        self.cp._enable_context_parallel_dispatcher()
         if not self._on:
-            self.cp._enable_context_parallel_dispatcher()
             weakref.finalize(self, self.cp._disable_context_parallel_dispatcher)
             self._on = True
 
@@ -145,8 +159,8 @@ def _torch_forward(q: Any, k: Any, v: Any, causal: bool, state: TorchCpState) ->
     return state.module(qs, ks, vs, is_causal=causal)
 
 
-def _collective(name: str, description: str, forward: Any, setup: Any, check: Any, devices: Any) -> Variant:
-    """A variant whose cell every rank runs together, returning this rank's rows (`ring_rows`), forward only."""
+def _collective(name: str, description: str, forward: Any, setup: Any, check: Any, rows: Any, devices: Any) -> Variant:
+    """A variant whose cell every rank runs together, each returning its `rows` of the output; forward only."""
     return Variant(
         name,
         description,
@@ -156,7 +170,7 @@ def _collective(name: str, description: str, forward: Any, setup: Any, check: An
         setup=setup,
         has_backward=False,
         collective=True,
-        output_rows=ring_rows,
+        output_rows=rows,
     )
 
 
@@ -168,6 +182,6 @@ def variants() -> list[Variant]:
     )
     torch_cp = "PyTorch's context parallelism (torch.distributed.tensor.experimental) across the torchrun ranks"
     return [
-        _collective("cp-ring", ring, _ring_forward, _ring_setup, check_ring, ("cpu", "cuda")),
-        _collective("cp-torch", torch_cp, _torch_forward, TorchCpState, check_torch, ("cuda",)),
+        _collective("cp-ring", ring, _ring_forward, _ring_setup, check_ring, ring_rows, ("cpu", "cuda")),
+        _collective("cp-torch", torch_cp, _torch_forward, TorchCpState, check_torch, torch_rows, ("cuda",)),
     ]
