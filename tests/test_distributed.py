@@ -34,8 +34,10 @@ def free_port() -> int:
 
 def torchrun_env() -> dict[str, str]:
     """The environment for a torchrun child: this tree's sources first, one OpenMP thread per rank
-    (the CPU attention kernels crawl when 2 ranks each spin 2 threads on 2 shared cores)."""
+    (the CPU attention kernels crawl when 2 ranks each spin 2 threads on 2 shared cores), and NVLink
+    multicast off (on a GPU host it must stay off in every process)."""
     env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
+    distributed.multicast_off(env)
     paths = [str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")]
     return env | {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "OMP_NUM_THREADS": "1"}
 

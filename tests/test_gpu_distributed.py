@@ -61,10 +61,11 @@ def test_the_ring_sends_to_itself_through_nccl_and_is_correct(context_parallel: 
     assert ring["latency_us"] > 0 and ring["speedup_vs_baseline"] is not None
 
 
-def test_pytorchs_context_parallelism_runs_or_says_why(context_parallel: dict) -> None:
+def test_pytorchs_context_parallelism_runs_and_is_correct(context_parallel: dict) -> None:
     cp = row(context_parallel, "cp-torch")
     assert cp["status"] == "ok", cp["reason"]
-    assert cp["passed"] is True and cp["comm"] is not None and cp["comm"]["kernels_per_forward"] >= 1
+    assert cp["passed"] is True
+    assert cp["comm"] is None  # PyTorch's ring rotates nothing at world size 1 (unlike cp-ring's send to itself)
 
 
 def test_a_sharded_compare_of_one_rank(tmp_path: Path) -> None:

@@ -187,11 +187,12 @@ def start(ctx: DistContext, device: str) -> Group:
     available = dist.is_nccl_available() if cuda else dist.is_gloo_available()
     if not available:
         raise DistributedError(f"this torch build has no {backend} backend, which a torchrun run on {device} needs")
+    bound = torch.device(device) if cuda else None  # NCCL: this rank's GPU, known from the start
     if cuda:
         torch.cuda.set_device(torch.device(device))
     try:
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend)
+            dist.init_process_group(backend=backend, device_id=bound)
     except Exception as exc:
         raise DistributedError(
             f"rank {ctx.rank}: starting the {backend} process group failed: {one_line(exc)}",
