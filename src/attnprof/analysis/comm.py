@@ -105,12 +105,12 @@ class CommStats:
     source: str  # "device": NCCL kernels timed on the device; "cpu ops": c10d ops counted only
     kernels_per_forward: int | None
     ops_per_forward: int
+    kernels: list[str] = field(default_factory=list)  # the communication kernels' short names
     comm_time_us: float | None = None
     compute_time_us: float | None = None
     overlapped_us: float | None = None
     exposed_us: float | None = None
     overlap_pct: float | None = None
-    kernels: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON fields, times rounded to ns and the overlap to 0.1%."""
