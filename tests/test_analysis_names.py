@@ -137,6 +137,14 @@ def test_unknown_is_never_a_guess(name):
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"),
     ("void my_kernel<(anonymous namespace)::X>(int)", "my_kernel"),
     ("void cutlass::device_kernel<ns::inner_kernel<int> >(int)", "inner_kernel"),
+    # a return type before the name (cuBLAS' gemv): the function's name, never a type or punctuation
+    ("std::enable_if<!T7, void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, true, "
+     "true, false, 7, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float> >("
+     "cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float>)", "gemvx::kernel"),
+    ("std::enable_if<std::is_same<T, float>::value, void>::type at::native::foo_kernel<float>(float*)", "foo_kernel"),
+    ("std::enable_if<(sizeof(T) > 2), void>::type (anonymous namespace)::softmax_warp_forward<float>(float*)",
+     "softmax_warp_forward"),
+    ("void ns::kern<(N>0)>(int)", "kern"),
 ])
 def test_short_names(name, short):
     assert short_kernel_name(name) == short

@@ -92,3 +92,27 @@ def test_phases_show_only_with_backward_work():
     assert lines[3] == ["backward", "(after", "the", "8", "0", "0", "342.9", "401.6"]  # wrapped at 80 columns
     assert lines[4] == ["region)"]
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_the_attention_ledger_shows_calls_share_and_overhead():
+    path = Path(__file__).parent / "data" / "h200" / "model" / "llama2l-eager.json.gz"
+    text = render_analysis(analyze_trace(path, region="model_forward"), "table", 120)
+    section = text.split("Attention per forward")[1].split("Kernels per forward")[0]
+    assert "2 attention call(s) per forward (eager:2); their device time 3,190 µs per forward, 55.1% of the GPU" in (
+        " ".join(section.split()))
+    rows = [line for line in section.splitlines() if line.startswith(("1  ", "2  "))]
+    assert len(rows) == 2 and all("aten::matmul → aten::softmax → aten::matmul" in r and "eager" in r for r in rows)
+    for kind, count in (("mask-build", "2"), ("kv-repeat", "4"), ("layout-copy", "2")):
+        line = next(line for line in section.splitlines() if line.startswith(kind))
+        assert line.split()[1] == count
+    assert "[host-sync]" in text
+    markdown = render_analysis(analyze_trace(path, region="model_forward"), "markdown")
+    assert "### Attention per forward" in markdown and "| attention call" in markdown
+
+
+def test_no_ledger_without_device_events():
+    b = TraceBuilder()
+    for _ in range(2):
+        with b.step(), b.region(), b.op("aten::scaled_dot_product_attention"):
+            b.advance(5.0)
+    assert "Attention per forward" not in render_analysis(analyze_trace(b.to_dict()), "table")

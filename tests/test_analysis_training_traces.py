@@ -61,7 +61,8 @@ PHASES = {
 _COMMON = {"low-occupancy-by-design", "occupancy-unreported"}
 _FUSED_BWD = {"bwd-dot-do-o", "bwd-dq-convert"}
 _CUDNN_BWD = _FUSED_BWD | {"bwd-memsets"}
-_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes"}
+# fp32-cuda-cores: without record_shapes the bf16 inputs are known from the kernels' names (c10::BFloat16)
+_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes", "fp32-cuda-cores"}
 _UNFUSED = {"hidden-memcpy", *_COMMON, "metadata-transposes", "bwd-memsets"}
 FINDINGS = {
     "bwd/8x16x1024x64/inplace": {"hidden-memcpy", *_COMMON, "bwd-memsets"},
@@ -69,10 +70,10 @@ FINDINGS = {
     "bwd/8x16x1024x64/sdpa-cudnn": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
     "bwd/8x16x1024x64/sdpa-efficient": {"low-occupancy-by-design"},
     "bwd/8x16x1024x64/sdpa-flash": {*_COMMON, "cpu-bound", *_FUSED_BWD},
-    "bwd/8x16x1024x64/sdpa-math": {"low-occupancy-by-design"},
+    "bwd/8x16x1024x64/sdpa-math": {"low-occupancy-by-design", "fp32-cuda-cores"},
     "bwd/8x16x1024x64/sdpa": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
     "fwd+bwd/4x16x8192x128/compiled": {*_COMMON, "bwd-memsets"},
-    "fwd+bwd/4x16x8192x128/flex": _COMMON,
+    "fwd+bwd/4x16x8192x128/flex": {*_COMMON, "bwd-dot-do-o"},
     "fwd+bwd/4x16x8192x128/inplace": _UNFUSED,
     "fwd+bwd/4x16x8192x128/naive": _UNFUSED,
     "fwd+bwd/4x16x8192x128/sdpa-cudnn": {*_COMMON, *_CUDNN_BWD},
@@ -81,7 +82,7 @@ FINDINGS = {
     "fwd+bwd/4x16x8192x128/sdpa-math": _MATH,
     "fwd+bwd/4x16x8192x128/sdpa": {*_COMMON, *_CUDNN_BWD},
     "fwd+bwd/8x16x1024x64/compiled": {*_COMMON, "cpu-bound", "bwd-memsets"},
-    "fwd+bwd/8x16x1024x64/flex": {*_COMMON, "cpu-bound"},
+    "fwd+bwd/8x16x1024x64/flex": {*_COMMON, "cpu-bound", "bwd-dot-do-o"},
     "fwd+bwd/8x16x1024x64/inplace": _UNFUSED,
     "fwd+bwd/8x16x1024x64/naive": _UNFUSED,
     "fwd+bwd/8x16x1024x64/sdpa-cudnn": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
@@ -90,7 +91,7 @@ FINDINGS = {
     "fwd+bwd/8x16x1024x64/sdpa-math": _MATH,
     "fwd+bwd/8x16x1024x64/sdpa": {*_COMMON, *_CUDNN_BWD},
     "fwd-then-backward/8x16x1024x64/compiled": {*_COMMON, "bwd-memsets", "grad-accumulation"},
-    "fwd-then-backward/8x16x1024x64/flex": {*_COMMON, "cpu-bound", "grad-accumulation"},
+    "fwd-then-backward/8x16x1024x64/flex": {*_COMMON, "cpu-bound", "grad-accumulation", "bwd-dot-do-o"},
     "fwd-then-backward/8x16x1024x64/inplace": {*_UNFUSED, "grad-accumulation"},
     "fwd-then-backward/8x16x1024x64/naive": {*_UNFUSED, "grad-accumulation"},
     "fwd-then-backward/8x16x1024x64/sdpa-cudnn": {*_COMMON, "cpu-bound", *_CUDNN_BWD, "grad-accumulation"},
@@ -215,3 +216,10 @@ def test_forward_only_traces_have_no_backward(shape):
         assert (forward["kernels"], forward["memcpy"], forward["memset"]) == (
             d["kernels_per_forward"], d["memcpy_per_forward"], d["memset_per_forward"]), path.name
         assert not any("backward" in n for n in d["notes"]), path.name
+
+
+def test_flex_backward_names_its_inductor_delta_reduction_as_the_dot_do_o_kernel() -> None:
+    a = analyze_trace(DATA / "fwd+bwd/8x16x1024x64/flex.json.gz")
+    message = a.finding("bwd-dot-do-o").message
+    assert "triton_per_fused_flex_attention_backward_0" in message and "1 kernel(s) per step" in message
+    assert "triton_tem_fused_flex_attention_backward_1" not in message  # the template kernel is the backward itself

@@ -412,6 +412,8 @@ def test_a_real_baseline_left_out_is_a_note(cli, write_config) -> None:
     assert result.exit_code == 0, result.output
     assert "baseline 'sdpa-math' is not among the selected variants: no speed-ups" in result.stderr
     assert json.loads(result.stdout)["results"][0]["speedup_vs_baseline"] is None
+    table = cli("compare", str(write_config()), "--variants", "naive", "--no-timing")
+    assert table.exit_code == 0 and "speed-up vs" not in table.stdout  # no title promises one
 
 
 def test_default_compare_says_what_the_config_excluded(cli, tmp_path: Path) -> None:

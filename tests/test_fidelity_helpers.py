@@ -52,3 +52,21 @@ def test_median_or_none():
     assert fidelity.median_or_none([3.0, None, 1.0, 2.0]) == 2.0
     assert fidelity.median_or_none([4.0, 1.0]) == 2.5
     assert fidelity.median_or_none([None]) is None
+
+
+def test_backward_rounds_leave_the_graph_timings_out(monkeypatch):
+    """In bwd/fwd+bwd the CUDA-graph timers cannot capture autograd's backward: they are not run."""
+    from attnprof.profiling import timing
+
+    calls = []
+
+    class T:
+        median_us, cuda_graph, method = 10.0, False, "m"
+
+    monkeypatch.setattr(timing, "time_forward", lambda fn, device, cuda_graph=False, flush_l2=False: calls.append(
+        "flush" if flush_l2 else "graph?" if cuda_graph else "attnprof") or T())
+    monkeypatch.setattr(fidelity, "graph_time_us", lambda fn: calls.append("graph") or 4.0)
+    monkeypatch.setattr(fidelity, "do_bench_us", lambda fn: calls.append("do_bench") or 10.2)
+    out = fidelity.timed_rounds(lambda: None, "cuda:0", 2, graphs=False)
+    assert calls == ["attnprof", "flush", "do_bench", "attnprof", "do_bench", "flush"]
+    assert out["graph_us"] is None and out["attnprof_graph_us"] is None and out["do_bench_us"] == 10.2

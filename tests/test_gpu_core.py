@@ -120,3 +120,17 @@ def test_throughput_and_memory_are_measured(results: dict) -> None:
     assert flash["tflops"] > 0 and 0 < flash["pct_of_peak"] < 100
     assert flash["peak_memory_mib"] is not None
     assert results["naive"].measures["peak_memory_mib"] > flash["peak_memory_mib"]  # naive materialises [S, S]
+
+
+LEDGER_BACKENDS = {"naive": "eager", "inplace": "eager", "compiled": "eager", "flex": "flex", "sdpa-math": "math",
+                   "sdpa-efficient": "efficient", "sdpa-flash": "flash", "sdpa-cudnn": "cudnn"}
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_is_one_attention_call_in_the_ledger(results: dict, name: str) -> None:
+    row = results[name].measures
+    backend = LEDGER_BACKENDS.get(name, row["backend"])  # sdpa: the backend it dispatched to
+    assert row["attention_calls_per_forward"] == 1 and row["attention_backends"] == f"{backend}:1"
+    assert 0 < row["attention_time_us"] <= row["gpu_time_us"] and 50 < row["attention_gpu_pct"] <= 100
+    assert row["attention"]["calls"][0]["phase"] == "forward"
+    assert not {"gpu-idle", "attention-overhead", "host-sync"} & findings(results[name])

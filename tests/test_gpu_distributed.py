@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from test_distributed import torchrun
 
 torch = pytest.importorskip("torch")
@@ -79,3 +80,28 @@ def test_a_sharded_compare_of_one_rank(tmp_path: Path) -> None:
     stream = [json.loads(line) for line in (folder / "results.rank0.jsonl").read_text().splitlines()]
     assert len(stream) == 1 + len(rows) and "[rank 0] [3/3]" in stderr
     assert all(Path(r["trace"]).parent.name == "rank0" for r in rows)
+
+
+def test_a_sharded_sweep_of_one_rank_with_the_ring(tmp_path: Path) -> None:
+    """`torchrun --nproc-per-node=1 -m attnprof sweep` on NCCL: every cell on rank 0, the ring's collective cells
+    among them, its stream `results.rank0.jsonl`, and speed-ups against the baseline in results.json."""
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({
+        "device": "cuda", "dtype": "bf16", "shapes": [{"batch": 1, "heads": 16, "head_dim": 128}], "causal": True,
+        "sweep": {"seq": [4096, 8192]}, "variants": ["sdpa-flash", "naive", "cp-ring"], "baseline": "sdpa-flash",
+        "output_dir": str(tmp_path / "out"),
+    }))
+    done = torchrun(1, "-m", "attnprof", "--no-plugins", "sweep", str(config), "-f", "json", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    rows = document["results"]
+    assert sorted((r["variant"], r["seq"]) for r in rows) == sorted(
+        (v, s) for v in ("sdpa-flash", "naive", "cp-ring") for s in (4096, 8192))
+    assert all(r["status"] == "ok" and r["rank"] == 0 and r["world_size"] == 1 for r in rows), rows
+    assert all(r["speedup_vs_baseline"] is not None for r in rows)
+    assert document["distributed"]["backend"] == "nccl" and document["distributed"]["ranks"][0]["collective_cells"] == 2
+    ring = [r for r in rows if r["variant"] == "cp-ring"]
+    assert all(r["passed"] and r["comm"]["kernels_per_forward"] >= 1 for r in ring), ring
+    folder = Path(document["files"]["dir"])
+    assert document["files"]["rank_streams"] == [str(folder / "results.rank0.jsonl")]
+    assert len((folder / "results.rank0.jsonl").read_text().splitlines()) == 1 + len(rows)

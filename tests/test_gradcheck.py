@@ -178,3 +178,21 @@ def test_compiled_variant_in_bwd_retains_its_graph(tmp_path) -> None:
     result = run_cell(variant, RunSpec("cpu", "fp32", **shape, mode="bwd"), config, MeasureOptions(min_time_s=0.02))
     assert result.ok, result.reason
     assert result.grad_check.passed and result.timing.reps >= 10
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads, kv_heads, limit", [(8, 2, 1), (8, 2, 2 * 24 * 24 * 3), (4, 4, 24 * 24), (6, 1, 1)])
+def test_chunked_reference_grads_equal_the_whole(causal, heads, kv_heads, limit) -> None:
+    """The reference run a few query heads at a time (what keeps one GQA group at S=32k in memory)
+    gives the gradients of the whole, dk and dv summed over each group's chunks."""
+    from attnprof.profiling.gradcheck import reference_grads
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, heads, 24, 8, generator=g)
+    k, v = (torch.randn(2, kv_heads, 24, 8, generator=g) for _ in range(2))
+    grad_out = torch.randn(2, heads, 24, 8, generator=g)
+    whole = reference_grads(q, k, v, grad_out, causal)
+    chunked = reference_grads(q, k, v, grad_out, causal, limit=limit)
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.dtype == b.dtype == torch.float64 and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -87,6 +87,53 @@ def test_bwd_times_only_the_backward(config) -> None:
     assert result.analysis.forwards == 2
 
 
+def test_a_backward_that_cannot_repeat_gets_a_fresh_untimed_forward_each_time(config) -> None:
+    """`repeatable_backward=False` (the `compiled` variant): every timed or profiled backward runs on
+    the graph of its own forward, made outside the timing and outside the region, and freed after."""
+    calls = []
+    naive = builtin("naive")
+
+    def once_only(q, k, v, causal, state):
+        out = naive.forward(q, k, v, causal, state)
+        calls.append(out)
+        return out
+
+    variant = replace(naive, forward=once_only, repeatable_backward=False)
+    result = run_cell(variant, spec("bwd"), config, FAST)
+    assert result.ok and result.passed, result.reason
+    assert result.timing.method.startswith("time.perf_counter per call, each after an untimed forward")
+    n_timed = result.timing.reps + result.timing.warmup_reps + 1  # + the cold call
+    # build_step's forward, one per timed call, one per profiled step (wait+warmup+active = 3), and
+    # the memory probe's whole step
+    assert len(calls) >= n_timed + 3 + 1
+    assert result.analysis.forwards == 2
+
+
+def test_build_step_prepare_runs_the_forward_and_call_frees_it() -> None:
+    from attnprof.profiling.steps import build_step
+
+    counts = {"fwd": 0}
+
+    def forward(q, k, v):
+        counts["fwd"] += 1
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    step = build_step(spec("bwd"), forward, (q, k, v), seed=0, repeatable_backward=False)
+    assert step.prepare is not None and counts["fwd"] == 1
+    first = step.call()
+    assert counts["fwd"] == 1  # the graph build_step made
+    step.prepare()
+    second = step.call()
+    assert counts["fwd"] == 2
+    for a, b in zip(first.grads, second.grads, strict=True):
+        assert torch.equal(a, b)
+    step.call()  # without prepare it still runs a true backward (on a forward of its own)
+    assert counts["fwd"] == 3
+    repeatable = build_step(spec("bwd"), forward, (q, k, v), seed=0)
+    assert repeatable.prepare is None
+
+
 def test_a_variant_without_backward_is_skipped(config) -> None:
     naive = replace(builtin("naive"), has_backward=False)
     for mode in ("bwd", "fwd+bwd"):
@@ -200,3 +247,31 @@ def test_run_refuses_a_variant_without_backward_in_one_line(cli, write_config, m
     result = cli("run", str(write_config()), "-v", "naive", "--mode", "bwd")
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "naive cannot run on cpu with fp32 at 1x2x32x16 in bwd: no backward" in result.output
+
+
+def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
+    """run/compare rows hold the forward and backward phase facts of the real H200 trace they were
+    measured with; in a backward mode the tables' per-forward columns read per step."""
+    from pathlib import Path
+
+    from attnprof.analysis import analyze_trace
+    from attnprof.report.tables import compare_report, run_summary_table
+
+    data = Path(__file__).parent / "data" / "h200" / "training"
+    result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
+    step = replace(result, analysis=analyze_trace(data / "fwd+bwd/8x16x1024x64/sdpa-flash.json.gz"))
+    entry = json_entry(step)
+    assert (entry["forward_kernels"], entry["backward_kernels"]) == (1, 5)
+    assert (entry["backward_memcpy"], entry["backward_memset"], entry["backward_outside_region"]) == (0, 0, False)
+    assert entry["backward_kernel_time_us"] > entry["forward_kernel_time_us"] > 0
+    assert entry["phases"]["backward"]["kernels"] == 5 and entry["kernels_per_forward"] == 6
+    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(csv_row(step))
+    summary = run_summary_table(entry, "table")
+    assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
+    after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
+    assert "(backward after the region)" in run_summary_table(json_entry(after), "table")
+    report = compare_report([entry], "table", None, width=200)
+    assert "kernels/step" in report and "kernels/fwd" not in report
+    forward_only = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    assert forward_only["forward_kernels"] is None and forward_only["phases"] is None  # CPU: no device work
+    assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)

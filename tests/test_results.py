@@ -53,6 +53,10 @@ def test_every_part_reaches_the_row() -> None:
     assert (row["tflops"], row["pct_of_peak"], row["bound"]) == (500.0, 65.0, "compute")
     assert row["peak_memory_mib"] == 12.5 and row["backend"] == "cudnn"
     assert row["kernels_per_forward"] == 1 and row["findings"].split()[0]
+    # the attention ledger: one cuDNN call (186.3 us kernel + 0.8 us memset) per forward, no overhead
+    assert (row["attention_calls_per_forward"], row["attention_backends"]) == (1, "cudnn:1")
+    assert row["attention_time_us"] == pytest.approx(187.1) and row["attention_overhead_us"] == 0.0
+    assert 90.0 < row["attention_gpu_pct"] <= 100.0
 
 
 def test_a_skipped_cell_has_no_numbers_and_says_why() -> None:
@@ -74,6 +78,7 @@ def test_json_entry_is_the_row_plus_the_nested_parts() -> None:
     assert [f["id"] for f in entry["findings"]] == row["findings"].split()
     assert entry["kernels"] and entry["launch_apis"] and entry["trace_device"]["name"] == "NVIDIA H200"
     assert entry["phases_s"] == {"timing": 0.3}
+    assert entry["attention"] == result.analysis.attention.to_dict() and entry["attention"]["backends"] == {"cudnn": 1}
     assert json.loads(json.dumps(entry)) == entry
 
 

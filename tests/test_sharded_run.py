@@ -1,6 +1,6 @@
 """`torchrun -m attnprof compare` on CPU with gloo (2 processes): cells split across the ranks and each run
 once, rows gathered on rank 0 into one results file, a stream per rank, cp-ring on every rank; `--resume`
-after a rank died redoes only the missing cells; a single process resumes from its results.json."""
+after a rank died redoes only the missing cells (in a new folder); a single process resumes from its results.json."""
 
 from __future__ import annotations
 
@@ -91,26 +91,26 @@ def test_resume_after_a_rank_died_redoes_only_the_missing_cells(sharded, tmp_pat
     folder, _, cfg = sharded
     # Rank 1 died: only rank 0's stream is left, and rank 0 never wrote results.json.
     dead = tmp_path / "dead-run"
-    (dead / "traces").mkdir(parents=True)
+    dead.mkdir()
     shutil.copy(folder / "results.rank0.jsonl", dead)
     survived = rows_of(dead / "results.rank0.jsonl")
     done = torchrun(2, "-m", "attnprof", "--no-plugins", "compare", str(cfg), *FAST, "--resume", str(dead),
-                    "-f", "json")
+                    "-o", str(tmp_path / "again"), "-f", "json")
     assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads((dead / "results.json").read_text())
+    (resumed,) = (tmp_path / "again").iterdir()
+    document = json.loads((resumed / "results.json").read_text())
     rows = document["results"]
     assert sorted(r["variant"] for r in rows) == sorted([*SPREAD, "cp-ring", "cp-ring"])
     kept = [r for r in survived if r["variant"] in SPREAD]
     for old in kept:  # rank 0's finished cells are kept as they were
         new = next(r for r in rows if r["variant"] == old["variant"])
         assert new["latency_us"] == old["latency_us"] and new["trace"] == old["trace"]
-    again = rows_of(dead / "results.rank0-2.jsonl") + rows_of(dead / "results.rank1.jsonl")
-    redone = sorted(r["variant"] for r in again)
+    new_rows = rows_of(resumed / "results.rank0.jsonl")[len(kept):] + rows_of(resumed / "results.rank1.jsonl")
+    redone = sorted(r["variant"] for r in new_rows)
     # cp-ring had only rank 0's row: incomplete, so both ranks ran it again; of the rest only what rank 1 held.
     assert redone == sorted(["cp-ring", "cp-ring", *(v for v in SPREAD if v not in {r["variant"] for r in kept})])
-    assert document["resumed"] == {"from": str(dead), "kept_rows": len(kept), "cells_run": len(redone) - 1,
-                                   "rows_of_other_cells": 0, "partial_rows_dropped": 1}
-    assert "resumed" in done.stderr
+    assert document["resumed_from"] == str(dead / "results.rank0.jsonl")
+    assert f"{len(kept)} finished cell(s) kept, {len(redone) - 1} of {len(SPREAD) + 1} to run" in done.stderr
 
 
 def test_a_single_process_resumes_from_its_results_json(cli, write_config, tmp_path: Path) -> None:
@@ -118,28 +118,34 @@ def test_a_single_process_resumes_from_its_results_json(cli, write_config, tmp_p
     first = cli("--no-plugins", "compare", str(cfg), "--no-timing", "-f", "json")
     assert first.exit_code == 0, first.output
     folder = run_folder(tmp_path)
+    assert json.loads((folder / "results.json").read_text())["measure"]["timing"] is False
     # An interrupted run: only the first row made it into results.json.
     partial = tmp_path / "partial"
-    (partial / "traces").mkdir(parents=True)
+    partial.mkdir()
     document = json.loads((folder / "results.json").read_text())
     document["results"] = document["results"][:1]
     document["interrupted"] = True
     (partial / "results.json").write_text(json.dumps(document))
-    again = cli("--no-plugins", "compare", str(cfg), "--no-timing", "--resume", str(partial), "-f", "json")
-    assert again.exit_code == 0, again.output
-    merged = json.loads((partial / "results-2.json").read_text())
+    again = cli("--no-plugins", "compare", "--resume", str(partial), "-o", str(tmp_path / "again"), "-f", "json")
+    assert again.exit_code == 0, again.output  # no config and no --no-timing: both are the earlier run's
+    assert "1 finished cell(s) kept, 1 of 2 to run" in again.stderr
+    merged = json.loads(again.stdout)
     assert [r["variant"] for r in merged["results"]] == ["sdpa-math", "naive"]
     assert merged["results"][0]["trace"] == document["results"][0]["trace"]  # kept, not run again
-    assert [p.name for p in (partial / "traces").iterdir()] == [Path(merged["results"][1]["trace"]).name]
-    assert merged["resumed"]["kept_rows"] == 1 and merged["resumed"]["cells_run"] == 1
+    assert merged["results"][1]["timing_method"] is None  # --no-timing was taken over
+    resumed = Path(merged["files"]["dir"])
+    assert [p.name for p in (resumed / "traces").iterdir()] == [Path(merged["results"][1]["trace"]).name]
+    assert merged["resumed_from"] == str(partial / "results.json")
     assert "distributed" not in merged and merged["results"][1]["rank"] is None  # a single process: no ranks
-    assert (partial / "results-2.csv").exists() and json.loads((partial / "results.json").read_text()) == document
+    assert not list(resumed.glob("*.jsonl"))  # a compare of one process streams nothing
+    other = cli("--no-plugins", "compare", "--resume", str(partial), "--seed", "3")
+    assert other.exit_code == 2 and "seed 0 (now 3)" in other.output
 
 
-def test_resume_needs_a_folder_with_results(cli, write_config, tmp_path: Path) -> None:
+def test_resume_needs_results(cli, write_config, tmp_path: Path) -> None:
     cfg = write_config(variants=["naive"])
     missing = cli("--no-plugins", "compare", str(cfg), "--resume", str(tmp_path / "nowhere"))
-    assert missing.exit_code == 2 and "no such folder" in missing.output
+    assert missing.exit_code == 2 and "no such results file" in missing.output
     (tmp_path / "empty").mkdir()
     empty = cli("--no-plugins", "compare", str(cfg), "--resume", str(tmp_path / "empty"))
-    assert empty.exit_code == 2 and "no results file in it" in empty.output
+    assert empty.exit_code == 2 and "no results in it" in empty.output

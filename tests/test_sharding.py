@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 
-from attnprof.pipeline.resume import attach_row_speedups, ordered_rows, resume_plan
+from attnprof.pipeline.resume import attach_row_speedups, kept_rows, ordered_rows, still_to_run
 from attnprof.pipeline.sharding import CELL_OVERHEAD_S, cell_cost, cell_flops, cell_name, split_cells
 from attnprof.registry import RunSpec, Variant
+from attnprof.report.results_file import ResultsFile
 
 
 def spec(seq: int = 1024, causal: bool = True, mode: str = "fwd", device: str = "cuda:0", **kw) -> RunSpec:
@@ -104,7 +106,7 @@ def row(name: str, s: RunSpec, **extra) -> dict:
             "status": "ok"} | extra
 
 
-def test_resume_keeps_rows_of_planned_cells_and_redoes_the_others() -> None:
+def test_resume_keeps_each_finished_cell_once_and_collective_cells_only_whole() -> None:
     a, b, ring = variant("a"), variant("b"), variant("ring", collective=True)
     cells = [(a, spec(1024)), (b, spec(1024)), (ring, spec(1024)), (a, spec(2048)), (ring, spec(2048))]
     rows = [
@@ -113,12 +115,12 @@ def test_resume_keeps_rows_of_planned_cells_and_redoes_the_others() -> None:
         row("ring", spec(1024), rank=0, world_size=2),
         row("ring", spec(1024, device="cuda:1"), rank=1, world_size=2),  # complete: both ranks
         row("ring", spec(2048), rank=1, world_size=2),  # rank 0's row is missing: run again
-        row("zzz", spec(1024)),  # a variant the plan does not hold
+        row("a", spec(2048), status="failed: NaN in output", reason="NaN in output"),  # transient: run again
+        row("zzz", spec(1024)),  # a variant the plan does not hold: kept, as a sweep's resume keeps it
     ]
-    plan = resume_plan(cells, rows)
-    assert plan.missing == [1, 3, 4]
-    assert [(r["variant"], r["rank"]) for r in plan.kept] == [("a", 1), ("ring", 0), ("ring", 1)]
-    assert (plan.ignored, plan.dropped) == (1, 1)
+    kept = kept_rows(ResultsFile(Path("run"), {"command": "compare"}, rows), {"ring"})
+    assert [(r["variant"], r.get("rank")) for r in kept] == [("a", 1), ("ring", 0), ("ring", 1), ("zzz", None)]
+    assert still_to_run(cells, kept) == [1, 3, 4]
 
 
 def test_merged_rows_follow_the_plan_and_get_their_speedups_again() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -21,10 +21,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
-from attnprof.registry import DEFAULT_REGION, MODES
+from attnprof.registry import DEFAULT_REGION, MODES, RunSpec
 
 Mode = Literal["fwd", "bwd", "fwd+bwd"]
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: The shape fields a sweep axis may stand in for (`Config._sweep_fills_shapes`).
+REQUIRED_SHAPE_FIELDS = ("batch", "heads", "seq", "head_dim")
 
 
 class _Strict(BaseModel):
@@ -45,6 +47,10 @@ class Shape(_Strict):
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         return self
+
+    def spec(self, device: str, dtype: str, causal: bool, mode: str) -> RunSpec:
+        """The cell spec of this shape on `device` with `dtype`, masking and mode."""
+        return RunSpec(device, dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads, causal, mode)
 
     @property
     def label(self) -> str:
@@ -99,8 +105,42 @@ class Exclusion(_Strict):
         return self.device is None or device.split(":", 1)[0] == self.device
 
 
+Positive = Annotated[int, Field(gt=0)]
+
+
+class Sweep(_Strict):
+    """Sweep axes (`attnprof sweep`): each a non-empty list; the sweep runs their cross product.
+
+    A shape axis replaces that field in every configured shape (a shape may then leave it out);
+    `dtype`, `causal` and `mode` replace the config's `dtype`, `causal` and `modes`. A `kv_heads`
+    value of null means as many as `heads`.
+    """
+
+    batch: Annotated[list[Positive], Field(min_length=1)] | None = None
+    heads: Annotated[list[Positive], Field(min_length=1)] | None = None
+    kv_heads: Annotated[list[Positive | None], Field(min_length=1)] | None = None
+    seq: Annotated[list[Positive], Field(min_length=1)] | None = None
+    head_dim: Annotated[list[Annotated[int, Field(gt=0, le=512)]], Field(min_length=1)] | None = None
+    dtype: Annotated[list[Literal["bf16", "fp16", "fp32"]], Field(min_length=1)] | None = None
+    causal: Annotated[list[bool], Field(min_length=1)] | None = None
+    mode: Annotated[list[Mode], Field(min_length=1)] | None = None
+
+    @field_validator("*")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        if value is not None:
+            repeated = [v for i, v in enumerate(value) if v in value[:i]]
+            if repeated:
+                raise ValueError(f"{', '.join(map(str, dict.fromkeys(repeated)))} given more than once")
+        return value
+
+    def axes(self) -> dict[str, list[Any]]:
+        """The declared axes, by name, in field order."""
+        return {name: values for name in type(self).model_fields if (values := getattr(self, name)) is not None}
+
+
 class Config(_Strict):
-    """Everything one `attnprof run` or `attnprof compare` needs."""
+    """Everything one `attnprof run`, `compare` or `sweep` needs."""
 
     device: str = "auto"
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
@@ -114,6 +154,21 @@ class Config(_Strict):
     seed: int = 0
     region: str = DEFAULT_REGION
     output_dir: Path = Path("attnprof-out")
+    sweep: Sweep | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sweep_fills_shapes(cls, data: Any) -> Any:
+        """With sweep axes for required shape fields, `shapes` may leave those fields out (or be left
+        out): each missing one takes its axis' first value, which the sweep replaces anyway."""
+        sweep = data.get("sweep") if isinstance(data, dict) else None
+        if not isinstance(sweep, dict):
+            return data
+        fill = {k: v[0] for k, v in sweep.items() if k in REQUIRED_SHAPE_FIELDS and isinstance(v, list) and v}
+        shapes = data.get("shapes", [{}] if fill else None)
+        if not fill or not isinstance(shapes, list):
+            return data
+        return {**data, "shapes": [fill | s if isinstance(s, dict) else s for s in shapes]}
 
     @field_validator("device")
     @classmethod

@@ -87,3 +87,21 @@ class ResultsFileError(AttnprofError):
     """A results file that cannot be read back: missing, empty, or not written by attnprof."""
 
     exit_code = 2
+
+
+class MissingExtraError(AttnprofError):
+    """An optional dependency that a command needs is not installed (e.g. matplotlib for `plot`)."""
+
+    exit_code = 2
+
+
+class UsageError(AttnprofError):
+    """A command-line value that cannot be used (a malformed threshold, options that exclude each other)."""
+
+    exit_code = 2
+
+
+class ExpectationsError(AttnprofError):
+    """An expectations file (`attnprof check`) that is missing, unreadable or invalid."""
+
+    exit_code = 2

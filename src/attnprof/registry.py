@@ -118,6 +118,7 @@ class Variant:
     has_backward: bool = True
     collective: bool = False
     output_rows: RowsFn | None = None
+    repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -4,7 +4,8 @@ forward by correlation, with kernel-name decoding, occupancy arithmetic and find
 Pure functions on trace files; no torch, no printing. The public surface:
 
 - `analyze_trace(source, region=None, dtype=None) -> TraceAnalysis` (`.to_dict()` is the JSON contract;
-  region None: "attnprof", else the one user annotation, else `ProfilerStep#*`)
+  region None: "attnprof", else the one user annotation, else `ProfilerStep#*`; `.attention` is the
+  attention ledger, see `analysis.ledger`)
 - `load_trace(source) -> ParsedTrace`
 - `dispatched_backend(analysis) -> "flash" | "efficient" | "cudnn" | "math" | None`
 - `explain_kernel(name) -> KernelExplanation`, `short_kernel_name(name)`

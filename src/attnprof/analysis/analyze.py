@@ -5,7 +5,7 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region, region_choice, phases, comm
+    input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention, comm
 
 `region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
 named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
@@ -16,17 +16,24 @@ medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance,
 counts hold both phases together (see `analysis.backward` for which backward work is counted).
 `comm` is the communication per forward (`analysis.comm.CommStats.to_dict`), null when the trace
 shows none.
+`attention` is the attention ledger (see `analysis.ledger`; null for a CPU-only trace). `input_dtype`
+comes from the dtype hint, else an `Input type` (record_shapes), else the kernels' names (see
+`kernel_dtype`).
 """
 
 from __future__ import annotations
 
+import gc
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnprof.analysis.attention import SDPA_BACKEND_OPS
 from attnprof.analysis.comm import CommStats, comm_stats
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.forwards import Attribution, find_forwards
+from attnprof.analysis.ledger import AttentionLedger, summarize
 from attnprof.analysis.metrics import (
     TRACE_DTYPES,
     ForwardMetrics,
@@ -73,6 +80,7 @@ class TraceAnalysis:
     region_choice: str | None = None  # why this region, when the caller named none
     phases: dict[str, dict[str, Any]] | None = None  # see the module docstring
     comm: CommStats | None = None  # communication kernels or c10d ops per forward; None without any
+    attention: AttentionLedger | None = None  # the attention ledger (None for a CPU-only trace)
 
     @property
     def finding_ids(self) -> list[str]:
@@ -118,6 +126,7 @@ class TraceAnalysis:
                 for phase, facts in self.phases.items()
             },
             "comm": None if self.comm is None else self.comm.to_dict(),
+            "attention": None if self.attention is None else self.attention.to_dict(),
         }
 
 
@@ -135,6 +144,25 @@ def _infer_dtype(attribution: Attribution) -> tuple[str | None, str | None]:
                     return dtype, f"Input type of {names[ops.name[i]]}"
         break
     return None, None
+
+
+#: 16-bit element types in kernel names: template arguments and ATen's cast kernels.
+_KERNEL_DTYPES = {
+    "bf16": re.compile(r"c10::BFloat16|\bbfloat16_copy_kernel"),
+    "fp16": re.compile(r"c10::Half|(?<!b)float16_copy_kernel"),
+}
+
+
+def kernel_dtype(kernels: list[KernelStats]) -> tuple[str | None, str | None]:
+    """The inputs' 16-bit dtype from the kernels' names, for a trace without `Input type`: kernels
+    templated on c10::BFloat16 (c10::Half), or ATen's casts back to it (bfloat16_copy_kernel_cuda,
+    float16_copy_kernel_cuda). None when they name neither, or both."""
+    found = {dtype for dtype, pattern in _KERNEL_DTYPES.items() for k in kernels if pattern.search(k.name)}
+    if len(found) != 1:
+        return None, None
+    dtype = found.pop()
+    spelled = "c10::BFloat16" if dtype == "bf16" else "c10::Half"
+    return dtype, f"{spelled} in the kernels' names; the trace has no Input type"
 
 
 def _device_info(trace: ParsedTrace) -> dict[str, Any] | None:
@@ -181,7 +209,13 @@ def analyze_trace(
     if region is None:
         region, region_choice = choose_region(trace)
     attribution = find_forwards(trace, region)
-    per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # many small objects per forward and no cycles: the cyclic collector only slows them down
+    try:
+        per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     n = len(per_forward)
     if n == 0:  # find_forwards raises first; kept as a guard
         raise TraceError(f"region {region!r} has no forward in the trace")
@@ -213,6 +247,8 @@ def analyze_trace(
     if dtype is not None and hint is None:
         raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
     inferred, inferred_from = _infer_dtype(attribution)
+    if inferred is None:
+        inferred, inferred_from = kernel_dtype(kernels)
     input_dtype = hint or inferred
     dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
 
@@ -247,6 +283,7 @@ def analyze_trace(
         region_choice=region_choice,
         phases=_phases(per_forward),
         comm=comm_stats(attribution),
+        attention=summarize([m.attention for m in per_forward if m.attention]) if traced else None,
     )
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
@@ -267,23 +304,13 @@ def analyze_trace(
             gpu_time_us=gpu_time,
             cpu_work_us=median([m.cpu_work_us for m in per_forward]),
             comm=analysis.comm,
+            attention=analysis.attention,
         )
     )
     return analysis
 
 
 # --------------------------------------------------------------------------- backend
-
-_SDPA_OPS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
-    "aten::_flash_attention_forward": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_efficient_attention_forward": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_cudnn_attention_forward": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-}
 
 
 def dispatched_backend(analysis: TraceAnalysis) -> str | None:
@@ -296,7 +323,7 @@ def dispatched_backend(analysis: TraceAnalysis) -> str | None:
     for backend in ("cudnn", "flash", "efficient"):
         if backend in backends:
             return backend
-    for op, backend in _SDPA_OPS.items():
+    for op, backend in SDPA_BACKEND_OPS.items():
         if analysis.op_counts.get(op):
             return backend
     return None

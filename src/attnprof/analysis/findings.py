@@ -17,7 +17,8 @@ missing the finding is simply absent. Ids are a stable JSON contract:
                              `COMM_EXPOSED_SHARE` of the forward's GPU time (see `analysis.comm`)
 
 plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
-``bwd-memsets``, ``grad-accumulation``). ``single-fused-kernel`` counts both phases: a training
+``bwd-memsets``, ``grad-accumulation``) and the ledger's of `analysis.ledger_findings` (``host-sync``,
+``gpu-idle``, ``attention-overhead``). ``single-fused-kernel`` counts both phases: a training
 step with a backward is never one kernel.
 """
 
@@ -28,6 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
+from attnprof.analysis.ledger import AttentionLedger
+from attnprof.analysis.ledger_findings import LEDGER_FINDING_IDS, ledger_findings
 from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
 from attnprof.stats import median_count
 
@@ -43,6 +46,7 @@ FINDING_IDS = (
     "metadata-transposes",
     "comm-exposed",
     *BACKWARD_FINDING_IDS,
+    *LEDGER_FINDING_IDS,
 )
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
@@ -75,6 +79,7 @@ class FindingContext:
     gpu_time_us: float | None
     cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
     comm: Any = None  # analysis.comm.CommStats, or None without communication
+    attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
 
 def _us(value: float) -> str:
@@ -110,6 +115,7 @@ def build_findings(ctx: FindingContext) -> list[Finding]:
         if finding is not None:
             found.append(finding)
     found += [Finding(fid, message) for fid, message in backward_findings(ctx)]
+    found += [Finding(fid, message) for fid, message in ledger_findings(ctx)]
     return found
 
 

@@ -12,8 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnprof.analysis.forwards import Attribution, Forward
+from attnprof.analysis.ledger import ForwardLedger, forward_ledger
 from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
+from attnprof.analysis.optree import OpTree
 from attnprof.analysis.phases import (
     NO_WORK,
     PhaseMetrics,
@@ -23,6 +25,7 @@ from attnprof.analysis.phases import (
     cpu_work_us,
     phase_metrics,
 )
+from attnprof.analysis.stalls import Stalls, forward_stalls
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
 from attnprof.stats import median, median_count
 
@@ -103,6 +106,8 @@ class ForwardMetrics:
     phases: dict[str, PhaseMetrics] | None = None  # forward and backward work (None without device events)
     backward_outside_region: bool = False  # some backward op ran after the region ended
     backward_roles: dict[str, list[Work]] = field(default_factory=dict)  # see phases.backward_roles
+    attention: ForwardLedger | None = None  # attention calls and overhead (see ledger)
+    stalls: Stalls | None = None  # host syncs and device idle time (see stalls)
 
 
 @dataclass
@@ -255,6 +260,9 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
             "backward": NO_WORK,
         }
     metrics.backward_roles = backward_roles(trace, fwd)
+    tree = OpTree(trace, fwd)
+    metrics.attention = forward_ledger(tree, metrics.gpu_time_us)
+    metrics.stalls = forward_stalls(trace, fwd, tree.roots)
     return metrics
 
 

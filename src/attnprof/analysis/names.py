@@ -217,7 +217,12 @@ def explain_kernel(name: str) -> KernelExplanation:
 
 # --------------------------------------------------------------------------- short names
 
+ANON = "(anonymous namespace)"
 _WRAPPERS = re.compile(r"^(?:Kernel\d*|device_kernel|enable_sm\w*|kernel)$")
+_NAME = re.compile(r"^[A-Za-z_]\w*(?:<[^<>]*>)?$")  # a kernel name, not a type, number or expression
+_NOT_NAMES = frozenset(
+    {"int", "unsigned", "long", "short", "char", "bool", "float", "double", "half", "void", "true", "false", "size_t"}
+)
 _HINTED = frozenset(
     {
         "vectorized_elementwise_kernel",
@@ -248,23 +253,29 @@ _GENERIC = frozenset(
 
 def _split_top(text: str) -> tuple[str, str]:
     """Split `ns::name<targs>(args)` into the name path with templates removed and the text of
-    its first top-level template argument list ('' if none)."""
+    its first top-level template argument list ('' if none). `<` and `>` inside parentheses within
+    the template arguments (`<(N > 0)>`) are no brackets."""
     out: list[str] = []
     targs: list[str] = []
-    depth_angle = depth_paren = 0
+    depth_angle = depth_paren = inner_paren = 0
     i, n = 0, len(text)
     first_targs_done = False
     while i < n:
-        if text.startswith("(anonymous namespace)", i) and depth_angle == 0 and depth_paren == 0:
-            out.append("(anonymous namespace)")
-            i += len("(anonymous namespace)")
+        if text.startswith(ANON, i) and depth_angle == 0 and depth_paren == 0:
+            out.append(ANON)
+            i += len(ANON)
             continue
         ch = text[i]
-        if depth_paren == 0 and ch == "<" and not text.startswith("<<", i):
+        bracket = depth_paren == 0 and inner_paren == 0
+        if depth_angle > 0 and ch in "()":
+            inner_paren += 1 if ch == "(" else -1
+            if not first_targs_done:
+                targs.append(ch)
+        elif bracket and ch == "<" and not text.startswith("<<", i):
             depth_angle += 1
             if depth_angle > 1 and not first_targs_done:
                 targs.append(ch)
-        elif depth_paren == 0 and ch == ">" and depth_angle > 0:
+        elif bracket and ch == ">" and depth_angle > 0:
             depth_angle -= 1
             if depth_angle == 0:
                 first_targs_done = True
@@ -278,6 +289,33 @@ def _split_top(text: str) -> tuple[str, str]:
             targs.append(ch)
         i += 1
     return "".join(out).strip(), "".join(targs)
+
+
+def _strip_return_type(text: str) -> str:
+    """`text` from its function name on: a return type before it (`std::enable_if<...>::type ns::kernel<...>(...)`)
+    is cut off. The name starts after the last space outside brackets and parentheses before its
+    parameter list."""
+    depth = paren = 0
+    start, i, n = 0, 0, len(text)
+    while i < n:
+        if text.startswith(ANON, i) and depth == 0 and paren == 0:
+            i += len(ANON)
+            continue
+        ch = text[i]
+        if ch == "(":
+            if depth == 0 and paren == 0:
+                break
+            paren += 1
+        elif ch == ")":
+            paren -= 1
+        elif paren == 0 and ch == "<" and not text.startswith("<<", i):
+            depth += 1
+        elif paren == 0 and ch == ">" and depth > 0:
+            depth -= 1
+        elif ch == " " and depth == 0 and paren == 0:
+            start = i + 1
+        i += 1
+    return text[start:]
 
 
 def _first_targ(targs: str) -> str:
@@ -304,14 +342,16 @@ def _short(name: str, _depth: int) -> str:
         text = text[5:].lstrip()
     if text.startswith(("Memcpy ", "Memset ")):
         return text.split(" (", 1)[0]
-    path, targs = _split_top(text)
+    path, targs = _split_top(_strip_return_type(text))
     base = path.split("::")[-1].strip() if path else ""
     if not base:
         return name.strip()
-    if _WRAPPERS.match(base) and targs and _depth < 4:
-        inner = _short(_first_targ(targs), _depth + 1)
-        if inner:
+    if _WRAPPERS.match(base):
+        inner = _short(_first_targ(targs), _depth + 1) if targs and _depth < 4 else ""
+        if _NAME.match(inner) and inner not in _NOT_NAMES:
             return inner
+        parts = [p.strip() for p in path.split("::") if p.strip()]
+        return "::".join(parts[-2:])  # `gemvx::kernel`: a generic name keeps its namespace
     if base in _HINTED and targs:
         hint = next((m for m in _CALL_HINT.findall(targs) if m not in _GENERIC), None)
         if hint is None:

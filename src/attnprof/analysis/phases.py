@@ -8,6 +8,7 @@ without the time its thread sat blocked waiting for the autograd engine.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from attnprof.analysis.backward import ACCUMULATE_GRAD
@@ -16,8 +17,13 @@ from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET, ParsedTrace
 
 PHASES = ("forward", "backward")
-#: Backward helper kernels by role, matched on the kernel name.
-ROLE_PATTERNS = {"dot-do-o": ("dot_do_o",), "convert-dq": ("convert_dq",)}
+#: Backward helper kernels by role, matched on the kernel name: FlashAttention's and cuDNN's
+#: `*dot_do_o*` and `*convert_dq*`; FlexAttention's is the Inductor reduction (`triton_per_`/`triton_red_`)
+#: fused into its backward, which computes the same rowsum(dO * O) before the backward template kernel.
+ROLE_PATTERNS = {
+    "dot-do-o": re.compile(r"dot_do_o|^triton_(?:per|red)_fused\w*flex_attention_backward"),
+    "convert-dq": re.compile(r"convert_dq"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +105,8 @@ def backward_roles(trace: ParsedTrace, fwd: Forward) -> dict[str, list[Work]]:
         if dev.kind[e] != KERNEL:
             continue
         work = Work(short_kernel_name(name), dev.dur[e], op=op_name)
-        for role, patterns in ROLE_PATTERNS.items():
-            if any(p in name for p in patterns):
+        for role, pattern in ROLE_PATTERNS.items():
+            if pattern.search(name):
                 roles[role].append(work)
         if op >= 0 and ACCUMULATE_GRAD in names[ops.name[_top_op(fwd, op)]]:
             roles["grad-accumulation"].append(work)

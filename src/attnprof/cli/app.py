@@ -8,11 +8,16 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from attnprof.cli.analyze_cmd import analyze_command
+from attnprof.cli.check_cmd import check_command
 from attnprof.cli.common import STATE
 from attnprof.cli.compare_cmd import compare_command
+from attnprof.cli.diff_cmd import diff_command
 from attnprof.cli.explain_cmd import explain_command
 from attnprof.cli.list_cmd import list_command
+from attnprof.cli.plot_cmd import plot_command
+from attnprof.cli.report_cmd import report_command
 from attnprof.cli.run_cmd import run_command
+from attnprof.cli.sweep_cmd import sweep_command
 
 
 class _FlagsTakeNoValue:
@@ -72,8 +77,13 @@ def main_options(
 app.command("list", cls=Command)(list_command)
 app.command("run", cls=Command)(run_command)
 app.command("compare", cls=Command)(compare_command)
+app.command("sweep", cls=Command)(sweep_command)
+app.command("diff", cls=Command)(diff_command)
+app.command("check", cls=Command)(check_command)
 app.command("analyze", cls=Command)(analyze_command)
 app.command("explain", cls=Command)(explain_command)
+app.command("plot", cls=Command)(plot_command)
+app.command("report", cls=Command)(report_command)
 
 
 def main() -> None:

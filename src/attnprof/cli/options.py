@@ -1,4 +1,5 @@
-"""The option block `run` and `compare` share: config overrides and measurement flags, declared once.
+"""The option block `run`, `compare`, `sweep` and `check` share: config overrides and measurement flags,
+declared once (and the variant selection of all but `run`).
 
 `shared_options` adds every option below to a command's signature. The command receives them
 gathered: `overrides` (a dict of config fields the user set) and `measure` (a `MeasureOptions`).
@@ -84,15 +85,43 @@ MEASURE_OPTIONS: dict[str, Any] = {
     ],
 }
 
+
+def _patterns(flag: str, help: str) -> Any:
+    """A repeatable variant-pattern option."""
+    return Annotated[list[str] | None, typer.Option(flag, metavar="PATTERN", help=help, show_default=False)]
+
+
+#: The `--resume` option of `compare` and `sweep` (`pipeline.resume`).
+ResumeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        metavar="DIR_OR_FILE",
+        show_default=False,
+        help="Continue the earlier run whose folder (or results file) this is: its finished cells are kept, "
+        "and written again with this run's, but not run again. Without a config, the one it ran with.",
+    ),
+]
+
+
+#: The variant selection of `compare`, `sweep` and `check` (`shared_options(select=True)`), also config overrides.
+SELECT_OPTIONS: dict[str, Any] = {
+    "variants": _patterns(
+        "--variants", "Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude)."
+    ),
+    "exclude": _patterns("--exclude", "Exclude pattern (repeatable; overrides the config)."),
+    "baseline": Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)],
+}
+
 SHAPE_FIELDS = ("batch", "heads", "kv_heads", "seq", "head_dim")
 SCHEDULE_FIELDS = ("wait", "warmup", "active")
 
 
-def _parameters() -> list[inspect.Parameter]:
+def _parameters(config_options: dict[str, Any]) -> list[inspect.Parameter]:
     keyword = inspect.Parameter.KEYWORD_ONLY
     params = [
         inspect.Parameter(name, keyword, annotation=annotation, default=None)
-        for name, annotation in CONFIG_OPTIONS.items()
+        for name, annotation in config_options.items()
     ]
     defaults = MeasureOptions()
     params += [
@@ -102,15 +131,20 @@ def _parameters() -> list[inspect.Parameter]:
     return params
 
 
-def shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give `command` the shared option block; it is called with `overrides=` and `measure=` instead."""
+def shared_options(command: Callable[..., Any] | None = None, *, select: bool = False) -> Any:
+    """Give `command` the shared option block (with `select`, the variant selection too, `SELECT_OPTIONS`);
+    it is called with `overrides=` and `measure=` instead. Use as `@shared_options` or
+    `@shared_options(select=True)`."""
+    if command is None:
+        return functools.partial(shared_options, select=select)
+    config_options = CONFIG_OPTIONS | (SELECT_OPTIONS if select else {})
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name not in ("overrides", "measure")]
-    added = _parameters()
+    added = _parameters(config_options)
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        overrides = {name: kwargs.pop(name) for name in CONFIG_OPTIONS}
+        overrides = {name: kwargs.pop(name) for name in config_options}
         measure = MeasureOptions(**{name: kwargs.pop(name) for name in MEASURE_OPTIONS})
         return command(*args, overrides=overrides, measure=measure, **kwargs)
 
@@ -119,9 +153,18 @@ def shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def exclude_given(overrides: dict[str, Any]) -> bool:
+    """True when the command line chose the exclusions: --exclude, or --variants (which replaces them)."""
+    return bool(overrides.get("variants")) or overrides.get("exclude") is not None
+
+
 def config_changes(overrides: dict[str, Any]) -> dict[str, Any]:
-    """`build_config` keyword arguments from the shared overrides: plain fields, `shape` and `schedule`."""
+    """`build_config` keyword arguments from the shared overrides: plain fields, `shape` and `schedule`.
+    --variants replaces the config's include and exclude lists together."""
     plain = {k: v for k, v in overrides.items() if k not in SHAPE_FIELDS + SCHEDULE_FIELDS + ("mode",)}
+    plain["variants"] = overrides.get("variants") or None
+    if plain["variants"] and overrides.get("exclude") is None:
+        plain["exclude"] = []
     if overrides.get("mode") is not None:
         plain["modes"] = [m.strip() for m in overrides["mode"].split(",")]
     return plain | {

@@ -10,20 +10,21 @@ if TYPE_CHECKING:
 
 
 def build_config(
-    path: Path | None,
+    source: Path | Config | None,
     *,
     shape: dict[str, Any] | None = None,
     schedule: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> "Config":
-    """Load `path` (or the built-in default) and apply the options the user gave.
+    """Load `source` (a path, a Config already loaded, or None for the built-in default) and apply the
+    options the user gave.
 
     Any shape option replaces the config's shapes with one shape: the first configured
     shape with those fields changed.
     """
-    from attnprof.config import apply_overrides, load_config
+    from attnprof.config import Config, apply_overrides, load_config
 
-    config = load_config(path)
+    config = source if isinstance(source, Config) else load_config(source)
     changes = {k: v for k, v in overrides.items() if v is not None}
     shape = {k: v for k, v in (shape or {}).items() if v is not None}
     if shape:

@@ -156,15 +156,20 @@ def _measure(
     stage = "backward" if spec.backward else "forward"
     with torch.no_grad(), graph_retention(spec.mode):
         with phase(result, "setup"), guard("forward", variant):
-            step = build_step(spec, forward, (q, k, v), config.seed)
+            step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
         if measure.timing:
-            _time(step.call, variant, measure, result, stage, agree)
+            _time(step.call, variant, measure, result, stage, step.prepare, agree)
         else:
             with phase(result, "warmup"), guard(stage, variant):
-                _warm_up(step.call, spec)
+                _warm_up(step.call, spec, step.prepare)
         with phase(result, "profile"), guard(stage, variant):
             run = profile_forward(
-                step.call, spec, config.schedule, config.region, trace_dir / trace_file_name(variant.name, spec)
+                step.call,
+                spec,
+                config.schedule,
+                config.region,
+                trace_dir / trace_file_name(variant.name, spec),
+                prepare=step.prepare,
             )
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s
@@ -207,6 +212,7 @@ def _time(
     measure: MeasureOptions,
     result: CellResult,
     stage: str = "forward",
+    prepare: Any = None,
     agree: Callable[[int], int] | None = None,
 ) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
@@ -224,6 +230,7 @@ def _time(
                 min_time_s=measure.min_time_s,
                 cuda_graph=measure.cuda_graph,
                 flush_l2=measure.flush_l2,
+                prepare=prepare,
                 agree=agree,
             )
         result.timing_window = (started, time.time())
@@ -302,10 +309,12 @@ def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:
             result.throughput = throughput(result.spec, latency_us, ceiling)
 
 
-def _warm_up(forward: Any, spec: RunSpec, calls: int = 3) -> None:
+def _warm_up(forward: Any, spec: RunSpec, prepare: Any = None, calls: int = 3) -> None:
     import torch
 
     for _ in range(calls):
+        if prepare is not None:
+            prepare()
         forward()
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)

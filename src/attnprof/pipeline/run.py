@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
-from attnprof.errors import OutputError
+from attnprof.errors import ConfigError, OutputError
 from attnprof.files import unique_dir
 from attnprof.interrupts import (
     interrupt_requested,
@@ -34,21 +34,19 @@ Cell = tuple[Variant, RunSpec]
 
 @dataclass(frozen=True)
 class RunFolder:
-    """One invocation's own folder and the paths in it. `suffix` (`-2`, ...) names the results files of
-    a later run into the same folder (`--resume`), beside the earlier ones."""
+    """One invocation's own folder and the paths in it."""
 
     dir: Path
-    suffix: str = ""
 
     @property
     def results_json(self) -> Path:
         """The results document."""
-        return self.dir / f"results{self.suffix}.json"
+        return self.dir / "results.json"
 
     @property
     def results_csv(self) -> Path:
         """One CSV row per cell."""
-        return self.dir / f"results{self.suffix}.csv"
+        return self.dir / "results.csv"
 
     @property
     def traces(self) -> Path:
@@ -88,9 +86,20 @@ class RunOutcome:
     @property
     def exit_code(self) -> int:
         """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped cell is not a failure)."""
-        if self.interrupted:
-            return 130
-        return 1 if any(str(row["status"]).startswith("failed") for row in self.document["results"]) else 0
+        return rows_exit_code(self.document["results"], self.interrupted)
+
+
+def rows_exit_code(rows: list[dict[str, Any]], interrupted: bool, out_of_memory_fails: bool = True) -> int:
+    """130 after Ctrl-C; 1 when a row failed (with `out_of_memory_fails` False, as in a sweep: for another
+    reason than running out of memory); else 0 (a skipped cell is not a failure)."""
+    from attnprof.pipeline.sweep import ran_out_of_memory
+
+    if interrupted:
+        return 130
+    failed = [row for row in rows if str(row.get("status", "")).startswith("failed")]
+    if not out_of_memory_fails:
+        failed = [row for row in failed if not ran_out_of_memory(str(row["status"]), row.get("reason"))]
+    return 1 if failed else 0
 
 
 def resolve_config(config: Config, device: str) -> Config:
@@ -105,25 +114,17 @@ def resolve_config(config: Config, device: str) -> Config:
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
-    return [
-        RunSpec(
-            device=device,
-            dtype=config.dtype,
-            batch=s.batch,
-            heads=s.heads,
-            seq=s.seq,
-            head_dim=s.head_dim,
-            kv_heads=s.kv_heads,
-            causal=config.causal,
-            mode=mode,
-        )
-        for s in config.shapes
-        for mode in config.modes
-    ]
+    return [shape.spec(device, config.dtype, config.causal, mode) for shape in config.shapes for mode in config.modes]
 
 
 def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:
-    """Every shape × mode × variant, spec-major so each comparison table fills in turn."""
+    """Every shape × mode × variant, spec-major so each comparison table fills in turn. ConfigError for
+    a config that declares sweep axes: those are `attnprof sweep`'s (`pipeline.sweep.plan_sweep`)."""
+    if config.sweep is not None and config.sweep.axes():
+        raise ConfigError(
+            f"the config declares sweep axes ({', '.join(config.sweep.axes())})",
+            hint="run it with `attnprof sweep`",
+        )
     return [(variant, spec) for spec in cell_specs(config, device) for variant in variants]
 
 
@@ -206,6 +207,7 @@ def run_cells(
     on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
     on_done: Callable[[CellResult], None] | None = None,
     trace_dir: Path | None = None,
+    skip: Callable[[Variant, RunSpec], str | None] | None = None,
     group: Group | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
@@ -213,11 +215,13 @@ def run_cells(
     Ctrl-C stops at once: the cell it lands in is dropped, even when torch swallowed the interrupt
     and the cell ended some other way; the finished cells are kept. On CUDA with timing and
     clocks on, nvidia-smi samples the SM clock throughout, and each timed result gets the clock
-    of its own timing window. Speed-ups against the config's baseline are set on the results at
-    the end; so is every throughput again when a cell had the ceiling measured again, so all
-    cells share one ceiling. Traces go into `trace_dir` (default: the config's output directory).
-    Under torchrun (`group`), a collective variant's cell starts when every rank is there, runs
-    only when it can run on every rank, and its timing's call counts are agreed by the ranks.
+    of its own timing window (from the samples written by then before `on_done`, from all of them
+    at the end). Speed-ups against the config's baseline are set on the results at the end; so is
+    every throughput again when a cell had the ceiling measured again, so all cells share one
+    ceiling. Traces go into `trace_dir` (default: the config's output directory). A cell for which
+    `skip` gives a reason is not run: its result is `skipped` with that reason. Under torchrun
+    (`group`), a collective variant's cell starts when every rank is there, runs only when every
+    rank can run it (and none skips it), and its timing's call counts are agreed by the ranks.
     """
     results: list[CellResult] = []
     interrupted = False
@@ -229,13 +233,18 @@ def run_cells(
                     raise_if_interrupted()  # also one recorded before the cells, and swallowed since
                     if on_start:
                         on_start(index, len(cells), variant, spec)
+                    reason = skip(variant, spec) if skip else None
                     if variant.collective and group is not None:
-                        result = _collective_cell(variant, spec, config, measure, ceiling, trace_dir, group)
+                        result = _collective_cell(variant, spec, config, measure, ceiling, trace_dir, group, reason)
+                    elif reason:
+                        result = CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
                     else:
                         result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
                     if interrupt_requested():
                         raise KeyboardInterrupt
                     results.append(result)
+                    if sampler is not None and result.timing_window is not None:
+                        attach_clocks([result], sampler.device, sampler.samples_so_far())
                     if on_done:
                         on_done(result)
             except KeyboardInterrupt:
@@ -257,11 +266,15 @@ def _collective_cell(
     ceiling: RunCeiling | None,
     trace_dir: Path | None,
     group: Group,
+    skip_reason: str | None = None,
 ) -> CellResult:
-    """One cell that every rank runs together: after a barrier, and only when no rank refuses it."""
+    """One cell that every rank runs together: after a barrier, and only when no rank refuses it (cannot
+    run it, or skips it: `skip_reason`)."""
     group.barrier()
-    if group.agree_max(int(variant.unavailable_reason(spec) is not None)) and not variant.unavailable_reason(spec):
-        return CellResult(variant.name, variant.source, spec, status="skipped", reason="another rank cannot run it")
+    refused = skip_reason or variant.unavailable_reason(spec)
+    if group.agree_max(int(refused is not None)):
+        reason = refused or "another rank cannot run it or skips it"
+        return CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
     return run_cell(variant, spec, config, measure, ceiling, trace_dir, agree=group.agree_max)
 
 
@@ -292,9 +305,11 @@ def finish_run(
     ceiling: Any,
     interrupted: bool,
     folder: RunFolder | None = None,
+    measure: MeasureOptions | None = None,
 ) -> RunOutcome:
-    """Build the results document (naming its files) and write it as `results.json` and `results.csv`
-    into `folder` (default: a new folder in the config's output directory)."""
+    """Build the results document (naming its files, and the measurement options when given, which a
+    `--resume` of it reads) and write it as `results.json` and `results.csv` into `folder` (default: a
+    new folder in the config's output directory)."""
     from attnprof.profiling.environment import collect_environment
     from attnprof.report.export import write_csv, write_json
     from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
@@ -304,52 +319,8 @@ def finish_run(
     document = results_document(
         command, config, collect_environment(device), ceiling, results, interrupted, files=folder.to_dict()
     )
+    if measure is not None:
+        document["measure"] = measure.model_dump(mode="json")
     write_json(folder.results_json, document)
     write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
     return RunOutcome(command, results, document, folder, interrupted)
-
-
-def resume_folder(path: Path) -> RunFolder:
-    """An earlier run's folder to add to: its results files get the first free suffix (`-2`, `-3`, ...)
-    when `results.json` is there. ConfigError when it is no folder."""
-    from attnprof.errors import ConfigError
-
-    if not path.is_dir():
-        raise ConfigError(f"--resume {path}: no such folder")
-    folder = RunFolder(path)
-    n = 1
-    while folder.results_json.exists() or folder.results_csv.exists():
-        n += 1
-        folder = RunFolder(path, f"-{n}")
-    folder.traces.mkdir(exist_ok=True)
-    return folder
-
-
-def finish_rows(
-    command: str,
-    config: Config,
-    device: str,
-    rows: list[dict[str, Any]],
-    ceiling: Any,
-    interrupted: bool,
-    folder: RunFolder,
-    extra: dict[str, Any] | None = None,
-    results: list[CellResult] | None = None,
-) -> RunOutcome:
-    """`finish_run` for serialized rows: several ranks' rows, or an earlier run's with this one's. The
-    speed-ups are computed again over all of them; `extra` adds top-level keys to the document;
-    `results` are this process's own results among the rows (the outcome keeps them)."""
-    from attnprof.pipeline.resume import attach_row_speedups
-    from attnprof.profiling.environment import collect_environment
-    from attnprof.report.export import write_csv, write_json
-    from attnprof.report.serialize import CSV_FIELDS, csv_row_of_entry, results_document
-
-    attach_row_speedups(rows, config.baseline)
-    document = results_document(
-        command, config, collect_environment(device), ceiling, [], interrupted, files=folder.to_dict()
-    )
-    document["results"] = rows
-    document.update(extra or {})
-    write_json(folder.results_json, document)
-    write_csv(folder.results_csv, [csv_row_of_entry(row) for row in rows], CSV_FIELDS)
-    return RunOutcome(command, list(results or []), document, folder, interrupted)

@@ -12,6 +12,7 @@ time afterwards. Without nvidia-smi (or on CPU) nothing is sampled and the field
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -168,6 +169,13 @@ class ClockSampler:
         except OSError as exc:
             self.unavailable = f"nvidia-smi failed to start: {exc}"
         return self
+
+    def samples_so_far(self) -> list[ClockSample]:
+        """The samples nvidia-smi has written so far, read without moving the file offset it shares."""
+        if self._proc is None:
+            return []
+        fd = self._file.fileno()
+        return parse_samples(os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace"))
 
     def stop(self) -> list[ClockSample]:
         """Stop sampling and return the samples taken (none when sampling never started)."""

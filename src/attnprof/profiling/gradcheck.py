@@ -15,7 +15,9 @@ Big shapes: dk and dv depend on every query row, so the forward check's row subs
 Above `GRAD_REFERENCE_LIMIT` scores the reference runs on a slice instead: the first and last batch
 element and up to `SUBSET_HEADS` evenly spaced key/value heads, each with all the query heads of its
 group (GQA) and all rows, fewer when even that is over the limit (at least one batch element and one
-key/value head). Batches and heads are independent, so the slice's gradients are exact. NaN and
+key/value head). Batches and heads are independent, so the slice's gradients are exact. The slice's
+reference then runs a few query heads at a time (`reference_grads`), so that even one group at
+S=32k (8 query heads: 64 GiB of float64 scores with their graph) stays within memory. NaN and
 Inf are looked for in the whole gradients.
 """
 
@@ -75,8 +77,35 @@ def grad_subset(
     return {"batches": batches, "kv_heads": _spaced(kv_heads, count)}
 
 
-def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool) -> tuple[Any, ...]:
-    """(dq, dk, dv) of float64 attention on [B, H, S, D] inputs, against `grad_out`, on their device."""
+def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool, limit: int | None = None) -> tuple[Any, ...]:
+    """(dq, dk, dv) of float64 attention on [B, H, S, D] inputs (K/V with H or fewer heads, GQA),
+    against `grad_out`, on their device. With `limit`, the query heads go through in chunks of at
+    most `limit` scores (at least one head each), and each key/value head's dk and dv add up over its
+    group's chunks: the same gradients, with the float64 graph of one chunk alive at a time (one head
+    at S=32k is 8 GiB of scores)."""
+    import torch
+
+    batch, heads, seq, _ = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    per_head = batch * seq * k.shape[2]
+    if limit is None or heads * per_head <= limit:
+        return _reference_grads(q, k, v, grad_out, causal)
+    chunk = max(1, min(group, limit // per_head))
+    dq = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    for j in range(kv_heads):
+        for first in range(j * group, (j + 1) * group, chunk):
+            h = slice(first, min(first + chunk, (j + 1) * group))
+            dq_h, dk_j, dv_j = _reference_grads(q[:, h], k[:, j : j + 1], v[:, j : j + 1], grad_out[:, h], causal)
+            dq[:, h] = dq_h
+            dk[:, j : j + 1] += dk_j
+            dv[:, j : j + 1] += dv_j
+    return dq, dk, dv
+
+
+def _reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool) -> tuple[Any, ...]:
     import torch
 
     leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
@@ -130,7 +159,7 @@ def check_grads(
             f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
             f"({len(h_idx)} of {heads} query heads), all rows"
         )
-    refs = reference_grads(q, k, v, grad_out, causal)
+    refs = reference_grads(q, k, v, grad_out, causal, limit=limit)
     errors: dict[str, float | None] = {
         name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=True)
     }

@@ -112,6 +112,7 @@ def profile_forward(
     region: str,
     trace_path: Path,
     row_limit: int = 15,
+    prepare: Callable[[], Any] | None = None,
 ) -> ProfileRun:
     """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
     schedule, each call in a `region` range.
@@ -120,6 +121,7 @@ def profile_forward(
     the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
+    `prepare`, when given, runs before each call, outside the region (the step's untimed forward).
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -141,6 +143,8 @@ def profile_forward(
         )
         with torch.no_grad(), _entered(prof, native):
             for step in range(schedule.total_steps):
+                if prepare is not None:
+                    prepare()
                 with record_function(region):
                     output = forward()
                 if step == schedule.total_steps - 1 and spec.device_type == "cuda":

@@ -15,10 +15,15 @@ buffers a compiled backward saves, and refuses a backward that keeps its graph (
 non-empty donated buffers which requires ... retain_graph=False"). In the `bwd` mode the whole
 cell therefore runs under `torch._functorch.config.donated_buffer = False` (`graph_retention`):
 the forward compiles without donated buffers and the backward may run again on the same graph.
-The other choice, an untimed forward before each backward with events around the backward alone,
-would need a timing loop of its own; this one keeps one timing path for every mode. The cost: a
-compiled backward in `bwd` keeps its saved buffers until the graph is freed (it does not free them
-as it goes), which `fwd+bwd`, where the graph is used once and donation stays on, does not.
+The cost: a compiled backward in `bwd` keeps its saved buffers until the graph is freed (it does
+not free them as it goes), which `fwd+bwd`, where the graph is used once and donation stays on, does
+not.
+
+Some backwards cannot run twice on one graph at all (`Variant.repeatable_backward=False`: the
+`compiled` variant's backward mutates what its forward saved, giving NaN or "modified by an inplace
+operation" on the second run). For those, `bwd` has a `prepare` step: an untimed, unprofiled forward
+before each timed backward, which then frees its graph (`retain_graph=False`). Timing runs `prepare`
+outside the CUDA events and cannot use a CUDA graph; the profiler runs it outside the region.
 """
 
 from __future__ import annotations
@@ -45,13 +50,15 @@ class StepOutput(NamedTuple):
 class Step:
     """A cell's step: `call` is timed and profiled; `whole` runs one forward and backward (what peak
     memory measures in the backward modes); `inputs` are q, k, v and `grad_out` the output gradient
-    (None in `fwd`)."""
+    (None in `fwd`); `prepare`, when set, must run untimed before each `call` (see the module
+    docstring)."""
 
     mode: str
     call: Callable[[], Any]
     whole: Callable[[], Any]
     inputs: tuple[Any, Any, Any]
     grad_out: Any = None
+    prepare: Callable[[], Any] | None = None
 
 
 @contextlib.contextmanager
@@ -88,10 +95,17 @@ def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) 
         raise
 
 
-def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: tuple[Any, Any, Any], seed: int) -> Step:
+def build_step(
+    spec: RunSpec,
+    forward: Callable[[Any, Any, Any], Any],
+    inputs: tuple[Any, Any, Any],
+    seed: int,
+    repeatable_backward: bool = True,
+) -> Step:
     """The step of `spec.mode` for `forward(q, k, v)`; everything it needs is prepared here, outside
     the timed region: in the backward modes q, k, v get `requires_grad=True`, `grad_out` is drawn,
-    and in `bwd` the forward whose graph the backward reuses runs once."""
+    and in `bwd` the forward whose graph the backward reuses runs once (or, when the backward is not
+    `repeatable_backward`, before each backward, as the step's `prepare`)."""
     import torch
 
     q, k, v = inputs
@@ -113,6 +127,22 @@ def build_step(spec: RunSpec, forward: Callable[[Any, Any, Any], Any], inputs: t
 
     if spec.mode == "fwd+bwd":
         return Step(spec.mode, whole, whole, inputs, grad_out)
+    if not repeatable_backward:
+        graph: list[Any] = []
+
+        def prepare() -> None:
+            graph.clear()
+            with torch.enable_grad():
+                graph.append(forward(q, k, v))
+
+        def fresh_backward() -> StepOutput:
+            if not graph:
+                prepare()  # a caller that skipped prepare still gets a true backward
+            out = graph.pop()
+            return StepOutput(out.detach(), _grads(out, inputs, grad_out, retain=False))
+
+        prepare()  # the first forward runs here, as in the repeatable case
+        return Step(spec.mode, fresh_backward, whole, inputs, grad_out, prepare)
     with torch.enable_grad():
         kept = forward(q, k, v)
     detached = kept.detach()

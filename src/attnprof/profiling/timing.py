@@ -39,15 +39,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnprof.errors import one_line
+from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
 
 UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
-FLUSH_MIN_BYTES = 256 * 1024 * 1024
-SIDE_STREAM_WARMUP = 3
-GRAPH_TARGET_US = 1000.0
-GRAPH_MAX_FORWARDS = 64
 
 
 @dataclass(frozen=True)
@@ -101,18 +98,6 @@ def has_settled(times: Sequence[float], window: int, tolerance: float = SETTLE_T
     return mid > 0 and (max(last) - min(last)) <= tolerance * mid
 
 
-def forwards_per_graph(
-    replay_us: float, target_us: float = GRAPH_TARGET_US, max_forwards: int = GRAPH_MAX_FORWARDS
-) -> int:
-    """How many forwards one CUDA graph should hold so that a replay takes about `target_us`,
-    given one single-forward replay's time; at least 1, at most `max_forwards`."""
-    if max_forwards < 1:
-        raise ValueError(f"max_forwards must be >= 1, got {max_forwards}")
-    if replay_us <= 0:
-        return max_forwards
-    return max(1, min(max_forwards, round(target_us / replay_us)))
-
-
 def summarize(
     samples_s: Sequence[float],
     *,
@@ -159,10 +144,13 @@ def time_forward(
     flush_l2: bool = False,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     clock: Callable[[], float] | None = None,
+    prepare: Callable[[], Any] | None = None,
     agree: Callable[[int], int] | None = None,
 ) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
 
+    `prepare`, when given, runs before every call of `fn` (cold, warm-up and timed), outside the clock
+    and the CUDA events; a step with one cannot be captured in a CUDA graph, so it is timed eagerly.
     `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
     Out-of-memory anywhere inside raises VariantFailure("out of memory: ...").
     """
@@ -170,11 +158,14 @@ def time_forward(
 
     clock = clock or time.perf_counter
     dev = torch.device(device)
+    setup = prepare or _nothing
     with oom_guard():
         if dev.type == "cuda":
             with torch.cuda.device(dev):
                 return _time_cuda(
                     fn,
+                    setup,
+                    prepare is not None,
                     dev,
                     clock,
                     min_time_s,
@@ -190,6 +181,8 @@ def time_forward(
                 )
         return _time_cpu(
             fn,
+            setup,
+            prepare is not None,
             clock,
             min_time_s,
             max_reps,
@@ -244,8 +237,14 @@ def _warm_note(n: int, settled: bool) -> str:
     return f"warm-up {n} calls ({'settled' if settled else 'time budget'})"
 
 
+def _nothing() -> None:
+    return None
+
+
 def _time_cpu(
     fn,
+    setup,
+    prepared,
     clock,
     min_time_s,
     max_reps,
@@ -259,6 +258,7 @@ def _time_cpu(
     agree=None,
 ) -> Timing:
     def call_s() -> float:
+        setup()
         t0 = clock()
         fn()
         return clock() - t0
@@ -268,7 +268,7 @@ def _time_cpu(
     reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
     samples = [call_s() for _ in range(reps)]
     notes = [
-        "time.perf_counter per call",
+        "time.perf_counter per call" + (", each after an untimed forward" if prepared else ""),
         _rep_note(reps, min_time_s, min_reps, max_reps),
         _warm_note(len(warm), settled),
     ]
@@ -286,75 +286,10 @@ def _time_cpu(
     )
 
 
-def flush_buffer(device: Any) -> Any:
-    """A byte buffer at least 256 MiB and twice the device's L2, to zero between timed calls."""
-    import torch
-
-    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-    return torch.empty(max(FLUSH_MIN_BYTES, 2 * l2), dtype=torch.int8, device=device)
-
-
-def _event_time_s(launch: Callable[[], Any]) -> float:
-    """Seconds between CUDA events around `launch()`, synchronized."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def capture_graph(fn: Callable[[], Any], forwards: int = 1) -> tuple[Any, Any]:
-    """Capture `forwards` back-to-back calls of `fn()` into one torch.cuda.CUDAGraph, after a
-    side-stream warm-up, and replay it once.
-
-    Returns (graph, last output). Raises whatever the capture raised when it fails.
-    """
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(SIDE_STREAM_WARMUP):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(max(1, forwards) - 1):
-            fn()  # dropped at once, as in an eager loop, so the next call reuses its memory
-        out = fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph, out
-
-
-def recover_from_failed_capture(device: Any) -> None:
-    """Undo what a failed capture leaves behind, so later work on the device runs normally.
-
-    When a capture is invalidated (e.g. by a synchronizing `.item()`), torch's capture_end
-    raises before the CUDA RNG generators leave capture mode, and every later random op
-    then fails with "Offset increment outside graph capture". One tiny successful capture
-    runs the generators' capture prologue and epilogue again and clears that state.
-    """
-    import torch
-
-    torch.cuda.synchronize(device)
-    scratch = torch.zeros(1, device=device)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            scratch.add_(1)
-    except Exception:  # nothing more to do; the eager fallback still runs
-        pass
-    del graph
-    torch.cuda.synchronize(device)
-
-
 def _time_cuda(
     fn,
+    setup,
+    prepared,
     dev,
     clock,
     min_time_s,
@@ -370,23 +305,30 @@ def _time_cuda(
 ) -> Timing:
     import torch
 
+    setup()
     torch.cuda.synchronize(dev)
     t0 = clock()
     fn()
     torch.cuda.synchronize(dev)
     cold = clock() - t0
 
-    warm, settled = _warm_up(lambda: _event_time_s(fn), clock, warmup_s, warmup_min_s, warmup_reps, agree)
+    def warm_call() -> float:
+        setup()
+        return event_time_s(fn)
+
+    warm, settled = _warm_up(warm_call, clock, warmup_s, warmup_min_s, warmup_reps, agree)
     warm_n = len(warm)
     launch = fn
     per_sample = 1
     notes: list[str] = []
     graph_used = False
-    if cuda_graph and agree is not None:
+    if cuda_graph and prepared:
+        notes.append("cuda-graph n/a: an untimed forward precedes each backward")
+    elif cuda_graph and agree is not None:
         notes.append("cuda-graph not used: every rank runs this forward together")
     elif cuda_graph:
         try:
-            graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
+            graph, per_sample, warm = graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
             recover_from_failed_capture(dev)
             notes.append(f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager")
@@ -399,6 +341,7 @@ def _time_cuda(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize(dev)
     for i in range(reps):
+        setup()
         if cache is not None:
             cache.zero_()
         starts[i].record()
@@ -413,7 +356,11 @@ def _time_cuda(
             f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
         )
     else:
-        head = "CUDA events per call, eager, back to back"
+        head = (
+            "CUDA events per call, eager, back to back"
+            if not prepared
+            else ("CUDA events per call, eager, each after an untimed forward")
+        )
     notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
     if flush_l2:
         notes.append("L2 flushed before each call (outside the events)")
@@ -428,19 +375,3 @@ def _time_cuda(
         forwards_per_sample=per_sample,
         unstable_threshold=unstable_threshold,
     )
-
-
-def _graphed(fn: Callable[[], Any], warmup_reps: int, single: bool) -> tuple[Any, int, list[float]]:
-    """A graph of k forwards ready to replay, k, and its warm replay times (seconds per replay).
-
-    A one-forward graph is captured first; its replay time picks k (`forwards_per_graph`),
-    and when k > 1 (never when `single`) a k-forward graph replaces it.
-    """
-    graph, _ = capture_graph(fn)
-    times = [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]
-    forwards = 1 if single else forwards_per_graph(median(times) * 1e6)
-    if forwards == 1:
-        return graph, 1, times
-    del graph
-    graph, _ = capture_graph(fn, forwards)
-    return graph, forwards, [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]

@@ -2,7 +2,8 @@
 
 `render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
-the forward/backward phases (only with backward work), a per-kernel table and the findings.
+the forward/backward phases (only with backward work), the attention ledger (its calls and the
+overhead around them), a per-kernel table and the findings.
 Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
 "unreported"; tensor cores read yes / no / ?. `width` None (`--wide`, and always for markdown)
 gives the full tables; a number fits every line of the table style to it: kernel names are cut
@@ -74,6 +75,22 @@ PHASE_COLUMNS = (
 )
 
 COMM_COLUMNS = (Column("communication per forward", narrow=20), Column("median", narrow=20))
+CALL_COLUMNS = (
+    Column("#"),
+    Column("attention call", narrow=24),
+    Column("backend"),
+    Column("phase", drop=2),
+    Column("kernels", drop=1),
+    Column("µs / fwd"),
+)
+OVERHEAD_COLUMNS = (
+    Column("overhead"),
+    Column("count / fwd"),
+    Column("µs / fwd"),
+    Column("launched by", narrow=20, drop=1),
+)
+CHAINS_SHOWN = 2
+
 EXPLAIN_COLUMNS = (Column(""), Column("", narrow=20))
 PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
 
@@ -171,8 +188,58 @@ def comm_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str 
     return table(COMM_COLUMNS, rows, fmt, width)
 
 
+def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) -> list[str]:
+    """The attention ledger: a summary line, one row per call and one per overhead kind ([] without a ledger)."""
+    ledger = data.get("attention")
+    if not ledger:
+        return []
+    backends = ", ".join(f"{b}:{n}" for b, n in (ledger.get("backends") or {}).items())
+    line = f"{fmt_number(ledger.get('calls_per_forward'))} attention call(s) per forward" + (
+        f" ({backends})" if backends else ""
+    )
+    line += f"; their device time {fmt_number(ledger.get('kernel_time_us'))} µs per forward"
+    if ledger.get("gpu_time_pct") is not None:
+        line += f", {fmt_number(ledger['gpu_time_pct'])}% of the GPU time"
+    if ledger.get("backward_kernel_time_us") is not None:
+        line += f" ({fmt_number(ledger['backward_kernel_time_us'])} µs of it in the backward)"
+    line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per forward."
+    parts = [*wrap(line, width)]
+    calls = ledger.get("calls") or []
+    if calls:
+        rows = [
+            [
+                str(i + 1),
+                c["op"],
+                c["backend"],
+                c["phase"] if c.get("forward_call") is None else f"{c['phase']} of #{c['forward_call'] + 1}",
+                str(len(c["kernels"])),
+                fmt_number(c.get("time_us")),
+            ]
+            for i, c in enumerate(calls)
+        ]
+        parts += ["", table(CALL_COLUMNS, rows, fmt, width)]
+    overhead = ledger.get("overhead") or []
+    if overhead:
+        rows = [
+            [
+                o["kind"],
+                fmt_number(o["count_per_forward"]),
+                fmt_number(o["time_us"]),
+                "; ".join(o["ops"][:CHAINS_SHOWN]) + (" …" if len(o["ops"]) > CHAINS_SHOWN else ""),
+            ]
+            for o in overhead
+        ]
+        parts += ["", table(OVERHEAD_COLUMNS, rows, fmt, width)]
+    return parts
+
+
 def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One row per distinct kernel, memcpy or memset, in the order they first ran."""
+    return table(KERNEL_COLUMNS, kernel_rows(kernels, fmt), fmt, width)
+
+
+def kernel_rows(kernels: list[dict[str, Any]], fmt: str) -> list[list[str]]:
+    """The cells of `KERNEL_COLUMNS` for each kernel entry (names cut to NAME_WIDTH in the table style)."""
     rows = []
     for k in kernels:
         is_kernel = k.get("kind", "kernel") == "kernel"
@@ -201,7 +268,7 @@ def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = No
                 k.get("launch_api") or "",
             ]
         )
-    return table(KERNEL_COLUMNS, rows, fmt, width)
+    return rows
 
 
 def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
@@ -231,6 +298,9 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
     phases = phases_table(data, fmt, width)
     if phases:
         parts += ["", heading("Phases per forward"), "", phases]
+    attention = attention_section(data, fmt, width)
+    if attention:
+        parts += ["", heading("Attention per forward"), "", *attention]
     kernels = data.get("kernels") or []
     if kernels:
         parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]

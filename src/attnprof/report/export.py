@@ -1,5 +1,5 @@
-"""Write results as JSON and CSV files, each created whole and never over an existing one, and as a results
-stream (`report.results_file`'s JSONL format) that grows a line as each cell finishes."""
+"""Write results as JSON and CSV files, each created whole and never over an existing one, and as a
+stream of JSON lines that grows as cells finish (`ResultsStream`)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from attnprof.errors import OutputError
 from attnprof.files import create_new
 
 
 def to_json(document: dict[str, Any]) -> str:
     """The JSON text of a result document (NaN and infinities become null)."""
     return json.dumps(_clean(document), indent=2, default=str)
-
-
-def to_json_line(document: dict[str, Any]) -> str:
-    """The JSON text of a document on one line (NaN and infinities become null)."""
-    return json.dumps(_clean(document), default=str)
 
 
 def _clean(value: Any) -> Any:
@@ -57,29 +53,27 @@ def write_csv(path: Path, rows: list[dict[str, Any]], fields: tuple[str, ...]) -
 
 
 class ResultsStream:
-    """A results stream written by one process: created with its header line (`stream_header`), never
-    over an existing file (`name-2.jsonl` when taken), then one JSON entry per line, each flushed and
-    synced as it is appended, so a process that dies loses only the cell it was running."""
+    """A results stream (`results.jsonl`) being written: the file is created exclusively with its header
+    line, and each `append` adds one line, flushed and fsynced, so a crash loses at most a partial last
+    line (which `report.results_file.load_results` ignores). OutputError when it cannot be written."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
-        line = to_json_line(header) + "\n"
-
-        def write(temporary: Path) -> None:
-            temporary.write_text(line, encoding="utf-8")
-
-        self.path = create_new(path, write, numbered=True)
-        self._handle: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self.path = path
+        try:
+            self._handle: IO[str] = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w")
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        self.append(header)
 
     def append(self, entry: dict[str, Any]) -> None:
-        """Add one entry as a line, on disk before this returns."""
-        if self._handle is None:
-            raise ValueError(f"results stream {self.path} is closed")
-        self._handle.write(to_json_line(entry) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        """Write `entry` as one JSON line and make it durable before returning."""
+        try:
+            self._handle.write(json.dumps(_clean(entry), default=str) + "\n")
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
-        """Close the file (entries already appended stay)."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Close the file."""
+        self._handle.close()

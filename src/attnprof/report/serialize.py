@@ -22,6 +22,16 @@ def _analysis(key: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.analysis, key) if r.analysis is not None else None
 
 
+def _attention(attr: str) -> Callable[[CellResult], Any]:
+    """A field of the attention ledger (None without an analysis or without device events)."""
+
+    def read(r: CellResult) -> Any:
+        ledger = r.analysis.attention if r.analysis is not None else None
+        return getattr(ledger, attr) if ledger is not None else None
+
+    return read
+
+
 def _timing(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.timing, attr) if r.timing is not None else None
 
@@ -64,6 +74,16 @@ def _placement(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.placement, attr) if r.placement is not None else None
 
 
+def _phase(phase: str, key: str) -> Callable[[CellResult], Any]:
+    """One fact of the forward or backward phase (`TraceAnalysis.phases`); None without device work."""
+
+    def read(r: CellResult) -> Any:
+        phases = r.analysis.phases if r.analysis is not None else None
+        return None if phases is None else phases[phase].get(key)
+
+    return read
+
+
 def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
     return lambda r: None if (value := read(r)) is None else round(value, 3)
 
@@ -94,7 +114,19 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("self_device_time_total_us", _rounded(_analysis("self_device_time_total_us"))),
     ("transposes_per_forward", _analysis("transposes_per_forward")),
     ("cpu_ops_per_forward", _analysis("cpu_ops_per_forward")),
+    ("forward_kernels", _phase("forward", "kernels")),
+    ("forward_kernel_time_us", _rounded(_phase("forward", "kernel_time_us"))),
+    ("backward_kernels", _phase("backward", "kernels")),
+    ("backward_memcpy", _phase("backward", "memcpy")),
+    ("backward_memset", _phase("backward", "memset")),
+    ("backward_kernel_time_us", _rounded(_phase("backward", "kernel_time_us"))),
+    ("backward_outside_region", _phase("backward", "outside_region")),
     ("backend", lambda r: r.backend),
+    ("attention_calls_per_forward", _attention("calls_per_forward")),
+    ("attention_backends", lambda r: _attention("backends_text")(r) or None),  # "cudnn:2"; None: no call
+    ("attention_time_us", _rounded(_attention("kernel_time_us"))),
+    ("attention_gpu_pct", _rounded(_attention("gpu_time_pct"))),
+    ("attention_overhead_us", _rounded(_attention("overhead_us"))),
     ("latency_us", _timing("median_us")),
     ("latency_iqr_us", _timing("iqr_us")),
     ("cold_ms", _timing("cold_ms")),
@@ -153,36 +185,45 @@ def csv_row(result: CellResult) -> dict[str, Any]:
 def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """`RunSpec.cell_key` of a serialized row (a JSON entry or a CSV row read back)."""
     return (
-        str(row["device"]).split(":", 1)[0],
-        row["dtype"],
-        row["batch"],
-        row["heads"],
-        row["kv_heads"],
-        row["seq"],
-        row["head_dim"],
-        row["causal"],
+        str(row.get("device")).split(":", 1)[0],
+        row.get("dtype"),
+        row.get("batch"),
+        row.get("heads"),
+        row.get("kv_heads"),
+        row.get("seq"),
+        row.get("head_dim"),
+        row.get("causal"),
         row.get("mode") or "fwd",
     )
 
 
-def csv_row_of_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """The flat CSV row of a JSON entry (`json_entry`), e.g. one read back from a results stream."""
-    row = {name: entry.get(name) for name in CSV_FIELDS}
-    row["findings"] = entry.get("finding_ids") or ""
-    return row
+def row_finding_ids(row: dict[str, Any]) -> list[str]:
+    """The finding ids of a row read back: a JSON entry's `finding_ids` (or its `findings` list)."""
+    ids = row.get("finding_ids")
+    if isinstance(ids, str):
+        return ids.split()
+    return [f["id"] for f in row.get("findings") or [] if isinstance(f, dict) and "id" in f]
+
+
+def entry_csv_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """The flat row of a JSON entry read back (`json_entry`'s inverse for CSV): its `findings` are the ids."""
+    return {name: entry.get(name) for name in CSV_FIELDS} | {"findings": entry.get("finding_ids") or ""}
 
 
 def json_entry(result: CellResult) -> dict[str, Any]:
     """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
-    and `grad_rel_error` as {dq, dk, dv} (None outside the backward modes)."""
+    phases (forward and backward work, as `analyze` gives them), the attention ledger (`attention`, None
+    without device events) and `grad_rel_error` as {dq, dk, dv}
+    (None outside the backward modes)."""
     entry = csv_row(result)
     entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["finding_ids"] = entry["findings"]
     entry["findings"] = analysis.get("findings", [])
-    for key in ("launch_apis", "kernels", "spread"):
+    for key in ("launch_apis", "kernels", "spread", "phases"):
         if key in analysis:
             entry[key] = analysis[key]
+    entry["attention"] = analysis.get("attention")
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     entry["comm"] = analysis.get("comm")

@@ -147,13 +147,20 @@ def variant_label(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return row["variant"]
 
 
-def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable."""
-    width = limit(width, fmt)
+def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]:
+    """The columns with `/fwd` read as `/step` when a backward mode is among `modes`: a row's counts
+    and times there are of the whole timed step (forward, backward, or both), not of a forward."""
+    if modes <= {"fwd"}:
+        return columns
+    return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
+
+
+def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
+    """The comparison table's cells (`SHAPE_COLUMNS`) for the rows of one shape; `full` keeps each
+    status's reason in its cell, else only the status word."""
     body = []
     for row in rows:
-        status = row["status"] if width is None else _status_word(row)
+        status = row["status"] if full else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
             body.append([variant_label(row, rows), status] + ["" for _ in range(10)])
             continue
@@ -173,10 +180,19 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
                 row.get("finding_ids") or "",
             ]
         )
+    return body
+
+
+def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
+    follow it as bullets. A legend follows when a speed-up is unreliable."""
+    width = limit(width, fmt)
+    body = shape_rows(rows, full=width is None)
     notes = _reasons(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
-    return "\n".join([table(SHAPE_COLUMNS, body, fmt, width)] + (["", *notes] if notes else []))
+    columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
+    return "\n".join([table(columns, body, fmt, width)] + (["", *notes] if notes else []))
 
 
 def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
@@ -188,10 +204,9 @@ def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
-def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
-    column holds the finding ids and the messages follow as wrapped bullets."""
-    fitted = limit(width, fmt) is not None
+def glance_rows(results: list[dict[str, Any]], fitted: bool) -> list[list[str]]:
+    """The at-a-glance cells (`GLANCE_COLUMNS`), one row per entry; `fitted` puts finding ids and
+    status words where the full table has finding messages and whole statuses."""
     body = []
     for entry in results:
         if entry.get("forwards") is None:
@@ -218,30 +233,59 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
                 revealed or "nothing unusual",
             ]
         )
+    return body
+
+
+#: The at-a-glance columns of a fitted table: the last one holds finding ids.
+GLANCE_FITTED = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+
+
+def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
+    column holds the finding ids and the messages follow as wrapped bullets."""
+    fitted = limit(width, fmt) is not None
+    body = glance_rows(results, fitted)
+    modes = {entry.get("mode") or "fwd" for entry in results}
     if not fitted:
-        return table(GLANCE_COLUMNS, body, fmt)
-    columns = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findings"),)
+        return table(per_step(GLANCE_COLUMNS, modes), body, fmt)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
         f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
         for e in results
         for f in e.get("findings", [])
     ]
+    columns = per_step(GLANCE_FITTED, modes)
     return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
 
 
+def cell_label(row: dict[str, Any]) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd`: shape, dtype, masking and mode of a row."""
+    return (
+        f"{row.get('shape')} {row.get('dtype')} {'causal' if row.get('causal') else 'full'} {row.get('mode') or 'fwd'}"
+    )
+
+
 def cell_title(row: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
-    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: shape, dtype, masking, mode and device of a row (every
-    device of `rows`, when they ran on several: the ranks of a torchrun run)."""
-    mode = row.get("mode") or "fwd"
-    devices = ", ".join(dict.fromkeys(r["device"] for r in rows or [row]))
-    return f"{row['shape']} {row['dtype']} {'causal' if row['causal'] else 'full'} {mode} on {devices}"
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: `cell_label` and the device of a row (every device of
+    `rows`, when they ran on several: the ranks of a torchrun run)."""
+    return f"{cell_label(row)} on {', '.join(dict.fromkeys(r['device'] for r in rows or [row]))}"
 
 
 def _shape_mode(entry: dict[str, Any]) -> str:
     """The shape, with the mode after it when it is not the default `fwd`."""
     mode = entry.get("mode") or "fwd"
     return entry["shape"] if mode == "fwd" else f"{entry['shape']} {mode}"
+
+
+def _phase_split(row: dict[str, Any]) -> str:
+    """`1 + 5 (backward after the region)`: the step's kernels by phase, from the row's phase fields."""
+    forward, backward = row.get("forward_kernels"), row.get("backward_kernels")
+    if forward is None or backward is None:
+        return "n/a"
+    text = f"{forward} + {backward}"
+    if row.get("backward_kernel_time_us") is not None:
+        text += f" ({fmt_number(row.get('forward_kernel_time_us'))} + {fmt_number(row['backward_kernel_time_us'])} µs)"
+    return text + (" (backward after the region)" if row.get("backward_outside_region") else "")
 
 
 def _grad_errors(row: dict[str, Any]) -> str:
@@ -251,16 +295,22 @@ def _grad_errors(row: dict[str, Any]) -> str:
     return ", ".join(f"{name} {_error(e)}" for name, e in zip(("dq", "dk", "dv"), errors, strict=True))
 
 
+def compare_groups(entries: list[dict[str, Any]], baseline: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The entries of each shape and mode, in file order, with the title of their comparison table."""
+    groups = []
+    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
+        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
+        title = cell_title(rows[0], rows) + (f", speed-up vs {baseline}" if baseline else "")
+        groups.append((title, rows))
+    return groups
+
+
 def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
     """`attnprof compare`: a titled table per shape, then the at-a-glance table."""
     heading = "###" if fmt == "markdown" else "=="
     width = limit(width, fmt)
     parts = []
-    for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
-        rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
-        title = cell_title(rows[0], rows)
-        if baseline:
-            title += f", speed-up vs {baseline}"
+    for title, rows in compare_groups(entries, baseline):
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
     parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
     return "\n".join(parts)
@@ -285,6 +335,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
     ]
     if (row.get("mode") or "fwd") != "fwd":
         items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
+        items.insert(2, ("kernels per step: forward + backward", _phase_split(row)))
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
 
 

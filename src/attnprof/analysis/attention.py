@@ -1,0 +1,289 @@
+"""Find every attention call in one region instance: its backend, its device work and its time.
+
+Three recognisers, in this order, each skipping the ops an earlier one claimed:
+
+1. SDPA: an outermost `aten::scaled_dot_product_attention` (or a backend op called directly);
+   the backend is the dispatch op inside it (`SDPA_BACKEND_OPS`), else its kernels' backend.
+2. fused kernels: a kernel whose name rule is a fused-attention one (FlexAttention, FlashAttention,
+   Triton and other plugin kernels, see `names`), outside any SDPA op. The call is the outermost op
+   around it below any compiled-graph container (`CONTAINER_PREFIXES`), or the kernel alone when
+   it was launched under no op; its backend comes from `KERNEL_BACKENDS`, else the rule's backend.
+3. eager: among the ops of one level, a batched matmul, then a softmax, then a batched matmul,
+   with at most `MAX_OPS_BEFORE_SOFTMAX` launching ops between the first two (scale, mask, casts)
+   and `MAX_OPS_AFTER_SOFTMAX` between the last two (cast back, dropout). The call covers all of
+   them: matmuls, scaling, masking, softmax and its casts. Compiled graphs match too (an Inductor
+   softmax kernel's op has "softmax" in its name).
+
+A call's device work is every kernel, memcpy and memset launched inside its ops. Backward work (a
+training step) is linked to the call whose op carries the backward op's sequence number; a backward
+op linked to nothing in a call (e.g. only to a compiled graph around it, or to a forward outside the
+region) still counts when it ran fused-attention kernels: those kernels form a backward call of their
+own, tied to the one call inside the linked op when there is exactly one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from attnprof.analysis.names import explain_kernel, short_kernel_name
+from attnprof.analysis.optree import OpTree
+from attnprof.analysis.trace import KERNEL
+
+SDPA_OP = "aten::scaled_dot_product_attention"
+#: The ops SDPA dispatches to, by backend; their `_backward` ops name the same backend.
+SDPA_BACKEND_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_flash_attention_forward": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_efficient_attention_forward": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_cudnn_attention_forward": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+_BACKWARD_BACKEND_OPS = {
+    **{f"{op}_backward": backend for op, backend in SDPA_BACKEND_OPS.items()},
+    "aten::_flash_attention_backward": "flash",
+    "aten::_efficient_attention_backward": "efficient",
+    "aten::_cudnn_attention_backward": "cudnn",
+}
+#: Backend of a fused-attention kernel found outside an SDPA op, by its name rule's id.
+KERNEL_BACKENDS = {
+    "flex-attention": "flex",
+    "flash-attn-cute": "flash-attn",
+    "flash-attn-3": "flash-attn",
+    "flash-attn-2": "flash-attn",
+    "flash-attn-2-combine": "flash-attn",
+    "triton-attention": "triton",
+}
+#: Ops that only wrap compiled code: a call found inside one is never widened to it.
+CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
+MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
+BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
+MAX_OPS_BEFORE_SOFTMAX = 6
+MAX_OPS_AFTER_SOFTMAX = 3
+ENGINE_PREFIX = "autograd::engine::evaluate_function: "
+
+
+@lru_cache(maxsize=8192)
+def op_role(name: str) -> str | None:
+    """The role of an op, by its name: "sdpa", "matmul", "softmax", "container", or None for any other."""
+    if name == SDPA_OP or name in SDPA_BACKEND_OPS:
+        return "sdpa"
+    if name in MATMUL_OPS:
+        return "matmul"
+    if "softmax" in name and "log_softmax" not in name and "backward" not in name:
+        return "softmax"
+    if name.startswith(CONTAINER_PREFIXES):
+        return "container"
+    return None
+
+
+@lru_cache(maxsize=8192)
+def kernel_backend(name: str) -> str | None:
+    """The backend of a fused-attention kernel outside SDPA (see `KERNEL_BACKENDS`); None for any other."""
+    expl = explain_kernel(name)
+    if expl.family != "fused-attention":
+        return None
+    return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
+
+
+@dataclass
+class Call:
+    """One attention call of one instance: `events` are its device work (launch order), `ops` every op
+    it covers, `first`/`last` its outermost ops at their level (-1: a kernel launched under no op)."""
+
+    op: str
+    backend: str
+    events: list[int]
+    ops: list[int] = field(default_factory=list)
+    first: int = -1
+    last: int = -1
+    start: float = 0.0  # CPU time of its first op or launch: orders the calls
+    phase: str = "forward"
+    forward_call: int | None = None  # backward calls: the index of the forward call they belong to
+
+
+def _mark(tree: OpTree, in_call: list[bool], op: int) -> list[int]:
+    ops = tree.subtree(op)
+    for o in ops:
+        in_call[tree.pos[o]] = True
+    return ops
+
+
+def _sdpa_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> list[Call]:
+    calls, ts = [], tree.trace.cpu_ops.ts
+    for i, role in enumerate(roles):
+        if role != "sdpa" or in_call[i]:
+            continue
+        op = tree.order[i]
+        ops = _mark(tree, in_call, op)
+        backend = next((SDPA_BACKEND_OPS[tree.name(o)] for o in ops if tree.name(o) in SDPA_BACKEND_OPS), None)
+        events = tree.events(op)
+        if backend is None:
+            names = tree.trace.names
+            found = (explain_kernel(names[tree.trace.device.name[e]]).backend for e in events)
+            backend = next((b for b in found if b), "sdpa")
+        calls.append(Call(tree.name(op), backend, events, ops, op, op, ts[op]))
+    return calls
+
+
+def _anchor(tree: OpTree, op: int) -> int:
+    """The outermost op around `op` below any container (`op` itself when its parent is one)."""
+    while (parent := tree.parent(op)) >= 0 and op_role(tree.name(parent)) != "container":
+        op = parent
+    return op
+
+
+def _kernel_calls(tree: OpTree, in_call: list[bool]) -> list[Call]:
+    trace = tree.trace
+    dev, names, rt = trace.device, trace.names, trace.runtime
+    by_anchor: dict[int, str] = {}
+    backend_of: dict[int, str | None] = {}  # by name id
+    calls = []
+    for op, events in list(tree.direct.items()):
+        if op >= 0 and in_call[tree.pos[op]]:
+            continue
+        for e in events:
+            nid = dev.name[e]
+            if nid not in backend_of:
+                backend_of[nid] = kernel_backend(names[nid]) if dev.kind[e] == KERNEL else None
+            backend = backend_of[nid]
+            if backend is None:
+                continue
+            if op < 0:  # launched under no op: the kernel alone is the call
+                launch = tree.fwd.device_launch.get(e)
+                start = rt.ts[launch] if launch is not None else dev.ts[e]
+                calls.append(Call(short_kernel_name(names[dev.name[e]]), backend, [e], start=start))
+                continue
+            anchor = _anchor(tree, op)
+            if anchor not in by_anchor and not in_call[tree.pos[anchor]]:
+                by_anchor[anchor] = backend
+    for anchor, backend in by_anchor.items():
+        ops = _mark(tree, in_call, anchor)
+        calls.append(
+            Call(tree.name(anchor), backend, tree.events(anchor), ops, anchor, anchor, trace.cpu_ops.ts[anchor])
+        )
+    return calls
+
+
+def _batched(tree: OpTree, op: int) -> bool:
+    return any(tree.name(o) in BATCHED_MATMUL_OPS for o in tree.subtree(op))
+
+
+def _matmul_beside(tree: OpTree, kids: list[int], j: int, step: int, in_call: list[bool]) -> int | None:
+    """From the softmax `kids[j]`, the index of the nearest batched matmul that launched work in
+    direction `step` (-1: before it, 1: after it), passing at most MAX_OPS_BEFORE_SOFTMAX (after:
+    MAX_OPS_AFTER_SOFTMAX) other launching ops; None when another softmax, a call or an unbatched
+    matmul comes first."""
+    budget = MAX_OPS_BEFORE_SOFTMAX if step < 0 else MAX_OPS_AFTER_SOFTMAX
+    k = j + step
+    while 0 <= k < len(kids):
+        op = kids[k]
+        if in_call[tree.pos[op]]:
+            return None
+        role = op_role(tree.name(op))
+        launched = tree.launched(op)
+        if role == "matmul" and launched:
+            return k if _batched(tree, op) else None
+        if role == "softmax":
+            return None
+        if launched:
+            budget -= 1
+            if budget < 0:
+                return None
+        k += step
+    return None
+
+
+def _eager_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> list[Call]:
+    calls: list[Call] = []
+    ts = tree.trace.cpu_ops.ts
+    index: dict[int, dict[int, int]] = {}  # parent -> its children's indices
+    for i, role in enumerate(roles):
+        if role != "softmax" or in_call[i]:
+            continue
+        softmax = tree.order[i]
+        parent = tree.parent(softmax)
+        kids = tree.kids(parent)
+        if parent not in index:
+            index[parent] = {op: k for k, op in enumerate(kids)}
+        j = index[parent][softmax]
+        first, last = _matmul_beside(tree, kids, j, -1, in_call), _matmul_beside(tree, kids, j, 1, in_call)
+        if first is None or last is None:
+            continue
+        group = kids[first : last + 1]
+        label = " → ".join(tree.name(o) for o in (group[0], softmax, group[-1]))
+        ops = [o for g in group for o in _mark(tree, in_call, g)]
+        events = [e for g in group for e in tree.events(g)]
+        calls.append(Call(label, "eager", events, ops, group[0], group[-1], ts[group[0]]))
+    return calls
+
+
+def find_calls(tree: OpTree) -> tuple[list[Call], list[bool]]:
+    """The forward attention calls of one instance in launch order, and which op positions they cover."""
+    in_call = [False] * len(tree.order)
+    names, ids = tree.trace.names, tree.trace.cpu_ops.name
+    roles = list(map(op_role, map(names.__getitem__, map(ids.__getitem__, tree.order))))
+    calls = _sdpa_calls(tree, roles, in_call) if "sdpa" in roles else []
+    calls += _kernel_calls(tree, in_call)
+    if "softmax" in roles:
+        calls += _eager_calls(tree, roles, in_call)
+    calls.sort(key=lambda c: c.start)
+    return calls, in_call
+
+
+def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[int, list[int]]]:
+    """The backward work of the calls (see the module docstring), and the backward ops' work that no
+    call claimed, by the forward op each is linked to (for the overhead ledger)."""
+    trace = tree.trace
+    ops, names, dev = trace.cpu_ops, trace.names, trace.device
+    if not tree.backward:
+        return [], {}
+    seq_op = {ops.seq[o]: o for o in tree.order if ops.seq[o] >= 0}  # the latest op with each number
+    call_of = {o: k for k, c in enumerate(calls) for o in c.ops}
+    work: dict[int, list[int]] = defaultdict(list)
+    labels: dict[int, list[str]] = defaultdict(list)
+    unclaimed: dict[int, list[int]] = {}
+    loose: list[Call] = []
+    for top, events in tree.backward.items():
+        linked = seq_op.get(ops.seq[top]) if top >= 0 and ops.seq[top] >= 0 else None
+        label = names[ops.name[top]].removeprefix(ENGINE_PREFIX) if top >= 0 else "backward"
+        k = call_of.get(linked) if linked is not None else None
+        fused = [e for e in events if dev.kind[e] == KERNEL and kernel_backend(names[dev.name[e]])]
+        if k is None and linked is not None:
+            inside = {call_of[o] for o in tree.subtree(linked) if o in call_of}
+            if len(inside) == 1:
+                k = inside.pop()
+                if set(tree.events(linked)) != set(calls[k].events):  # a graph that ran more than the call
+                    events = fused
+        if k is not None and events:
+            work[k] += events
+            if label not in labels[k]:
+                labels[k].append(label)
+        elif fused:
+            backend = _backward_backend(tree, fused)
+            loose.append(Call(label, backend, fused, start=trace.device.ts[fused[0]], phase="backward"))
+        elif linked is not None:
+            unclaimed.setdefault(linked, []).extend(events)
+    result = [
+        Call(", ".join(labels[k]), calls[k].backend, work[k], phase="backward", forward_call=k, start=calls[k].start)
+        for k in sorted(work)
+    ]
+    return result + loose, unclaimed
+
+
+def _backward_backend(tree: OpTree, events: list[int]) -> str:
+    """The backend of backward attention kernels: the SDPA backward op above them, else the kernels'."""
+    trace = tree.trace
+    for e in events:
+        call = tree.fwd.device_launch.get(e)
+        op = tree.fwd.launch_op.get(call, -1) if call is not None else -1
+        while op >= 0:
+            backend = _BACKWARD_BACKEND_OPS.get(tree.name(op))
+            if backend:
+                return backend
+            op = tree.fwd.op_parent.get(op, -1)  # backward ops are not in the tree
+    return kernel_backend(trace.names[trace.device.name[events[0]]]) or "fused"

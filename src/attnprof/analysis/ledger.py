@@ -1,0 +1,205 @@
+"""The attention ledger: the attention calls of each region instance and the overhead around them,
+summarised over the instances.
+
+Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, and
+the overhead that `attention_overhead` finds. Over the instances (`summarize`): counts are low
+medians, times medians; the calls listed are those of the first instance that has the median number
+of calls, each with the median time of its position over the instances that ran the same calls.
+
+`AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
+
+    calls_per_forward      forward attention calls per instance
+    backends               the listed forward calls by backend, e.g. {"cudnn": 2}
+    kernel_time_us         device time of the calls' work (kernels, and memcpys/memsets launched
+                           inside them), forward and backward phase together
+    backward_kernel_time_us  the backward phase's part of it (null without backward work)
+    gpu_time_pct           kernel_time_us over the instance's GPU time (first device event to last)
+    overhead_us            the overhead items' time together
+    calls                  [{op, backend, phase, kernels, time_us, forward_call}]: phase "forward" or
+                           "backward"; forward_call is a backward call's forward call (its index in
+                           calls), null when no forward call links to it
+    overhead               [{kind, ops, count_per_forward, time_us}]: ops are the op chains that
+                           launched its work, commonest first
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnprof.analysis.attention import Call, backward_calls, find_calls
+from attnprof.analysis.attention_overhead import OVERHEAD_KINDS, Overhead, overhead_ledger
+from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.optree import OpTree
+from attnprof.analysis.trace import ParsedTrace
+from attnprof.stats import median, median_count
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """One attention call: what ran, on which backend, in which phase, and its device time."""
+
+    op: str
+    backend: str
+    phase: str
+    kernels: tuple[str, ...]
+    time_us: float
+    forward_call: int | None = None
+
+    @property
+    def signature(self) -> tuple[str, str, str, int | None]:
+        """What must match for two instances' calls to be the same call."""
+        return (self.op, self.backend, self.phase, self.forward_call)
+
+
+@dataclass
+class ForwardLedger:
+    """The attention calls (forward ones first, then backward ones) and overhead of one instance."""
+
+    calls: list[CallFacts]
+    overhead: dict[str, Overhead]
+    gpu_time_us: float | None
+    forward_count: int = 0  # how many of the calls are forward calls
+
+    @property
+    def forward_calls(self) -> list[CallFacts]:
+        """The forward-phase calls."""
+        return self.calls[: self.forward_count]
+
+    @property
+    def kernel_time_us(self) -> float:
+        """The device time of every call's work, both phases."""
+        return sum(c.time_us for c in self.calls)
+
+    @property
+    def backward_time_us(self) -> float:
+        """The device time of the backward calls' work."""
+        return sum(c.time_us for c in self.calls if c.phase == "backward")
+
+    @property
+    def overhead_us(self) -> float:
+        """The overhead items' time together."""
+        return sum(o.time_us for o in self.overhead.values())
+
+    @property
+    def gpu_time_pct(self) -> float | None:
+        """kernel_time_us over the instance's GPU time, in percent; None without GPU time."""
+        return 100.0 * self.kernel_time_us / self.gpu_time_us if self.gpu_time_us else None
+
+
+def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
+    dev, names = trace.device, trace.names
+    return CallFacts(
+        op=call.op,
+        backend=call.backend,
+        phase=call.phase,
+        kernels=tuple(short_kernel_name(names[dev.name[e]]) for e in call.events),
+        time_us=sum(dev.dur[e] for e in call.events),
+        forward_call=call.forward_call,
+    )
+
+
+def forward_ledger(tree: OpTree, gpu_time_us: float | None) -> ForwardLedger:
+    """The attention calls and overhead of one instance whose device work was traced (`tree`: its ops)."""
+    calls, in_call = find_calls(tree)
+    backward, unclaimed = backward_calls(tree, calls)
+    overhead = overhead_ledger(tree, calls, in_call, unclaimed)
+    return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
+
+
+@dataclass
+class AttentionLedger:
+    """The ledger over all instances (see the module docstring)."""
+
+    calls_per_forward: int
+    backends: dict[str, int]
+    kernel_time_us: float
+    backward_kernel_time_us: float | None
+    gpu_time_pct: float | None
+    overhead_us: float
+    calls: list[CallFacts] = field(default_factory=list)
+    overhead: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def backends_text(self) -> str:
+        """The backends as "cudnn:2" ("eager:1 flex:1" for several); "" without calls."""
+        return " ".join(f"{backend}:{n}" for backend, n in self.backends.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract (see the module docstring)."""
+
+        def r(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {
+            "calls_per_forward": self.calls_per_forward,
+            "backends": dict(self.backends),
+            "kernel_time_us": r(self.kernel_time_us),
+            "backward_kernel_time_us": r(self.backward_kernel_time_us),
+            "gpu_time_pct": None if self.gpu_time_pct is None else round(self.gpu_time_pct, 2),
+            "overhead_us": r(self.overhead_us),
+            "calls": [
+                {
+                    "op": c.op,
+                    "backend": c.backend,
+                    "phase": c.phase,
+                    "kernels": list(c.kernels),
+                    "time_us": r(c.time_us),
+                    "forward_call": c.forward_call,
+                }
+                for c in self.calls
+            ],
+            "overhead": [dict(item) for item in self.overhead],
+        }
+
+
+def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
+    """The ledger over the instances (at least one)."""
+    per_call = median_count([ledger.forward_count for ledger in ledgers])
+    calls = _typical_calls(ledgers, per_call)
+    pcts = [p for ledger in ledgers if (p := ledger.gpu_time_pct) is not None]
+    has_backward = any(len(ledger.calls) > ledger.forward_count for ledger in ledgers)
+    return AttentionLedger(
+        calls_per_forward=per_call,
+        backends=dict(sorted(Counter(c.backend for c in calls if c.phase == "forward").items())),
+        kernel_time_us=median([ledger.kernel_time_us for ledger in ledgers]),
+        backward_kernel_time_us=median([ledger.backward_time_us for ledger in ledgers]) if has_backward else None,
+        gpu_time_pct=median(pcts) if pcts else None,
+        overhead_us=median([ledger.overhead_us for ledger in ledgers]),
+        calls=calls,
+        overhead=_overhead_items(ledgers),
+    )
+
+
+def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFacts]:
+    """The calls of the first instance with the median number of forward calls, each timed by the
+    median over the instances that ran the same calls."""
+    first = next(ledger for ledger in ledgers if len(ledger.forward_calls) == per_call)
+    shape = [c.signature for c in first.calls]
+    same = [ledger for ledger in ledgers if [c.signature for c in ledger.calls] == shape]
+    return [
+        CallFacts(c.op, c.backend, c.phase, c.kernels, median([s.calls[i].time_us for s in same]), c.forward_call)
+        for i, c in enumerate(first.calls)
+    ]
+
+
+def _overhead_items(ledgers: list[ForwardLedger]) -> list[dict[str, Any]]:
+    items = []
+    for kind in OVERHEAD_KINDS:
+        found = [ledger.overhead.get(kind) for ledger in ledgers]
+        if not any(found):
+            continue
+        chains: Counter = Counter()
+        for item in found:
+            if item is not None:
+                chains.update(item.chains)
+        items.append(
+            {
+                "kind": kind,
+                "ops": [chain for chain, _ in chains.most_common()],
+                "count_per_forward": median_count([item.count if item else 0 for item in found]),
+                "time_us": round(median([item.time_us if item else 0.0 for item in found]), 3),
+            }
+        )
+    return items

@@ -1,0 +1,82 @@
+"""`attnprof check`: declared expectations against a compare, run now or read from a results file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnprof.cli import common as c
+from attnprof.cli.execute import choose_variants, config_from_options, execute, note_outputs
+from attnprof.cli.options import exclude_given, shared_options
+
+if TYPE_CHECKING:
+    from attnprof.config import MeasureOptions
+
+ExpectationsArg = Annotated[Path, typer.Argument(help="YAML: variant name or pattern → expected fields.")]
+CheckConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        show_default=False,
+        help="The config of the compare check runs without RESULTS (default: the expectations file's `config`, "
+        "else the built-in default).",
+    ),
+]
+ResultsArg = Annotated[
+    Path | None,
+    typer.Argument(
+        help="results.json or results.jsonl to check; without it, check runs a compare first.", show_default=False
+    ),
+]
+
+
+@c.handle_errors
+@shared_options(select=True)
+def check_command(
+    expectations: ExpectationsArg,
+    results: ResultsArg = None,
+    config_file: CheckConfigOpt = None,
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
+) -> None:
+    """Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run.
+
+    With RESULTS, reads them; without, runs a compare (the config from -c, else the one the
+    expectations file names, else the built-in default) and checks it. Exit 1 on any miss.
+    """
+    from attnprof.config import MeasureOptions
+    from attnprof.errors import UsageError
+    from attnprof.pipeline import plan_cells
+    from attnprof.report.expectations import check_json, check_rows, check_table, counts, load_expectations
+    from attnprof.report.export import to_json
+    from attnprof.report.results_file import load_results
+
+    declared = load_expectations(expectations)
+    if results is not None:
+        given = {**overrides, "config": config_file}
+        named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None]
+        if named or measure != MeasureOptions():
+            raise UsageError(
+                f"RESULTS given: {', '.join(named) or 'measurement options'} would run a compare, and nothing is run"
+            )
+        loaded = load_results(results)
+        rows, source, code = loaded.rows, str(loaded.path), 0
+    else:
+        path = config_file if config_file is not None else declared.config
+        cfg, device, chosen = choose_variants(config_from_options(path, overrides), exclude_given(overrides))
+        outcome = execute("check", cfg, plan_cells(cfg, chosen, device), device, measure)
+        note_outputs(outcome)
+        rows, source = outcome.document["results"], str(outcome.folder.results_json)
+        code = 130 if outcome.interrupted else 0
+    outcomes = check_rows(declared, rows)
+    if fmt is c.OutputFormat.json:
+        c.emit(to_json(check_json(outcomes, expectations, source)))
+    else:
+        c.emit(check_table(outcomes, fmt.value, c.table_width(fmt, wide)))
+    raise typer.Exit(code or (1 if counts(outcomes)["missed"] else 0))

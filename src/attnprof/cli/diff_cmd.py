@@ -1,0 +1,58 @@
+"""`attnprof diff`: two results files side by side; exit 1 on a regression, for CI gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnprof.cli import common as c
+
+BaseArg = Annotated[Path, typer.Argument(help="The results to compare against (results.json or results.jsonl).")]
+NewArg = Annotated[Path, typer.Argument(help="The results to judge (results.json or results.jsonl).")]
+ThresholdOpt = Annotated[
+    str,
+    typer.Option(
+        "--threshold",
+        metavar="PCT",
+        help="How much slower counts as a regression, as 5% or 0.05 (it must also exceed the runs' spread).",
+    ),
+]
+
+
+@c.handle_errors
+def diff_command(
+    base: BaseArg,
+    new: NewArg,
+    threshold: ThresholdOpt = "5%",
+    fmt: c.FormatOpt = c.OutputFormat.table,
+    wide: c.WideOpt = False,
+) -> None:
+    """Compare two results files row by row (variant, shape, dtype, causal, mode).
+
+    Exit 1 when a row got slower by more than the threshold and by more than the two runs' measured
+    spread (the mean of their latency IQRs), started failing, or gained a finding; 0 otherwise;
+    2 for unreadable files, a bad threshold, or files without a row in common.
+    """
+    from attnprof.errors import UsageError
+    from attnprof.report.diff import diff_json, diff_results, diff_table, parse_threshold
+    from attnprof.report.export import to_json
+    from attnprof.report.results_file import load_results
+
+    fraction = parse_threshold(threshold)
+    before, after = load_results(base), load_results(new)
+    for loaded in (before, after):
+        if loaded.truncated or loaded.header.get("interrupted"):
+            c.note(f"{loaded.path}: an interrupted run; its unfinished cells have no row")
+    diff = diff_results(before.rows, after.rows, fraction)
+    if not diff.rows:
+        raise UsageError(
+            f"no row of {new} matches a row of {base}",
+            hint="rows match by variant, shape, dtype, causal masking and mode",
+        )
+    if fmt is c.OutputFormat.json:
+        c.emit(to_json(diff_json(diff, str(base), str(new))))
+    else:
+        c.emit(diff_table(diff, fmt.value, c.table_width(fmt, wide)))
+    raise typer.Exit(1 if diff.regressions else 0)

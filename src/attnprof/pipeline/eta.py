@@ -1,0 +1,60 @@
+"""The time a sweep has left, from the wall time of the cells it has finished.
+
+A cell's wall time is a fixed cost (setup, profiler, analysis; compilation for torch.compile'd
+variants) plus a part that grows with the work: the step's FLOPs (`analysis.roofline.step_flops`,
+B·H·S²·D scaled by mode and causal masking). Each variant's cells are fitted as
+`seconds = a + b · FLOPs` by least squares (a, b >= 0); a variant with no finished cell yet uses
+the fit over all cells. Only cells that ran count: a skipped cell takes no time and says nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from attnprof.registry import RunSpec
+
+Point = tuple[float, float]  # (FLOPs, seconds)
+
+
+def fit(points: Sequence[Point]) -> Point:
+    """(a, b) of `seconds = a + b · flops` by least squares, both clamped at zero; with a single
+    distinct FLOP count, the mean time as `a`."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    if var == 0:
+        return mean_y, 0.0
+    slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / var)
+    intercept = mean_y - slope * mean_x
+    if intercept < 0:  # through the origin instead
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return intercept, slope
+
+
+class Eta:
+    """Finished cells' times by variant, and the estimate for the cells still to run."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, list[Point]] = {}
+
+    def add(self, variant: str, spec: RunSpec, seconds: float) -> None:
+        """Record a cell that ran (not one that was skipped)."""
+        from attnprof.analysis.roofline import step_flops
+
+        self._points.setdefault(variant, []).append((step_flops(spec), seconds))
+
+    def remaining(self, cells: Iterable[tuple[str, RunSpec]]) -> float | None:
+        """Estimated seconds for `cells` (variant name, spec); None before any cell has run."""
+        from attnprof.analysis.roofline import step_flops
+
+        pooled = [p for points in self._points.values() for p in points]
+        if not pooled:
+            return None
+        fits = {name: fit(points) for name, points in self._points.items()}
+        overall = fit(pooled)
+        total = 0.0
+        for name, spec in cells:
+            a, b = fits.get(name, overall)
+            total += a + b * step_flops(spec)
+        return total

@@ -1,0 +1,209 @@
+"""`attnprof sweep`: every variant at every point of a config's sweep axes, each finished cell streamed
+to disk, and the out-of-memory rule.
+
+The points are the cross product of the axes over each configured shape (`sweep_specs`); a point
+whose kv_heads does not divide its heads is left out and named. The plan (`plan_sweep`) runs one
+dtype after another (each against its own matmul ceiling), sequence lengths in ascending order
+within each, and the baseline first at each point, so that each finished cell's row is complete
+when it is streamed: its speed-up is known, and once a variant runs out of memory at one sequence
+length, its larger ones at the same other axes are skipped (`OomRule`) instead of run.
+
+Under torchrun each rank runs a share of the plan (`pipeline.sharded`): a variant's chain of growing
+sequence lengths at one point of the other axes (`chain_key`) stays on one rank, so the OOM rule still
+sees the whole chain; a streamed row whose baseline cell ran on another rank gets its speed-up when rank 0
+gathers the rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import groupby
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from attnprof.config import Config, MeasureOptions, Shape
+from attnprof.errors import ConfigError
+from attnprof.interrupts import raise_if_interrupted
+from attnprof.pipeline.run import Cell, run_cells
+from attnprof.registry import RunSpec, Variant
+from attnprof.report.serialize import row_cell_key
+from attnprof.results import CellResult, attach_speedups
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from attnprof.pipeline.distributed import Group
+    from attnprof.profiling.ceiling import RunCeiling
+
+OOM_REASON = "out of memory"  # how `run_cell` begins the reason of a cell that ran out of memory
+OOM_SKIP = "OOM at smaller size"  # the reason of a cell skipped by the OOM rule
+
+Key = tuple[Any, ...]
+
+
+def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
+    """The sweep's points on the resolved `device`: each configured shape with every combination of
+    the shape axes, crossed with the dtype, causal and mode axes (or the config's own values).
+    Returns them, without repeats, and why combinations that make no valid shape were left out."""
+    axes = config.sweep.axes() if config.sweep else {}
+    shape_axes = {name: values for name, values in axes.items() if name in Shape.model_fields}
+    specs: list[RunSpec] = []
+    left_out: list[str] = []
+    for base in config.shapes:
+        for combination in itertools.product(*shape_axes.values()):
+            try:
+                shape = Shape(**(base.model_dump() | dict(zip(shape_axes, combination, strict=True))))
+            except ValidationError as exc:
+                left_out.append(exc.errors()[0]["msg"].removeprefix("Value error, "))
+                continue
+            specs += [
+                shape.spec(device, dtype, causal, mode)
+                for dtype, causal, mode in itertools.product(
+                    axes.get("dtype", [config.dtype]),
+                    axes.get("causal", [config.causal]),
+                    axes.get("mode", config.modes),
+                )
+            ]
+    return list(dict.fromkeys(specs)), list(dict.fromkeys(left_out))
+
+
+def plan_sweep(config: Config, variants: list[Variant], device: str) -> tuple[list[Cell], list[str]]:
+    """Every point × variant: dtype after dtype, sequence lengths ascending within each, the points
+    in config order at one length, the baseline first at each point. Also returns the left-out
+    combinations (`sweep_specs`); ConfigError when no point is left."""
+    specs, left_out = sweep_specs(config, device)
+    if not specs:
+        raise ConfigError(f"the sweep has no valid point: {'; '.join(left_out)}")
+    dtypes = list(dict.fromkeys(spec.dtype for spec in specs))
+    specs.sort(key=lambda spec: (dtypes.index(spec.dtype), spec.seq))
+    ordered = sorted(variants, key=lambda variant: variant.name != config.baseline)
+    return [(variant, spec) for spec in specs for variant in ordered], left_out
+
+
+def without_axes(config: Config, names: list[str]) -> Config:
+    """`config` with the named sweep axes removed (a command-line option fixed them)."""
+    if config.sweep is None or not any(getattr(config.sweep, name) is not None for name in names):
+        return config
+    return config.model_copy(update={"sweep": config.sweep.model_copy(update=dict.fromkeys(names))})
+
+
+def cell_key(variant: str, spec: RunSpec) -> Key:
+    """What identifies a cell in a results row: its variant and `RunSpec.cell_key` (the device by its type,
+    so a cell is the same on every rank's GPU); `row_key` gives it for the cell's row."""
+    return (variant, *spec.cell_key)
+
+
+def row_key(row: dict[str, Any]) -> Key:
+    """The key of a results row (`cell_key`)."""
+    return (row.get("variant"), *row_cell_key(row))
+
+
+def chain_key(variant: str, spec: RunSpec) -> Key:
+    """`cell_key` without the sequence length: one variant's cells at growing sequence lengths, every other
+    axis equal (what the OOM rule follows, and what a sharded sweep keeps on one rank)."""
+    return cell_key(variant, replace(spec, seq=0))
+
+
+def ran_out_of_memory(status: str, reason: str | None) -> bool:
+    """True for a cell that failed because it ran out of memory."""
+    return status.startswith("failed") and (reason or "").startswith(OOM_REASON)
+
+
+class OomRule:
+    """Once a variant runs out of memory at one sequence length, its larger sequence lengths at the same
+    other axes (batch, heads, kv_heads, head_dim, dtype, causal, mode, device type) are skipped."""
+
+    def __init__(self) -> None:
+        self._smallest: dict[Key, int] = {}
+
+    def _note(self, chain: Key, seq: int, status: str, reason: str | None) -> None:
+        if ran_out_of_memory(status, reason):
+            self._smallest[chain] = min(seq, self._smallest.get(chain, seq))
+
+    def note_result(self, result: CellResult) -> None:
+        """Take a finished cell into account."""
+        self._note(chain_key(result.variant, result.spec), result.spec.seq, result.status, result.reason)
+
+    def note_row(self, row: dict[str, Any]) -> None:
+        """Take a row of an earlier run (`--resume`) into account."""
+        chain = (row.get("variant"), *row_cell_key(row | {"seq": 0}))
+        self._note(chain, row.get("seq") or 0, str(row.get("status", "")), row.get("reason"))
+
+    def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:
+        """`OOM at smaller size (seq S)` when `variant` ran out of memory at a smaller S; else None."""
+        seq = self._smallest.get(chain_key(variant.name, spec))
+        return f"{OOM_SKIP} (seq {seq})" if seq is not None and spec.seq > seq else None
+
+
+class _Recorder:
+    """What `run_sweep` does around each cell: global progress indices, speed-up against the point's
+    baseline cell, the OOM rule, and the streamed row (`record`)."""
+
+    def __init__(self, total: int, baseline: str | None, record: Callable[[CellResult], None], oom: OomRule) -> None:
+        self.total, self.baseline, self.record, self.oom = total, baseline, record, oom
+        self.offset = 0  # cells of the dtypes before the current one
+        self.baselines: dict[RunSpec, CellResult] = {}
+        self.on_start: Callable[[int, int, Variant, RunSpec], None] | None = None
+        self.on_done: Callable[[CellResult], None] | None = None
+
+    def started(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+        """Pass the start on with the index among all cells."""
+        if self.on_start:
+            self.on_start(self.offset + index, self.total, variant, spec)
+
+    def done(self, result: CellResult) -> None:
+        """Speed-up, OOM rule, then the row on disk before anyone else hears of the cell."""
+        if result.variant == self.baseline:
+            self.baselines[result.spec] = result
+        base = self.baselines.get(result.spec)
+        attach_speedups([result] if base is None or base is result else [base, result], self.baseline)
+        self.oom.note_result(result)
+        self.record(result)
+        if self.on_done:
+            self.on_done(result)
+
+
+def run_sweep(
+    cells: list[Cell],
+    config: Config,
+    measure: MeasureOptions,
+    ceiling_for: Callable[[str], RunCeiling | None],
+    record: Callable[[CellResult], None],
+    oom: OomRule,
+    on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
+    trace_dir: Path | None = None,
+    group: Group | None = None,
+) -> tuple[list[CellResult], bool]:
+    """Run the planned cells dtype by dtype (`ceiling_for(dtype)` gives each its ceiling), skipping by
+    the OOM rule and passing each finished cell to `record` (which streams its row) with its speed-up
+    against the baseline's cell (which runs first at each point). Returns the results and whether
+    Ctrl-C cut the sweep short. `on_start` gets the index among all `cells`; `group`: see `run_cells`."""
+    recorder = _Recorder(len(cells), config.baseline, record, oom)
+    recorder.on_start, recorder.on_done = on_start, on_done
+    results: list[CellResult] = []
+    for dtype, cells_of_dtype in groupby(cells, key=lambda cell: cell[1].dtype):
+        recorder.offset = len(results)
+        try:
+            raise_if_interrupted()
+            ceiling = ceiling_for(dtype)
+        except KeyboardInterrupt:
+            return results, True
+        done, interrupted = run_cells(
+            list(cells_of_dtype),
+            config,
+            measure,
+            ceiling,
+            recorder.started,
+            recorder.done,
+            trace_dir,
+            skip=oom.skip_reason,
+            group=group,
+        )
+        results += done
+        if interrupted:
+            return results, True
+    return results, False

@@ -1,0 +1,162 @@
+"""`attnprof check`: the expectations schema, each rule, configs/expect-blog.yaml against a real H200
+compare (tests/data/h200/results/compare.json), and a compare run on CPU then checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnprof.errors import ExpectationsError
+from attnprof.report.expectations import check_rows, counts, load_expectations, parse_expectations
+
+REPO = Path(__file__).resolve().parents[1]
+BLOG_EXPECTATIONS = REPO / "configs" / "expect-blog.yaml"
+H200 = Path(__file__).parent / "data" / "h200" / "results" / "compare.json"
+
+
+def h200_rows(shape: str | None = "8x16x1024x64") -> list[dict]:
+    rows = json.loads(H200.read_text())["results"]
+    return [r for r in rows if shape is None or r["shape"] == shape]
+
+
+def expect(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "expect.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def verdicts(data: dict, rows: list[dict], tmp_path: Path) -> list[tuple[str, str, str, str]]:
+    outcomes = check_rows(parse_expectations(data, tmp_path / "e.yaml"), rows)
+    return [(o.verdict, o.expectation.pattern, o.expectation.expected_text, o.measured) for o in outcomes]
+
+
+def test_expect_blog_is_valid_and_names_the_blog_config() -> None:
+    declared = load_expectations(BLOG_EXPECTATIONS)
+    assert declared.config == REPO / "configs" / "a100.yaml" and declared.config.exists()
+    patterns = {e.pattern for e in declared.items}
+    assert patterns == {"*", "naive", "inplace", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"}
+    assert ("naive", "has", "hidden-memcpy") in {(e.pattern, e.kind, e.value) for e in declared.items}
+
+
+def test_expect_blog_holds_on_the_real_h200_compare(cli, tmp_path) -> None:
+    results = tmp_path / "blog.json"
+    document = json.loads(H200.read_text())
+    results.write_text(json.dumps(document | {"results": h200_rows()}))
+    result = cli("check", str(BLOG_EXPECTATIONS), str(results), "--wide")
+    assert result.exit_code == 0, result.output
+    assert "checked at 8x16x1024x64 bf16 causal fwd" in result.output
+    assert any(line.split()[:3] == ["✓", "sdpa-math", "kernels_per_forward"] for line in result.output.splitlines())
+    assert "51 held, 0 missed, 1 not run" in result.output  # flash-attn was not installed there
+
+
+def test_at_other_shapes_the_blog_counts_miss(cli) -> None:
+    result = cli("check", str(BLOG_EXPECTATIONS), str(H200), "--format", "json")
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    missed = {
+        (c["variant"], c["cell"], c["field"], c["measured"]) for c in document["checks"] if c["verdict"] == "missed"
+    }
+    # the [4, 16, 8192, 8192] scores exceed 2**31 elements: ATen splits each elementwise op in two
+    assert ("naive", "4x16x8192x128 bf16 causal fwd", "kernels_per_forward", "11") in missed
+    assert ("sdpa-math", "4x16x8192x128 bf16 causal fwd", "kernels_per_forward", "51") in missed
+    assert document["missed"] == len(missed) and document["held"] > 100
+
+
+def test_each_rule(tmp_path) -> None:
+    rows = h200_rows()
+    data = {
+        "sdpa-flash": {"kernels_per_forward": 1, "pct_of_peak": {"min": 30}, "backend": "flash", "passed": True},
+        "sdpa-*": {"memcpy_per_forward": {"max": 0}},
+        "sdpa-math": {
+            "pct_of_peak": {"min": 0.5, "max": 1},
+            "findings": {"has": ["mask-rebuilt"], "lacks": ["cpu-bound"]},
+        },
+        "naive": {"findings": {"has": ["single-fused-kernel"]}, "unstable": 1},
+        "flash-attn": {"kernels_per_forward": 1},
+        "sdpa-nothing": {"kernels_per_forward": 1},
+    }
+    found = verdicts(data, rows, tmp_path)
+    assert found[:4] == [
+        ("held", "sdpa-flash", "= 1", "1"),
+        ("missed", "sdpa-flash", ">= 30", "24.2"),  # the measured value next to the expected one
+        ("held", "sdpa-flash", "= flash", "flash"),
+        ("held", "sdpa-flash", "= True", "yes"),
+    ]
+    assert [v for v, pattern, *_ in found if pattern == "sdpa-*"] == ["held"] * 4  # each sdpa-* row (not sdpa)
+    assert ("held", "sdpa-math", "0.5 to 1", "0.887") in found
+    assert ("held", "sdpa-math", "has mask-rebuilt", "present") in found
+    assert ("held", "sdpa-math", "lacks cpu-bound", "absent") in found
+    assert ("missed", "naive", "has single-fused-kernel", "absent") in found
+    assert ("missed", "naive", "= 1", "no") in found  # a bool is not the number 1
+    assert found[-2][0] == "not run" and found[-2][3].startswith("skipped: needs flash_attn")
+    assert found[-1] == ("missed", "sdpa-nothing", "= 1", "no row of this variant in the results")
+
+
+def test_a_failed_row_is_a_miss() -> None:
+    declared = parse_expectations({"*": {"kernels_per_forward": 1}}, Path("e.yaml"))
+    failed = {"variant": "x", "status": "failed: out of memory: 8 GiB", "kernels_per_forward": None}
+    [outcome] = check_rows(declared, [failed])
+    assert outcome.verdict == "missed" and outcome.measured == "failed: out of memory: 8 GiB"
+    assert counts([outcome]) == {"held": 0, "missed": 1, "not run": 0}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"naive": {"kernels": 5}}, "naive.kernels: unknown field; valid fields: findings, variant, source"),
+        (
+            {"naive": {"findings": {"has": ["hidden-memcopy"]}}},
+            "unknown finding hidden-memcopy; known findings: hidden-memcpy",
+        ),
+        ({"naive": {"findings": {"maybe": ["cpu-bound"]}}}, "naive.findings.maybe: unknown key"),
+        ({"naive": {"pct_of_peak": {"min": 5, "max": 1}}}, "naive.pct_of_peak: min 5 is above max 1"),
+        ({"naive": {"pct_of_peak": {}}}, "give min, max or both"),
+        ({"naive": {"pct_of_peak": {"least": 1}}}, "naive.pct_of_peak.least: unknown key"),
+        ({"naive": {"kernels_per_forward": [1, 2]}}, "expected a number, a string, true/false or {min, max}"),
+        ({"naive": 5}, "naive: expected a mapping of fields"),
+        ([1, 2], "expected a mapping of variant patterns"),
+    ],
+)
+def test_schema_errors_are_one_line_and_exit_2(cli, tmp_path, data, message) -> None:
+    with pytest.raises(ExpectationsError) as info:
+        parse_expectations(data, tmp_path / "e.yaml")
+    assert message in info.value.message and "\n" not in info.value.message
+    result = cli("check", str(expect(tmp_path, data)), str(H200))
+    assert result.exit_code == 2 and "error: " in result.output and "Traceback" not in result.output
+
+
+def test_missing_files_exit_2(cli, tmp_path) -> None:
+    assert cli("check", str(tmp_path / "none.yaml"), str(H200)).exit_code == 2
+    good = expect(tmp_path, {"naive": {"kernels_per_forward": 5}})
+    assert cli("check", str(good), str(tmp_path / "none.json")).exit_code == 2
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("naive: {kernels: [")
+    assert cli("check", str(bad_yaml), str(H200)).exit_code == 2
+
+
+def test_results_and_compare_options_exclude_each_other(cli, tmp_path) -> None:
+    good = expect(tmp_path, {"naive": {"kernels_per_forward": 5}})
+    result = cli("check", str(good), str(H200), "--seq", "64")
+    assert result.exit_code == 2 and "--seq would run a compare" in result.output
+
+
+def test_without_results_check_runs_a_compare(cli, write_config, tmp_path) -> None:
+    expectations = expect(
+        tmp_path,
+        {
+            "*": {"status": "ok", "device": "cpu", "forwards": 2},
+            "sdpa-math": {"findings": {"has": ["mask-rebuilt", "safe-softmax"], "lacks": ["hidden-memcpy"]}},
+            "naive": {"gpu_time_us": {"min": 1}},  # no device time on a CPU: n/a, a miss
+        },
+    )
+    result = cli("check", str(expectations), "-c", str(write_config()), "--no-timing", "--format", "json")
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["missed"] == 1 and document["held"] == 3 * 3 + 3
+    [miss] = [c for c in document["checks"] if c["verdict"] == "missed"]
+    assert (miss["variant"], miss["field"], miss["measured"]) == ("naive", "gpu_time_us", "n/a")
+    [folder] = (tmp_path / "out").glob("*-check")
+    assert document["results"] == str(folder / "results.json")

@@ -1,0 +1,81 @@
+"""On a CUDA GPU: `attnprof compare` at several sequence lengths, then `attnprof plot` draws all five
+plots (peak memory, kernels and GPU time exist only on a GPU) and `attnprof report` embeds them with the
+top kernels and their occupancy. Run on the device with `python -m pytest -m gpu tests/test_gpu_plot.py`;
+with ATTNPROF_PLOT_OUT=DIR the plots and the report are also copied there to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SEQS = (512, 1024, 2048, 4096)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bf16 causal compare of naive, sdpa-math and sdpa-flash at four sequence lengths."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from attnprof.cli.app import app
+
+    folder = tmp_path_factory.mktemp("gpu-plot")
+    config = {
+        "device": "cuda",
+        "dtype": "bf16",
+        "shapes": [{"batch": 4, "heads": 16, "seq": seq, "head_dim": 64} for seq in SEQS],
+        "causal": True,
+        "variants": ["naive", "sdpa-math", "sdpa-flash"],
+        "baseline": "sdpa-math",
+        "schedule": {"wait": 1, "warmup": 1, "active": 3},
+        "output_dir": str(folder / "out"),
+    }
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    run = CliRunner().invoke(app, ["compare", str(folder / "config.yaml"), "--format", "json"])
+    assert run.exit_code == 0, run.output
+    return Path(json.loads(run.stdout)["files"]["results_json"])
+
+
+def keep(paths: list[Path]) -> None:
+    target = os.environ.get("ATTNPROF_PLOT_OUT")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            shutil.copy(path, Path(target) / path.name)
+
+
+def test_every_plot_is_drawn_from_a_gpu_compare(cli, results, tmp_path):
+    out = cli("plot", str(results), "-o", str(tmp_path / "plots"))
+    assert out.exit_code == 0, out.output
+    written = [Path(p) for p in out.stdout.split()]
+    names = {p.stem for p in written}
+    assert names == {"latency", "throughput", "memory", "kernels", "gpu_vs_cpu"}, out.stderr
+    assert "skipped" not in out.stderr
+    keep(written)
+
+
+def test_naive_memory_grows_quadratically(results):
+    from attnprof.report.results_file import load_results
+
+    naive = {r["seq"]: r["peak_memory_mib"] for r in load_results(results).rows if r["variant"] == "naive"}
+    assert naive[4096] > 3 * naive[2048] > 9 * naive[1024]  # the B·H·S² scores dominate
+
+
+def test_report_has_plots_kernels_and_traces(cli, results, tmp_path):
+    report = tmp_path / "report.html"
+    out = cli("report", str(results), "-o", str(report))
+    assert out.exit_code == 0, out.output
+    text = report.read_text()
+    assert text.count("data:image/svg+xml;base64,") == 5
+    assert "flash_fwd_kernel" in text and "achieved occ." in text and "theoretical occ." in text
+    assert text.count(".json.gz'>") == 3 * len(SEQS) and "(not found)" not in text
+    keep([report])
