@@ -8,6 +8,16 @@ import pytest
 import yaml
 
 SMALL_SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
+#: A one-layer Llama with GQA (4 query heads, 2 key/value heads) for `attnprof model` on CPU.
+TINY_LLAMA = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 64,
+    "max_position_embeddings": 128,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -18,12 +28,22 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     return cache
 
 
+def yaml_writer(path: Path, defaults: dict[str, object]):
+    """A function that writes `defaults`, updated with its keyword arguments, as YAML into `path` and returns it."""
+
+    def write(**overrides: object) -> Path:
+        path.write_text(yaml.safe_dump({**defaults, **overrides}))
+        return path
+
+    return write
+
+
 @pytest.fixture
 def write_config(tmp_path: Path):
     """Write a YAML config into tmp_path and return its path; keys override a small CPU config."""
-
-    def write(**overrides: object) -> Path:
-        data = {
+    return yaml_writer(
+        tmp_path / "config.yaml",
+        {
             "device": "cpu",
             "dtype": "fp32",
             "shapes": [SMALL_SHAPE],
@@ -32,13 +52,28 @@ def write_config(tmp_path: Path):
             "baseline": "sdpa-math",
             "schedule": {"wait": 0, "warmup": 1, "active": 2},
             "output_dir": str(tmp_path / "out"),
-        }
-        data.update(overrides)
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(data))
-        return path
+        },
+    )
 
-    return write
+
+@pytest.fixture
+def model_config(tmp_path: Path):
+    """Write an `attnprof model` config into tmp_path and return its path; keys override a tiny Llama on CPU."""
+    return yaml_writer(
+        tmp_path / "model.yaml",
+        {
+            "hf": "llama",
+            "hf_config": TINY_LLAMA,
+            "batch": 1,
+            "seq": [16],
+            "device": "cpu",
+            "dtype": "fp32",
+            "implementations": ["eager", "sdpa", "naive"],
+            "timing": {"min_time_s": 0.01, "min_reps": 2, "max_reps": 20, "warmup_s": 0.05},
+            "schedule": {"wait": 0, "warmup": 0, "active": 2},
+            "output_dir": str(tmp_path / "out"),
+        },
+    )
 
 
 @pytest.fixture

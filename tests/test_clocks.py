@@ -119,11 +119,11 @@ def _row(**extra):
 
 
 def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
-    from attnprof.report.tables import _latency, run_summary_table
+    from attnprof.report.tables import latency_text, run_summary_table
 
     held = _row(sm_clock_mhz=1650, sm_clock_min_mhz=1560, sm_clock_max_mhz=1980, clock_limits="sw_power_cap")
-    assert _latency(held) == "2,036 ± 27 @ 1,650 MHz"
-    assert _latency(_row(sm_clock_mhz=1980, sm_clock_max_mhz=1980)) == "2,036 ± 27"
+    assert latency_text(held) == "2,036 ± 27 @ 1,650 MHz"
+    assert latency_text(_row(sm_clock_mhz=1980, sm_clock_max_mhz=1980)) == "2,036 ± 27"
     table = run_summary_table(held, "markdown")
     assert "1,650 MHz median, 1,560 lowest, 1,980 max; held down by sw_power_cap" in table
     assert "n/a (not sampled" in run_summary_table(_row(), "markdown")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -27,6 +27,21 @@ Mode = Literal["fwd", "bwd", "fwd+bwd"]
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 #: The shape fields a sweep axis may stand in for (`Config._sweep_fills_shapes`).
 REQUIRED_SHAPE_FIELDS = ("batch", "heads", "seq", "head_dim")
+SchemaT = TypeVar("SchemaT", bound=BaseModel)
+
+
+def device_name(value: str) -> str:
+    """`value` when it names a device as configs do (auto, cpu, cuda or cuda:N); ValueError otherwise."""
+    if not DEVICE_PATTERN.match(value):
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+    return value
+
+
+def nonempty(value: str) -> str:
+    """`value` when it holds more than whitespace; ValueError otherwise."""
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
 
 
 class _Strict(BaseModel):
@@ -173,9 +188,7 @@ class Config(_Strict):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        if not DEVICE_PATTERN.match(value):
-            raise ValueError("must be auto, cpu, cuda or cuda:N")
-        return value
+        return device_name(value)
 
     @field_validator("modes")
     @classmethod
@@ -188,9 +201,7 @@ class Config(_Strict):
     @field_validator("region")
     @classmethod
     def _region_nonempty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
+        return nonempty(value)
 
     @model_validator(mode="after")
     def _baseline_selected(self) -> "Config":
@@ -230,39 +241,51 @@ def format_validation_error(error: ValidationError) -> list[str]:
 
 def parse_config(data: Any, origin: str = "config") -> Config:
     """Validate a mapping into a Config; ConfigError carries `field.path: message` lines."""
+    return validate_mapping(Config, data, origin)
+
+
+def validate_mapping(schema: type[SchemaT], data: Any, origin: str) -> SchemaT:
+    """Validate a mapping into `schema` (a pydantic model); ConfigError carries `field.path: message` lines."""
     if data is None:
         raise ConfigError(f"{origin}: the file is empty")
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         lines = format_validation_error(exc)
         raise ConfigError(f"{origin} is invalid:\n" + "\n".join(f"  {line}" for line in lines)) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in `path`, read with `yaml.safe_load`; ConfigError (one line) when the file is
+    missing, unreadable or not valid YAML."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    return _parse_yaml(text, str(path))
+
+
+def _parse_yaml(text: str, origin: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{origin}: not valid YAML{where}: {problem}") from None
 
 
 def load_config(path: str | Path | None = None) -> Config:
     """Read a YAML config with `yaml.safe_load`; None loads the built-in default config."""
     if path is None:
         text = resources.files("attnprof").joinpath("default.yaml").read_text()
-        origin = "built-in default config"
-    else:
-        path = Path(path)
-        origin = str(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{origin}: not valid YAML{where}: {problem}") from None
-    return parse_config(data, origin)
+        return parse_config(_parse_yaml(text, "built-in default config"), "built-in default config")
+    return parse_config(read_yaml(path), str(path))
 
 
 def apply_overrides(config: Config, **overrides: Any) -> Config:

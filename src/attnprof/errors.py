@@ -90,7 +90,8 @@ class ResultsFileError(AttnprofError):
 
 
 class MissingExtraError(AttnprofError):
-    """An optional dependency that a command needs is not installed (e.g. matplotlib for `plot`)."""
+    """An optional dependency that a command needs is not installed (e.g. matplotlib for `plot`,
+    transformers for `model`)."""
 
     exit_code = 2
 

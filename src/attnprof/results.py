@@ -15,7 +15,7 @@ from attnprof.registry import RunSpec
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.profiling.clocks import ClockWindow
-    from attnprof.profiling.correctness import Check
+    from attnprof.profiling.correctness import Check, LogitsDiff
     from attnprof.profiling.gradcheck import GradCheck
     from attnprof.profiling.timing import Timing
 
@@ -141,7 +141,7 @@ def _basis(cell: SpeedCell) -> tuple[str, float] | None:
     return None
 
 
-def unstable(result: CellResult) -> bool:
+def unstable(result: CellResult | ModelResult) -> bool:
     """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
     return result.timing is not None and result.timing.unstable
 
@@ -178,3 +178,84 @@ def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
     for result, found in zip(results, speedups([_speed_cell(r) for r in results], baseline), strict=True):
         if found is not None:
             result.speedup_vs_baseline, result.speedup_reliable = found
+
+
+@dataclass
+class ModelResult:
+    """One row of `attnprof model`: one attention implementation inside a whole model, at one seq and mode.
+
+    `variant` is the implementation as the user named it, `implementation` what the model was given
+    (`attnprof:NAME` for an attnprof variant; None for a model profiled as built). `seq` is None for a
+    factory model whose inputs the factory chose; `heads`, `kv_heads` and `head_dim` are None where the
+    model does not state them. `logits` compares the logits with the baseline implementation's (None
+    for the baseline itself and when either is missing). Missing measurements are None, never 0.
+    """
+
+    variant: str
+    implementation: str | None
+    source: str
+    model: str
+    batch: int
+    seq: int | None
+    mode: str
+    dtype: str
+    device: str
+    status: Status = "ok"
+    reason: str | None = None
+    params: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    causal: bool | None = None
+    timing: Timing | None = None
+    analysis: TraceAnalysis | None = None
+    memory_mib: float | None = None
+    logits: LogitsDiff | None = None
+    clock: ClockWindow | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_reliable: bool | None = None
+    trace_path: Path | None = None
+    timing_window: tuple[float, float] | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    native_stderr: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the row ran to the end."""
+        return self.status == "ok"
+
+    @property
+    def latency_us(self) -> float | None:
+        """The median latency of the whole step, or None when not timed."""
+        return self.timing.median_us if self.timing else None
+
+    @property
+    def shape(self) -> str | None:
+        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA), when the model states its
+        heads; `BxS` otherwise; None for a factory model whose inputs the factory chose."""
+        if self.seq is None:
+            return None
+        if self.heads is None or self.head_dim is None:
+            return f"{self.batch}x{self.seq}"
+        spec = RunSpec("cpu", self.dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads)
+        return spec.shape_label
+
+    @property
+    def label(self) -> str:
+        """`sdpa @ seq 2048 fwd`: the implementation, the seq (when known) and the mode, for progress lines."""
+        seq = f" @ seq {self.seq}" if self.seq is not None else ""
+        return f"{self.variant}{seq} {self.mode}"
+
+
+def attach_model_speedups(results: list[ModelResult], baseline: str) -> None:
+    """Set `speedup_vs_baseline` = the baseline's latency / the row's, between ok rows of the same seq and
+    mode, and `speedup_reliable` (False when either latency is unstable; the baseline's own 1.00x is exact)."""
+    for base in results:
+        if base.variant != baseline or not base.ok or not base.latency_us:
+            continue
+        for result in results:
+            if result.ok and result.latency_us and (result.seq, result.mode) == (base.seq, base.mode):
+                result.speedup_vs_baseline = base.latency_us / result.latency_us
+                shaky = result is not base and (unstable(base) or unstable(result))
+                result.speedup_reliable = not shaky

@@ -14,6 +14,7 @@ from attnprof.cli.compare_cmd import compare_command
 from attnprof.cli.diff_cmd import diff_command
 from attnprof.cli.explain_cmd import explain_command
 from attnprof.cli.list_cmd import list_command
+from attnprof.cli.model_cmd import model_command
 from attnprof.cli.plot_cmd import plot_command
 from attnprof.cli.report_cmd import report_command
 from attnprof.cli.run_cmd import run_command
@@ -80,6 +81,7 @@ app.command("compare", cls=Command)(compare_command)
 app.command("sweep", cls=Command)(sweep_command)
 app.command("diff", cls=Command)(diff_command)
 app.command("check", cls=Command)(check_command)
+app.command("model", cls=Command)(model_command)
 app.command("analyze", cls=Command)(analyze_command)
 app.command("explain", cls=Command)(explain_command)
 app.command("plot", cls=Command)(plot_command)

@@ -286,7 +286,7 @@ def note_captured(result: CellResult) -> None:
         note(f"{where}: warning: {line}")
 
 
-def note_outputs(outcome: RunOutcome) -> None:
+def note_outputs(outcome: RunOutcome[Any]) -> None:
     """Say on stderr, in every format, where the results and traces went and what opens a trace."""
     folder, traces = outcome.folder, outcome.traces
     note(f"results: {folder.results_json} and {folder.results_csv.name}")

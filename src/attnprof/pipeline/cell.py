@@ -29,7 +29,7 @@ from attnprof.errors import (
 )
 from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
 from attnprof.registry import RunSpec, Variant
-from attnprof.results import CellResult, Throughput
+from attnprof.results import CellResult, ModelResult, Throughput
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
@@ -38,7 +38,7 @@ RETIMES = 1
 
 
 @contextmanager
-def phase(result: CellResult, name: str) -> Iterator[None]:
+def phase(result: CellResult | ModelResult, name: str) -> Iterator[None]:
     """Add the block's wall time to `result.phases_s[name]`."""
     started = time.perf_counter()
     try:
@@ -48,9 +48,10 @@ def phase(result: CellResult, name: str) -> Iterator[None]:
 
 
 @contextmanager
-def guard(stage: str, variant: Variant) -> Iterator[None]:
+def guard(stage: str, variant: Variant | None) -> Iterator[None]:
     """Turn any exception of the variant's inside the block into a one-line VariantFailure
     (out-of-memory into "out of memory: ..."); attnprof's own errors and Ctrl-C pass through.
+    A plugin variant is named in the message; `variant` None (a whole model's step) names none.
 
     Once Ctrl-C has happened (see `attnprof.interrupts`), the block ends in KeyboardInterrupt
     whether it raised something else (torch swallowed the interrupt) or nothing at all.
@@ -68,7 +69,7 @@ def guard(stage: str, variant: Variant) -> Iterator[None]:
 
         if is_oom(exc):
             raise oom_failure(exc) from None
-        who = "" if variant.source == "built-in" else f" (plugin {variant.source})"
+        who = "" if variant is None or variant.source == "built-in" else f" (plugin {variant.source})"
         raise VariantFailure(f"{stage} raised {type(exc).__name__}{who}: {one_line(exc, with_type=False)}") from None
     raise_if_interrupted()
 
@@ -112,7 +113,7 @@ def run_cell(
             result.status, result.reason = "failed", exc.message
     result.warnings = warning_lines(caught)
     if not result.ok and spec.device_type == "cuda":
-        _release()  # a failed cell (OOM above all) may leave memory the next cell needs
+        release_after_failure()  # a failed cell (OOM above all) may leave memory the next cell needs
     return result
 
 
@@ -320,7 +321,7 @@ def _warm_up(forward: Any, spec: RunSpec, prepare: Any = None, calls: int = 3) -
         torch.cuda.synchronize(spec.device)
 
 
-def _release() -> None:
+def release_after_failure() -> None:
     """Collect garbage and hand cached CUDA memory back; costs ~0.1 s, so only after a failure."""
     import gc
 

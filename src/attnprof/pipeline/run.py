@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError, OutputError
@@ -23,7 +23,7 @@ from attnprof.interrupts import (
 )
 from attnprof.pipeline.cell import rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
-from attnprof.results import CellResult, attach_speedups
+from attnprof.results import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.pipeline.distributed import Group
@@ -63,12 +63,16 @@ class RunFolder:
         }
 
 
+ResultT = TypeVar("ResultT", CellResult, ModelResult)
+
+
 @dataclass
-class RunOutcome:
-    """What a run produced: its results, the JSON document, its folder, and whether Ctrl-C cut it short."""
+class RunOutcome(Generic[ResultT]):
+    """What a run produced: its results (cells, or the rows of `attnprof model`), the JSON document, its
+    folder, and whether Ctrl-C cut it short."""
 
     command: str
-    results: list[CellResult]
+    results: list[ResultT]
     document: dict[str, Any]
     folder: RunFolder
     interrupted: bool
@@ -85,7 +89,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped cell is not a failure)."""
+        """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped one is not a failure)."""
         return rows_exit_code(self.document["results"], self.interrupted)
 
 
@@ -306,7 +310,7 @@ def finish_run(
     interrupted: bool,
     folder: RunFolder | None = None,
     measure: MeasureOptions | None = None,
-) -> RunOutcome:
+) -> RunOutcome[CellResult]:
     """Build the results document (naming its files, and the measurement options when given, which a
     `--resume` of it reads) and write it as `results.json` and `results.csv` into `folder` (default: a
     new folder in the config's output directory)."""

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from attnprof.errors import VariantFailure
 from attnprof.profiling.inputs import make_inputs, to_bhsd
 from attnprof.registry import RunSpec, Variant
 
@@ -269,3 +270,23 @@ def probe_fully_masked(variant: Variant, device: str, dtype: str, seed: int = 0)
     batch, heads, seq, head_dim = PROBE_SHAPE
     spec = RunSpec(device=device, dtype=dtype, batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=False)
     return masking_probe(variant, spec, seed)
+
+
+@dataclass(frozen=True)
+class LogitsDiff:
+    """A model's logits against the baseline implementation's on the same inputs and weights."""
+
+    baseline: str
+    max_abs_diff: float
+    rel_diff: float  # ‖logits − baseline‖ / ‖baseline‖
+
+
+def logits_difference(logits: Any, reference: Any, baseline: str) -> LogitsDiff:
+    """Compare `logits` with `reference` (the baseline's); VariantFailure for NaN/Inf logits or shapes that differ."""
+    bad = nonfinite_reason(logits)
+    if bad:
+        raise VariantFailure(bad.replace("output", "the logits"))
+    if tuple(logits.shape) != tuple(reference.shape):
+        raise VariantFailure(f"logits shape {tuple(logits.shape)} != {baseline}'s {tuple(reference.shape)}")
+    max_abs = (logits.float() - reference.float()).abs().max().item()
+    return LogitsDiff(baseline, max_abs, relative_error(logits, reference))

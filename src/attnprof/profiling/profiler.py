@@ -107,7 +107,7 @@ def _sort_key(events: Any, device_type: str) -> str:
 
 def profile_forward(
     forward: Callable[[], Any],
-    spec: RunSpec,
+    spec: RunSpec | str,
     schedule: Schedule,
     region: str,
     trace_path: Path,
@@ -115,7 +115,8 @@ def profile_forward(
     prepare: Callable[[], Any] | None = None,
 ) -> ProfileRun:
     """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
-    schedule, each call in a `region` range.
+    schedule, each call in a `region` range. `spec` is the cell's RunSpec or just the device it runs on
+    (`attnprof model`, whose step is a whole model's).
 
     CPU and CUDA activities on a GPU, CPU alone elsewhere. Only the active steps are recorded;
     the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
@@ -126,8 +127,10 @@ def profile_forward(
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    device = spec if isinstance(spec, str) else spec.device
+    device_type = device.split(":", 1)[0]
     activities = [ProfilerActivity.CPU]
-    if spec.device_type == "cuda":
+    if device_type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     native = NativeStderr()
@@ -147,15 +150,15 @@ def profile_forward(
                     prepare()
                 with record_function(region):
                     output = forward()
-                if step == schedule.total_steps - 1 and spec.device_type == "cuda":
-                    torch.cuda.synchronize(spec.device)  # the last step's kernels must land before the stop
+                if step == schedule.total_steps - 1 and device_type == "cuda":
+                    torch.cuda.synchronize(device)  # the last step's kernels must land before the stop
                 with native.capture():
                     prof.step()
     started = time.perf_counter()
     with native.capture():
         trace_path = create_new(trace_path, lambda path: prof.export_chrome_trace(str(path)), numbered=True)
         events = prof.key_averages()
-    table = events.table(sort_by=_sort_key(events, spec.device_type), row_limit=row_limit)
+    table = events.table(sort_by=_sort_key(events, device_type), row_limit=row_limit)
     export_s = time.perf_counter() - started
     return ProfileRun(trace_path, table, output, export_s, native.lines())
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
-from attnprof.results import CellResult
+from attnprof.results import CellResult, ModelResult
 
 
-def _status(r: CellResult) -> str:
+def _status(r: CellResult | ModelResult) -> str:
     return r.status if r.ok else f"{r.status}: {r.reason}"
 
 
@@ -235,12 +236,13 @@ def results_document(
     config: Any,
     environment: dict[str, Any],
     ceiling: Any,
-    results: list[CellResult],
+    results: list[CellResult] | list[ModelResult],
     interrupted: bool,
     files: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The self-contained JSON document: the files it was written to, environment, config, ceiling and
-    every result. `files` names the run's folder, its results files and its traces folder."""
+    every result (`json_entry`, or `model_json_entry` for `attnprof model`). `files` names the run's
+    folder, its results files and its traces folder."""
     from attnprof import __version__
 
     return {
@@ -252,5 +254,80 @@ def results_document(
         "environment": environment,
         "config": config.model_dump(mode="json"),
         "ceiling": None if ceiling is None else ceiling.to_dict(),
-        "results": [json_entry(r) for r in results],
+        "results": [model_json_entry(r) if isinstance(r, ModelResult) else json_entry(r) for r in results],
     }
+
+
+# --------------------------------------------------------------------------- attnprof model
+
+
+def attention_ledger(result: ModelResult) -> dict[str, Any] | None:
+    """The attention ledger of the row's trace analysis as a dict (`calls_per_forward`, `backends`,
+    `kernel_time_us`, `gpu_time_pct`, `overhead_us`, `calls`, `overhead`), or None when the analysis has none
+    (a CPU-only trace).
+    The one place that reads `TraceAnalysis.attention`."""
+    ledger = getattr(result.analysis, "attention", None) if result.analysis is not None else None
+    return ledger.to_dict() if ledger is not None else None
+
+
+def _ledger(key: str) -> Callable[[ModelResult], Any]:
+    return lambda r: (attention_ledger(r) or {}).get(key)
+
+
+def _backends(r: ModelResult) -> str | None:
+    """The ledger's backends as "cudnn:2" ("eager:1 flex:1" for several), as compare's rows write them."""
+    backends = (attention_ledger(r) or {}).get("backends") or {}
+    return " ".join(f"{name}:{count}" for name, count in backends.items()) or None
+
+
+def _logits(attr: str) -> Callable[[ModelResult], Any]:
+    return lambda r: getattr(r.logits, attr) if r.logits is not None else None
+
+
+def _shared(*names: str) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """ROW's readers of fields a ModelResult has as a CellResult does (status, timing, analysis, memory,
+    clock, speed-up, trace), by name."""
+    readers = dict(ROW)
+    return tuple((name, readers[name]) for name in names)
+
+
+#: The row of `attnprof model`, in column order: (field, how to read it from a ModelResult).
+MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    *((name, attrgetter(name)) for name in ("variant", "implementation", "source", "model", "params", "batch")),
+    *((name, attrgetter(name)) for name in ("shape", "seq", "heads", "kv_heads", "head_dim", "dtype", "device")),
+    *((name, attrgetter(name)) for name in ("causal", "mode")),
+    *_shared("status", "reason", "latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method"),
+    *_shared("speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward", "memcpy_per_forward"),
+    *_shared("memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us", "peak_memory_mib"),
+    # the attention ledger's figures, under the row's names
+    ("attention_calls_per_forward", _ledger("calls_per_forward")),
+    ("attention_backends", _backends),
+    ("attention_time_us", _ledger("kernel_time_us")),
+    ("attention_gpu_pct", _ledger("gpu_time_pct")),
+    ("attention_overhead_us", _ledger("overhead_us")),
+    *((f"logits_{attr}", _logits(attr)) for attr in ("baseline", "max_abs_diff", "rel_diff")),
+    *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace"),
+)
+MODEL_CSV_FIELDS = tuple(name for name, _ in MODEL_ROW)
+
+
+def model_csv_row(result: ModelResult) -> dict[str, Any]:
+    """The flat row of scalars of `attnprof model` (CSV, and the base of the JSON entry)."""
+    return {name: read(result) for name, read in MODEL_ROW}
+
+
+def model_json_entry(result: ModelResult) -> dict[str, Any]:
+    """The row of `attnprof model` plus the nested parts: `attention` (the ledger dict), findings with their
+    messages, kernels, the timing's spread, phase times and the Python warnings the row raised."""
+    entry = model_csv_row(result)
+    analysis = result.analysis.to_dict() if result.analysis is not None else {}
+    entry["attention"] = attention_ledger(result)
+    entry["finding_ids"] = entry["findings"]
+    entry["findings"] = analysis.get("findings", [])
+    for key in ("kernels", "spread", "notes"):
+        if key in analysis:
+            entry[key] = analysis[key]
+    entry["timing"] = result.timing.to_dict() if result.timing is not None else None
+    entry["phases_s"] = dict(result.phases_s)
+    entry["warnings"] = list(result.warnings)
+    return entry

@@ -84,7 +84,7 @@ def variant_list_table(entries: list[dict[str, Any]], fmt: str, width: int | Non
     return table(LIST_COLUMNS, rows, fmt, width)
 
 
-def _latency(row: dict[str, Any], say_retimed: bool = False) -> str:
+def latency_text(row: dict[str, Any], say_retimed: bool = False) -> str:
     if row.get("latency_us") is None:
         return "n/a"
     text = f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
@@ -141,10 +141,10 @@ def _status_word(row: dict[str, Any]) -> str:
 def variant_label(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The variant's name, with `(rank R)` when its cell has a row from several ranks (a collective variant
     under torchrun)."""
+    if row.get("rank") is None:
+        return row["variant"]
     twins = [r for r in rows if r["variant"] == row["variant"] and _shape_mode(r) == _shape_mode(row)]
-    if len(twins) > 1 and row.get("rank") is not None:
-        return f"{row['variant']} (rank {row['rank']})"
-    return row["variant"]
+    return f"{row['variant']} (rank {row['rank']})" if len(twins) > 1 else row["variant"]
 
 
 def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]:
@@ -171,7 +171,7 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
                 fmt_count(row.get("kernels_per_forward")),
                 fmt_number(row.get("gpu_time_us")),
                 fmt_number(row.get("cpu_time_us")),
-                _latency(row),
+                latency_text(row),
                 fmt_number(row.get("tflops")),
                 fmt_number(row.get("pct_of_peak")),
                 fmt_number(row.get("peak_memory_mib")),
@@ -188,19 +188,20 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) 
     follow it as bullets. A legend follows when a speed-up is unreliable."""
     width = limit(width, fmt)
     body = shape_rows(rows, full=width is None)
-    notes = _reasons(rows, width) if width is not None else []
+    notes = reason_bullets(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
     columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
     return "\n".join([table(columns, body, fmt, width)] + (["", *notes] if notes else []))
 
 
-def _reasons(rows: list[dict[str, Any]], width: int) -> list[str]:
-    """One bullet per distinct reason a row is not ok, naming its variants."""
-    grouped: dict[str, list[str]] = {}
+def reason_bullets(rows: list[dict[str, Any]], width: int) -> list[str]:
+    """One bullet per distinct reason a row is not ok, naming its variants once each (a `variant` and a
+    `status` per row)."""
+    grouped: dict[str, dict[str, None]] = {}
     for row in rows:
         if row["status"] != "ok":
-            grouped.setdefault(row["status"], []).append(variant_label(row, rows))
+            grouped.setdefault(row["status"], {})[variant_label(row, rows)] = None
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
@@ -323,7 +324,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("shape", cell_title(row)),
         ("status", row["status"]),
         ("backend dispatched", row.get("backend") or "n/a"),
-        ("latency (µs, median ± IQR)", _latency(row, say_retimed=True)),
+        ("latency (µs, median ± IQR)", latency_text(row, say_retimed=True)),
         ("timing method", row.get("timing_method") or "n/a"),
         ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),

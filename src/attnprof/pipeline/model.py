@@ -1,0 +1,144 @@
+"""`attnprof model`: one model under several attention implementations, one row per implementation × seq
+× mode, then the results written into the invocation's own folder (`results.json`, `results.csv`,
+`traces/`), like `run` and `compare`.
+
+The baseline implementation runs first (its logits are what the others are compared with), then the
+others in the order given. An hf model is built once per implementation; the SM clock is sampled on a
+GPU; Ctrl-C stops at once and keeps the finished rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnprof.interrupts import interrupt_requested, raise_if_interrupted, recording_interrupts
+from attnprof.model_config import ModelConfig
+from attnprof.models.factory import AS_BUILT
+from attnprof.models.implementations import Implementation, resolve_implementations
+from attnprof.models.source import FactorySource, ModelSource, open_source
+from attnprof.pipeline.model_row import run_row
+from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
+from attnprof.registry import Registry
+from attnprof.results import ModelResult, attach_model_speedups
+
+
+def plan_implementations(config: ModelConfig, registry: Registry) -> list[Implementation]:
+    """The configured implementations resolved (unknown names fail here, before torch is imported), the
+    baseline first. A factory model may take names of its own."""
+    implementations = resolve_implementations(config.implementations, registry, passthrough=config.factory is not None)
+    baseline = config.baseline_name
+    return sorted(implementations, key=lambda i: i.name != baseline)
+
+
+def resolve_model_config(config: ModelConfig, device: str) -> ModelConfig:
+    """`config` with `dtype: auto` made concrete for the resolved `device` (`devices.resolve_dtype`)."""
+    from attnprof.devices import resolve_dtype
+
+    dtype = resolve_dtype(config.dtype, device)
+    return config if dtype == config.dtype else config.model_copy(update={"dtype": dtype})
+
+
+def open_model(
+    config: ModelConfig, device: str, implementations: list[Implementation]
+) -> tuple[ModelSource, list[Implementation], str | None]:
+    """The model's source and the implementations to run, plus a note when a factory model cannot have its
+    attention swapped (it is then profiled as built, in one row per seq and mode). One-line errors for a
+    missing transformers, an unknown model type or config field, and a factory that cannot be imported
+    or raises while probed."""
+    source = open_source(config, device, config.dtype, implementations)
+    if isinstance(source, FactorySource) and not source.swappable():
+        note = (
+            f"{config.factory} exposes no way to choose its attention (no attn_implementation keyword, no "
+            f"set_attn_implementation): profiled as built, not under {', '.join(i.name for i in implementations)}"
+        )
+        return source, [Implementation(AS_BUILT, None)], note
+    return source, implementations, None
+
+
+def model_rows(source: ModelSource, config: ModelConfig, implementations: list[Implementation]) -> int:
+    """How many rows the run has."""
+    return len(implementations) * len(source.seqs) * len(config.modes)
+
+
+def run_model(
+    source: ModelSource,
+    config: ModelConfig,
+    implementations: list[Implementation],
+    device: str,
+    trace_dir: Path,
+    on_start: Callable[[int, int, str], None] | None = None,
+    on_done: Callable[[ModelResult], None] | None = None,
+) -> tuple[list[ModelResult], bool]:
+    """Run every row (see the module docstring); returns the rows and whether Ctrl-C cut the run short.
+    `on_start(index, total, label)` and `on_done(result)` report progress."""
+    results: list[ModelResult] = []
+    references: dict[tuple[int | None, str], Any] = {}
+    total = model_rows(source, config, implementations)
+    baseline = implementations[0].name  # plan_implementations put it first
+    interrupted = False
+    sampler = _clock_sampler(device)
+    try:
+        with recording_interrupts():
+            try:
+                for implementation in implementations:
+                    for seq in source.seqs:
+                        for mode in config.modes:
+                            raise_if_interrupted()
+                            if on_start:
+                                seq_text = f" @ seq {seq}" if seq is not None else ""
+                                on_start(len(results), total, f"{implementation.name}{seq_text} {mode}")
+                            result = run_row(
+                                source, implementation, seq, mode, config, device, trace_dir, references, baseline
+                            )
+                            if interrupt_requested():
+                                raise KeyboardInterrupt
+                            results.append(result)
+                            if on_done:
+                                on_done(result)
+                    source.release()
+            except KeyboardInterrupt:
+                interrupted = True
+    finally:
+        source.release()
+        if sampler is not None:
+            _attach_clocks(results, sampler.stop())
+    attach_model_speedups(results, baseline)
+    return results, interrupted
+
+
+def _clock_sampler(device: str) -> Any:
+    """A started SM clock sampler on a CUDA device, else None."""
+    if not device.startswith("cuda"):
+        return None
+    from attnprof.profiling.clocks import ClockSampler
+
+    return ClockSampler(device).start()
+
+
+def _attach_clocks(results: list[ModelResult], samples: list[Any]) -> None:
+    from attnprof.profiling.clocks import clock_window
+
+    for result in results:
+        if result.timing_window is not None:
+            result.clock = clock_window(samples, [result.timing_window])
+
+
+def finish_model_run(
+    config: ModelConfig, device: str, results: list[ModelResult], interrupted: bool, folder: RunFolder | None = None
+) -> RunOutcome[ModelResult]:
+    """Write the rows as `results.json` (the results document, `command` "model") and `results.csv` into
+    `folder` (default: a new folder in the config's output directory)."""
+    from attnprof.profiling.environment import collect_environment, package_version
+    from attnprof.report.export import write_csv, write_json
+    from attnprof.report.serialize import MODEL_CSV_FIELDS, model_csv_row, results_document
+
+    if folder is None:
+        folder = open_run_folder(Path(config.output_dir), "model")
+    environment = collect_environment(device)
+    environment["transformers"] = package_version("transformers")
+    document = results_document("model", config, environment, None, results, interrupted, files=folder.to_dict())
+    write_json(folder.results_json, document)
+    write_csv(folder.results_csv, [model_csv_row(r) for r in results], MODEL_CSV_FIELDS)
+    return RunOutcome("model", results, document, folder, interrupted)

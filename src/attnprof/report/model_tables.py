@@ -1,0 +1,126 @@
+"""The `attnprof model` comparison table, from the serialized rows (`serialize.model_json_entry`). Formatting only.
+
+One table: a row per implementation × seq (× mode), with the latency of the whole step, the speed-up
+against the baseline, attention's share of GPU time, its calls and backends, the overhead ledger, kernel
+counts, memory, the logits against the baseline's, and the finding ids. Fitted to a width, the reasons
+of rows that are not ok and the finding messages follow as wrapped bullets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.layout import Column, bullets, limit, table, wrap
+from attnprof.report.tables import latency_text, reason_bullets, speedup_text
+
+Cell = Callable[[dict[str, Any]], str]
+SHOWN_ALWAYS = 3  # implementation, seq and status: the cells of a row that never ran
+UNRELIABLE = (
+    "~x? marks an unreliable speed-up: the row's or the baseline's timing is unstable (IQR over 10% of the median)"
+)
+
+
+def params_text(count: Any) -> str:
+    """`1.10B`, `12.3M`, `850K` parameters; `n/a` when unknown."""
+    if not isinstance(count, int):
+        return "n/a"
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= size:
+            return f"{count / size:.3g}{suffix}"
+    return str(count)
+
+
+def _backends(text: Any) -> str:
+    """`cudnn:2` as `cudnn ×2`; `n/a` without a ledger."""
+    if not isinstance(text, str):
+        return "n/a"
+    return ", ".join(" ×".join(item.rsplit(":", 1)) for item in text.split())
+
+
+def _overhead(ledger: Any) -> str:
+    """Each overhead entry of the ledger: `kind ×count/fwd time µs`."""
+    if not isinstance(ledger, dict) or not isinstance(ledger.get("overhead"), list):
+        return "n/a"
+    parts = [
+        f"{item.get('kind')} ×{fmt_count(item.get('count_per_forward'))} {fmt_number(item.get('time_us'))} µs"
+        for item in ledger["overhead"]
+        if isinstance(item, dict)
+    ]
+    return "; ".join(parts) or "none"
+
+
+def _logits(row: dict[str, Any], baseline: str) -> str:
+    if row["variant"] == baseline and row["status"] == "ok":
+        return "baseline"
+    if row.get("logits_max_abs_diff") is None:
+        return "n/a"
+    return f"max {row['logits_max_abs_diff']:.1e}, rel {row['logits_rel_diff']:.1e}"
+
+
+def _seq(row: dict[str, Any], modes: int) -> str:
+    seq = "n/a" if row.get("seq") is None else str(row["seq"])
+    return f"{seq} {row['mode']}" if modes > 1 else seq
+
+
+def model_title(rows: list[dict[str, Any]], baseline: str) -> str:
+    """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`."""
+    first = rows[0]
+    params = next((r["params"] for r in rows if r.get("params") is not None), None)
+    modes = ", ".join(dict.fromkeys(r["mode"] for r in rows))
+    return (
+        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}, "
+        f"{modes} on {first['device']}; speed-ups and logits vs {baseline}"
+    )
+
+
+def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell]]:
+    """Each column of the table, with what its cell shows for a row."""
+    return [
+        (Column("implementation", narrow=14), lambda r: r["variant"]),
+        (Column("seq"), lambda r: _seq(r, modes)),
+        (Column("status", wide=36), lambda r: r["status"].partition(":")[0] if fitted else r["status"]),
+        (Column("latency µs ± IQR", narrow=17), latency_text),
+        (Column("speed-up"), speedup_text),
+        (Column("attn % GPU", drop=8), lambda r: fmt_number(r.get("attention_gpu_pct"))),
+        (Column("attn calls/fwd", drop=5), lambda r: fmt_count(r.get("attention_calls_per_forward"))),
+        (Column("attn backends", narrow=14, drop=4, wide=30), lambda r: _backends(r.get("attention_backends"))),
+        (Column("overhead", narrow=20, drop=3, wide=40), lambda r: _overhead(r.get("attention"))),
+        (Column("kernels/fwd", drop=6), lambda r: fmt_count(r.get("kernels_per_forward"))),
+        (Column("GPU µs", drop=2), lambda r: fmt_number(r.get("gpu_time_us"))),
+        (Column("peak MiB", drop=1), lambda r: fmt_number(r.get("peak_memory_mib"))),
+        (Column("logits vs baseline", narrow=12, drop=7), lambda r: _logits(r, baseline)),
+        (Column("findings", narrow=20, wide=40), lambda r: r.get("finding_ids") or ""),
+    ]
+
+
+def model_table(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int | None = None) -> str:
+    """The comparison table of `attnprof model` (see the module docstring); a row that never ran shows its
+    implementation, seq and status only."""
+    width = limit(width, fmt)
+    columns = _columns(baseline, len({r["mode"] for r in rows}), fitted=width is not None)
+    body = []
+    for row in rows:
+        ran = row["status"] == "ok" or row.get("forwards") is not None
+        body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
+    notes = reason_bullets(rows, width) if width is not None else []
+    messages = [
+        f"{r['variant']} @ {r.get('seq')} {r['mode']} [{f['id']}]: {f['message']}"
+        for r in rows
+        for f in r.get("findings") or []
+    ]
+    if messages:
+        notes.append(bullets(messages, width))
+    if any(row.get("speedup_reliable") is False for row in rows):
+        notes += wrap(UNRELIABLE, width)
+    return "\n".join([table([c for c, _ in columns], body, fmt, width)] + (["", *notes] if notes else []))
+
+
+def model_report(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int | None = None) -> str:
+    """The titled comparison table; empty when no row finished."""
+    if not rows:
+        return ""
+    heading = "###" if fmt == "markdown" else "=="
+    title = wrap(f"{heading} {model_title(rows, baseline)}", limit(width, fmt))
+    return "\n".join([*title, "", model_table(rows, fmt, baseline, width)])

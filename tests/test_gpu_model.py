@@ -1,0 +1,100 @@
+"""On a CUDA GPU: `attnprof model` with a 2-layer Llama in bf16, transformers' sdpa and eager and the
+attnprof-triton plugin's triton-flash inside the model (through transformers' attention interface).
+
+Run on the device with `python -m pytest -m gpu tests/test_gpu_model.py`. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from attnprof.plugins import load_variants
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+LLAMA_2L = {
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+
+
+@pytest.fixture
+def llama_2l(model_config):
+    """A model config of the 2-layer Llama on the GPU in bf16 at seq 2048; keys override it."""
+
+    def write(**overrides: object) -> Path:
+        defaults = {
+            "hf_config": LLAMA_2L,
+            "batch": 2,
+            "seq": [2048],
+            "device": "cuda",
+            "dtype": "bf16",
+            "implementations": ["sdpa", "eager", "triton-flash"],
+            "timing": {"min_time_s": 0.1, "min_reps": 3, "max_reps": 50, "warmup_s": 0.5},
+            "schedule": {"wait": 1, "warmup": 1, "active": 2},
+        }
+        return model_config(**{**defaults, **overrides})
+
+    return write
+
+
+def _rows(result) -> dict[str, dict]:
+    return {row["variant"]: row for row in json.loads(result.stdout)["results"]}
+
+
+@pytest.fixture
+def triton_flash() -> None:
+    if "triton-flash" not in load_variants(no_plugins=False).registry:
+        pytest.skip("the attnprof-triton plugin is not installed")
+
+
+def test_sdpa_eager_and_triton_flash_inside_a_llama(cli, llama_2l, triton_flash) -> None:
+    result = cli("model", str(llama_2l()), "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = _rows(result)
+    for name in ("sdpa", "eager", "triton-flash"):
+        row = rows[name]
+        assert row["status"] == "ok", row["status"]
+        assert row["device"].startswith("cuda") and row["dtype"] == "bf16"
+        assert row["kernels_per_forward"] > 0 and row["gpu_time_us"] > 0 and row["peak_memory_mib"] > 0
+        assert 0 < row["latency_us"] and row["timing_method"].startswith("CUDA events")
+    assert rows["triton-flash"]["implementation"] == "attnprof:triton-flash"
+    assert rows["triton-flash"]["source"] == "attnprof-triton"
+    # the same weights and token ids: the logits agree to bf16 rounding
+    assert rows["triton-flash"]["logits_rel_diff"] < 2e-2 and rows["eager"]["logits_rel_diff"] < 2e-2
+    # the plugin's own kernel runs inside the model's region, in a range named after the implementation
+    kernels = [k["name"] for k in rows["triton-flash"]["kernels"]]
+    assert any("_attn_fwd" in name for name in kernels), kernels
+    with gzip.open(rows["triton-flash"]["trace"], "rt") as handle:
+        names = {event.get("name") for event in json.load(handle)["traceEvents"]}
+    assert {"model_forward", "attnprof:triton-flash"} <= names
+
+
+def test_training_step_with_triton_flash_inside_the_model(cli, llama_2l, triton_flash) -> None:
+    path = llama_2l(seq=[1024], modes=["fwd+bwd"], implementations=["sdpa", "triton-flash"])
+    result = cli("model", str(path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = _rows(result)
+    assert rows["sdpa"]["status"] == rows["triton-flash"]["status"] == "ok"
+    assert rows["triton-flash"]["mode"] == "fwd+bwd" and rows["triton-flash"]["logits_rel_diff"] < 2e-2
+    assert any("_attn_bwd" in k["name"] for k in rows["triton-flash"]["kernels"])
+
+
+def test_flex_attention_inside_the_model_on_the_gpu(cli, llama_2l) -> None:
+    path = llama_2l(seq=[1024], implementations=["sdpa", "flex_attention"])
+    result = cli("model", str(path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    row = _rows(result)["flex_attention"]
+    assert row["status"] == "ok" and row["logits_rel_diff"] < 2e-2
+    assert any("triton" in k["name"] for k in row["kernels"]), [k["name"] for k in row["kernels"]]
