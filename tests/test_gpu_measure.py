@@ -5,15 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from attnprof.errors import VariantFailure
-from attnprof.profiling import ceiling, timing
+from attnprof.profiling import ceiling
 from attnprof.profiling.correctness import (
     check_variant_output,
     probe_fully_masked,
 )
+from attnprof.profiling.cuda_graphs import capture_graph, event_time_s, flush_buffer
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
-from attnprof.profiling.timing import flush_buffer, time_forward
+from attnprof.profiling.timing import time_forward
 from attnprof.registry import RunSpec, Variant
 
 pytestmark = [
@@ -74,10 +75,10 @@ def test_cuda_graph_of_many_forwards_matches_one_big_graph():
     fn = sdpa_fn(b=8, h=16, s=1024, d=64)
     graphed = time_forward(fn, DEV, cuda_graph=True, **QUICK)
     assert graphed.forwards_per_sample > 1
-    graph, _ = timing.capture_graph(fn, 100)
+    graph, _ = capture_graph(fn, 100)
     times = []
     for _ in range(10):
-        times.append(timing._event_time_s(graph.replay) / 100 * 1e6)
+        times.append(event_time_s(graph.replay) / 100 * 1e6)
     reference = sorted(times)[5]
     assert abs(graphed.median_us - reference) / reference < 0.05, (graphed.median_us, reference)
 

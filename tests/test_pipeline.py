@@ -20,6 +20,7 @@ from attnprof.pipeline import (
     run_cell,
     run_cells,
     select_variants,
+    without_collective,
 )
 from attnprof.pipeline.cell import exceeds, guard, phase, throughput
 from attnprof.plugins import load_variants
@@ -221,8 +222,8 @@ def test_default_exclusions_hold_on_cpu_only() -> None:
     """flex and compiled are left out of the default compare on CPU, with the config's reason, and kept on a GPU."""
     registry = load_variants(no_plugins=True).registry
     default = load_config(None)
-    on_cpu = [v.name for v in select_variants(default, registry, "cpu")]
-    on_gpu = [v.name for v in select_variants(default, registry, "cuda:0")]
+    on_cpu = [v.name for v in without_collective(default, select_variants(default, registry, "cpu"), False)]
+    on_gpu = [v.name for v in without_collective(default, select_variants(default, registry, "cuda:0"), False)]
     assert "flex" not in on_cpu and "compiled" not in on_cpu
     assert on_gpu[-2:] == ["flex", "compiled"] and set(on_gpu) - set(on_cpu) == {"flex", "compiled"}
     [(names, reason)] = config_exclusions(default, registry, "cpu")
@@ -284,3 +285,20 @@ def test_a_stable_timing_is_not_retimed_and_a_still_unstable_one_stays_marked(co
     calls = fake_timings(monkeypatch, 0.5, 0.6, 0.01)
     result = run_cell(builtin("naive"), SPEC, config, FAST)
     assert len(calls) == 2 and result.retimed == 1 and result.timing.unstable and result.timing.method == "fake 2"
+
+
+def test_a_single_process_leaves_out_collective_variants_a_wildcard_chose(config) -> None:
+    """cp-ring and cp-torch need a torchrun group: `*` leaves them out of one process (the run stays as it
+    was), a name given in full keeps them (skipped, with the reason), and a group keeps them all."""
+    registry = load_variants(no_plugins=True).registry
+    everything = select_variants(config.model_copy(update={"variants": ["*"]}), registry, "cpu")
+    assert {"cp-ring", "cp-torch"} <= {v.name for v in everything}
+    alone = without_collective(config.model_copy(update={"variants": ["*"]}), everything, grouped=False)
+    assert not any(v.collective for v in alone) and len(alone) == len(everything) - 2
+    assert without_collective(config.model_copy(update={"variants": ["*"]}), everything, grouped=True) == everything
+    named = config.model_copy(update={"variants": ["naive", "cp-ring"]})
+    assert [v.name for v in without_collective(named, select_variants(named, registry, "cpu"), False)] == [
+        "naive", "cp-ring"]
+    only = config.model_copy(update={"variants": ["cp-*"]})
+    assert [v.name for v in without_collective(only, select_variants(only, registry, "cpu"), False)] == [
+        "cp-ring", "cp-torch"]

@@ -62,6 +62,8 @@ def test_availability_reasons_on_cpu() -> None:
         if "cpu" not in variant.devices:
             assert reason == "needs CUDA", variant.name
             cuda_only.append(variant.name)
+        elif variant.collective:  # one forward across the ranks of a torchrun group
+            assert reason == "needs torchrun (WORLD_SIZE>=1 with a process group)", variant.name
         elif variant.name not in COMPILED:
             assert reason is None, (variant.name, reason)
             on_cpu.append(variant.name)

@@ -118,18 +118,10 @@ def test_sweep_streams_every_cell_and_an_option_fixes_an_axis(cli, write_config,
 
 
 def out_of_memory_from(seq: int, monkeypatch) -> None:
-    """naive runs out of memory at sequence length `seq` and above."""
-    import torch
+    """naive runs out of memory at sequence length `seq` and above (for this test only)."""
+    from oom_worker import out_of_memory_from as patch_naive
 
-    variant = load_variants(no_plugins=False).registry.get("naive")
-    original = variant.forward
-
-    def forward(q, k, v, causal, state):
-        if q.shape[2] >= seq:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
-        return original(q, k, v, causal, state)
-
-    monkeypatch.setattr(variant, "forward", forward)
+    patch_naive(seq, monkeypatch.setattr, no_plugins=False)
 
 
 def test_the_oom_rule_skips_larger_sequences_of_that_variant(cli, write_config, tmp_path, monkeypatch) -> None:

@@ -173,7 +173,7 @@ def test_to_dict_carries_result_row_names():
 
 
 def test_forwards_per_graph_fills_the_target_and_is_clamped():
-    from attnprof.profiling.timing import GRAPH_MAX_FORWARDS, forwards_per_graph
+    from attnprof.profiling.cuda_graphs import GRAPH_MAX_FORWARDS, forwards_per_graph
 
     assert forwards_per_graph(54.0, target_us=1000.0) == 19  # a small kernel: launch spread over 19
     assert forwards_per_graph(2600.0, target_us=1000.0) == 1  # a big one already fills a replay

@@ -16,6 +16,10 @@ class AttnprofError(Exception):
         self.message = message
         self.hint = hint
 
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        """Pickle with the hint (rank 0's errors are sent to the other ranks)."""
+        return type(self), (self.message, self.hint)
+
 
 class ConfigError(AttnprofError):
     """The config file is missing, unreadable or invalid."""
@@ -41,6 +45,12 @@ class VariantUnavailableError(AttnprofError):
 
 class DeviceError(AttnprofError):
     """The requested device does not exist on this machine."""
+
+    exit_code = 3
+
+
+class DistributedError(AttnprofError):
+    """A torchrun run that cannot go on: no backend, a failed rendezvous, a rank that left."""
 
     exit_code = 3
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,22 @@ class RunSpec:
         return label
 
     @property
+    def cell_key(self) -> tuple[Any, ...]:
+        """What identifies the cell across processes and runs: every field, the device by its type
+        only (`cuda:1` and `cuda:0` name the same cell on two ranks)."""
+        return (
+            self.device_type,
+            self.dtype,
+            self.batch,
+            self.heads,
+            self.n_kv_heads,
+            self.seq,
+            self.head_dim,
+            self.causal,
+            self.mode,
+        )
+
+    @property
     def cell_label(self) -> str:
         """`shape_label`, with the mode after it when that is not the default `fwd`."""
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
@@ -72,6 +88,7 @@ class RunSpec:
 ForwardFn = Callable[..., Any]
 CheckFn = Callable[[RunSpec], "str | None"]
 SetupFn = Callable[[RunSpec], Any]
+RowsFn = Callable[[RunSpec], Sequence[int]]
 
 
 @dataclass
@@ -82,6 +99,11 @@ class Variant:
     (`bhsd` = [batch, heads, seq, head_dim], or `bshd`) and returns the output in
     the same layout. `state` is what `setup(spec)` returned (None without setup);
     setup runs once per cell, outside every timed and profiled region.
+
+    A `collective` variant runs one forward across every process of a torchrun group: all
+    ranks run its cell together (never split across them), and `output_rows(spec)` names the
+    global query positions, in order, of the output rows this process returns (its shard of
+    the sequence); the correctness check compares those rows with the reference.
     """
 
     name: str
@@ -94,6 +116,8 @@ class Variant:
     layout: str = "bhsd"
     source: str = "built-in"
     has_backward: bool = True
+    collective: bool = False
+    output_rows: RowsFn | None = None
     repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
     load_error: str | None = field(default=None, repr=False)
 

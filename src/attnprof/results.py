@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnprof.registry import RunSpec
 
@@ -36,6 +36,18 @@ class Throughput:
     achieved_gbps: float
     bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
     pct_of_peak_note: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a cell ran in a torchrun group: its rank, its local rank on the node, the group's size,
+    the host, and the GPU (`name #index (uuid)`; None on CPU)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    hostname: str
+    gpu: str | None
 
 
 @dataclass
@@ -73,6 +85,7 @@ class CellResult:
     timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
     warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
+    placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
 
     @property
     def ok(self) -> bool:
@@ -94,6 +107,18 @@ class CellResult:
 SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
 
 
+@dataclass(frozen=True)
+class SpeedCell:
+    """What a speed-up needs of one row: its variant, cell (`RunSpec.cell_key`), whether it is ok,
+    its times by `SPEED_KEYS` name (positive or None) and whether its latency is unstable."""
+
+    variant: str
+    key: tuple[Any, ...]
+    ok: bool
+    times: dict[str, float | None]
+    unstable: bool
+
+
 def speed_time(result: CellResult, key: str) -> float | None:
     """The result's `latency_us`, `gpu_time_us` or `cpu_time_us`, when known and positive."""
     if key == "latency_us":
@@ -105,8 +130,12 @@ def speed_time(result: CellResult, key: str) -> float | None:
 
 def speed_basis(result: CellResult) -> tuple[str, float] | None:
     """The time a speed-up is computed from: clean latency, else profiler GPU time, else CPU time."""
+    return _basis(_speed_cell(result))
+
+
+def _basis(cell: SpeedCell) -> tuple[str, float] | None:
     for key in SPEED_KEYS:
-        value = speed_time(result, key)
+        value = cell.times.get(key)
         if value is not None:
             return key, value
     return None
@@ -117,23 +146,38 @@ def unstable(result: CellResult | ModelResult) -> bool:
     return result.timing is not None and result.timing.unstable
 
 
-def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
-    """Set `speedup_vs_baseline` = baseline time / variant time for the ok results of each baseline spec,
-    and `speedup_reliable`: False when it is computed from latencies and either one is unstable (the
+def _speed_cell(result: CellResult) -> SpeedCell:
+    times = {key: speed_time(result, key) for key in SPEED_KEYS}
+    return SpeedCell(result.variant, result.spec.cell_key, result.ok, times, unstable(result))
+
+
+def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, bool] | None]:
+    """For each cell, (baseline time / its time, reliable) against the ok baseline row of the same
+    cell, or None. The time is the baseline's basis (latency, else GPU time, else CPU time);
+    `reliable` is False when it is computed from latencies and either one is unstable (the
     baseline's own 1.00x is exact)."""
+    found: list[tuple[float, bool] | None] = [None] * len(cells)
     if not baseline:
-        return
-    for base in results:
-        basis = speed_basis(base) if base.variant == baseline and base.ok else None
+        return found
+    for base in cells:
+        basis = _basis(base) if base.variant == baseline and base.ok else None
         if basis is None:
             continue
         key, base_time = basis
-        for result in results:
-            mine = speed_time(result, key) if result.spec == base.spec and result.ok else None
+        for i, cell in enumerate(cells):
+            mine = cell.times.get(key) if cell.key == base.key and cell.ok else None
             if mine is not None:
-                result.speedup_vs_baseline = base_time / mine
-                shaky = key == "latency_us" and result is not base and (unstable(base) or unstable(result))
-                result.speedup_reliable = not shaky
+                shaky = key == "latency_us" and cell is not base and (base.unstable or cell.unstable)
+                found[i] = (base_time / mine, not shaky)
+    return found
+
+
+def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
+    """Set `speedup_vs_baseline` and `speedup_reliable` on the results (see `speedups`); cells are
+    matched by `RunSpec.cell_key`, so results of one cell on two ranks' GPUs compare."""
+    for result, found in zip(results, speedups([_speed_cell(r) for r in results], baseline), strict=True):
+        if found is not None:
+            result.speedup_vs_baseline, result.speedup_reliable = found
 
 
 @dataclass

@@ -5,7 +5,7 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention
+    input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention, comm
 
 `region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
 named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
@@ -14,6 +14,8 @@ the trace says. `phases` is {forward, backward} (null for a CPU-only trace), eac
 medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance, and backward with
 `outside_region` (true when some instance's backward ran after its region); the `*_per_forward`
 counts hold both phases together (see `analysis.backward` for which backward work is counted).
+`comm` is the communication per forward (`analysis.comm.CommStats.to_dict`), null when the trace
+shows none.
 `attention` is the attention ledger (see `analysis.ledger`; null for a CPU-only trace). `input_dtype`
 comes from the dtype hint, else an `Input type` (record_shapes), else the kernels' names (see
 `kernel_dtype`).
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprof.analysis.attention import SDPA_BACKEND_OPS
+from attnprof.analysis.comm import CommStats, comm_stats
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.forwards import Attribution, find_forwards
 from attnprof.analysis.ledger import AttentionLedger, summarize
@@ -76,6 +79,7 @@ class TraceAnalysis:
     per_forward: list[ForwardMetrics] = field(default_factory=list, repr=False)
     region_choice: str | None = None  # why this region, when the caller named none
     phases: dict[str, dict[str, Any]] | None = None  # see the module docstring
+    comm: CommStats | None = None  # communication kernels or c10d ops per forward; None without any
     attention: AttentionLedger | None = None  # the attention ledger (None for a CPU-only trace)
 
     @property
@@ -121,6 +125,7 @@ class TraceAnalysis:
                 phase: {k: (r(v) if isinstance(v, float) else v) for k, v in facts.items()}
                 for phase, facts in self.phases.items()
             },
+            "comm": None if self.comm is None else self.comm.to_dict(),
             "attention": None if self.attention is None else self.attention.to_dict(),
         }
 
@@ -277,6 +282,7 @@ def analyze_trace(
         per_forward=per_forward,
         region_choice=region_choice,
         phases=_phases(per_forward),
+        comm=comm_stats(attribution),
         attention=summarize([m.attention for m in per_forward if m.attention]) if traced else None,
     )
     if not traced:
@@ -297,6 +303,7 @@ def analyze_trace(
             cpu_time_us=analysis.cpu_time_us,
             gpu_time_us=gpu_time,
             cpu_work_us=median([m.cpu_work_us for m in per_forward]),
+            comm=analysis.comm,
             attention=analysis.attention,
         )
     )

@@ -13,6 +13,8 @@ missing the finding is simply absent. Ids are a stable JSON contract:
 - ``cpu-bound``              CPU time per forward > GPU time per forward (the CPU time without the wait
                              inside the autograd engine, on a training step)
 - ``metadata-transposes``    ``aten::transpose`` ops that launch no kernel
+- ``comm-exposed``           communication time (NCCL kernels) that no compute hides exceeds
+                             `COMM_EXPOSED_SHARE` of the forward's GPU time (see `analysis.comm`)
 
 plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
 ``bwd-memsets``, ``grad-accumulation``) and the ledger's of `analysis.ledger_findings` (``host-sync``,
@@ -42,11 +44,14 @@ FINDING_IDS = (
     "occupancy-unreported",
     "cpu-bound",
     "metadata-transposes",
+    "comm-exposed",
     *BACKWARD_FINDING_IDS,
     *LEDGER_FINDING_IDS,
 )
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 LOW_OCCUPANCY_PCT = 25.0
+#: `comm-exposed` fires when the exposed communication time per forward exceeds this share of its GPU time.
+COMM_EXPOSED_SHARE = 0.10
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
 
 
@@ -73,6 +78,7 @@ class FindingContext:
     cpu_time_us: float
     gpu_time_us: float | None
     cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
+    comm: Any = None  # analysis.comm.CommStats, or None without communication
     attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
 
@@ -103,6 +109,7 @@ def build_findings(ctx: FindingContext) -> list[Finding]:
         _occupancy_unreported,
         _cpu_bound,
         _metadata_transposes,
+        _comm_exposed,
     ):
         finding = rule(ctx)
         if finding is not None:
@@ -306,4 +313,21 @@ def _metadata_transposes(ctx: FindingContext) -> Finding | None:
         "metadata-transposes",
         f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
         f"rewrite strides, mostly under {where}).",
+    )
+
+
+def _comm_exposed(ctx: FindingContext) -> Finding | None:
+    comm = ctx.comm
+    if comm is None or comm.exposed_us is None or not ctx.gpu_time_us:
+        return None
+    share = comm.exposed_us / ctx.gpu_time_us
+    if share <= COMM_EXPOSED_SHARE:
+        return None
+    hidden = "n/a" if comm.overlap_pct is None else f"{comm.overlap_pct:.0f}%"
+    return Finding(
+        "comm-exposed",
+        f"{comm.kernels_per_forward} communication kernel(s) per forward ({_list(comm.kernels, 2)}) run for "
+        f"{_us(comm.comm_time_us or 0.0)}, {hidden} of it under compute on another stream: {_us(comm.exposed_us)} "
+        f"exposed, {100 * share:.0f}% of the forward's {_us(ctx.gpu_time_us)} GPU time "
+        f"(limit {100 * COMM_EXPOSED_SHARE:.0f}%).",
     )

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import choose_variants, config_from_options, execute, note_outputs
-from attnprof.cli.options import exclude_given, shared_options
+from attnprof.cli.execute import choose_variants, execute, note_outputs, resumable_config, resumed_rows
+from attnprof.cli.options import ResumeOpt, exclude_given, shared_options
 
 if TYPE_CHECKING:
     from attnprof.config import MeasureOptions
@@ -20,19 +20,25 @@ if TYPE_CHECKING:
 def compare_command(
     config: c.ConfigArg = None,
     config_file: c.ConfigOpt = None,
+    resume: ResumeOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
     *,
     overrides: dict[str, Any],
     measure: "MeasureOptions",
 ) -> None:
-    """Profile every selected variant at every configured shape and compare them."""
+    """Profile every selected variant at every configured shape and compare them.
+
+    Under torchrun (`torchrun --nproc-per-node=N -m attnprof compare ...`) the cells are split across
+    the ranks by estimated cost, each on its own GPU, and rank 0 writes the one results file."""
     from attnprof.pipeline import plan_cells
 
-    cfg = config_from_options(c.config_path(config, config_file), overrides)
+    previous, cfg, measure = resumable_config("compare", resume, c.config_path(config, config_file), overrides, measure)
     cfg, device, chosen = choose_variants(cfg, exclude_given(overrides))
     baseline = cfg.baseline if cfg.baseline in [v.name for v in chosen] else None  # no title promises speed-ups
-    outcome = execute("compare", cfg, plan_cells(cfg, chosen, device), device, measure)
+    cells = plan_cells(cfg, chosen, device)
+    kept = resumed_rows(previous, cfg, measure, device, cells) if previous is not None else None
+    outcome = execute("compare", cfg, cells, device, measure, previous, kept)
     _print(outcome, fmt, baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)

@@ -91,6 +91,19 @@ def _patterns(flag: str, help: str) -> Any:
     return Annotated[list[str] | None, typer.Option(flag, metavar="PATTERN", help=help, show_default=False)]
 
 
+#: The `--resume` option of `compare` and `sweep` (`pipeline.resume`).
+ResumeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        metavar="DIR_OR_FILE",
+        show_default=False,
+        help="Continue the earlier run whose folder (or results file) this is: its finished cells are kept, "
+        "and written again with this run's, but not run again. Without a config, the one it ran with.",
+    ),
+]
+
+
 #: The variant selection of `compare`, `sweep` and `check` (`shared_options(select=True)`), also config overrides.
 SELECT_OPTIONS: dict[str, Any] = {
     "variants": _patterns(

@@ -44,9 +44,9 @@ def run_command(
     outcome = execute("run", cfg, cells, device, measure)
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)
-    failed = [r for r in outcome.results if r.status == "failed"]
+    failed = [row for row in outcome.document["results"] if str(row["status"]).startswith("failed")]
     if failed:
-        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=outcome.exit_code)
+        c.fail(f"{failed[0]['variant']} failed: {failed[0]['reason']}", code=outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -64,10 +64,14 @@ def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> 
 
 def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.export import to_json
+    from attnprof.report.serialize import row_cell_key
     from attnprof.report.tables import run_report
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    for result, entry in zip(outcome.results, outcome.document["results"], strict=True):
-        c.emit(run_report(entry, result.analysis, result.key_averages_table, fmt.value, width))
+    mine = {(r.variant, r.spec.cell_key, r.placement.rank if r.placement else None): r for r in outcome.results}
+    for entry in outcome.document["results"]:
+        result = mine.get((entry["variant"], row_cell_key(entry), entry.get("rank")))  # None: another rank's row
+        analysis, table = (result.analysis, result.key_averages_table) if result is not None else (None, None)
+        c.emit(run_report(entry, analysis, table, fmt.value, width))

@@ -1,10 +1,11 @@
 """`attnprof sweep`: every selected variant at every point of the config's sweep axes, each finished cell
-streamed to `results.jsonl` at once, with an estimate of the time left; `--resume` continues one."""
+streamed to `results.jsonl` at once, with an estimate of the time left; `--resume` continues one. Under
+torchrun the ranks share the cells, each streaming to its own `results.rank{R}.jsonl` (`pipeline.sharded`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -13,31 +14,22 @@ from attnprof.cli.execute import (
     ceiling_note,
     cell_progress,
     choose_variants,
-    config_from_options,
+    execute_job,
     note_ceiling_replaced,
     note_outputs,
+    rank_prefix,
+    resumable_config,
+    resumed_rows,
 )
-from attnprof.cli.options import SHAPE_FIELDS, exclude_given, shared_options
+from attnprof.cli.options import SHAPE_FIELDS, ResumeOpt, exclude_given, shared_options
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.run import Cell
+    from attnprof.pipeline.sharded import Recorder, RunShare
     from attnprof.pipeline.sweep import OomRule
-    from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.report.results_file import ResultsFile
     from attnprof.results import CellResult
-
-ResumeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--resume",
-        metavar="DIR_OR_FILE",
-        show_default=False,
-        help="Continue the sweep whose folder (or results.jsonl) this is: its finished cells are copied into "
-        "this run's stream and not run again. Without a config, the one it ran with.",
-    ),
-]
 
 
 @c.handle_errors
@@ -58,34 +50,37 @@ def sweep_command(
     (the other axes equal) are skipped: `OOM at smaller size`. Each finished cell is appended to
     results.jsonl at once; results.json and results.csv follow at the end. A shape, dtype, causal or
     mode option fixes that axis.
-    """
-    from attnprof.pipeline.resume import check_resumable, inherit_measure, kept_rows, open_previous, recorded_config
-    from attnprof.pipeline.sweep import cell_key, plan_sweep, row_key, without_axes
 
-    previous = open_previous(resume) if resume is not None else None
-    path = c.config_path(config, config_file)
-    source = recorded_config(previous) if previous is not None and path is None else path
-    cfg = without_axes(config_from_options(source, overrides), fixed_axes(overrides))
-    if previous is not None:
-        measure = inherit_measure(measure, previous)
-    cfg, device, chosen = choose_variants(cfg, exclude_given(overrides))
-    if previous is not None:
-        check_resumable(previous, cfg, measure, device)
+    Under torchrun (`torchrun --nproc-per-node=N -m attnprof sweep ...`) the cells are split across the
+    ranks by estimated cost, a variant's growing sequence lengths on one rank, and rank 0 writes results.json.
+    """
+    from attnprof.pipeline.sharded import Job
+    from attnprof.pipeline.sweep import chain_key, plan_sweep, without_axes
+
+    previous, cfg, measure = resumable_config("sweep", resume, c.config_path(config, config_file), overrides, measure)
+    cfg, device, chosen = choose_variants(without_axes(cfg, fixed_axes(overrides)), exclude_given(overrides))
     cells, left_out = plan_sweep(cfg, chosen, device)
     if left_out:
         c.note(f"left out of the sweep (no valid shape): {'; '.join(left_out)}")
-    kept = kept_rows(previous) if previous is not None else []
-    finished = {row_key(row) for row in kept}
-    todo = [cell for cell in cells if cell_key(cell[0].name, cell[1]) not in finished]
-    if previous is not None:
-        c.note(
-            f"resuming {previous.path}: {len(kept)} finished cell(s) kept"
-            f"{' (its last line was cut short)' if previous.truncated else ''}, {len(todo)} of {len(cells)} to run"
-        )
-    outcome, code = _execute(cfg, todo, device, measure, kept, previous)
+    kept = resumed_rows(previous, cfg, measure, device, cells) if previous is not None else []
+    job = Job(
+        "sweep",
+        cfg,
+        device,
+        measure,
+        cells,
+        previous,
+        kept,
+        stream_alone=True,
+        keep_together=lambda variant, spec: chain_key(variant.name, spec),  # the OOM rule's chain on one rank
+        out_of_memory_fails=False,
+    )
+    outcome, code = execute_job(job, _sweep_share(cfg, device, measure))
     _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
-    c.note(f"stream: {outcome.document['files']['results_jsonl']} (one line per cell, written as it finished)")
+    files = outcome.document["files"]
+    streams = files["rank_streams"] if "rank_streams" in files else [files["results_jsonl"]]
+    c.note(f"stream: {', '.join(streams)} (one line per cell, written as it finished)")
     raise typer.Exit(code)
 
 
@@ -98,55 +93,46 @@ def fixed_axes(overrides: dict[str, Any]) -> list[str]:
     return names
 
 
-def _execute(
-    config: Config,
-    cells: list[Cell],
-    device: str,
-    measure: MeasureOptions,
-    kept: list[dict[str, Any]],
-    previous: ResultsFile | None,
-) -> tuple[RunOutcome, int]:
-    """Open the run's folder and stream, run the cells with progress and time left on stderr, and write
-    results.json and results.csv of every row (the kept ones first). Returns the outcome and exit code."""
-    from attnprof.pipeline import RunOutcome, open_run_folder
-    from attnprof.pipeline.sweep import OomRule, run_sweep, sweep_document, sweep_exit_code, write_sweep_results
+def _sweep_share(config: Config, device: str, measure: MeasureOptions) -> RunShare:
+    """How a sweep runs a rank's cells (`pipeline.sharded.RunShare`): dtype by dtype, each with its ceiling,
+    the OOM rule (which knows the kept rows too), progress and time left on stderr."""
+    from attnprof.pipeline import distributed
+    from attnprof.pipeline.sharded import Share
+    from attnprof.pipeline.sweep import OomRule, run_sweep
     from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.profiling.environment import collect_environment
-    from attnprof.report.export import ResultsStream
-    from attnprof.report.results_file import stream_header
 
-    folder = open_run_folder(Path(config.output_dir), "sweep")
-    environment = collect_environment(device)
-    resumed_from = str(previous.path) if previous is not None else None
-    header = sweep_document(config, environment, {}, [], [], False, folder, measure, resumed_from)
-    stream = ResultsStream(folder.dir / "results.jsonl", stream_header(header))
-    oom = OomRule()
-    ceilings: dict[str, RunCeiling] = {}
-
-    def ceiling_for(dtype: str) -> RunCeiling | None:
-        if not measure.timing:
-            return None
-        ceilings[dtype] = RunCeiling.start(device, dtype, refresh=measure.refresh_ceiling)
-        c.note(ceiling_note(ceilings[dtype]))
-        return ceilings[dtype]
-
-    try:
+    def share(cells: list[Cell], kept: list[dict[str, Any]], trace_dir: Path, record: Recorder) -> Share:
+        oom = OomRule()
         for row in kept:
-            stream.append(row)
             oom.note_row(row)
+        ceilings: dict[str, RunCeiling] = {}
+
+        def ceiling_for(dtype: str) -> RunCeiling | None:
+            if not measure.timing:
+                return None
+            if dtype not in ceilings:  # a dtype comes twice when collective cells run first
+                ceilings[dtype] = RunCeiling.start(device, dtype, refresh=measure.refresh_ceiling)
+                c.note(rank_prefix() + ceiling_note(ceilings[dtype]))
+            return ceilings[dtype]
+
         with cell_progress(len(cells), _time_left(cells, oom)) as shown:
             results, interrupted = run_sweep(
-                cells, config, measure, ceiling_for, stream, oom, shown.on_start, shown.on_done, folder.traces
+                cells,
+                config,
+                measure,
+                ceiling_for,
+                record,
+                oom,
+                shown.on_start,
+                shown.on_done,
+                trace_dir,
+                distributed.current(),
             )
-    finally:
-        stream.close()
-    for ceiling in ceilings.values():
-        note_ceiling_replaced(ceiling, results)
-    if interrupted:
-        c.note(f"interrupted: keeping the {len(kept) + len(results)} finished cell(s); --resume {folder.dir} goes on")
-    document = sweep_document(config, environment, ceilings, results, kept, interrupted, folder, measure, resumed_from)
-    write_sweep_results(folder, document)
-    return RunOutcome("sweep", results, document, folder, interrupted), sweep_exit_code(results, interrupted)
+        for ceiling in ceilings.values():
+            note_ceiling_replaced(ceiling, results)
+        return Share(results, interrupted, ceilings)
+
+    return share
 
 
 def _time_left(cells: list[Cell], oom: OomRule) -> Any:

@@ -21,6 +21,7 @@ from attnprof.pipeline.run import (
     resolve_config,
     run_cells,
     select_variants,
+    without_collective,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "run_cell",
     "run_cells",
     "select_variants",
+    "without_collective",
 ]

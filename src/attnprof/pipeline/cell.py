@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -81,12 +81,15 @@ def run_cell(
     measure: MeasureOptions,
     ceiling: RunCeiling | None = None,
     trace_dir: Path | None = None,
+    agree: Callable[[int], int] | None = None,
 ) -> CellResult:
     """Profile and measure `variant` on `spec`; never raises for the variant's own failures.
 
     `ceiling` is the run's ceiling (None: no throughput figures); a cell that exceeds it has it
     measured again once per run (`cell_throughput`). The trace goes into `trace_dir` (default:
-    the config's output directory).
+    the config's output directory). `agree` (a collective cell that every rank runs together:
+    the largest of the ranks' values) makes the ranks take the same number of calls: the timing's
+    warm-up, repetitions and re-time are agreed, so every forward has its partners.
     """
     result = CellResult(variant=variant.name, source=variant.source, spec=spec)
     if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
@@ -98,7 +101,7 @@ def run_cell(
         return result
     with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
         try:
-            _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir))
+            _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir), agree)
             _analyse(result, config.region, ceiling)
             if result.check is not None and not result.check.passed:
                 raise VariantFailure(result.check.reason or "output does not match the float64 reference")
@@ -124,7 +127,13 @@ def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def _measure(
-    variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions, result: CellResult, trace_dir: Path
+    variant: Variant,
+    spec: RunSpec,
+    config: Config,
+    measure: MeasureOptions,
+    result: CellResult,
+    trace_dir: Path,
+    agree: Callable[[int], int] | None = None,
 ) -> None:
     """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
     What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
@@ -150,7 +159,7 @@ def _measure(
         with phase(result, "setup"), guard("forward", variant):
             step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
         if measure.timing:
-            _time(step.call, variant, measure, result, stage, step.prepare)
+            _time(step.call, variant, measure, result, stage, step.prepare, agree)
         else:
             with phase(result, "warmup"), guard(stage, variant):
                 _warm_up(step.call, spec, step.prepare)
@@ -189,7 +198,8 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
 
     out = output.out if spec.backward else output
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
-    result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype)
+    rows = variant.output_rows(spec) if variant.output_rows is not None else None
+    result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype, rows)
     if spec.backward:
         q_in, k_in, v_in = step.inputs
         result.grad_check = check_grads(
@@ -204,9 +214,10 @@ def _time(
     result: CellResult,
     stage: str = "forward",
     prepare: Any = None,
+    agree: Callable[[int], int] | None = None,
 ) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
-    An unstable sample is taken again, up to RETIMES times;
+    An unstable sample (on any rank, with `agree`) is taken again, up to RETIMES times;
     the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
     sample's `cold_ms` (only the first sample's first call was cold)."""
     from attnprof.profiling import timing
@@ -221,10 +232,12 @@ def _time(
                 cuda_graph=measure.cuda_graph,
                 flush_l2=measure.flush_l2,
                 prepare=prepare,
+                agree=agree,
             )
         result.timing_window = (started, time.time())
         result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
-        if not sample.unstable or result.retimed >= RETIMES:
+        unstable = sample.unstable if agree is None else bool(agree(int(sample.unstable)))
+        if not unstable or result.retimed >= RETIMES:
             return
         result.retimed += 1
 

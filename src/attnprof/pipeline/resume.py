@@ -1,48 +1,85 @@
-"""`attnprof sweep --resume`: read an earlier sweep's stream, keep its finished cells, and refuse to
-continue it with settings that would change what a cell measures.
+"""`--resume` of `sweep` and `compare`: read an earlier run's rows, keep its finished cells, refuse to
+continue it with settings that would change what a cell measures, and merge old and new rows.
+
+An earlier run's rows are those of its folder: a sweep's stream (`results.jsonl`), every rank's stream
+of a torchrun run (`results.rank{R}.jsonl`, read as one), or (compare) its `results.json`.
 
 Kept: rows that are ok, skipped (this machine cannot run the cell, or the OOM rule), or failed
 because the cell ran out of memory (it would again). Any other failure is transient as far as a
 resume knows (a crash, a driver hiccup), so that cell runs again. A cell cut short by the
-interrupt has no row and runs again, as does one whose line a crash left incomplete.
+interrupt has no row and runs again, as does one whose line a crash left incomplete. A cell is kept
+once (its first row); a collective variant's cell (every rank ran it together) only when the rows of
+all the ranks of its run are there, else it runs again.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from attnprof.config import Config, MeasureOptions, parse_config
 from attnprof.errors import ConfigError, ResultsFileError
-from attnprof.pipeline.sweep import ran_out_of_memory
+from attnprof.pipeline.run import Cell
+from attnprof.pipeline.sweep import cell_key, ran_out_of_memory, row_key
 from attnprof.report.results_file import JSONL_FORMAT, ResultsFile, load_results
+from attnprof.report.serialize import row_cell_key
+from attnprof.results import SPEED_KEYS, SpeedCell, speedups
 
 STREAM_NAME = "results.jsonl"
+RANK_STREAM = re.compile(r"results\.rank(\d+)\.jsonl")
 #: Config fields that change what a cell measures without being part of its key.
 CONFIG_MEANING = ("schedule", "seed", "region")
 #: Measurement options that change what a cell measures (the others do not: clocks, refresh_ceiling).
 MEASURE_MEANING = ("timing", "min_time_s", "cuda_graph", "flush_l2", "check_masking")
 
 
-def open_previous(path: Path) -> ResultsFile:
-    """The stream of the sweep to resume: `path` itself, or `results.jsonl` in the folder `path`.
-    ResultsFileError (exit 2) for anything but a sweep's results stream."""
-    path = path / STREAM_NAME if path.is_dir() else path
-    previous = load_results(path)
-    if previous.header.get("format") != JSONL_FORMAT or previous.command != "sweep":
+def rank_stream_name(rank: int) -> str:
+    """The file name of rank `rank`'s results stream in a torchrun run's folder."""
+    return f"results.rank{rank}.jsonl"
+
+
+def read_folder(folder: Path) -> ResultsFile:
+    """A run folder's rows as one results file: its stream, else every rank's stream (rows in rank order,
+    the header of the lowest rank's), else its results.json. ResultsFileError when it holds none."""
+    ranks = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := RANK_STREAM.fullmatch(p.name)))
+    files = [folder / STREAM_NAME] if (folder / STREAM_NAME).is_file() else [path for _, path in ranks]
+    if not files and (folder / "results.json").is_file():
+        files = [folder / "results.json"]
+    if not files:
         raise ResultsFileError(
-            f"{path}: not the results stream of a sweep", hint="--resume takes a sweep's folder or its results.jsonl"
+            f"{folder}: no results in it (results.jsonl, results.rank*.jsonl or results.json)",
+            hint="give the folder of an earlier run, e.g. attnprof-out/20260101-120000-sweep",
+        )
+    loaded = [load_results(path) for path in files]
+    if len(loaded) == 1:
+        return loaded[0]
+    rows = [row for part in loaded for row in part.rows]
+    return ResultsFile(folder, loaded[0].header, rows, any(part.truncated for part in loaded))
+
+
+def open_previous(path: Path, command: str = "sweep") -> ResultsFile:
+    """The results of the `command` run to resume: the file `path`, or what the folder `path` holds
+    (`read_folder`). ResultsFileError (exit 2) for anything else; a sweep resumes from its stream(s) only."""
+    previous = read_folder(path) if path.is_dir() else load_results(path)
+    stream = previous.header.get("format") == JSONL_FORMAT
+    if previous.command != command or (command == "sweep" and not stream):
+        what = "the results stream" if command == "sweep" else "the results"
+        raise ResultsFileError(
+            f"{previous.path}: not {what} of a {command}",
+            hint=f"--resume takes a {command}'s folder" + (" or its results.jsonl" if command == "sweep" else ""),
         )
     return previous
 
 
 def recorded_config(previous: ResultsFile) -> Config:
-    """The config the earlier sweep ran with, as recorded in its stream."""
+    """The config the earlier run ran with, as recorded in its results."""
     return parse_config(previous.header.get("config"), f"{previous.path} (its recorded config)")
 
 
 def inherit_measure(measure: MeasureOptions, previous: ResultsFile) -> MeasureOptions:
-    """`measure` with each option left at its default taken from the earlier sweep instead."""
+    """`measure` with each option left at its default taken from the earlier run instead."""
     recorded = previous.header.get("measure") or {}
     defaults = MeasureOptions()
     given = measure.model_dump()
@@ -53,12 +90,12 @@ def inherit_measure(measure: MeasureOptions, previous: ResultsFile) -> MeasureOp
 
 
 def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptions, device: str) -> None:
-    """ConfigError (exit 2) naming each setting that differs from the earlier sweep's and changes what
-    a cell measures: the device, the profiler schedule, the seed, the region, the timing options.
-    (Variants, shapes, axes and the baseline may differ: they choose cells, they do not change one.)"""
+    """ConfigError (exit 2) naming each setting that differs from the earlier run's and changes what
+    a cell measures: the device, the profiler schedule, the seed, the region, the timing options (when
+    it recorded them). (Variants, shapes, axes and the baseline may differ: they choose cells, they do
+    not change one.) Under torchrun, rank 0 checks its device against the earlier rank 0's."""
     recorded = previous.header.get("config") or {}
     now = config.model_dump(mode="json")
-    was_measure = previous.header.get("measure") or {}
     differences = []
     was_device = previous.environment.get("device")
     if was_device != device:
@@ -66,24 +103,83 @@ def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptio
     differences += [
         f"{name} {recorded.get(name)} (now {now[name]})" for name in CONFIG_MEANING if recorded.get(name) != now[name]
     ]
-    differences += [
-        f"{name} {was_measure.get(name)} (now {getattr(measure, name)})"
-        for name in MEASURE_MEANING
-        if was_measure.get(name) != getattr(measure, name)
-    ]
+    if "measure" in previous.header:
+        was_measure = previous.header.get("measure") or {}
+        differences += [
+            f"{name} {was_measure.get(name)} (now {getattr(measure, name)})"
+            for name in MEASURE_MEANING
+            if was_measure.get(name) != getattr(measure, name)
+        ]
     if differences:
         raise ConfigError(
             f"cannot resume {previous.path}: it ran with {'; '.join(differences)}",
-            hint="resume with the settings it ran with, or start a new sweep",
+            hint="resume with the settings it ran with, or start a new run",
         )
 
 
-def kept_rows(previous: ResultsFile) -> list[dict[str, Any]]:
-    """The rows of finished cells that a resume keeps (see the module's docstring)."""
-    return [
-        row
-        for row in previous.rows
-        if (status := str(row.get("status", ""))) == "ok"
-        or status.startswith("skipped")
-        or ran_out_of_memory(status, row.get("reason"))
+def _finished(row: dict[str, Any]) -> bool:
+    status = str(row.get("status", ""))
+    return status == "ok" or status.startswith("skipped") or ran_out_of_memory(status, row.get("reason"))
+
+
+def kept_rows(previous: ResultsFile, collective: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The rows of finished cells that a resume keeps (see the module's docstring); `collective` names
+    the variants whose cells every rank ran together."""
+    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in previous.rows:
+        if _finished(row):
+            cells.setdefault(row_key(row), []).append(row)
+    kept: list[dict[str, Any]] = []
+    for rows in cells.values():
+        kept += _complete(rows) if rows[0].get("variant") in collective else rows[:1]
+    return kept
+
+
+def _complete(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rank, in rank order, when the rows cover every rank of their run; else none."""
+    if len(rows) == 1 and rows[0].get("rank") is None:
+        return rows  # a single process's row (the variant was skipped there)
+    by_rank = {row.get("rank"): row for row in rows if isinstance(row.get("rank"), int)}
+    worlds = {row.get("world_size") for row in by_rank.values()}
+    world = worlds.pop() if len(worlds) == 1 else None
+    if not isinstance(world, int) or set(by_rank) != set(range(world)):
+        return []
+    return [by_rank[r] for r in range(world)]
+
+
+def still_to_run(cells: Sequence[Cell], kept: list[dict[str, Any]]) -> list[int]:
+    """The indices of the planned cells that have no kept row."""
+    done = {row_key(row) for row in kept}
+    return [i for i, (variant, spec) in enumerate(cells) if cell_key(variant.name, spec) not in done]
+
+
+def ordered_rows(cells: Sequence[Cell], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` in the plan's cell order (a cell's rows by rank), rows of no planned cell last."""
+    index = {cell_key(variant.name, spec): i for i, (variant, spec) in enumerate(cells)}
+
+    def position(row: dict[str, Any]) -> tuple[int, int]:
+        rank = row.get("rank")
+        return index.get(row_key(row), len(cells)), rank if isinstance(rank, int) else -1
+
+    return sorted(rows, key=position)
+
+
+def attach_row_speedups(rows: list[dict[str, Any]], baseline: str | None) -> None:
+    """Set `speedup_vs_baseline` and `speedup_reliable` on serialized rows, as `attach_speedups` does on
+    results (rows from several ranks and runs compare by their cell)."""
+
+    def positive(value: Any) -> float | None:
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    cells = [
+        SpeedCell(
+            row["variant"],
+            row_cell_key(row),
+            row.get("status") == "ok",
+            {key: positive(row.get(key)) for key in SPEED_KEYS},
+            bool(row.get("unstable")),
+        )
+        for row in rows
     ]
+    for row, found in zip(rows, speedups(cells, baseline), strict=True):
+        row["speedup_vs_baseline"], row["speedup_reliable"] = found if found is not None else (None, None)

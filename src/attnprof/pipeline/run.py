@@ -26,6 +26,7 @@ from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
+    from attnprof.pipeline.distributed import Group
     from attnprof.profiling.ceiling import RunCeiling
 
 Cell = tuple[Variant, RunSpec]
@@ -83,15 +84,26 @@ class RunOutcome(Generic[ResultT]):
 
     @property
     def traces(self) -> list[Path]:
-        """The traces this run wrote."""
-        return [r.trace_path for r in self.results if r.trace_path is not None]
+        """The traces of the document's rows (on several ranks: every rank's)."""
+        return [Path(row["trace"]) for row in self.document["results"] if row.get("trace")]
 
     @property
     def exit_code(self) -> int:
-        """130 after Ctrl-C, 1 if any cell (row) failed, else 0 (a skipped one is not a failure)."""
-        if self.interrupted:
-            return 130
-        return 1 if any(r.status == "failed" for r in self.results) else 0
+        """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped one is not a failure)."""
+        return rows_exit_code(self.document["results"], self.interrupted)
+
+
+def rows_exit_code(rows: list[dict[str, Any]], interrupted: bool, out_of_memory_fails: bool = True) -> int:
+    """130 after Ctrl-C; 1 when a row failed (with `out_of_memory_fails` False, as in a sweep: for another
+    reason than running out of memory); else 0 (a skipped cell is not a failure)."""
+    from attnprof.pipeline.sweep import ran_out_of_memory
+
+    if interrupted:
+        return 130
+    failed = [row for row in rows if str(row.get("status", "")).startswith("failed")]
+    if not out_of_memory_fails:
+        failed = [row for row in failed if not ran_out_of_memory(str(row["status"]), row.get("reason"))]
+    return 1 if failed else 0
 
 
 def resolve_config(config: Config, device: str) -> Config:
@@ -139,6 +151,17 @@ def select_variants(config: Config, registry: Registry, device: str) -> list[Var
     after `check_names`."""
     check_names(config, registry)
     return registry.select(config.variants, [p for entry in config.exclusions(device) for p in entry.variants])
+
+
+def without_collective(config: Config, variants: list[Variant], grouped: bool) -> list[Variant]:
+    """Outside a torchrun group, the collective variants (`Variant.collective`) that only a wildcard chose
+    are left out: they need every rank of a group, so a single-process run stays as it was. A variant
+    named in full stays (its row says why it is skipped), and so do they all when nothing else is left."""
+    if grouped:
+        return variants
+    named = {p for p in config.variants if not any(ch in p for ch in "*?[")}
+    kept = [v for v in variants if not v.collective or v.name in named]
+    return kept or variants
 
 
 def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
@@ -189,6 +212,7 @@ def run_cells(
     on_done: Callable[[CellResult], None] | None = None,
     trace_dir: Path | None = None,
     skip: Callable[[Variant, RunSpec], str | None] | None = None,
+    group: Group | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
@@ -199,7 +223,9 @@ def run_cells(
     at the end). Speed-ups against the config's baseline are set on the results at the end; so is
     every throughput again when a cell had the ceiling measured again, so all cells share one
     ceiling. Traces go into `trace_dir` (default: the config's output directory). A cell for which
-    `skip` gives a reason is not run: its result is `skipped` with that reason.
+    `skip` gives a reason is not run: its result is `skipped` with that reason. Under torchrun
+    (`group`), a collective variant's cell starts when every rank is there, runs only when every
+    rank can run it (and none skips it), and its timing's call counts are agreed by the ranks.
     """
     results: list[CellResult] = []
     interrupted = False
@@ -212,7 +238,9 @@ def run_cells(
                     if on_start:
                         on_start(index, len(cells), variant, spec)
                     reason = skip(variant, spec) if skip else None
-                    if reason:
+                    if variant.collective and group is not None:
+                        result = _collective_cell(variant, spec, config, measure, ceiling, trace_dir, group, reason)
+                    elif reason:
                         result = CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
                     else:
                         result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
@@ -232,6 +260,26 @@ def run_cells(
         rethroughput(results, ceiling.current)
     attach_speedups(results, config.baseline)
     return results, interrupted
+
+
+def _collective_cell(
+    variant: Variant,
+    spec: RunSpec,
+    config: Config,
+    measure: MeasureOptions,
+    ceiling: RunCeiling | None,
+    trace_dir: Path | None,
+    group: Group,
+    skip_reason: str | None = None,
+) -> CellResult:
+    """One cell that every rank runs together: after a barrier, and only when no rank refuses it (cannot
+    run it, or skips it: `skip_reason`)."""
+    group.barrier()
+    refused = skip_reason or variant.unavailable_reason(spec)
+    if group.agree_max(int(refused is not None)):
+        reason = refused or "another rank cannot run it or skips it"
+        return CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
+    return run_cell(variant, spec, config, measure, ceiling, trace_dir, agree=group.agree_max)
 
 
 def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
@@ -261,9 +309,11 @@ def finish_run(
     ceiling: Any,
     interrupted: bool,
     folder: RunFolder | None = None,
+    measure: MeasureOptions | None = None,
 ) -> RunOutcome[CellResult]:
-    """Build the results document (naming its files) and write it as `results.json` and `results.csv`
-    into `folder` (default: a new folder in the config's output directory)."""
+    """Build the results document (naming its files, and the measurement options when given, which a
+    `--resume` of it reads) and write it as `results.json` and `results.csv` into `folder` (default: a
+    new folder in the config's output directory)."""
     from attnprof.profiling.environment import collect_environment
     from attnprof.report.export import write_csv, write_json
     from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
@@ -273,6 +323,8 @@ def finish_run(
     document = results_document(
         command, config, collect_environment(device), ceiling, results, interrupted, files=folder.to_dict()
     )
+    if measure is not None:
+        document["measure"] = measure.model_dump(mode="json")
     write_json(folder.results_json, document)
     write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
     return RunOutcome(command, results, document, folder, interrupted)

@@ -7,12 +7,18 @@ dtype after another (each against its own matmul ceiling), sequence lengths in a
 within each, and the baseline first at each point, so that each finished cell's row is complete
 when it is streamed: its speed-up is known, and once a variant runs out of memory at one sequence
 length, its larger ones at the same other axes are skipped (`OomRule`) instead of run.
+
+Under torchrun each rank runs a share of the plan (`pipeline.sharded`): a variant's chain of growing
+sequence lengths at one point of the other axes (`chain_key`) stays on one rank, so the OOM rule still
+sees the whole chain; a streamed row whose baseline cell ran on another rank gets its speed-up when rank 0
+gathers the rows.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
@@ -21,21 +27,19 @@ from pydantic import ValidationError
 from attnprof.config import Config, MeasureOptions, Shape
 from attnprof.errors import ConfigError
 from attnprof.interrupts import raise_if_interrupted
-from attnprof.pipeline.run import Cell, RunFolder, run_cells
+from attnprof.pipeline.run import Cell, run_cells
 from attnprof.registry import RunSpec, Variant
+from attnprof.report.serialize import row_cell_key
 from attnprof.results import CellResult, attach_speedups
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from attnprof.pipeline.distributed import Group
     from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.report.export import ResultsStream
 
 OOM_REASON = "out of memory"  # how `run_cell` begins the reason of a cell that ran out of memory
 OOM_SKIP = "OOM at smaller size"  # the reason of a cell skipped by the OOM rule
-
-#: What identifies a cell in a results row: a finished row with the same key is the same cell.
-KEY_FIELDS = ("variant", "batch", "heads", "kv_heads", "seq", "head_dim", "dtype", "causal", "mode", "device")
 
 Key = tuple[Any, ...]
 
@@ -87,14 +91,20 @@ def without_axes(config: Config, names: list[str]) -> Config:
 
 
 def cell_key(variant: str, spec: RunSpec) -> Key:
-    """The key of a cell (`KEY_FIELDS`), as `row_key` gives it for the cell's row."""
-    fields = {"variant": variant, "kv_heads": spec.n_kv_heads}
-    return tuple(fields[name] if name in fields else getattr(spec, name) for name in KEY_FIELDS)
+    """What identifies a cell in a results row: its variant and `RunSpec.cell_key` (the device by its type,
+    so a cell is the same on every rank's GPU); `row_key` gives it for the cell's row."""
+    return (variant, *spec.cell_key)
 
 
 def row_key(row: dict[str, Any]) -> Key:
-    """The key of a results row (`KEY_FIELDS`)."""
-    return tuple(row.get(name) for name in KEY_FIELDS)
+    """The key of a results row (`cell_key`)."""
+    return (row.get("variant"), *row_cell_key(row))
+
+
+def chain_key(variant: str, spec: RunSpec) -> Key:
+    """`cell_key` without the sequence length: one variant's cells at growing sequence lengths, every other
+    axis equal (what the OOM rule follows, and what a sharded sweep keeps on one rank)."""
+    return cell_key(variant, replace(spec, seq=0))
 
 
 def ran_out_of_memory(status: str, reason: str | None) -> bool:
@@ -104,40 +114,36 @@ def ran_out_of_memory(status: str, reason: str | None) -> bool:
 
 class OomRule:
     """Once a variant runs out of memory at one sequence length, its larger sequence lengths at the same
-    other axes (batch, heads, kv_heads, head_dim, dtype, causal, mode, device) are skipped."""
-
-    SEQ = KEY_FIELDS.index("seq")
+    other axes (batch, heads, kv_heads, head_dim, dtype, causal, mode, device type) are skipped."""
 
     def __init__(self) -> None:
         self._smallest: dict[Key, int] = {}
 
-    def _note(self, key: Key, status: str, reason: str | None) -> None:
+    def _note(self, chain: Key, seq: int, status: str, reason: str | None) -> None:
         if ran_out_of_memory(status, reason):
-            group = key[: self.SEQ] + key[self.SEQ + 1 :]
-            seq = key[self.SEQ]
-            self._smallest[group] = min(seq, self._smallest.get(group, seq))
+            self._smallest[chain] = min(seq, self._smallest.get(chain, seq))
 
     def note_result(self, result: CellResult) -> None:
         """Take a finished cell into account."""
-        self._note(cell_key(result.variant, result.spec), result.status, result.reason)
+        self._note(chain_key(result.variant, result.spec), result.spec.seq, result.status, result.reason)
 
     def note_row(self, row: dict[str, Any]) -> None:
         """Take a row of an earlier run (`--resume`) into account."""
-        self._note(row_key(row), str(row.get("status", "")), row.get("reason"))
+        chain = (row.get("variant"), *row_cell_key(row | {"seq": 0}))
+        self._note(chain, row.get("seq") or 0, str(row.get("status", "")), row.get("reason"))
 
     def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:
         """`OOM at smaller size (seq S)` when `variant` ran out of memory at a smaller S; else None."""
-        key = cell_key(variant.name, spec)
-        seq = self._smallest.get(key[: self.SEQ] + key[self.SEQ + 1 :])
+        seq = self._smallest.get(chain_key(variant.name, spec))
         return f"{OOM_SKIP} (seq {seq})" if seq is not None and spec.seq > seq else None
 
 
 class _Recorder:
     """What `run_sweep` does around each cell: global progress indices, speed-up against the point's
-    baseline cell, the OOM rule, and the streamed row."""
+    baseline cell, the OOM rule, and the streamed row (`record`)."""
 
-    def __init__(self, total: int, baseline: str | None, stream: ResultsStream, oom: OomRule) -> None:
-        self.total, self.baseline, self.stream, self.oom = total, baseline, stream, oom
+    def __init__(self, total: int, baseline: str | None, record: Callable[[CellResult], None], oom: OomRule) -> None:
+        self.total, self.baseline, self.record, self.oom = total, baseline, record, oom
         self.offset = 0  # cells of the dtypes before the current one
         self.baselines: dict[RunSpec, CellResult] = {}
         self.on_start: Callable[[int, int, Variant, RunSpec], None] | None = None
@@ -150,14 +156,12 @@ class _Recorder:
 
     def done(self, result: CellResult) -> None:
         """Speed-up, OOM rule, then the row on disk before anyone else hears of the cell."""
-        from attnprof.report.serialize import json_entry
-
         if result.variant == self.baseline:
             self.baselines[result.spec] = result
         base = self.baselines.get(result.spec)
         attach_speedups([result] if base is None or base is result else [base, result], self.baseline)
         self.oom.note_result(result)
-        self.stream.append(json_entry(result))
+        self.record(result)
         if self.on_done:
             self.on_done(result)
 
@@ -167,20 +171,21 @@ def run_sweep(
     config: Config,
     measure: MeasureOptions,
     ceiling_for: Callable[[str], RunCeiling | None],
-    stream: ResultsStream,
+    record: Callable[[CellResult], None],
     oom: OomRule,
     on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
     on_done: Callable[[CellResult], None] | None = None,
     trace_dir: Path | None = None,
+    group: Group | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run the planned cells dtype by dtype (`ceiling_for(dtype)` gives each its ceiling), skipping by
-    the OOM rule and appending each finished cell's row to `stream` with its speed-up against the
-    baseline's cell (which runs first at each point). Returns the results and whether Ctrl-C cut the
-    sweep short. `on_start` gets the index among all `cells`."""
-    recorder = _Recorder(len(cells), config.baseline, stream, oom)
+    the OOM rule and passing each finished cell to `record` (which streams its row) with its speed-up
+    against the baseline's cell (which runs first at each point). Returns the results and whether
+    Ctrl-C cut the sweep short. `on_start` gets the index among all `cells`; `group`: see `run_cells`."""
+    recorder = _Recorder(len(cells), config.baseline, record, oom)
     recorder.on_start, recorder.on_done = on_start, on_done
     results: list[CellResult] = []
-    for dtype, group in groupby(cells, key=lambda cell: cell[1].dtype):
+    for dtype, cells_of_dtype in groupby(cells, key=lambda cell: cell[1].dtype):
         recorder.offset = len(results)
         try:
             raise_if_interrupted()
@@ -188,52 +193,17 @@ def run_sweep(
         except KeyboardInterrupt:
             return results, True
         done, interrupted = run_cells(
-            list(group), config, measure, ceiling, recorder.started, recorder.done, trace_dir, skip=oom.skip_reason
+            list(cells_of_dtype),
+            config,
+            measure,
+            ceiling,
+            recorder.started,
+            recorder.done,
+            trace_dir,
+            skip=oom.skip_reason,
+            group=group,
         )
         results += done
         if interrupted:
             return results, True
     return results, False
-
-
-def sweep_document(
-    config: Config,
-    environment: dict[str, Any],
-    ceilings: dict[str, RunCeiling],
-    results: list[CellResult],
-    kept: list[dict[str, Any]],
-    interrupted: bool,
-    folder: RunFolder,
-    measure: MeasureOptions,
-    resumed_from: str | None,
-) -> dict[str, Any]:
-    """The sweep's results document: the rows `kept` from the sweep it resumes, then this run's; the
-    measurement options and what it resumed (so a later `--resume` can check it continues alike); the
-    ceiling (one dtype) or `ceilings` by dtype."""
-    from attnprof.report.serialize import results_document
-
-    files = folder.to_dict() | {"results_jsonl": str(folder.dir / "results.jsonl")}
-    single = next(iter(ceilings.values())).current if len(ceilings) == 1 else None
-    document = results_document("sweep", config, environment, single, results, interrupted, files=files)
-    document["results"] = kept + document["results"]
-    document["measure"] = measure.model_dump(mode="json")
-    document["resumed_from"] = resumed_from
-    if len(ceilings) > 1:
-        document["ceilings"] = {dtype: ceiling.current.to_dict() for dtype, ceiling in ceilings.items()}
-    return document
-
-
-def write_sweep_results(folder: RunFolder, document: dict[str, Any]) -> None:
-    """`results.json` and `results.csv` of every row of the document, next to the stream."""
-    from attnprof.report.export import write_csv, write_json
-    from attnprof.report.serialize import CSV_FIELDS, entry_csv_row
-
-    write_json(folder.results_json, document)
-    write_csv(folder.results_csv, [entry_csv_row(entry) for entry in document["results"]], CSV_FIELDS)
-
-
-def sweep_exit_code(results: list[CellResult], interrupted: bool) -> int:
-    """130 after Ctrl-C; 1 when a cell failed for another reason than running out of memory; else 0."""
-    if interrupted:
-        return 130
-    return 1 if any(r.status == "failed" and not ran_out_of_memory(r.status, r.reason) for r in results) else 0

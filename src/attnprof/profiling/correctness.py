@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -163,46 +164,56 @@ def check_variant_output(
     dtype: str,
     layout: str = "bhsd",
     limit: int = FULL_REFERENCE_LIMIT,
+    rows: Sequence[int] | None = None,
 ) -> Check:
     """Check a variant's output against the float64 reference; q, k, v and out in `layout`.
 
-    NaN/Inf are looked for in the whole output; the error uses the whole reference when
-    B·H·S² ≤ `limit`, else the subset `reference_subset` picks (see the module docstring).
+    `rows` (a sequence shard, see `Variant.output_rows`) are the global query positions that the
+    output's sequence dimension holds, in order; None: all of them. NaN/Inf are looked for in the
+    whole output; the error uses the whole reference when B·H·rows·S ≤ `limit`, else the subset
+    `reference_subset` picks among the output's rows (see the module docstring).
     """
     import torch
 
     out, q, k, v = (to_bhsd(t, layout) for t in (out, q, k, v))
     threshold = threshold_for(dtype)
-    if tuple(out.shape) != tuple(q.shape):
-        return Check(None, False, f"output shape {tuple(out.shape)} != expected {tuple(q.shape)} (bhsd)", threshold)
+    batch, heads, seq, head_dim = q.shape
+    positions = list(range(seq)) if rows is None else list(rows)
+    expected = (batch, heads, len(positions), head_dim)
+    if tuple(out.shape) != expected:
+        return Check(None, False, f"output shape {tuple(out.shape)} != expected {expected} (bhsd)", threshold)
     bad = nonfinite_reason(out)
     if bad:
         return Check(None, False, bad, threshold)
-    batch, heads, seq, _ = q.shape
-    subset = reference_subset(batch, heads, seq, limit=limit)
+    shard = "" if rows is None else f"this process's {len(positions)} of {seq} query rows"
+    subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
-        return check_output(out, reference_attention(q, k, v, causal), dtype)
+        q_rows = None if rows is None else torch.tensor(positions, device=q.device)
+        return check_output(out, reference_attention(q, k, v, causal, q_rows=q_rows), dtype, scope=shard or "full")
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
     h_idx = torch.tensor(subset["heads"], device=q.device)
     # Each chosen query head with its own key/value head (GQA: head h uses kv head h // group).
     kv_idx = torch.tensor([h // group for h in subset["heads"]], device=q.device)
-    rows = torch.tensor(subset["rows"], device=q.device)
+    local = torch.tensor(subset["rows"], device=q.device)  # indices into the output's rows
     qs = q.index_select(0, b_idx).index_select(1, h_idx)
     ks = k.index_select(0, b_idx).index_select(1, kv_idx)
     vs = v.index_select(0, b_idx).index_select(1, kv_idx)
-    ref = reference_attention(qs, ks, vs, causal, q_rows=rows, device=q.device)
-    got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, rows)
+    global_rows = torch.tensor([positions[i] for i in subset["rows"]], device=q.device)
+    ref = reference_attention(qs, ks, vs, causal, q_rows=global_rows, device=q.device)
+    got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, local)
     scope = (
         f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
-        f"{len(subset['rows'])} of {seq} query rows"
+        f"{len(subset['rows'])} of {len(positions)} query rows" + (f" ({shard})" if shard else "")
     )
     return check_output(got, ref, dtype, scope=scope)
 
 
-def check_against_reference(out: Any, q: Any, k: Any, v: Any, causal: bool, dtype: str) -> Check:
-    """`check_variant_output` for output and inputs already in [B, H, S, D]."""
-    return check_variant_output(out, q, k, v, causal=causal, dtype=dtype, layout="bhsd")
+def check_against_reference(
+    out: Any, q: Any, k: Any, v: Any, causal: bool, dtype: str, rows: Sequence[int] | None = None
+) -> Check:
+    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows` as there."""
+    return check_variant_output(out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows)
 
 
 def accepts_attn_mask(variant: Variant) -> bool:

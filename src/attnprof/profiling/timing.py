@@ -21,6 +21,10 @@ How a sample is taken:
   do_bench; with a graph as well, each graph holds one forward so that every forward
   starts on a flushed L2 (and its time includes the graph launch).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
+* `agree`: processes that run one forward together (a collective variant under torchrun) must call it
+  the same number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on
+  until every process is done, the repetitions are the most any process asks for, and no CUDA graph
+  is captured.
 
 Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
 `unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
@@ -35,15 +39,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnprof.errors import one_line
+from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
 
 UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
-FLUSH_MIN_BYTES = 256 * 1024 * 1024
-SIDE_STREAM_WARMUP = 3
-GRAPH_TARGET_US = 1000.0
-GRAPH_MAX_FORWARDS = 64
 
 
 @dataclass(frozen=True)
@@ -97,18 +98,6 @@ def has_settled(times: Sequence[float], window: int, tolerance: float = SETTLE_T
     return mid > 0 and (max(last) - min(last)) <= tolerance * mid
 
 
-def forwards_per_graph(
-    replay_us: float, target_us: float = GRAPH_TARGET_US, max_forwards: int = GRAPH_MAX_FORWARDS
-) -> int:
-    """How many forwards one CUDA graph should hold so that a replay takes about `target_us`,
-    given one single-forward replay's time; at least 1, at most `max_forwards`."""
-    if max_forwards < 1:
-        raise ValueError(f"max_forwards must be >= 1, got {max_forwards}")
-    if replay_us <= 0:
-        return max_forwards
-    return max(1, min(max_forwards, round(target_us / replay_us)))
-
-
 def summarize(
     samples_s: Sequence[float],
     *,
@@ -156,6 +145,7 @@ def time_forward(
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     clock: Callable[[], float] | None = None,
     prepare: Callable[[], Any] | None = None,
+    agree: Callable[[int], int] | None = None,
 ) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
 
@@ -187,6 +177,7 @@ def time_forward(
                     cuda_graph,
                     flush_l2,
                     unstable_threshold,
+                    agree,
                 )
         return _time_cpu(
             fn,
@@ -202,23 +193,36 @@ def time_forward(
             cuda_graph,
             flush_l2,
             unstable_threshold,
+            agree,
         )
 
 
 def _warm_up(
-    call_s: Callable[[], float], clock: Callable[[], float], warmup_s: float, warmup_min_s: float, warmup_reps: int
+    call_s: Callable[[], float],
+    clock: Callable[[], float],
+    warmup_s: float,
+    warmup_min_s: float,
+    warmup_reps: int,
+    agree: Callable[[int], int] | None = None,
 ) -> tuple[list[float], bool]:
-    """Call until settled or out of budget; return the call times and whether they settled."""
+    """Call until settled or out of budget (with `agree`: until every process is); return the call
+    times and whether they settled here."""
     times: list[float] = []
     window = max(1, warmup_reps)
     start = clock()
     while True:
         times.append(call_s())
         elapsed = clock() - start
-        if len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window):
-            return times, True
-        if elapsed >= warmup_s:
-            return times, False
+        settled = len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window)
+        done = settled or elapsed >= warmup_s
+        if agree is not None:
+            done = not agree(int(not done))
+        if done:
+            return times, settled
+
+
+def _agreed(reps: int, agree: Callable[[int], int] | None) -> int:
+    return reps if agree is None else agree(reps)
 
 
 def _estimate(times: Sequence[float], window: int) -> float:
@@ -251,6 +255,7 @@ def _time_cpu(
     cuda_graph,
     flush_l2,
     unstable_threshold,
+    agree=None,
 ) -> Timing:
     def call_s() -> float:
         setup()
@@ -259,8 +264,8 @@ def _time_cpu(
         return clock() - t0
 
     cold = call_s()
-    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps)
-    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps, agree)
+    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
     samples = [call_s() for _ in range(reps)]
     notes = [
         "time.perf_counter per call" + (", each after an untimed forward" if prepared else ""),
@@ -281,73 +286,6 @@ def _time_cpu(
     )
 
 
-def flush_buffer(device: Any) -> Any:
-    """A byte buffer at least 256 MiB and twice the device's L2, to zero between timed calls."""
-    import torch
-
-    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-    return torch.empty(max(FLUSH_MIN_BYTES, 2 * l2), dtype=torch.int8, device=device)
-
-
-def _event_time_s(launch: Callable[[], Any]) -> float:
-    """Seconds between CUDA events around `launch()`, synchronized."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def capture_graph(fn: Callable[[], Any], forwards: int = 1) -> tuple[Any, Any]:
-    """Capture `forwards` back-to-back calls of `fn()` into one torch.cuda.CUDAGraph, after a
-    side-stream warm-up, and replay it once.
-
-    Returns (graph, last output). Raises whatever the capture raised when it fails.
-    """
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(SIDE_STREAM_WARMUP):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(max(1, forwards) - 1):
-            fn()  # dropped at once, as in an eager loop, so the next call reuses its memory
-        out = fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph, out
-
-
-def recover_from_failed_capture(device: Any) -> None:
-    """Undo what a failed capture leaves behind, so later work on the device runs normally.
-
-    When a capture is invalidated (e.g. by a synchronizing `.item()`), torch's capture_end
-    raises before the CUDA RNG generators leave capture mode, and every later random op
-    then fails with "Offset increment outside graph capture". One tiny successful capture
-    runs the generators' capture prologue and epilogue again and clears that state.
-    """
-    import torch
-
-    torch.cuda.synchronize(device)
-    scratch = torch.zeros(1, device=device)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            scratch.add_(1)
-    except Exception:  # nothing more to do; the eager fallback still runs
-        pass
-    del graph
-    torch.cuda.synchronize(device)
-
-
 def _time_cuda(
     fn,
     setup,
@@ -363,6 +301,7 @@ def _time_cuda(
     cuda_graph,
     flush_l2,
     unstable_threshold,
+    agree=None,
 ) -> Timing:
     import torch
 
@@ -375,9 +314,9 @@ def _time_cuda(
 
     def warm_call() -> float:
         setup()
-        return _event_time_s(fn)
+        return event_time_s(fn)
 
-    warm, settled = _warm_up(warm_call, clock, warmup_s, warmup_min_s, warmup_reps)
+    warm, settled = _warm_up(warm_call, clock, warmup_s, warmup_min_s, warmup_reps, agree)
     warm_n = len(warm)
     launch = fn
     per_sample = 1
@@ -385,16 +324,18 @@ def _time_cuda(
     graph_used = False
     if cuda_graph and prepared:
         notes.append("cuda-graph n/a: an untimed forward precedes each backward")
+    elif cuda_graph and agree is not None:
+        notes.append("cuda-graph not used: every rank runs this forward together")
     elif cuda_graph:
         try:
-            graph, per_sample, warm = _graphed(fn, warmup_reps, single=flush_l2)
+            graph, per_sample, warm = graphed(fn, warmup_reps, single=flush_l2)
         except Exception as exc:  # capture is best effort: fall back to eager and say why
             recover_from_failed_capture(dev)
             notes.append(f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager")
         else:
             launch = graph.replay
             graph_used = True
-    reps = choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps)
+    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
     cache = flush_buffer(dev) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -434,19 +375,3 @@ def _time_cuda(
         forwards_per_sample=per_sample,
         unstable_threshold=unstable_threshold,
     )
-
-
-def _graphed(fn: Callable[[], Any], warmup_reps: int, single: bool) -> tuple[Any, int, list[float]]:
-    """A graph of k forwards ready to replay, k, and its warm replay times (seconds per replay).
-
-    A one-forward graph is captured first; its replay time picks k (`forwards_per_graph`),
-    and when k > 1 (never when `single`) a k-forward graph replaces it.
-    """
-    graph, _ = capture_graph(fn)
-    times = [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]
-    forwards = 1 if single else forwards_per_graph(median(times) * 1e6)
-    if forwards == 1:
-        return graph, 1, times
-    del graph
-    graph, _ = capture_graph(fn, forwards)
-    return graph, forwards, [_event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]

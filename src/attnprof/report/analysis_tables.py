@@ -74,6 +74,7 @@ PHASE_COLUMNS = (
     Column("GPU µs", drop=1),
 )
 
+COMM_COLUMNS = (Column("communication per forward", narrow=20), Column("median", narrow=20))
 CALL_COLUMNS = (
     Column("#"),
     Column("attention call", narrow=24),
@@ -162,6 +163,29 @@ def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> st
             ]
         )
     return table(PHASE_COLUMNS, rows, fmt, width)
+
+
+def comm_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str | None:
+    """Communication kernels (or c10d ops on CPU) against compute, per forward; None without communication."""
+    comm = data.get("comm")
+    if not comm:
+        return None
+    rows = [
+        ["c10d ops", fmt_number(comm.get("ops_per_forward"))],
+        ["communication kernels", fmt_number(comm.get("kernels_per_forward"))],
+    ]
+    if comm.get("source") == "device":
+        rows += [
+            ["communication time (µs)", fmt_number(comm.get("comm_time_us"))],
+            ["compute time (µs)", fmt_number(comm.get("compute_time_us"))],
+            ["hidden under compute (µs)", fmt_number(comm.get("overlapped_us"))],
+            ["exposed (µs)", fmt_number(comm.get("exposed_us"))],
+            ["overlap", _pct(comm.get("overlap_pct"))],
+            ["kernels", ", ".join(comm.get("kernels") or [])],
+        ]
+    else:
+        rows.append(["time", "n/a (CPU: the communication runs on the backend's own threads)"])
+    return table(COMM_COLUMNS, rows, fmt, width)
 
 
 def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) -> list[str]:
@@ -282,6 +306,9 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
         parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]
     elif data.get("kernels_per_forward") is None:
         parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
+    comm = comm_table(data, fmt, width)
+    if comm:
+        parts += ["", heading("Communication"), "", comm]
     parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width)]
     notes = data.get("notes") or []
     if notes:

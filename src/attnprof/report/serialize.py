@@ -67,6 +67,14 @@ def _flops_convention(r: CellResult) -> str | None:
     return flops_convention(r.spec) if r.throughput is not None else None
 
 
+def _comm(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.analysis.comm, attr) if r.analysis is not None and r.analysis.comm else None
+
+
+def _placement(attr: str) -> Callable[[CellResult], Any]:
+    return lambda r: getattr(r.placement, attr) if r.placement is not None else None
+
+
 def _phase(phase: str, key: str) -> Callable[[CellResult], Any]:
     """One fact of the forward or backward phase (`TraceAnalysis.phases`); None without device work."""
 
@@ -157,6 +165,15 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("speedup_reliable", lambda r: r.speedup_reliable),
     ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
     ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
+    ("comm_kernels_per_forward", _comm("kernels_per_forward")),
+    ("comm_time_us", _rounded(_comm("comm_time_us"))),
+    ("comm_overlap_pct", _rounded(_comm("overlap_pct"))),
+    ("comm_exposed_us", _rounded(_comm("exposed_us"))),
+    ("rank", _placement("rank")),
+    ("local_rank", _placement("local_rank")),
+    ("world_size", _placement("world_size")),
+    ("hostname", _placement("hostname")),
+    ("gpu", _placement("gpu")),
 )
 CSV_FIELDS = tuple(name for name, _ in ROW)
 
@@ -164,6 +181,21 @@ CSV_FIELDS = tuple(name for name, _ in ROW)
 def csv_row(result: CellResult) -> dict[str, Any]:
     """The flat row of scalars: CSV's columns, and the base of the JSON entry."""
     return {name: read(result) for name, read in ROW}
+
+
+def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """`RunSpec.cell_key` of a serialized row (a JSON entry or a CSV row read back)."""
+    return (
+        str(row.get("device")).split(":", 1)[0],
+        row.get("dtype"),
+        row.get("batch"),
+        row.get("heads"),
+        row.get("kv_heads"),
+        row.get("seq"),
+        row.get("head_dim"),
+        row.get("causal"),
+        row.get("mode") or "fwd",
+    )
 
 
 def row_finding_ids(row: dict[str, Any]) -> list[str]:
@@ -195,6 +227,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     entry["attention"] = analysis.get("attention")
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
+    entry["comm"] = analysis.get("comm")
     return entry
 
 

@@ -138,6 +138,15 @@ def _status_word(row: dict[str, Any]) -> str:
     return row["status"].partition(":")[0]
 
 
+def variant_label(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The variant's name, with `(rank R)` when its cell has a row from several ranks (a collective variant
+    under torchrun)."""
+    if row.get("rank") is None:
+        return row["variant"]
+    twins = [r for r in rows if r["variant"] == row["variant"] and _shape_mode(r) == _shape_mode(row)]
+    return f"{row['variant']} (rank {row['rank']})" if len(twins) > 1 else row["variant"]
+
+
 def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]:
     """The columns with `/fwd` read as `/step` when a backward mode is among `modes`: a row's counts
     and times there are of the whole timed step (forward, backward, or both), not of a forward."""
@@ -153,11 +162,11 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
     for row in rows:
         status = row["status"] if full else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
-            body.append([row["variant"], status] + ["" for _ in range(10)])
+            body.append([variant_label(row, rows), status] + ["" for _ in range(10)])
             continue
         body.append(
             [
-                row["variant"],
+                variant_label(row, rows),
                 status,
                 fmt_count(row.get("kernels_per_forward")),
                 fmt_number(row.get("gpu_time_us")),
@@ -192,7 +201,7 @@ def reason_bullets(rows: list[dict[str, Any]], width: int) -> list[str]:
     grouped: dict[str, dict[str, None]] = {}
     for row in rows:
         if row["status"] != "ok":
-            grouped.setdefault(row["status"], {})[row["variant"]] = None
+            grouped.setdefault(row["status"], {})[variant_label(row, rows)] = None
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
@@ -203,14 +212,21 @@ def glance_rows(results: list[dict[str, Any]], fitted: bool) -> list[list[str]]:
     for entry in results:
         if entry.get("forwards") is None:
             body.append(
-                [entry["variant"], _shape_mode(entry), "", "", "", _status_word(entry) if fitted else entry["status"]]
+                [
+                    variant_label(entry, results),
+                    _shape_mode(entry),
+                    "",
+                    "",
+                    "",
+                    _status_word(entry) if fitted else entry["status"],
+                ]
             )
             continue
         findings = entry.get("findings", [])
         revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
         body.append(
             [
-                entry["variant"],
+                variant_label(entry, results),
                 _shape_mode(entry),
                 fmt_count(entry.get("kernels_per_forward")),
                 fmt_number(entry.get("gpu_time_us")),
@@ -235,7 +251,7 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
         return table(per_step(GLANCE_COLUMNS, modes), body, fmt)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
-        f"{e['variant']}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+        f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
         for e in results
         for f in e.get("findings", [])
     ]
@@ -250,9 +266,10 @@ def cell_label(row: dict[str, Any]) -> str:
     )
 
 
-def cell_title(row: dict[str, Any]) -> str:
-    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: `cell_label` and the device of a row."""
-    return f"{cell_label(row)} on {row['device']}"
+def cell_title(row: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+    """`8x16x1024x64 bf16 causal fwd+bwd on cuda:0`: `cell_label` and the device of a row (every device of
+    `rows`, when they ran on several: the ranks of a torchrun run)."""
+    return f"{cell_label(row)} on {', '.join(dict.fromkeys(r['device'] for r in rows or [row]))}"
 
 
 def _shape_mode(entry: dict[str, Any]) -> str:
@@ -284,7 +301,7 @@ def compare_groups(entries: list[dict[str, Any]], baseline: str | None) -> list[
     groups = []
     for shape, mode in dict.fromkeys((e["shape"], e.get("mode", "fwd")) for e in entries):
         rows = [e for e in entries if e["shape"] == shape and e.get("mode", "fwd") == mode]
-        title = cell_title(rows[0]) + (f", speed-up vs {baseline}" if baseline else "")
+        title = cell_title(rows[0], rows) + (f", speed-up vs {baseline}" if baseline else "")
         groups.append((title, rows))
     return groups
 
