@@ -70,7 +70,7 @@ def test_sdpa_eager_and_triton_flash_inside_a_llama(cli, llama_2l, triton_flash)
         assert row["kernels_per_forward"] > 0 and row["gpu_time_us"] > 0 and row["peak_memory_mib"] > 0
         assert 0 < row["latency_us"] and row["timing_method"].startswith("CUDA events")
     assert rows["triton-flash"]["implementation"] == "attnprof:triton-FLASH"  # "flash" would send it to the Hub
-    assert rows["triton-flash"]["source"] == "attnprof-triton"
+    assert rows["triton-flash"]["source"].startswith("attnprof-triton")  # the plugin's distribution (and version)
     # the same weights and token ids: the logits agree to bf16 rounding
     assert rows["triton-flash"]["logits_rel_diff"] < 2e-2 and rows["eager"]["logits_rel_diff"] < 2e-2
     # the plugin's own kernel runs inside the model's region, in a range named after the implementation
