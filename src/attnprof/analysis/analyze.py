@@ -23,9 +23,9 @@ comes from the dtype hint, else an `Input type` (record_shapes), else the kernel
 
 from __future__ import annotations
 
-import gc
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +33,22 @@ from attnprof.analysis.attention import SDPA_BACKEND_OPS
 from attnprof.analysis.comm import CommStats, comm_stats
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.forwards import Attribution, find_forwards
+from attnprof.analysis.kernels import kernel_stats
 from attnprof.analysis.ledger import AttentionLedger, summarize
 from attnprof.analysis.metrics import (
     TRACE_DTYPES,
     ForwardMetrics,
     KernelStats,
     forward_metrics,
-    kernel_stats,
     launch_api_summary,
+    median_counts,
+    name_ids,
     normalize_dtype,
 )
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.phases import PHASES
 from attnprof.analysis.regions import choose_region
-from attnprof.analysis.trace import ParsedTrace, load_trace
+from attnprof.analysis.trace import ParsedTrace, gc_paused, load_trace
 from attnprof.errors import TraceError
 from attnprof.stats import median, median_count, spread
 
@@ -204,18 +206,18 @@ def analyze_trace(
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
+    with gc_paused():
+        return _analyze(source, region, dtype)
+
+
+def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None, dtype: str | None) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
     if region is None:
         region, region_choice = choose_region(trace)
     attribution = find_forwards(trace, region)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # many small objects per forward and no cycles: the cyclic collector only slows them down
-    try:
-        per_forward = [forward_metrics(attribution, f) for f in attribution.forwards]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    ids = name_ids(trace)
+    per_forward = [forward_metrics(attribution, f, ids) for f in attribution.forwards]
     n = len(per_forward)
     if n == 0:  # find_forwards raises first; kept as a guard
         raise TraceError(f"region {region!r} has no forward in the trace")
@@ -224,8 +226,8 @@ def analyze_trace(
     spreads: dict[str, dict[str, float]] = {}
 
     def counted(attr: str, key: str) -> int | None:
-        values = [getattr(m, attr) for m in per_forward]
-        if any(v is None for v in values):
+        values = list(map(attrgetter(attr), per_forward))
+        if None in values:
             return None
         s = spread(values)
         if s:
@@ -233,8 +235,8 @@ def analyze_trace(
         return median_count(values)
 
     def timed(attr: str, key: str) -> float | None:
-        values = [getattr(m, attr) for m in per_forward]
-        known = [v for v in values if v is not None]
+        values = list(map(attrgetter(attr), per_forward))
+        known = [v for v in values if v is not None] if None in values else values
         if not known:
             return None
         s = spread(known)
@@ -255,8 +257,7 @@ def analyze_trace(
     cpu_time = timed("cpu_time_us", "cpu_time_us")
     gpu_time = timed("gpu_time_us", "gpu_time_us") if traced else None
     device_totals = [m.device_time_us for m in per_forward]
-    op_names = sorted({name for m in per_forward for name in m.op_counts})
-    op_counts = {name: median_count([m.op_counts.get(name, 0) for m in per_forward]) for name in op_names}
+    op_counts = median_counts([m.op_counts for m in per_forward])
     analysis = TraceAnalysis(
         region=region,
         forwards=n,

@@ -21,11 +21,14 @@ its range; `find_forwards` then correlates them with the rest.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import defaultdict
+from itertools import compress
+from operator import or_
 from typing import TYPE_CHECKING
 
 from attnprof.analysis import forwards as fw
+from attnprof.analysis.timeline import Timelines, innermost, parents, timeline
 
 if TYPE_CHECKING:
     from attnprof.analysis.forwards import Forward
@@ -41,22 +44,24 @@ def backward_ops(trace: ParsedTrace) -> list[int]:
     engine = {i for i, name in enumerate(trace.names) if name.startswith(ENGINE_PREFIX)}
     if not engine and max(ops.fwd_tid, default=-1) <= 0:  # a forward-only trace: no pass over the ops
         return []
-    return [i for i, (tid, name) in enumerate(zip(ops.fwd_tid, ops.name, strict=True)) if tid > 0 or name in engine]
+    backward = map(or_, map((0).__lt__, ops.fwd_tid), map(engine.__contains__, ops.name))
+    return list(compress(range(len(ops)), backward))
 
 
 def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
     """The candidates not nested in another candidate of their thread, by thread then start."""
     ops = trace.cpu_ops
-    candidates = sorted(candidates, key=lambda i: (ops.thread[i], ops.ts[i], -ops.dur[i]))
+    line = timeline(list(candidates), ops.ts, ops.dur)
+    order = sorted(range(len(line.rows)), key=[ops.thread[i] for i in line.rows].__getitem__)
     kept: list[int] = []
-    for i in candidates:
-        if (
-            kept
-            and ops.thread[kept[-1]] == ops.thread[i]
-            and (ops.ts[i] + ops.dur[i] <= ops.ts[kept[-1]] + ops.dur[kept[-1]] + fw.EPS)
-        ):
+    last_thread, last_limit = -1, 0.0
+    for p in order:
+        i = line.rows[p]
+        thread = ops.thread[i]
+        if kept and thread == last_thread and line.ends[p] <= last_limit:
             continue
         kept.append(i)
+        last_thread, last_limit = thread, line.ends[p] + fw.EPS
     return kept
 
 
@@ -101,46 +106,32 @@ class _Linker:
         return k
 
 
-def _nested(trace: ParsedTrace, by_thread: dict[int, list[int]], starts: dict[int, list[float]], top: int) -> list[int]:
-    """`top` and the ops of its thread inside its range, sorted by start (outermost first)."""
-    ops = trace.cpu_ops
-    thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
-    idx, st = by_thread[thread], starts[thread]
-    return [
-        i
-        for i in idx[bisect_left(st, t0 - fw.EPS) : bisect_right(st, t1 + fw.EPS)]
-        if ops.ts[i] + ops.dur[i] <= t1 + fw.EPS
-    ]
-
-
-def _parents(trace: ParsedTrace, fwd: Forward, op_list: list[int]) -> None:
-    """Record the enclosing op of each op of one backward op's tree (the backward op: -1)."""
-    ops = trace.cpu_ops
-    stack: list[int] = []
-    for i in op_list:
-        while stack and ops.ts[i] + ops.dur[i] > ops.ts[stack[-1]] + ops.dur[stack[-1]] + fw.EPS:
-            stack.pop()
-        fwd.op_parent[i] = stack[-1] if stack else -1
-        stack.append(i)
-
-
-def _add_calls(trace: ParsedTrace, fwd: Forward, tops: list[int], calls: list[int]) -> None:
+def _add_calls(trace: ParsedTrace, fwd: Forward, tops: list[int], calls: list[int], launch_ids: dict[int, str]) -> None:
     """Give `fwd` its backward ops and their calls; its calls and launches stay in time order."""
-    rt, names = trace.runtime, trace.names
+    rt = trace.runtime
     fwd.backward_tops = tops
     fwd.backward_calls = set(calls)
     known = set(fwd.calls)
     fwd.calls.extend(c for c in calls if c not in known)
     fwd.calls.sort(key=rt.ts.__getitem__)
     known = set(fwd.launches)
-    fwd.launches.extend(c for c in calls if c not in known and fw.launch_kind(names[rt.name[c]]) is not None)
+    fwd.launches.extend(c for c in calls if c not in known and rt.name[c] in launch_ids)
     fwd.launches.sort(key=rt.ts.__getitem__)
 
 
-def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None:
+def attach_backward(
+    trace: ParsedTrace,
+    forwards: list[Forward],
+    notes: list[str],
+    timelines: Timelines | None = None,
+    launch_ids: dict[int, str] | None = None,
+) -> None:
     """Find each instance's backward ops (see the module docstring) and add their ops, runtime
-    calls and launches to the instance; `Forward.backward_calls` marks which calls they are."""
-    ops, rt = trace.cpu_ops, trace.runtime
+    calls and launches to the instance; `Forward.backward_calls` marks which calls they are.
+    `timelines` and `launch_ids` (`forwards.launch_name_ids`) are shared with the caller when given."""
+    ops = trace.cpu_ops
+    timelines = Timelines(trace) if timelines is None else timelines
+    launch_ids = fw.launch_name_ids(trace) if launch_ids is None else launch_ids
     candidates = backward_ops(trace) if forwards else []
     tops = _outermost(trace, candidates)
     linker = _Linker(trace, forwards, set(candidates)) if tops else None
@@ -160,35 +151,26 @@ def attach_backward(trace: ParsedTrace, forwards: list[Forward], notes: list[str
             k = current.get(thread)
         if k is not None:
             owner[top] = k
-    threads = {ops.thread[t] for t in owner}
-    op_threads = fw.sorted_by_thread(ops.thread, ops.ts, ops.dur, threads)
-    op_starts = {t: [ops.ts[i] for i in idx] for t, idx in op_threads.items()}
-    rt_threads = fw.sorted_by_thread(rt.thread, rt.ts, rt.dur, threads)
-    rt_starts = {t: [rt.ts[i] for i in idx] for t, idx in rt_threads.items()}
     tops_of: dict[int, list[int]] = defaultdict(list)
     calls_of: dict[int, list[int]] = defaultdict(list)
     for top in sorted(owner, key=ops.ts.__getitem__):
         k = owner[top]
         thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
-        idx, st = rt_threads.get(thread, []), rt_starts.get(thread, [])
-        calls = [
-            c
-            for c in idx[bisect_left(st, t0 - fw.EPS) : bisect_right(st, t1 + fw.EPS)]
-            if rt.ts[c] + rt.dur[c] <= t1 + fw.EPS
-        ]
-        op_list = _nested(trace, op_threads, op_starts, top)
-        _parents(trace, forwards[k], op_list)
-        forwards[k].launch_op.update(fw.innermost_ops(forwards[k], trace, calls, op_list))
+        calls, call_starts, call_ends = timelines.calls(thread).inside(t0, t1)
+        op_list, op_starts, op_ends = timelines.ops(thread).inside(t0, t1)
+        forwards[k].op_parent.update(zip(op_list, parents(op_list, op_ends), strict=True))
+        launch_op = innermost(op_list, op_starts, op_ends, call_starts, call_ends)
+        forwards[k].launch_op.update(zip(calls, launch_op, strict=True))
         tops_of[k].append(top)
         calls_of[k].extend(calls)
     for k, tops_k in tops_of.items():
-        _add_calls(trace, forwards[k], tops_k, calls_of[k])
-    _note(trace, forwards, notes)
+        _add_calls(trace, forwards[k], tops_k, calls_of[k], launch_ids)
+    _note(trace, forwards, notes, launch_ids)
 
 
-def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None:
+def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str], launch_ids: dict[int, str]) -> None:
     """Say which backward work was counted, and how many launches of other threads were not."""
-    ops, rt, names = trace.cpu_ops, trace.runtime, trace.names
+    ops, rt = trace.cpu_ops, trace.runtime
     with_backward = [f for f in forwards if f.backward_tops]
     if with_backward:
         notes.append(
@@ -211,7 +193,7 @@ def _note(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None
         if thread in region_threads or i in counted:
             continue
         k = bisect_right(starts, rt.ts[i]) - 1
-        if k >= 0 and rt.ts[i] <= forwards[k].end and fw.launch_kind(names[rt.name[i]]) is not None:
+        if k >= 0 and rt.ts[i] <= forwards[k].end and rt.name[i] in launch_ids:
             left_out += 1
     if left_out:
         notes.append(

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import add
 
 from attnprof.analysis.backward import attach_backward
+from attnprof.analysis.gpu_annotations import attach_gpu_annotations
 from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
+from attnprof.analysis.timeline import EPS, Timelines, innermost, parents_and_innermost
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
-
-EPS = 0.0021  # us; Kineto widens GPU annotations by 1 ns each side and rounds to ns
 
 #: Launch APIs by what they put on the device. Memcpy and memset variants are matched by prefix.
 KERNEL_LAUNCH_APIS = frozenset(
@@ -128,17 +129,6 @@ class Attribution:
         return sum(f.annotation_mismatches or 0 for f in self.forwards)
 
 
-def sorted_by_thread(threads, ts, dur, wanted: set[int]) -> dict[int, list[int]]:
-    """Indices per thread (only `wanted` threads), sorted by start then longest first."""
-    by_thread: dict[int, list[int]] = defaultdict(list)
-    for i, t in enumerate(threads):
-        if t in wanted:
-            by_thread[t].append(i)
-    for idx in by_thread.values():
-        idx.sort(key=lambda i: (ts[i], -dur[i]))
-    return by_thread
-
-
 def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     """Find the forwards of `region` (a name or a glob pattern, see `resolve_region`) and
     attribute ops and device work to each.
@@ -168,12 +158,13 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
                 continue
         outer.append(i)
 
+    step_ids = {i for i, n in enumerate(names) if n.startswith(STEP_PREFIX)}
     ann = trace.annotations
-    steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
-    if not steps:  # older traces wrote ProfilerStep#N as a cpu_op
+    steps = [i for i, n in enumerate(ann.name) if n in step_ids] if step_ids else []
+    if not steps and step_ids:  # older traces wrote ProfilerStep#N as a cpu_op
         ann = trace.cpu_ops
-        steps = [i for i, n in enumerate(ann.name) if names[n].startswith(STEP_PREFIX)]
-    if steps and not all(names[n].startswith(STEP_PREFIX) for n in name_ids):  # steps are their own step
+        steps = [i for i, n in enumerate(ann.name) if n in step_ids]
+    if steps and not name_ids <= step_ids:  # steps are their own step
         steps.sort(key=lambda i: ann.ts[i])
         step_starts = [ann.ts[i] for i in steps]
         kept = []
@@ -197,204 +188,148 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
         for i in outer
     ]
     notes: list[str] = []
-    _attach_ops(trace, forwards, skip_table_rows=set(region_rows) if table is trace.cpu_ops else set())
-    _attach_calls(trace, forwards, notes)
-    attach_backward(trace, forwards, notes)
+    timelines = Timelines(trace)
+    launch_ids = launch_name_ids(trace)
+    skip = set(region_rows) if table is trace.cpu_ops else set()
+    _attach_ops_and_calls(trace, forwards, timelines, launch_ids, skip, notes)
+    attach_backward(trace, forwards, notes, timelines, launch_ids)
     device_traced = len(trace.device) > 0
     if device_traced:
-        _attach_device(trace, forwards)
+        _attach_device(trace, forwards, launch_ids)
         unmatched = sum(f.unmatched_launches for f in forwards)
         if unmatched:
             notes.append(
                 f"{unmatched} launch call(s) inside the forwards have no device event in the "
                 "trace (dropped by the profiler, or still running when it stopped)"
             )
-    has_gann = _attach_gpu_annotations(trace, forwards, name_ids)
+    has_gann = attach_gpu_annotations(trace, forwards, name_ids)
     return Attribution(
         trace=trace, forwards=forwards, device_traced=device_traced, has_gpu_annotations=has_gann, notes=notes
     )
 
 
-def _attach_ops(trace: ParsedTrace, forwards: list[Forward], skip_table_rows: set[int]) -> None:
-    ops = trace.cpu_ops
-    ts, dur = ops.ts, ops.dur
-    wanted = {f.thread for f in forwards}
-    by_thread = sorted_by_thread(ops.thread, ts, dur, wanted)
-    starts = {t: [ts[i] for i in idx] for t, idx in by_thread.items()}
+def launch_name_ids(trace: ParsedTrace) -> dict[int, str]:
+    """The launch kind (see `launch_kind`) of each name id that a runtime call carries and that
+    puts work on the device."""
+    names = trace.names
+    kinds = ((n, launch_kind(names[n])) for n in set(trace.runtime.name))
+    return {n: kind for n, kind in kinds if kind is not None}
+
+
+def _attach_ops_and_calls(
+    trace: ParsedTrace,
+    forwards: list[Forward],
+    timelines: Timelines,
+    launch_ids: dict[int, str],
+    skip: set[int],
+    notes: list[str],
+) -> None:
+    """Each forward's ops (on its thread, inside its range, with their enclosing op), its runtime
+    calls, the innermost op around each call, and which calls launch device work."""
+    rt_name = trace.runtime.name
+    fallback: _Fallback | None = None
     for fwd in forwards:
-        idx = by_thread.get(fwd.thread, [])
-        if not idx:
-            continue
-        st = starts[fwd.thread]
-        lo, hi = bisect_left(st, fwd.start - EPS), bisect_right(st, fwd.end + EPS)
-        stack: list[int] = []
-        for i in idx[lo:hi]:
-            if i in skip_table_rows or ts[i] + dur[i] > fwd.end + EPS:
-                continue
-            while stack and ts[i] + dur[i] > ts[stack[-1]] + dur[stack[-1]] + EPS:
-                stack.pop()
-            fwd.op_parent[i] = stack[-1] if stack else -1
-            fwd.ops.append(i)
-            stack.append(i)
+        line = timelines.ops(fwd.thread)
+        start, end = fwd.start, fwd.end
+        limit = end + EPS
+        lo, hi = bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit)
+        ops, starts, ends = list(line.rows[lo:hi]), line.starts[lo:hi], line.ends[lo:hi]
+        if skip or (ends and max(ends) > limit):  # leave out ops that end after the forward
+            keep = [e <= limit and i not in skip for i, e in zip(ops, ends, strict=True)]
+            ops, starts, ends = list(compress(ops, keep)), list(compress(starts, keep)), list(compress(ends, keep))
+        fwd.ops = ops
+        calls_line = timelines.calls(fwd.thread)
+        if calls_line.rows:
+            calls, call_starts, call_ends = calls_line.inside(start, end)
+        elif len(trace.runtime):
+            if fallback is None:
+                fallback = _Fallback(trace, fwd.thread, notes)
+            calls, call_starts, call_ends = fallback.inside(start, end)
+        else:
+            calls, call_starts, call_ends = [], [], []
+        fwd.calls = calls
+        op_parents, launch_ops = parents_and_innermost(ops, starts, ends, call_starts, call_ends)
+        fwd.op_parent = dict(zip(ops, op_parents, strict=True))
+        fwd.launch_op = dict(zip(calls, launch_ops, strict=True))
+        fwd.launches = [c for c in calls if rt_name[c] in launch_ids]
+
+
+class _Fallback:
+    """The runtime calls of every thread of one process, by start: used for the forwards whose own
+    thread made no call (said in a note when there are any)."""
+
+    def __init__(self, trace: ParsedTrace, thread: int, notes: list[str]) -> None:
+        rt, pid = trace.runtime, trace.threads[thread][0]
+        self.rt = rt
+        self.calls = sorted((i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid), key=rt.ts.__getitem__)
+        if self.calls:
+            notes.append(
+                "CUDA calls were not on the region's thread; calls of the same process "
+                "inside each forward's time range were used"
+            )
+
+    def inside(self, start: float, end: float) -> tuple[list[int], list[float], list[float]]:
+        """The calls within [start - EPS, end + EPS], with their starts and ends."""
+        ts, dur = self.rt.ts, self.rt.dur
+        calls = [i for i in self.calls if start - EPS <= ts[i] and ts[i] + dur[i] <= end + EPS]
+        return calls, [ts[i] for i in calls], [ts[i] + dur[i] for i in calls]
 
 
 def innermost_ops(
     fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
 ) -> dict[int, int]:
     """For each call (sorted by start), the innermost op of `op_list` (sorted by start; default
-    `fwd.ops`) around it (-1: none).
-
-    One sweep over ops and calls together, keeping the stack of open ops: O(ops + calls).
-    """
+    `fwd.ops`) around it (-1: none)."""
     ops, rt = trace.cpu_ops, trace.runtime
     op_list = fwd.ops if op_list is None else op_list
-    result: dict[int, int] = {}
-    stack: list[int] = []
-    j, n = 0, len(op_list)
-    for call in calls:
-        t0, t1 = rt.ts[call], rt.ts[call] + rt.dur[call]
-        while j < n and ops.ts[op_list[j]] <= t0 + EPS:
-            o = op_list[j]
-            end = ops.ts[o] + ops.dur[o]
-            while stack and end > ops.ts[stack[-1]] + ops.dur[stack[-1]] + EPS:
-                stack.pop()
-            stack.append(o)
-            j += 1
-        while stack and ops.ts[stack[-1]] + ops.dur[stack[-1]] + EPS < t1:
-            stack.pop()
-        result[call] = stack[-1] if stack else -1
-    return result
+    op_starts = list(map(ops.ts.__getitem__, op_list))
+    op_ends = list(map(add, op_starts, map(ops.dur.__getitem__, op_list)))
+    call_starts = list(map(rt.ts.__getitem__, calls))
+    call_ends = list(map(add, call_starts, map(rt.dur.__getitem__, calls)))
+    return dict(zip(calls, innermost(op_list, op_starts, op_ends, call_starts, call_ends), strict=True))
 
 
-def _attach_calls(trace: ParsedTrace, forwards: list[Forward], notes: list[str]) -> None:
-    rt = trace.runtime
-    names = trace.names
-    wanted = {f.thread for f in forwards}
-    by_thread = sorted_by_thread(rt.thread, rt.ts, rt.dur, wanted)
-    starts = {t: [rt.ts[i] for i in idx] for t, idx in by_thread.items()}
-    # Fallback: calls made on other threads of the same process (when the forward's thread has none).
-    fallback: list[int] | None = None
-    for fwd in forwards:
-        idx = by_thread.get(fwd.thread)
-        if idx:
-            st = starts[fwd.thread]
-            lo, hi = bisect_left(st, fwd.start - EPS), bisect_right(st, fwd.end + EPS)
-            calls = [i for i in idx[lo:hi] if rt.ts[i] + rt.dur[i] <= fwd.end + EPS]
-        elif len(rt):
-            if fallback is None:
-                pid = trace.threads[fwd.thread][0]
-                fallback = sorted(
-                    (i for i in range(len(rt)) if trace.threads[rt.thread[i]][0] == pid), key=rt.ts.__getitem__
-                )
-                if fallback:
-                    notes.append(
-                        "CUDA calls were not on the region's thread; calls of the same process "
-                        "inside each forward's time range were used"
-                    )
-            calls = [i for i in fallback if fwd.start - EPS <= rt.ts[i] and rt.ts[i] + rt.dur[i] <= fwd.end + EPS]
-        else:
-            calls = []
-        fwd.calls = calls
-        fwd.launch_op = innermost_ops(fwd, trace, calls)
-        fwd.launches = [i for i in calls if launch_kind(names[rt.name[i]]) is not None]
-
-
-def _attach_device(trace: ParsedTrace, forwards: list[Forward]) -> None:
-    dev, rt, names = trace.device, trace.runtime, trace.names
-    by_corr: dict[int, list[int]] = defaultdict(list)
-    for i, c in enumerate(dev.corr):
+def _by_corr(corr: Sequence[int]) -> dict[int, list[int]]:
+    """Device event indices by correlation id (ids >= 0 only)."""
+    by_corr: dict[int, list[int]] = {}
+    for i, c in enumerate(corr):
         if c >= 0:
-            by_corr[c].append(i)
+            events = by_corr.get(c)
+            if events is None:
+                by_corr[c] = [i]
+            else:
+                events.append(i)
+    return by_corr
+
+
+def _attach_device(trace: ParsedTrace, forwards: list[Forward], launch_ids: dict[int, str]) -> None:
+    dev, rt = trace.device, trace.runtime
+    by_corr = _by_corr(dev.corr)
+    rt_corr, rt_name, dev_start = rt.corr, rt.name, dev.ts.__getitem__
     for fwd in forwards:
         seen_launch = set(fwd.launches)
         seen_corr: set[int] = set()
         launches: list[int] = []
         work: list[int] = []
+        device_launch = fwd.device_launch
         for call in fwd.calls:  # in time order: a runtime call comes before a driver call it wraps
-            c = rt.corr[call]
+            c = rt_corr[call]
+            events = None
             if c >= 0:
                 if c in seen_corr:  # the same launch seen twice (runtime and driver): count it once
                     continue
                 seen_corr.add(c)
-            events = by_corr.get(c) if c >= 0 else None
+                events = by_corr.get(c)
             if events:
                 work.extend(events)
                 for e in events:
-                    fwd.device_launch.setdefault(e, call)
+                    device_launch.setdefault(e, call)
                 launches.append(call)
             elif call in seen_launch:
                 launches.append(call)
-                if launch_kind(names[rt.name[call]]) != "graph":
+                if launch_ids[rt_name[call]] != "graph":
                     fwd.unmatched_launches += 1
         fwd.launches = launches
-        fwd.device = sorted(set(work), key=dev.ts.__getitem__)
+        fwd.device = sorted(set(work), key=dev_start)
         if fwd.backward_calls:
             fwd.backward_device = {e for e in fwd.device if fwd.device_launch.get(e) in fwd.backward_calls}
-
-
-def _attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:
-    gann, dev = trace.gpu_annotations, trace.device
-    rows = [i for i, n in enumerate(gann.name) if n in name_ids]
-    if not rows:
-        return False
-    by_ext: dict[int, list[int]] = defaultdict(list)
-    for i in rows:
-        if gann.ext[i] >= 0:
-            by_ext[gann.ext[i]].append(i)
-    # Without External ids: per stream, the unused annotation that overlaps the forward's work most.
-    ann_by_stream: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for i in rows:
-        ann_by_stream[(gann.device[i], gann.stream[i])].append(i)
-    for idx in ann_by_stream.values():
-        idx.sort(key=gann.ts.__getitem__)
-    ann_starts = {key: [gann.ts[i] for i in idx] for key, idx in ann_by_stream.items()}
-    used: set[int] = set()
-    for fwd in forwards:
-        matched = by_ext.get(fwd.ext, []) if fwd.ext >= 0 else []
-        if not matched and fwd.device:
-            spans: dict[tuple[int, int], tuple[float, float]] = {}
-            for e in fwd.device:
-                key = (dev.device[e], dev.stream[e])
-                lo, hi = spans.get(key, (dev.ts[e], dev.ts[e] + dev.dur[e]))
-                spans[key] = (min(lo, dev.ts[e]), max(hi, dev.ts[e] + dev.dur[e]))
-            matched = []
-            for key, (lo, hi) in spans.items():
-                idx, st = ann_by_stream.get(key, []), ann_starts.get(key, [])
-                best, best_overlap = None, EPS
-                for i in idx[max(bisect_left(st, lo) - 2, 0) : bisect_right(st, hi + EPS)]:
-                    overlap = min(hi, gann.ts[i] + gann.dur[i]) - max(lo, gann.ts[i])
-                    if i not in used and overlap > best_overlap:
-                        best, best_overlap = i, overlap
-                if best is not None:
-                    matched.append(best)
-        fwd.gpu_annotations = sorted(matched, key=gann.ts.__getitem__)
-        used.update(matched)
-
-    # Cross-check: the device work inside a forward's GPU annotations (on their streams)
-    # against the work correlated to the forward.
-    by_stream: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for i in range(len(dev)):
-        by_stream[(dev.device[i], dev.stream[i])].append(i)
-    stream_starts = {}
-    for key, idx in by_stream.items():
-        idx.sort(key=dev.ts.__getitem__)
-        stream_starts[key] = [dev.ts[i] for i in idx]
-    for fwd in forwards:
-        if not fwd.gpu_annotations:
-            fwd.annotation_mismatches = len(fwd.device) - len(fwd.backward_device)
-            continue
-        inside: set[int] = set()
-        for a in fwd.gpu_annotations:
-            key = (gann.device[a], gann.stream[a])
-            idx = by_stream.get(key, [])
-            st = stream_starts.get(key, [])
-            lo = bisect_left(st, gann.ts[a] - EPS)
-            hi = bisect_right(st, gann.ts[a] + gann.dur[a] + EPS)
-            end = gann.ts[a] + gann.dur[a] + EPS
-            inside.update(i for i in idx[lo:hi] if dev.ts[i] + dev.dur[i] <= end)
-        if fwd.backward_device:  # Kineto's annotation covers the forward phase only
-            inside -= fwd.backward_device
-            fwd.annotation_mismatches = len(inside.symmetric_difference(set(fwd.device) - fwd.backward_device))
-        else:
-            fwd.annotation_mismatches = len(inside.symmetric_difference(fwd.device))
-    return True

@@ -1,20 +1,24 @@
-"""Per-forward metrics and per-kernel statistics from an `Attribution`.
+"""Per-forward metrics from an `Attribution`, and the `KernelStats` record (computed in `kernels`).
 
-Counts are summarised by the low median over forwards (always a count some forward really
-had) and times by the median; `spread` holds min/max where forwards differ. Fields that the
-trace cannot give (GPU metrics of a CPU-only trace) are None, never 0.
+Name tests are made once per trace (`name_ids`), not per op. Counts are summarised by the low
+median over forwards (always a count some forward really had) and times by the median; `spread`
+holds min/max where forwards differ. Fields that the trace cannot give (GPU metrics of a CPU-only
+trace) are None, never 0.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import compress, repeat
+from operator import add
 from typing import Any
 
 from attnprof.analysis.forwards import Attribution, Forward
 from attnprof.analysis.ledger import ForwardLedger, forward_ledger
-from attnprof.analysis.names import explain_kernel, short_kernel_name
-from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
+from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.optree import OpTree
 from attnprof.analysis.phases import (
     NO_WORK,
@@ -27,7 +31,7 @@ from attnprof.analysis.phases import (
 )
 from attnprof.analysis.stalls import Stalls, forward_stalls
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
-from attnprof.stats import median, median_count
+from attnprof.stats import median_count
 
 #: Input-type spellings in `record_shapes` traces, by short dtype name.
 TRACE_DTYPES = {
@@ -64,7 +68,8 @@ SIXTEEN_BIT_INPUT_TYPES = frozenset({"c10::BFloat16", "c10::Half", "BFloat16", "
 #: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
 MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
 SAFE_SOFTMAX = "aten::_safe_softmax"
-_MASK_NESTING = frozenset(MASK_OPS) | {SAFE_SOFTMAX}
+_MASK_SET = frozenset(MASK_OPS)
+_MASK_NESTING = _MASK_SET | {SAFE_SOFTMAX}
 
 
 def normalize_dtype(value: str | None) -> str | None:
@@ -150,19 +155,47 @@ class KernelStats:
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class NameIds:
+    """Facts of the trace's names that per-forward metrics test, found once per trace so that no
+    forward tests names as text."""
+
+    transpose: int  # the name id of aten::transpose (-1: none)
+    to_copy: int  # aten::_to_copy
+    safe_softmax: int  # SAFE_SOFTMAX
+    mask_nesting: frozenset[int]  # MASK_OPS and SAFE_SOFTMAX
+    dtod: frozenset[int]  # device-event names of device-to-device memcpys
+    device_end: Sequence[float]  # ts + dur of each device event
+
+
+def name_ids(trace: ParsedTrace) -> NameIds:
+    """The `NameIds` of a trace."""
+    names, dev = trace.names, trace.device
+    ids = {names[n]: n for n in set(trace.cpu_ops.name)}
+    return NameIds(
+        transpose=ids.get("aten::transpose", -1),
+        to_copy=ids.get("aten::_to_copy", -1),
+        safe_softmax=ids.get(SAFE_SOFTMAX, -1),
+        mask_nesting=frozenset(ids[n] for n in _MASK_NESTING if n in ids),
+        dtod=frozenset(n for n in set(dev.name) if _is_dtod(names[n])),
+        device_end=array("d", map(add, dev.ts, dev.dur)),
+    )
+
+
 def _launching_ops(fwd: Forward) -> set[int]:
     """The ops of `fwd` under which some launch call ran (the innermost op and its ancestors)."""
     launching: set[int] = set()
+    parent, launch_op = fwd.op_parent.get, fwd.launch_op.get
     for call in fwd.launches:
-        op = fwd.launch_op.get(call, -1)
+        op = launch_op(call, -1)
         while op >= 0 and op not in launching:
             launching.add(op)
-            op = fwd.op_parent.get(op, -1)
+            op = parent(op, -1)
     return launching
 
 
-def _nested_in(fwd: Forward, op: int, op_name: dict[int, str], wanted: frozenset[str]) -> bool:
-    """True when an op enclosing `op` is named in `wanted`."""
+def _nested_in(fwd: Forward, op: int, op_name: Sequence[int], wanted: frozenset[int]) -> bool:
+    """True when an op enclosing `op` has a name id in `wanted`."""
     parent = fwd.op_parent.get(op, -1)
     while parent >= 0:
         if op_name[parent] in wanted:
@@ -174,27 +207,32 @@ def _nested_in(fwd: Forward, op: int, op_name: dict[int, str], wanted: frozenset
 def _kernels_under(trace: ParsedTrace, fwd: Forward, roots: set[int]) -> list[str]:
     """Short names of the kernels of `fwd` launched under one of the ops in `roots`, in time order."""
     dev, names = trace.device, trace.names
+    parent, launch_op, device_launch = fwd.op_parent.get, fwd.launch_op.get, fwd.device_launch.get
+    under = {-1: False}  # op -> whether it or an op around it is in `roots`
     found = []
-    for e in fwd.device:
-        if dev.kind[e] != KERNEL:
-            continue
-        call = fwd.device_launch.get(e)
-        op = fwd.launch_op.get(call, -1) if call is not None else -1
-        while op >= 0:
+    for e in compress(fwd.device, map(KERNEL.__eq__, map(dev.kind.__getitem__, fwd.device))):
+        call = device_launch(e)
+        op = launch_op(call, -1) if call is not None else -1
+        chain = []
+        while op not in under:
             if op in roots:
-                found.append(short_kernel_name(names[dev.name[e]]))
+                under[op] = True
                 break
-            op = fwd.op_parent.get(op, -1)
+            chain.append(op)
+            op = parent(op, -1)
+        inside = under[op]
+        for o in chain:
+            under[o] = inside
+        if inside:
+            found.append(short_kernel_name(names[dev.name[e]]))
     return found
 
 
-def _upcasts(trace: ParsedTrace, fwd: Forward, op_name: dict[int, str]) -> tuple[int, bool]:
-    """aten::_to_copy ops from 16-bit inputs (all of them where the input types are unknown), and
-    whether any aten::_to_copy carried its input types."""
+def _upcasts(trace: ParsedTrace, ops: list[int]) -> tuple[int, bool]:
+    """Of these aten::_to_copy ops: those from 16-bit inputs (all of them where the input types
+    are unknown), and whether any carried its input types."""
     count, typed = 0, False
-    for i in fwd.ops:
-        if op_name[i] != "aten::_to_copy":
-            continue
+    for i in ops:
         t = trace.cpu_ops.input_types[i]
         if t < 0:
             count += 1
@@ -206,49 +244,84 @@ def _upcasts(trace: ParsedTrace, fwd: Forward, op_name: dict[int, str]) -> tuple
     return count, typed
 
 
-def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
-    """Counts, times and the op facts that findings read, for one forward."""
+def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None = None) -> ForwardMetrics:
+    """Counts, times and the op facts that findings read, for one forward. `ids`: the trace's
+    `name_ids`, computed once by a caller that runs this on many forwards."""
     trace = attribution.trace
-    names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
-    op_name = {i: names[ops.name[i]] for i in fwd.ops}
-    transposes = [i for i in fwd.ops if op_name[i] == "aten::transpose"]
-    mask_roots = {i for i in fwd.ops if op_name[i] in MASK_OPS and not _nested_in(fwd, i, op_name, _MASK_NESTING)}
-    upcasts, upcast_types_known = _upcasts(trace, fwd, op_name)
+    ids = name_ids(trace) if ids is None else ids
+    names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
+    op_name = ops.name
+    op_names = [op_name[i] for i in fwd.ops]
+    op_counts = Counter([names[n] for n in op_names])
+
+    def named(name_id: int) -> list[int]:  # the ops with this name id, in order
+        return [i for i, n in zip(fwd.ops, op_names, strict=True) if n == name_id]
+
+    transposes = named(ids.transpose) if "aten::transpose" in op_counts else []
+    mask_roots = (
+        {
+            i
+            for i, n in zip(fwd.ops, op_names, strict=True)
+            if names[n] in _MASK_SET and not _nested_in(fwd, i, ops.name, ids.mask_nesting)
+        }
+        if not _MASK_SET.isdisjoint(op_counts)
+        else set()
+    )
+    upcasts, upcast_types_known = _upcasts(trace, named(ids.to_copy)) if "aten::_to_copy" in op_counts else (0, False)
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=Counter(names[rt.name[c]] for c in fwd.launches),
+        launch_apis=Counter([names[rt_name[c]] for c in fwd.launches]),
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
-        op_counts=Counter(op_name.values()),
+        op_counts=op_counts,
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
-        mask_ops=Counter(op_name[i] for i in mask_roots),
-        cpu_work_us=cpu_work_us(trace, fwd),
-        backward_outside_region=backward_outside_region(trace, fwd),
+        mask_ops=Counter([names[op_name[i]] for i in mask_roots]),
+        cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
+        backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
     if not attribution.device_traced:
         return metrics
-    kinds = Counter(dev.kind[e] for e in fwd.device)
-    metrics.kernels, metrics.memcpy, metrics.memset = kinds[KERNEL], kinds[MEMCPY], kinds[MEMSET]
-    metrics.dtod_memcpy = sum(1 for e in fwd.device if dev.kind[e] == MEMCPY and _is_dtod(names[dev.name[e]]))
-    if fwd.device:
-        start = min(dev.ts[e] for e in fwd.device)
-        metrics.gpu_time_us = max(dev.ts[e] + dev.dur[e] for e in fwd.device) - start
-    gann = trace.gpu_annotations
+    device = fwd.device
+    kind = dev.kind
+    kinds = [kind[e] for e in device]
+    metrics.kernels, metrics.memcpy, metrics.memset = kinds.count(KERNEL), kinds.count(MEMCPY), kinds.count(MEMSET)
+    metrics.dtod_memcpy = (
+        sum(1 for e, kind in zip(device, kinds, strict=True) if kind == MEMCPY and dev.name[e] in ids.dtod)
+        if metrics.memcpy
+        else 0
+    )
+    if device:
+        ts, device_end = dev.ts, ids.device_end
+        start = min([ts[e] for e in device])
+        metrics.gpu_time_us = max([device_end[e] for e in device]) - start
     if fwd.gpu_annotations:
-        metrics.gpu_annotation_us = max(gann.ts[a] + gann.dur[a] for a in fwd.gpu_annotations) - min(
-            gann.ts[a] for a in fwd.gpu_annotations
-        )
-    metrics.kernel_time_us = sum(dev.dur[e] for e in fwd.device if dev.kind[e] == KERNEL)
-    metrics.device_time_us = sum(dev.dur[e] for e in fwd.device)
-    launching = _launching_ops(fwd)
-    metadata = [i for i in transposes if i not in launching]
+        gann, annotations = trace.gpu_annotations, fwd.gpu_annotations
+        if len(annotations) == 1:
+            a = annotations[0]
+            metrics.gpu_annotation_us = (gann.ts[a] + gann.dur[a]) - gann.ts[a]
+        else:
+            starts = list(map(gann.ts.__getitem__, annotations))
+            metrics.gpu_annotation_us = max(map(add, starts, map(gann.dur.__getitem__, annotations))) - min(starts)
+    dur = dev.dur
+    durations = [dur[e] for e in device]
+    metrics.device_time_us = sum(durations)
+    metrics.kernel_time_us = (
+        metrics.device_time_us
+        if metrics.kernels == len(device)
+        else sum(compress(durations, map(KERNEL.__eq__, kinds)))
+    )
+    if transposes:
+        launching = _launching_ops(fwd)
+        metadata = [i for i in transposes if i not in launching]
+    else:
+        metadata = []
     metrics.metadata_transposes = len(metadata)
     for i in metadata:
         parent = fwd.op_parent.get(i, -1)
-        metrics.metadata_transpose_parents[op_name[parent] if parent >= 0 else "the region itself"] += 1
+        metrics.metadata_transpose_parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
     metrics.mask_kernels = _kernels_under(trace, fwd, mask_roots) if mask_roots else []
-    softmax_roots = {i for i in fwd.ops if op_name[i] == SAFE_SOFTMAX}
+    softmax_roots = set(named(ids.safe_softmax)) if SAFE_SOFTMAX in op_counts else set()
     metrics.safe_softmax_kernels = _kernels_under(trace, fwd, softmax_roots) if softmax_roots else []
     if fwd.backward_device:
         metrics.phases = phase_metrics(trace, fwd)
@@ -259,142 +332,20 @@ def forward_metrics(attribution: Attribution, fwd: Forward) -> ForwardMetrics:
             ),
             "backward": NO_WORK,
         }
-    metrics.backward_roles = backward_roles(trace, fwd)
+    if fwd.backward_device:
+        metrics.backward_roles = backward_roles(trace, fwd)
     tree = OpTree(trace, fwd)
     metrics.attention = forward_ledger(tree, metrics.gpu_time_us)
     metrics.stalls = forward_stalls(trace, fwd, tree.roots)
     return metrics
 
 
-def device_limits(trace: ParsedTrace, device: int) -> SmLimits | None:
-    """The SM limits of `device` from the trace's deviceProperties, or None when it has none."""
-    props = trace.device_properties_for(device)
-    return limits_for(device_properties=props) if props else None
-
-
-def kernel_stats(attribution: Attribution) -> list[KernelStats]:
-    """Statistics per distinct device-event name, in order of first execution."""
-    trace = attribution.trace
-    if not attribution.device_traced:
-        return []
-    names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
-    n_fwd = len(attribution.forwards)
-    per_name_counts: dict[int, list[int]] = {}
-    per_name_times: dict[int, list[float]] = {}
-    first_seen: dict[int, float] = {}
-    infos: dict[int, Counter] = {}
-    apis: dict[int, Counter] = {}
-    chains: dict[int, Counter] = {}
-    kinds: dict[int, int] = {}
-    devices: dict[int, int] = {}
-    for k, fwd in enumerate(attribution.forwards):
-        counts: Counter = Counter()
-        times: Counter = Counter()
-        origin = fwd.device[0] if fwd.device else 0
-        for e in fwd.device:
-            nid = dev.name[e]
-            counts[nid] += 1
-            times[nid] += dev.dur[e]
-            if nid not in first_seen:
-                first_seen[nid] = k * 1e12 + (dev.ts[e] - dev.ts[origin])
-                kinds[nid] = dev.kind[e]
-                devices[nid] = dev.device[e]
-            if dev.info[e] >= 0:
-                infos.setdefault(nid, Counter())[dev.info[e]] += 1
-            call = fwd.device_launch.get(e)
-            if call is not None:
-                apis.setdefault(nid, Counter())[names[rt.name[call]]] += 1
-                op = fwd.launch_op.get(call, -1) if dev.kind[e] == MEMCPY else -1
-                if op >= 0:
-                    chain = " → ".join(names[ops.name[o]] for o in fwd.op_chain(op))
-                    chains.setdefault(nid, Counter())[chain] += 1
-        for nid in counts:
-            per_name_counts.setdefault(nid, [])
-            per_name_times.setdefault(nid, [])
-        for nid in per_name_counts:
-            per_name_counts[nid].append(counts.get(nid, 0))
-            per_name_times[nid].append(times.get(nid, 0.0))
-    result = []
-    limits_cache: dict[int, SmLimits | None] = {}
-    for nid, counts_list in per_name_counts.items():
-        # forwards before this name first appeared count as zero
-        counts_list = [0] * (n_fwd - len(counts_list)) + counts_list
-        times_list = [0.0] * (n_fwd - len(per_name_times[nid])) + per_name_times[nid]
-        name = names[nid]
-        expl = explain_kernel(name)
-        stats = KernelStats(
-            name=name,
-            short_name=expl.short_name,
-            kind=KIND_NAMES[kinds[nid]],
-            family=expl.family,
-            library=expl.library,
-            count_per_forward=median_count(counts_list),
-            time_us=round(median(times_list), 3),
-            tensor_cores=expl.tensor_cores,
-            first_seen=first_seen[nid],
-        )
-        if nid in apis:
-            stats.launch_api = apis[nid].most_common(1)[0][0]
-        if nid in chains:
-            stats.launch_ops = [c for c, _ in chains[nid].most_common()]
-        if nid in infos:
-            device = devices[nid]
-            if device not in limits_cache:
-                limits_cache[device] = device_limits(trace, device)
-            _fill_launch_facts(stats, trace.kernel_infos[infos[nid].most_common(1)[0][0]], limits_cache[device])
-        result.append(stats)
-    result.sort(key=lambda s: s.first_seen)
-    return result
-
-
-def _fill_launch_facts(stats: KernelStats, info, limits: SmLimits | None) -> None:
-    stats.grid = list(info.grid) if info.grid else None
-    stats.block = list(info.block) if info.block else None
-    stats.registers_per_thread = info.registers_per_thread
-    stats.shared_memory_bytes = info.shared_memory_bytes
-    stats.blocks_per_sm = info.blocks_per_sm
-    stats.warps_per_sm = info.warps_per_sm
-    reported = info.achieved_occupancy_pct
-    stats.achieved_occupancy_pct = reported if reported is not None and reported > 0 else None
-    threads = info.threads_per_block
-    occ = None
-    if limits is not None and threads:
-        occ = theoretical_occupancy(info.registers_per_thread, threads, info.shared_memory_bytes, limits)
-        if occ is not None:
-            stats.theoretical_occupancy_pct = occ.pct
-            stats.occupancy_limiter = occ.limiter
-            stats.occupancy_arithmetic = occ.arithmetic
-    if stats.achieved_occupancy_pct is None:
-        stats.occupancy_note = unreported_cause(stats, info, limits, occ)
-
-
-def unreported_cause(stats: KernelStats, info, limits: SmLimits | None, occ) -> str:
-    """The likeliest reason the profiler's achieved-occupancy figure is 0 or missing."""
-    if info.achieved_occupancy_pct is None:
-        return "the trace has no occupancy field for this kernel"
-    smem = info.shared_memory_bytes or 0
-    default_limit = limits.default_smem_per_block if limits else 48 * 1024
-    if smem > default_limit:
-        return (
-            f"its {smem:,} B of shared memory per block exceed the {default_limit // 1024} KB default "
-            "per-block limit that Kineto's estimate assumes, so the estimate finds no resident block"
-        )
-    if limits is not None and occ is not None and info.grid and info.threads_per_block:
-        grid_blocks = 1
-        for d in info.grid:
-            grid_blocks *= d
-        estimate = kineto_estimate_pct(grid_blocks, info.threads_per_block, occ.active_blocks, limits)
-        if estimate is not None and estimate < 0.5:
-            return (
-                f"its grid of {grid_blocks} block(s) over {limits.num_sms} SMs keeps the estimate "
-                f"under 0.5%, which rounds to 0"
-            )
-    if stats.launch_api and stats.launch_api.startswith("cu") and not stats.launch_api.startswith("cuda"):
-        return f"it was launched through the driver API ({stats.launch_api}), which the estimate may not cover"
-    return "none visible in the trace"
-
-
 def launch_api_summary(per_forward: list[ForwardMetrics]) -> dict[str, int]:
     """Launch calls per forward by API name (the low median over forwards), APIs sorted by name."""
-    apis = sorted({api for m in per_forward for api in m.launch_apis})
-    return {api: median_count([m.launch_apis.get(api, 0) for m in per_forward]) for api in apis}
+    return median_counts([m.launch_apis for m in per_forward])
+
+
+def median_counts(counters: list[Counter]) -> dict[str, int]:
+    """Per key of any of the counters, sorted: the low median of its count over all of them."""
+    keys = sorted(set().union(*counters))
+    return {key: median_count(list(map(dict.get, counters, repeat(key), repeat(0)))) for key in keys}

@@ -103,7 +103,8 @@ def _load_rules(text: str | None = None) -> tuple[_Rule, ...]:
 
     if text is None:
         text = resources.files("attnprof.analysis").joinpath(RULES_FILE).read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when present: 10x faster, same objects
+    data = yaml.load(text, Loader=loader) or {}
     rules = []
     for raw in data.get("rules", []):
         try:

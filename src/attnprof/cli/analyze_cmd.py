@@ -46,12 +46,15 @@ def analyze_command(
     The choice is said on stderr (and in the JSON as region_choice).
     """
     from attnprof.analysis import analyze_trace
-    from attnprof.report.analysis_tables import render_analysis
+    from attnprof.analysis.trace import gc_paused
 
-    analysis = analyze_trace(trace, region=region, dtype=dtype)
-    if analysis.region_choice:
-        c.note(analysis.region_choice)
-    if fmt is c.OutputFormat.json:
-        c.emit(json.dumps(analysis.to_dict(), indent=2))
-        return
-    c.emit(render_analysis(analysis, fmt.value, c.table_width(fmt, wide)))
+    with gc_paused():  # the analysis and its output: nothing for the cyclic collector to free
+        analysis = analyze_trace(trace, region=region, dtype=dtype)
+        if analysis.region_choice:
+            c.note(analysis.region_choice)
+        if fmt is c.OutputFormat.json:
+            c.emit(json.dumps(analysis.to_dict(), indent=2))
+            return
+        from attnprof.report.analysis_tables import render_analysis  # tables only: not needed for JSON
+
+        c.emit(render_analysis(analysis, fmt.value, c.table_width(fmt, wide)))

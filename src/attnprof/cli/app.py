@@ -1,24 +1,34 @@
-"""The Typer app: global options and one sub-command per module. torch is imported by commands only."""
+"""The Typer app: global options and one sub-command per module. torch is imported by commands only.
+
+Each command's module is imported, and its click command built, when the command runs or a help page
+lists it: `attnprof analyze` never imports the config models (pydantic) that `run` and `compare` need.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from attnprof.cli.analyze_cmd import analyze_command
-from attnprof.cli.check_cmd import check_command
 from attnprof.cli.common import STATE
-from attnprof.cli.compare_cmd import compare_command
-from attnprof.cli.diff_cmd import diff_command
-from attnprof.cli.explain_cmd import explain_command
-from attnprof.cli.list_cmd import list_command
-from attnprof.cli.model_cmd import model_command
-from attnprof.cli.plot_cmd import plot_command
-from attnprof.cli.report_cmd import report_command
-from attnprof.cli.run_cmd import run_command
-from attnprof.cli.sweep_cmd import sweep_command
+
+#: name -> (module, function), in the order help lists them
+COMMANDS = {
+    "list": ("attnprof.cli.list_cmd", "list_command"),
+    "run": ("attnprof.cli.run_cmd", "run_command"),
+    "compare": ("attnprof.cli.compare_cmd", "compare_command"),
+    "sweep": ("attnprof.cli.sweep_cmd", "sweep_command"),
+    "diff": ("attnprof.cli.diff_cmd", "diff_command"),
+    "check": ("attnprof.cli.check_cmd", "check_command"),
+    "model": ("attnprof.cli.model_cmd", "model_command"),
+    "analyze": ("attnprof.cli.analyze_cmd", "analyze_command"),
+    "explain": ("attnprof.cli.explain_cmd", "explain_command"),
+    "plot": ("attnprof.cli.plot_cmd", "plot_command"),
+    "report": ("attnprof.cli.report_cmd", "report_command"),
+}
 
 
 class _FlagsTakeNoValue:
@@ -35,12 +45,51 @@ class _FlagsTakeNoValue:
         return params
 
 
-class Group(_FlagsTakeNoValue, TyperGroup):
-    """The attnprof command group."""
-
-
 class Command(_FlagsTakeNoValue, TyperCommand):
     """One attnprof command."""
+
+
+class _Commands(MutableMapping):
+    """The group's commands by name (`COMMANDS` first): each is built on first use."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            module, function = COMMANDS[name]
+            single = typer.Typer(add_completion=False)
+            single.command(name, cls=Command)(getattr(importlib.import_module(module), function))
+            self._built[name] = typer.main.get_command(single)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (name for name in self._built if name not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS) + sum(1 for name in self._built if name not in COMMANDS)
+
+
+class Group(_FlagsTakeNoValue, TyperGroup):
+    """The attnprof command group; its commands are built when first used (see `COMMANDS`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        given, self.commands = self.commands, _Commands()
+        self.commands.update(given)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The command names, in `COMMANDS` order."""
+        return list(self.commands)
 
 
 app = typer.Typer(
@@ -73,19 +122,6 @@ def main_options(
     """Global options, given before the command."""
     STATE.debug = debug
     STATE.no_plugins = no_plugins
-
-
-app.command("list", cls=Command)(list_command)
-app.command("run", cls=Command)(run_command)
-app.command("compare", cls=Command)(compare_command)
-app.command("sweep", cls=Command)(sweep_command)
-app.command("diff", cls=Command)(diff_command)
-app.command("check", cls=Command)(check_command)
-app.command("model", cls=Command)(model_command)
-app.command("analyze", cls=Command)(analyze_command)
-app.command("explain", cls=Command)(explain_command)
-app.command("plot", cls=Command)(plot_command)
-app.command("report", cls=Command)(report_command)
 
 
 def main() -> None:
