@@ -226,7 +226,9 @@ def find_calls(tree: OpTree) -> tuple[list[Call], list[bool]]:
     """The forward attention calls of one instance in launch order, and which op positions they cover."""
     in_call = [False] * len(tree.order)
     names, ids = tree.trace.names, tree.trace.cpu_ops.name
-    roles = list(map(op_role, map(names.__getitem__, map(ids.__getitem__, tree.order))))
+    op_ids = [ids[o] for o in tree.order]
+    role_of = {n: op_role(names[n]) for n in set(op_ids)}  # one lookup per distinct name
+    roles = [role_of[n] for n in op_ids]
     calls = _sdpa_calls(tree, roles, in_call) if "sdpa" in roles else []
     calls += _kernel_calls(tree, in_call)
     if "softmax" in roles:

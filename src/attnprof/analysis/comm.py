@@ -148,6 +148,15 @@ def forward_comm(attribution: Attribution, fwd: Forward) -> ForwardComm:
     return ForwardComm(len(comm), comm_ops, comm_us, compute_us, overlapped, found)
 
 
+def _may_communicate(trace: Any) -> bool:
+    """True when some cpu op's name starts with COMM_OP_PREFIX or some device event's name is a comm
+    kernel's: one test per distinct name, so traces without communication skip the per-forward pass."""
+    names = trace.names
+    return any(names[n].startswith(COMM_OP_PREFIX) for n in set(trace.cpu_ops.name)) or any(
+        is_comm_kernel(names[n]) for n in set(trace.device.name)
+    )
+
+
 def _under_comm_op(fwd: Forward, op: int, trace: Any) -> bool:
     parent = fwd.op_parent.get(op, -1)
     while parent >= 0:
@@ -159,6 +168,8 @@ def _under_comm_op(fwd: Forward, op: int, trace: Any) -> bool:
 
 def comm_stats(attribution: Attribution) -> CommStats | None:
     """Communication per forward over every forward of the attribution; None when there is none."""
+    if not _may_communicate(attribution.trace):
+        return None  # no forward can have a comm kernel or a c10d op
     per_forward = [forward_comm(attribution, f) for f in attribution.forwards]
     if not per_forward or not any(m.kernels or m.ops for m in per_forward):
         return None

@@ -23,7 +23,7 @@ class OpTree:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
-        pos = self.pos = {op: i for i, op in enumerate(order)}
+        pos = self.pos = dict(zip(order, range(n), strict=True))
         get_parent = fwd.op_parent.get
         parents = map(get_parent, order, repeat(-1))
         up = self._up = list(map(pos.get, parents, repeat(-1)))  # the parent's position; -1: the region
@@ -56,8 +56,9 @@ class OpTree:
             if p >= 0:
                 if end[i] > end[p]:
                     end[p] = end[i]
-                busy[p] += busy[i]
-                count[p] += count[i]
+                if count[i]:  # a subtree that launched nothing adds zeros: skipped
+                    busy[p] += busy[i]
+                    count[p] += count[i]
         self.end, self._busy, self._count = end, busy, count
         self._names, self._name_ids = trace.names, trace.cpu_ops.name
         self._kids: dict[int, list[int]] = {}
