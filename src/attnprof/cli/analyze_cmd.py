@@ -48,13 +48,15 @@ def analyze_command(
     from attnprof.analysis import analyze_trace
     from attnprof.analysis.trace import gc_paused
 
-    with gc_paused():  # the analysis and its output: nothing for the cyclic collector to free
+    with gc_paused():  # the analysis keeps many containers until its output is written
         analysis = analyze_trace(trace, region=region, dtype=dtype)
         if analysis.region_choice:
             c.note(analysis.region_choice)
         if fmt is c.OutputFormat.json:
-            c.emit(json.dumps(analysis.to_dict(), indent=2))
-            return
-        from attnprof.report.analysis_tables import render_analysis  # tables only: not needed for JSON
+            text = json.dumps(analysis.to_dict(), indent=2)
+        else:
+            from attnprof.report.analysis_tables import render_analysis  # tables only: not needed for JSON
 
-        c.emit(render_analysis(analysis, fmt.value, c.table_width(fmt, wide)))
+            text = render_analysis(analysis, fmt.value, c.table_width(fmt, wide))
+        del analysis  # freed while the collector is off, so it has none of it to walk when back on
+    c.emit(text)
