@@ -81,8 +81,9 @@ def model_command(
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
-    """Profile a whole model under several attention implementations and compare them in one table (options
-    override the config)."""
+    """Profile a whole model under several attention implementations and compare them in one table.
+
+    Options override the config's values."""
     from attnprof.errors import ConfigError
     from attnprof.pipeline.model import plan_implementations
 
