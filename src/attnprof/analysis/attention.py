@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress
 
 from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.optree import OpTree
-from attnprof.analysis.trace import KERNEL
+from attnprof.analysis.trace import KERNEL, ParsedTrace
 
 SDPA_OP = "aten::scaled_dot_product_attention"
 #: The ops SDPA dispatches to, by backend; their `_backward` ops name the same backend.
@@ -90,6 +91,30 @@ def kernel_backend(name: str) -> str | None:
     return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerNames:
+    """What the ledger tests of a trace's names, found once per trace: op roles (`op_role`) and
+    SDPA dispatch backends by op name id, fused-attention backends (`kernel_backend`) by kernel name id."""
+
+    role: dict[int, str]
+    sdpa_backend: dict[int, str]
+    fused: dict[int, str]
+    batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
+
+
+def ledger_names(trace: ParsedTrace) -> LedgerNames:
+    """The `LedgerNames` of a trace."""
+    names, dev = trace.names, trace.device
+    op_ids = set(trace.cpu_ops.name)
+    kernel_ids = set(compress(dev.name, map(KERNEL.__eq__, dev.kind)))
+    return LedgerNames(
+        role={n: role for n in op_ids if (role := op_role(names[n])) is not None},
+        sdpa_backend={n: SDPA_BACKEND_OPS[names[n]] for n in op_ids if names[n] in SDPA_BACKEND_OPS},
+        fused={n: backend for n in kernel_ids if (backend := kernel_backend(names[n])) is not None},
+        batched=frozenset(n for n in op_ids if names[n] in BATCHED_MATMUL_OPS),
+    )
+
+
 @dataclass
 class Call:
     """One attention call of one instance: `events` are its device work (launch order), `ops` every op
@@ -107,24 +132,30 @@ class Call:
 
 
 def _mark(tree: OpTree, in_call: list[bool], op: int) -> list[int]:
-    ops = tree.subtree(op)
-    for o in ops:
-        in_call[tree.pos[o]] = True
-    return ops
+    i = tree.pos[op]
+    end = tree.end[i]
+    in_call[i:end] = [True] * (end - i)
+    return tree.order[i:end]
 
 
-def _sdpa_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> list[Call]:
-    calls, ts = [], tree.trace.cpu_ops.ts
-    for i, role in enumerate(roles):
-        if role != "sdpa" or in_call[i]:
+def _sdpa_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[Call]:
+    calls, ts, op_name = [], tree.trace.cpu_ops.ts, tree.trace.cpu_ops.name
+    roles = tree.roles
+    i = -1
+    while True:
+        try:
+            i = roles.index("sdpa", i + 1)
+        except ValueError:
+            break
+        if in_call[i]:
             continue
         op = tree.order[i]
         ops = _mark(tree, in_call, op)
-        backend = next((SDPA_BACKEND_OPS[tree.name(o)] for o in ops if tree.name(o) in SDPA_BACKEND_OPS), None)
+        backend = next((b for o in ops if (b := names.sdpa_backend.get(op_name[o])) is not None), None)
         events = tree.events(op)
         if backend is None:
-            names = tree.trace.names
-            found = (explain_kernel(names[tree.trace.device.name[e]]).backend for e in events)
+            dev_names = tree.trace.names
+            found = (explain_kernel(dev_names[tree.trace.device.name[e]]).backend for e in events)
             backend = next((b for b in found if b), "sdpa")
         calls.append(Call(tree.name(op), backend, events, ops, op, op, ts[op]))
     return calls
@@ -132,31 +163,28 @@ def _sdpa_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> l
 
 def _anchor(tree: OpTree, op: int) -> int:
     """The outermost op around `op` below any container (`op` itself when its parent is one)."""
-    while (parent := tree.parent(op)) >= 0 and op_role(tree.name(parent)) != "container":
+    while (parent := tree.parent(op)) >= 0 and tree.role(parent) != "container":
         op = parent
     return op
 
 
-def _kernel_calls(tree: OpTree, in_call: list[bool]) -> list[Call]:
+def _kernel_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[Call]:
     trace = tree.trace
-    dev, names, rt = trace.device, trace.names, trace.runtime
+    dev, rt = trace.device, trace.runtime
+    fused, dev_name = names.fused, dev.name
     by_anchor: dict[int, str] = {}
-    backend_of: dict[int, str | None] = {}  # by name id
     calls = []
     for op, events in list(tree.direct.items()):
         if op >= 0 and in_call[tree.pos[op]]:
             continue
         for e in events:
-            nid = dev.name[e]
-            if nid not in backend_of:
-                backend_of[nid] = kernel_backend(names[nid]) if dev.kind[e] == KERNEL else None
-            backend = backend_of[nid]
-            if backend is None:
+            backend = fused.get(dev_name[e])
+            if backend is None or dev.kind[e] != KERNEL:
                 continue
             if op < 0:  # launched under no op: the kernel alone is the call
                 launch = tree.fwd.device_launch.get(e)
                 start = rt.ts[launch] if launch is not None else dev.ts[e]
-                calls.append(Call(short_kernel_name(names[dev.name[e]]), backend, [e], start=start))
+                calls.append(Call(short_kernel_name(trace.names[dev_name[e]]), backend, [e], start=start))
                 continue
             anchor = _anchor(tree, op)
             if anchor not in by_anchor and not in_call[tree.pos[anchor]]:
@@ -169,11 +197,13 @@ def _kernel_calls(tree: OpTree, in_call: list[bool]) -> list[Call]:
     return calls
 
 
-def _batched(tree: OpTree, op: int) -> bool:
-    return any(tree.name(o) in BATCHED_MATMUL_OPS for o in tree.subtree(op))
+def _batched(tree: OpTree, names: LedgerNames, op: int) -> bool:
+    return not names.batched.isdisjoint(map(tree.trace.cpu_ops.name.__getitem__, tree.subtree(op)))
 
 
-def _matmul_beside(tree: OpTree, kids: list[int], j: int, step: int, in_call: list[bool]) -> int | None:
+def _matmul_beside(
+    tree: OpTree, names: LedgerNames, kids: list[int], j: int, step: int, in_call: list[bool]
+) -> int | None:
     """From the softmax `kids[j]`, the index of the nearest batched matmul that launched work in
     direction `step` (-1: before it, 1: after it), passing at most MAX_OPS_BEFORE_SOFTMAX (after:
     MAX_OPS_AFTER_SOFTMAX) other launching ops; None when another softmax, a call or an unbatched
@@ -184,10 +214,10 @@ def _matmul_beside(tree: OpTree, kids: list[int], j: int, step: int, in_call: li
         op = kids[k]
         if in_call[tree.pos[op]]:
             return None
-        role = op_role(tree.name(op))
+        role = tree.role(op)
         launched = tree.launched(op)
         if role == "matmul" and launched:
-            return k if _batched(tree, op) else None
+            return k if _batched(tree, names, op) else None
         if role == "softmax":
             return None
         if launched:
@@ -198,12 +228,18 @@ def _matmul_beside(tree: OpTree, kids: list[int], j: int, step: int, in_call: li
     return None
 
 
-def _eager_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> list[Call]:
+def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[Call]:
     calls: list[Call] = []
     ts = tree.trace.cpu_ops.ts
     index: dict[int, dict[int, int]] = {}  # parent -> its children's indices
-    for i, role in enumerate(roles):
-        if role != "softmax" or in_call[i]:
+    roles = tree.roles
+    i = -1
+    while True:
+        try:
+            i = roles.index("softmax", i + 1)
+        except ValueError:
+            break
+        if in_call[i]:
             continue
         softmax = tree.order[i]
         parent = tree.parent(softmax)
@@ -211,28 +247,29 @@ def _eager_calls(tree: OpTree, roles: list[str | None], in_call: list[bool]) -> 
         if parent not in index:
             index[parent] = {op: k for k, op in enumerate(kids)}
         j = index[parent][softmax]
-        first, last = _matmul_beside(tree, kids, j, -1, in_call), _matmul_beside(tree, kids, j, 1, in_call)
+        first = _matmul_beside(tree, names, kids, j, -1, in_call)
+        last = _matmul_beside(tree, names, kids, j, 1, in_call)
         if first is None or last is None:
             continue
-        group = kids[first : last + 1]
-        label = " → ".join(tree.name(o) for o in (group[0], softmax, group[-1]))
-        ops = [o for g in group for o in _mark(tree, in_call, g)]
-        events = [e for g in group for e in tree.events(g)]
-        calls.append(Call(label, "eager", events, ops, group[0], group[-1], ts[group[0]]))
+        head, tail = kids[first], kids[last]
+        label = " → ".join((tree.name(head), tree.name(softmax), tree.name(tail)))
+        start, stop = tree.pos[head], tree.end[tree.pos[tail]]  # the kids between them, with their subtrees
+        in_call[start:stop] = [True] * (stop - start)
+        events = tree.span_events(start, stop)
+        calls.append(Call(label, "eager", events, tree.order[start:stop], head, tail, ts[head]))
     return calls
 
 
-def find_calls(tree: OpTree) -> tuple[list[Call], list[bool]]:
-    """The forward attention calls of one instance in launch order, and which op positions they cover."""
+def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]]:
+    """The forward attention calls of one instance in launch order, and which op positions they
+    cover. `tree` carries the roles of `names` (`OpTree(..., names.role)`)."""
     in_call = [False] * len(tree.order)
-    names, ids = tree.trace.names, tree.trace.cpu_ops.name
-    op_ids = [ids[o] for o in tree.order]
-    role_of = {n: op_role(names[n]) for n in set(op_ids)}  # one lookup per distinct name
-    roles = [role_of[n] for n in op_ids]
-    calls = _sdpa_calls(tree, roles, in_call) if "sdpa" in roles else []
-    calls += _kernel_calls(tree, in_call)
+    roles = tree.roles
+    calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
+    if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
+        calls += _kernel_calls(tree, names, in_call)
     if "softmax" in roles:
-        calls += _eager_calls(tree, roles, in_call)
+        calls += _eager_calls(tree, names, in_call)
     calls.sort(key=lambda c: c.start)
     return calls, in_call
 

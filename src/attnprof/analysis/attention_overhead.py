@@ -104,7 +104,7 @@ def _level(tree: OpTree, call: Call) -> tuple[list[int], int, int]:
         at = bisect_right([ts[o] for o in kids], call.start)
         return kids, at, at - 1
     first, last = call.first, call.last
-    while (parent := tree.parent(first)) >= 0 and op_role(tree.name(parent)) == "container":
+    while (parent := tree.parent(first)) >= 0 and tree.role(parent) == "container":
         first = last = parent
     kids = tree.kids(tree.parent(first))
     return kids, kids.index(first), kids.index(last)
@@ -182,7 +182,7 @@ def overhead_ledger(
     for unit in units:
         item = result.setdefault(unit.kind, Overhead())
         item.count += 1
-        compiled = op_role(tree.name(unit.root)) == "container"  # a compiled graph: named as a whole
+        compiled = tree.role(unit.root) == "container"  # a compiled graph: named as a whole
         for e in tree.events(unit.root):
             item.time_us += dev.dur[e]
             call = fwd.device_launch.get(e)

@@ -25,10 +25,11 @@ of calls, each with the median time of its position over the instances that ran 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnprof.analysis.attention import Call, backward_calls, find_calls
+from attnprof.analysis.attention import Call, LedgerNames, backward_calls, find_calls
 from attnprof.analysis.attention_overhead import OVERHEAD_KINDS, Overhead, overhead_ledger
 from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.optree import OpTree
@@ -38,14 +39,22 @@ from attnprof.stats import median, median_count
 
 @dataclass(frozen=True)
 class CallFacts:
-    """One attention call: what ran, on which backend, in which phase, and its device time."""
+    """One attention call: what ran, on which backend, in which phase, and its device time.
+    `kernel_ids` are its device events' name ids in `names` (the trace's); `kernels` reads them."""
 
     op: str
     backend: str
     phase: str
-    kernels: tuple[str, ...]
+    kernel_ids: tuple[int, ...]
     time_us: float
     forward_call: int | None = None
+    names: Sequence[str] = field(default=(), compare=False, repr=False)
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The short names of its kernels, memcpys and memsets, in launch order."""
+        names = self.names
+        return tuple(short_kernel_name(names[n]) for n in self.kernel_ids)
 
     @property
     def signature(self) -> tuple[str, str, str, int | None]:
@@ -89,20 +98,23 @@ class ForwardLedger:
 
 
 def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
-    dev, names = trace.device, trace.names
+    dev = trace.device
+    events = call.events
     return CallFacts(
         op=call.op,
         backend=call.backend,
         phase=call.phase,
-        kernels=tuple(short_kernel_name(names[dev.name[e]]) for e in call.events),
-        time_us=sum(dev.dur[e] for e in call.events),
+        kernel_ids=tuple(map(dev.name.__getitem__, events)),
+        time_us=sum(map(dev.dur.__getitem__, events)),
         forward_call=call.forward_call,
+        names=trace.names,
     )
 
 
-def forward_ledger(tree: OpTree, gpu_time_us: float | None) -> ForwardLedger:
-    """The attention calls and overhead of one instance whose device work was traced (`tree`: its ops)."""
-    calls, in_call = find_calls(tree)
+def forward_ledger(tree: OpTree, names: LedgerNames, gpu_time_us: float | None) -> ForwardLedger:
+    """The attention calls and overhead of one instance whose device work was traced (`tree`: its
+    ops, with the roles of `names`)."""
+    calls, in_call = find_calls(tree, names)
     backward, unclaimed = backward_calls(tree, calls)
     overhead = overhead_ledger(tree, calls, in_call, unclaimed)
     return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
@@ -179,7 +191,9 @@ def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFact
     shape = [c.signature for c in first.calls]
     same = [ledger for ledger in ledgers if [c.signature for c in ledger.calls] == shape]
     return [
-        CallFacts(c.op, c.backend, c.phase, c.kernels, median([s.calls[i].time_us for s in same]), c.forward_call)
+        CallFacts(
+            c.op, c.backend, c.phase, c.kernel_ids, median([s.calls[i].time_us for s in same]), c.forward_call, c.names
+        )
         for i, c in enumerate(first.calls)
     ]
 

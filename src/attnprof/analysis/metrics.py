@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
 from operator import add
 from typing import Any
 
+from attnprof.analysis.attention import LedgerNames, ledger_names
 from attnprof.analysis.forwards import Attribution, Forward
 from attnprof.analysis.ledger import ForwardLedger, forward_ledger
 from attnprof.analysis.names import short_kernel_name
@@ -166,6 +167,7 @@ class NameIds:
     mask_nesting: frozenset[int]  # MASK_OPS and SAFE_SOFTMAX
     dtod: frozenset[int]  # device-event names of device-to-device memcpys
     device_end: Sequence[float]  # ts + dur of each device event
+    ledger: LedgerNames  # what the attention ledger tests
 
 
 def name_ids(trace: ParsedTrace) -> NameIds:
@@ -179,19 +181,8 @@ def name_ids(trace: ParsedTrace) -> NameIds:
         mask_nesting=frozenset(ids[n] for n in _MASK_NESTING if n in ids),
         dtod=frozenset(n for n in set(dev.name) if _is_dtod(names[n])),
         device_end=array("d", map(add, dev.ts, dev.dur)),
+        ledger=ledger_names(trace),
     )
-
-
-def _launching_ops(fwd: Forward) -> set[int]:
-    """The ops of `fwd` under which some launch call ran (the innermost op and its ancestors)."""
-    launching: set[int] = set()
-    parent, launch_op = fwd.op_parent.get, fwd.launch_op.get
-    for call in fwd.launches:
-        op = launch_op(call, -1)
-        while op >= 0 and op not in launching:
-            launching.add(op)
-            op = parent(op, -1)
-    return launching
 
 
 def _nested_in(fwd: Forward, op: int, op_name: Sequence[int], wanted: frozenset[int]) -> bool:
@@ -204,27 +195,17 @@ def _nested_in(fwd: Forward, op: int, op_name: Sequence[int], wanted: frozenset[
     return False
 
 
-def _kernels_under(trace: ParsedTrace, fwd: Forward, roots: set[int]) -> list[str]:
-    """Short names of the kernels of `fwd` launched under one of the ops in `roots`, in time order."""
-    dev, names = trace.device, trace.names
-    parent, launch_op, device_launch = fwd.op_parent.get, fwd.launch_op.get, fwd.device_launch.get
-    under = {-1: False}  # op -> whether it or an op around it is in `roots`
+def _kernels_under(tree: OpTree, roots: Iterable[int]) -> list[str]:
+    """Short names of the kernels of the instance launched under one of the ops in `roots`, in time order."""
+    inside = {o for root in roots for o in tree.subtree(root)}
+    fwd, dev, names = tree.fwd, tree.trace.device, tree.trace.names
+    launch_of, op_of, kind = fwd.device_launch.get, fwd.launch_op.get, dev.kind
     found = []
-    for e in compress(fwd.device, map(KERNEL.__eq__, map(dev.kind.__getitem__, fwd.device))):
-        call = device_launch(e)
-        op = launch_op(call, -1) if call is not None else -1
-        chain = []
-        while op not in under:
-            if op in roots:
-                under[op] = True
-                break
-            chain.append(op)
-            op = parent(op, -1)
-        inside = under[op]
-        for o in chain:
-            under[o] = inside
-        if inside:
-            found.append(short_kernel_name(names[dev.name[e]]))
+    for e in fwd.device:
+        if kind[e] == KERNEL:
+            call = launch_of(e)
+            if call is not None and op_of(call) in inside:
+                found.append(short_kernel_name(names[dev.name[e]]))
     return found
 
 
@@ -251,18 +232,18 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     ids = name_ids(trace) if ids is None else ids
     names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
     op_name = ops.name
-    op_names = [op_name[i] for i in fwd.ops]
-    op_counts = Counter([names[n] for n in op_names])
+    op_names = list(map(op_name.__getitem__, fwd.ops))
+    op_counts = Counter(map(names.__getitem__, op_names))
 
     def named(name_id: int) -> list[int]:  # the ops with this name id, in order
-        return [i for i, n in zip(fwd.ops, op_names, strict=True) if n == name_id]
+        return list(compress(fwd.ops, map(name_id.__eq__, op_names)))
 
     transposes = named(ids.transpose) if "aten::transpose" in op_counts else []
     mask_roots = (
         {
             i
             for i, n in zip(fwd.ops, op_names, strict=True)
-            if names[n] in _MASK_SET and not _nested_in(fwd, i, ops.name, ids.mask_nesting)
+            if n in ids.mask_nesting and n != ids.safe_softmax and not _nested_in(fwd, i, op_name, ids.mask_nesting)
         }
         if not _MASK_SET.isdisjoint(op_counts)
         else set()
@@ -270,21 +251,21 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     upcasts, upcast_types_known = _upcasts(trace, named(ids.to_copy)) if "aten::_to_copy" in op_counts else (0, False)
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=Counter([names[rt_name[c]] for c in fwd.launches]),
+        launch_apis=Counter(map(names.__getitem__, map(rt_name.__getitem__, fwd.launches))),
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
         op_counts=op_counts,
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
-        mask_ops=Counter([names[op_name[i]] for i in mask_roots]),
+        mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))),
         cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
         backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
     if not attribution.device_traced:
         return metrics
+    tree = OpTree(trace, fwd, ids.ledger.role, op_names)
     device = fwd.device
-    kind = dev.kind
-    kinds = [kind[e] for e in device]
+    kinds = list(map(dev.kind.__getitem__, device))
     metrics.kernels, metrics.memcpy, metrics.memset = kinds.count(KERNEL), kinds.count(MEMCPY), kinds.count(MEMSET)
     metrics.dtod_memcpy = (
         sum(1 for e, kind in zip(device, kinds, strict=True) if kind == MEMCPY and dev.name[e] in ids.dtod)
@@ -292,9 +273,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         else 0
     )
     if device:
-        ts, device_end = dev.ts, ids.device_end
-        start = min([ts[e] for e in device])
-        metrics.gpu_time_us = max([device_end[e] for e in device]) - start
+        metrics.gpu_time_us = max(map(ids.device_end.__getitem__, device)) - min(map(dev.ts.__getitem__, device))
     if fwd.gpu_annotations:
         gann, annotations = trace.gpu_annotations, fwd.gpu_annotations
         if len(annotations) == 1:
@@ -303,28 +282,27 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         else:
             starts = list(map(gann.ts.__getitem__, annotations))
             metrics.gpu_annotation_us = max(map(add, starts, map(gann.dur.__getitem__, annotations))) - min(starts)
-    dur = dev.dur
-    durations = [dur[e] for e in device]
+    durations = list(map(dev.dur.__getitem__, device))
     metrics.device_time_us = sum(durations)
     metrics.kernel_time_us = (
         metrics.device_time_us
         if metrics.kernels == len(device)
         else sum(compress(durations, map(KERNEL.__eq__, kinds)))
     )
-    if transposes:
-        launching = _launching_ops(fwd)
-        metadata = [i for i in transposes if i not in launching]
+    if transposes:  # those that launched nothing, not even inside them
+        launch_ops = set(map(fwd.launch_op.get, fwd.launches))
+        metadata = [i for i in transposes if launch_ops.isdisjoint(tree.subtree(i))]
     else:
         metadata = []
     metrics.metadata_transposes = len(metadata)
     for i in metadata:
         parent = fwd.op_parent.get(i, -1)
         metrics.metadata_transpose_parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
-    metrics.mask_kernels = _kernels_under(trace, fwd, mask_roots) if mask_roots else []
-    softmax_roots = set(named(ids.safe_softmax)) if SAFE_SOFTMAX in op_counts else set()
-    metrics.safe_softmax_kernels = _kernels_under(trace, fwd, softmax_roots) if softmax_roots else []
+    metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
+    metrics.safe_softmax_kernels = _kernels_under(tree, named(ids.safe_softmax)) if SAFE_SOFTMAX in op_counts else []
     if fwd.backward_device:
         metrics.phases = phase_metrics(trace, fwd)
+        metrics.backward_roles = backward_roles(trace, fwd)
     else:  # all of it is forward work, counted above
         metrics.phases = {
             "forward": PhaseMetrics(
@@ -332,11 +310,8 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
             ),
             "backward": NO_WORK,
         }
-    if fwd.backward_device:
-        metrics.backward_roles = backward_roles(trace, fwd)
-    tree = OpTree(trace, fwd)
-    metrics.attention = forward_ledger(tree, metrics.gpu_time_us)
-    metrics.stalls = forward_stalls(trace, fwd, tree.roots)
+    metrics.attention = forward_ledger(tree, ids.ledger, metrics.gpu_time_us)
+    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end)
     return metrics
 
 

@@ -10,29 +10,45 @@ backward op that launched it.
 
 from __future__ import annotations
 
-from itertools import repeat
+from collections.abc import Mapping
+from itertools import chain, compress, repeat
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.trace import ParsedTrace
 
 
 class OpTree:
-    """The forward ops of `fwd` with their device work (see the module docstring)."""
+    """The forward ops of `fwd` with their device work (see the module docstring). `role_of` maps
+    an op name id to its role (see `attention.op_role`); ops whose name has none have role None.
+    `op_names`: the name id of each op of `fwd.ops`, when the caller has them."""
 
-    def __init__(self, trace: ParsedTrace, fwd: Forward) -> None:
+    def __init__(
+        self,
+        trace: ParsedTrace,
+        fwd: Forward,
+        role_of: Mapping[int, str] | None = None,
+        op_names: list[int] | None = None,
+    ) -> None:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
         pos = self.pos = dict(zip(order, range(n), strict=True))
         get_parent = fwd.op_parent.get
-        parents = map(get_parent, order, repeat(-1))
-        up = self._up = list(map(pos.get, parents, repeat(-1)))  # the parent's position; -1: the region
-        self.roots = [op for op, p in zip(order, up, strict=True) if p < 0]
+        up = self._up = list(map(pos.get, map(get_parent, order, repeat(-1)), repeat(-1)))  # -1: the region
+        self.roots = list(compress(order, map((-1).__eq__, up)))
+        self._name_ids = name_ids = trace.cpu_ops.name
+        self._names = trace.names
+        self.roles: list[str | None] = (
+            list(map(role_of.get, op_names if op_names is not None else map(name_ids.__getitem__, order)))
+            if role_of is not None
+            else [None] * n
+        )
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
-        busy, count = [0.0] * n, [0] * n
-        dur, launch_of, op_of = trace.device.dur, fwd.device_launch.get, fwd.launch_op.get
+        launched = [False] * n
+        launch_of, op_of = fwd.device_launch.get, fwd.launch_op.get
         backward = fwd.backward_device
+        direct = self.direct
         for e in fwd.device:
             call = launch_of(e)
             op = op_of(call, -1) if call is not None else -1
@@ -41,26 +57,23 @@ class OpTree:
                     op = get_parent(op, -1)
                 self.backward.setdefault(op, []).append(e)
                 continue
-            found = self.direct.get(op)
+            found = direct.get(op)
             if found is None:
-                self.direct[op] = [e]
+                direct[op] = [e]
+                i = pos.get(op, -1)
+                if i >= 0:
+                    launched[i] = True
             else:
                 found.append(e)
-            i = pos.get(op, -1)
-            if i >= 0:
-                busy[i] += dur[e]
-                count[i] += 1
         end = list(range(1, n + 1))
-        for i in range(n - 1, -1, -1):  # children come after their parent: fold them in from the end
+        for i in range(n - 1, 0, -1):  # children come after their parent: fold them in from the end
             p = up[i]
             if p >= 0:
                 if end[i] > end[p]:
                     end[p] = end[i]
-                if count[i]:  # a subtree that launched nothing adds zeros: skipped
-                    busy[p] += busy[i]
-                    count[p] += count[i]
-        self.end, self._busy, self._count = end, busy, count
-        self._names, self._name_ids = trace.names, trace.cpu_ops.name
+                if launched[i]:
+                    launched[p] = True
+        self.end, self._launched = end, launched
         self._kids: dict[int, list[int]] = {}
 
     def kids(self, parent: int) -> list[int]:
@@ -70,13 +83,18 @@ class OpTree:
         found = self._kids.get(parent)
         if found is None:
             p = self.pos[parent]
-            up = self._up
-            found = self._kids[parent] = [self.order[i] for i in range(p + 1, self.end[p]) if up[i] == p]
+            found = self._kids[parent] = list(
+                compress(self.order[p + 1 : self.end[p]], map(p.__eq__, self._up[p + 1 : self.end[p]]))
+            )
         return found
 
     def name(self, op: int) -> str:
         """The op's name."""
         return self._names[self._name_ids[op]]
+
+    def role(self, op: int) -> str | None:
+        """The op's role (see the class docstring)."""
+        return self.roles[self.pos[op]]
 
     def parent(self, op: int) -> int:
         """The enclosing op (-1: the region itself)."""
@@ -90,15 +108,22 @@ class OpTree:
 
     def events(self, op: int) -> list[int]:
         """The forward device work launched inside `op` (its own and its descendants'), in launch order."""
-        return [e for o in self.subtree(op) for e in self.direct.get(o, ())]
+        i = self.pos[op]
+        if not self._launched[i]:
+            return []
+        if self.end[i] == i + 1:
+            return list(self.direct[op])
+        return self.span_events(i, self.end[i])
+
+    def span_events(self, start: int, stop: int) -> list[int]:
+        """The forward device work launched by the ops at positions `start` to `stop` (exclusive): op
+        by op, each op's in launch order."""
+        direct = self.direct
+        return list(chain.from_iterable(map(direct.__getitem__, filter(direct.__contains__, self.order[start:stop]))))
 
     def launched(self, op: int) -> bool:
         """True when `op` or an op inside it launched device work."""
-        return self._count[self.pos[op]] > 0
-
-    def device_us(self, op: int) -> float:
-        """The summed duration of the device work launched inside `op`."""
-        return self._busy[self.pos[op]]
+        return self._launched[self.pos[op]]
 
     def chain(self, root: int, op: int) -> str:
         """The op names from `root` down to `op`, joined by " → "."""

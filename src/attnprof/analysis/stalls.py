@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
-from dataclasses import dataclass, field
-from itertools import compress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate, compress, islice
+from operator import add, sub
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.names import short_kernel_name
@@ -36,6 +39,7 @@ SYNC_APIS = frozenset(
     }
 )
 LARGEST_GAPS = 3
+_RawGap = tuple[float, str, float, float, int]  # (duration, phase, start, phase start, the event before)
 GPU_IDLE_SHARE = 0.5  # idle more than busy: the gpu-idle finding's threshold
 
 
@@ -62,39 +66,56 @@ class Gap:
     cpu_ops: tuple[tuple[str, float], ...]
 
 
-@dataclass
 class Stalls:
-    """The host syncs and idle time of one instance."""
+    """The host syncs and idle time of one instance. The largest gaps are described (`gaps`) only
+    when read: the findings read those of one instance."""
 
-    syncs: list[Sync] = field(default_factory=list)
-    idle_us: float = 0.0
-    span_us: float = 0.0  # the phases' spans together
-    gaps: list[Gap] = field(default_factory=list)  # the largest, longest first
+    __slots__ = ("syncs", "idle_us", "span_us", "_gaps", "_pending")
+
+    def __init__(self, syncs: list[Sync] | None = None, idle_us: float = 0.0, span_us: float = 0.0) -> None:
+        self.syncs = syncs if syncs is not None else []
+        self.idle_us = idle_us
+        self.span_us = span_us  # the phases' spans together
+        self._gaps: list[Gap] | None = None
+        self._pending: tuple[ParsedTrace, list[list[int]], list[tuple[str, list[int]]]] | None = None
 
     @property
     def idle_share(self) -> float | None:
         """idle_us over span_us; None without device work."""
         return self.idle_us / self.span_us if self.span_us > 0 else None
 
+    @property
+    def gaps(self) -> list[Gap]:
+        """The largest gaps, longest first (none unless the instance idled more than `GPU_IDLE_SHARE`)."""
+        if self._gaps is None:
+            self._gaps = []
+            if self._pending is not None:
+                trace, threads, phases = self._pending
+                raw = [gap for phase, events in phases for gap in _raw_gaps(trace, events, phase)]
+                raw.sort(key=lambda g: -g[0])
+                self._gaps = [_gap(trace, threads, *g) for g in raw[:LARGEST_GAPS]]
+                self._pending = None
+        return self._gaps
 
-def forward_stalls(trace: ParsedTrace, fwd: Forward, roots: list[int]) -> Stalls:
+
+def forward_stalls(
+    trace: ParsedTrace, fwd: Forward, roots: list[int], device_end: Sequence[float] | None = None
+) -> Stalls:
     """The host syncs and idle time of one instance whose device work was traced; `roots` are its
-    top-level forward ops (see `OpTree.roots`)."""
+    top-level forward ops (see `OpTree.roots`), `device_end` the end of each device event (ts + dur)
+    when the caller has them."""
     stalls = Stalls(syncs=_syncs(trace, fwd))
     backward = [e for e in fwd.device if e in fwd.backward_device] if fwd.backward_device else []
     forward = [e for e in fwd.device if e not in fwd.backward_device] if backward else fwd.device
-    gaps: list[tuple[float, str, float, float, int]] = []  # (duration, phase, start, phase start, the event before)
-    for phase, events in (("forward", forward), ("backward", backward)):
-        if not events:
-            continue
-        idle, span, found = _idle(trace, events, phase)
+    ends = device_end if device_end is not None else array("d", map(add, trace.device.ts, trace.device.dur))
+    phases = [(phase, events) for phase, events in (("forward", forward), ("backward", backward)) if events]
+    for _, events in phases:
+        idle, span = _idle(trace.device.ts, ends, events)
         stalls.idle_us += idle
         stalls.span_us += span
-        gaps += found
-    if gaps and (stalls.idle_share or 0.0) > GPU_IDLE_SHARE:
-        gaps.sort(key=lambda g: -g[0])
+    if (stalls.idle_share or 0.0) > GPU_IDLE_SHARE:
         threads = [roots, list(fwd.backward_tops)]  # each sorted by start, its ops one after another
-        stalls.gaps = [_gap(trace, threads, *g) for g in gaps[:LARGEST_GAPS]]
+        stalls._pending = (trace, threads, phases)
     return stalls
 
 
@@ -119,23 +140,28 @@ def _syncs(trace: ParsedTrace, fwd: Forward) -> list[Sync]:
     return result
 
 
-def _idle(
-    trace: ParsedTrace, events: list[int], phase: str
-) -> tuple[float, float, list[tuple[float, str, float, float, int]]]:
-    """Idle time, span and gaps (duration, phase, start, phase start, the event before) of events sorted by start."""
+def _idle(ts: Sequence[float], ends: Sequence[float], events: list[int]) -> tuple[float, float]:
+    """Idle time and span of device events sorted by start (`ts`, `ends`: of every device event)."""
+    starts = list(map(ts.__getitem__, events))
+    running_end = list(accumulate(map(ends.__getitem__, events), max))  # the latest end so far
+    idle = sum(filter((0.0).__lt__, map(sub, islice(starts, 1, None), running_end)))
+    return idle, running_end[-1] - starts[0]
+
+
+def _raw_gaps(trace: ParsedTrace, events: list[int], phase: str) -> list[_RawGap]:
+    """The gaps (duration, phase, start, phase start, the event before) of device events sorted by start."""
     dev = trace.device
     first = events[0]
-    start, end, last = dev.ts[first], dev.ts[first] + dev.dur[first], first
-    span_start, idle = start, 0.0
+    end, last = dev.ts[first] + dev.dur[first], first
+    span_start = dev.ts[first]
     gaps = []
     for e in events[1:]:
         ts, te = dev.ts[e], dev.ts[e] + dev.dur[e]
         if ts > end:
-            idle += ts - end
             gaps.append((ts - end, phase, end, span_start, last))
         if te > end:
             end, last = te, e
-    return idle, end - span_start, gaps
+    return gaps
 
 
 def _gap(
