@@ -166,6 +166,49 @@ def test_gpu_idle_names_the_compiled_regions_flex_waits_on():
     assert "Torch-Compiled Region: 0/0" in message and "TorchDynamo Cache Lookup" in message
 
 
+
+def raw_enclosing_ops(name: str, kernel_part: str) -> list[set[str]]:
+    """For each device event whose name holds `kernel_part`, from the raw JSON without
+    attnprof: the names of the cpu ops on its launch's thread whose range holds the launch."""
+    with gzip.open(MODEL / f"llama2l-{name}.json.gz", "rt", encoding="utf-8") as fh:
+        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    found = []
+    for kernel in (e for e in events if e.get("cat") == "kernel" and kernel_part in e["name"]):
+        call = launches[kernel["args"]["correlation"]]
+        found.append(
+            {o["name"] for o in ops if o["tid"] == call["tid"] and o["ts"] <= call["ts"] <= o["ts"] + o["dur"]}
+        )
+    return found
+
+
+@pytest.mark.parametrize("name", ["sdpa", "eager", "eager-train_step", "flex_attention"])
+def test_fp32_cuda_cores_places_the_rotary_gemm_outside_the_attention_calls(name):
+    """The model's one FP32 GEMM is the rotary embedding's (fp32 by design): the finding says it ran
+    outside the attention calls and names its ops, as the raw trace shows them."""
+    [enclosing] = {frozenset(ops) for ops in raw_enclosing_ops(name, "cutlass_80_simt_sgemm")}
+    assert {"aten::matmul", "aten::bmm"} <= enclosing
+    assert not enclosing & {"aten::scaled_dot_product_attention", "aten::softmax", "aten::_softmax"}
+    message = llama(name).finding("fp32-cuda-cores").message
+    assert "cutlass_80_simt_sgemm_128x32_8x5_nn_align1 x1 outside the attention calls" in message
+    assert "launched by aten::matmul → aten::bmm" in message
+    assert "inside" not in message
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_fp32_cuda_cores_places_the_math_backends_gemms_inside_its_calls(mode):
+    path = DATA / ("8x16x1024x64" if mode == "fwd" else "training/fwd+bwd/8x16x1024x64") / "sdpa-math.json.gz"
+    analysis = analyze_trace(path)
+    message = analysis.finding("fp32-cuda-cores").message
+    assert "all inside the attention calls (math)" in message
+    assert "outside" not in message and "launched by" not in message
+    gemms = [k for k in analysis.kernels if k.family == "gemm" and k.tensor_cores is False]
+    assert gemms and all(k.launch_ops for k in gemms)  # recorded, though the message has no need of them
+    for k in gemms:  # the math backend's forward, or autograd's backward of its bmm
+        assert "aten::_scaled_dot_product_attention_math" in k.launch_ops[0] or "BmmBackward0" in k.launch_ops[0]
+
+
 # ------------------------------------------------------------------ single-call traces of the variants
 
 BACKENDS = {

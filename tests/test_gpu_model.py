@@ -98,3 +98,21 @@ def test_flex_attention_inside_the_model_on_the_gpu(cli, llama_2l) -> None:
     row = _rows(result)["flex_attention"]
     assert row["status"] == "ok" and row["logits_rel_diff"] < 2e-2
     assert any("triton" in k["name"] for k in row["kernels"]), [k["name"] for k in row["kernels"]]
+
+
+def test_fp32_gemms_are_placed_inside_or_outside_the_attention_calls_of_a_llama(cli, llama_2l) -> None:
+    """The rotary embedding's GEMM is FP32 by design and runs outside attention: `fp32-cuda-cores`
+    says so with its ops. attnprof's sdpa-math, run inside the model, adds FP32 GEMMs of its own
+    (the math backend upcasts), and the finding places those inside the attention calls."""
+    path = llama_2l(seq=[1024], implementations=["sdpa", "sdpa-math"])
+    result = cli("model", str(path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = _rows(result)
+    messages = {}
+    for name in ("sdpa", "sdpa-math"):
+        assert rows[name]["status"] == "ok", rows[name]["status"]
+        [messages[name]] = [f["message"] for f in rows[name]["findings"] if f["id"] == "fp32-cuda-cores"]
+    assert "outside the attention calls, launched by aten::matmul → aten::bmm" in messages["sdpa"]
+    assert "inside" not in messages["sdpa"]
+    assert "outside the attention calls, launched by aten::matmul → aten::bmm" in messages["sdpa-math"]
+    assert "inside the attention calls (math)" in messages["sdpa-math"]

@@ -152,17 +152,61 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
     if not gemms:
         return None
     n = sum(k.count_per_forward for k in gemms)
-    names = [f"{k.short_name}" for k in gemms]
+    placed = _gemm_placement(ctx, gemms)
+    inside = {backend for _, backend, _ in placed or () if backend}
+    if placed is not None and len(inside) == 1 and all(where == "inside" for where, _, _ in placed):
+        shown = f"{_list([k.short_name for k in gemms], 2)}; all inside the attention calls ({inside.pop()})"
+    elif placed is not None:
+        pairs = zip(gemms, placed, strict=True)
+        shown = _list([f"{k.short_name} x{k.count_per_forward} {text}" for k, (_, _, text) in pairs], 2)
+    else:
+        shown = _list([k.short_name for k in gemms], 2)
     message = (
-        f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores "
-        f"({_list(names, 2)}), although the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} "
-        f"({ctx.dtype_source})"
+        f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores ({shown}), although "
+        f"the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} ({ctx.dtype_source})"
     )
     upcasts = _upcasts_per_forward(ctx)
     if upcasts:
         count, how = upcasts
-        message += f"; {count} upcast cop{'y' if count == 1 else 'ies'} per forward ({how}) convert them first"
+        message += (
+            f"; {count} upcast cop{'y' if count == 1 else 'ies'} per forward ({how}) turn 16-bit tensors into FP32"
+        )
     return Finding("fp32-cuda-cores", message + ".")
+
+
+def _gemm_placement(ctx: FindingContext, gemms: list[KernelStats]) -> list[tuple[str, str, str]] | None:
+    """For each GEMM: where it ran per instance (low median) with respect to the attention calls the
+    ledger found ("inside", "outside" or "partly"), their backends, and that said in words with the
+    op chain that launched it most often; None without the ledger."""
+    if ctx.attention is None:
+        return None
+    wanted = {k.name for k in gemms}
+    inside: dict[str, list[int]] = {name: [] for name in wanted}
+    backends: dict[str, Counter] = {name: Counter() for name in wanted}
+    for m in ctx.per_forward:
+        found: Counter = Counter()
+        for call in m.attention.calls if m.attention is not None else ():
+            for nid in call.kernel_ids:
+                name = call.names[nid]
+                if name in wanted:
+                    found[name] += 1
+                    backends[name][call.backend] += 1
+        for name in wanted:
+            inside[name].append(found[name])
+    placed = []
+    for k in gemms:
+        ran_inside = median_count(inside[k.name])
+        backend = ", ".join(sorted(backends[k.name], key=lambda b: -backends[k.name][b]))
+        chain = f", launched by {k.launch_ops[0]}" if k.launch_ops else ""
+        if ran_inside == 0:
+            mostly = "mostly " if backend else ""  # inside a call in fewer than half of the instances
+            placed.append(("outside", backend, f"{mostly}outside the attention calls{chain}"))
+        elif ran_inside >= k.count_per_forward:
+            placed.append(("inside", backend, f"inside the attention calls ({backend})"))
+        else:
+            text = f"{ran_inside} of them inside the attention calls ({backend}), the rest outside{chain}"
+            placed.append(("partly", backend, text))
+    return placed
 
 
 def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:

@@ -17,7 +17,7 @@ from attnprof.analysis.forwards import Attribution, Forward
 from attnprof.analysis.metrics import KernelStats
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
-from attnprof.analysis.trace import KIND_NAMES, MEMCPY, ParsedTrace
+from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, ParsedTrace
 from attnprof.stats import median, median_count
 
 
@@ -111,7 +111,8 @@ def _launch_counts(
 ) -> tuple[dict[int, Counter], dict[int, Counter], dict[int, Counter]]:
     """Per device-event name id, over every event of every forward (in order): how often each
     kernel launch fact (index into `kernel_infos`) was seen, how often each launch API, and for
-    memcpys, the op chain that launched them. Counted with C-level `Counter`s over all of them."""
+    memcpys and FP32 CUDA-core GEMMs, the op chain that launched them. Counted with C-level
+    `Counter`s over all of them."""
     names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
 
     def events() -> Iterator[int]:
@@ -134,16 +135,25 @@ def _launch_counts(
     for (nid, api), count in Counter(api_pairs).items():
         apis.setdefault(nid, Counter())[names[api]] = count
     chains: dict[int, Counter] = {}
-    if MEMCPY in dev.kind:
-        is_memcpy = MEMCPY.__eq__
+    kind, dev_name = dev.kind, dev.name
+    kernel_ids = set(compress(dev_name, map(KERNEL.__eq__, kind)))
+    traced = set(compress(dev_name, map(MEMCPY.__eq__, kind))) if MEMCPY in kind else set()
+    traced.update(n for n in kernel_ids if _chain_traced(names[n]))
+    if traced:
         for fwd in forwards:
-            for e in compress(fwd.device, map(is_memcpy, map(dev.kind.__getitem__, fwd.device))):
+            for e in compress(fwd.device, map(traced.__contains__, map(dev_name.__getitem__, fwd.device))):
                 call = fwd.device_launch.get(e)
                 op = fwd.launch_op.get(call, -1) if call is not None else -1
                 if op >= 0:
                     chain_text = " → ".join(names[ops.name[o]] for o in fwd.op_chain(op))
-                    chains.setdefault(dev.name[e], Counter())[chain_text] += 1
+                    chains.setdefault(dev_name[e], Counter())[chain_text] += 1
     return infos, apis, chains
+
+
+def _chain_traced(name: str) -> bool:
+    """True for a GEMM kernel without tensor cores: the fp32-cuda-cores finding names its ops."""
+    explained = explain_kernel(name)
+    return explained.family == "gemm" and explained.tensor_cores is False
 
 
 def _fill_launch_facts(stats: KernelStats, info, limits: SmLimits | None) -> None:

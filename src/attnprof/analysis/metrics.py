@@ -141,7 +141,7 @@ class KernelStats:
     tensor_cores: bool | None = None
     launch_api: str | None = None
     first_seen: float = 0.0  # for ordering (position in the first forward that ran it)
-    launch_ops: list[str] = field(default_factory=list)  # memcpy only: the op chains that launched it
+    launch_ops: list[str] = field(default_factory=list)  # memcpys, FP32 CUDA-core GEMMs: their op chains
 
     @property
     def is_dtod_memcpy(self) -> bool:
