@@ -31,6 +31,9 @@ FA4 = "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm
     ("void gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true>(cublasGemmSmallNParams<float>)", "gemm", False, "cuBLAS"),
     ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false>(float, float)", "gemm", False,
      "cuBLAS"),
+    # a split-K GEMM's second step sums partial products: not a GEMM on CUDA cores (fp32-cuda-cores skips it)
+    ("void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, false>"
+     "(cublasSplitKParams<float>, __nv_bfloat16 const*, float const*, __nv_bfloat16*)", "reduction", False, "cuBLAS"),
     ("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4", "gemm", True, "CUTLASS"),
     ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x128_8x5_nn_align1>(Params)", "gemm", False, "CUTLASS"),
     ("triton_poi_fused_add_mul_0", "elementwise", False, "Triton"),

@@ -89,6 +89,10 @@ def test_training_step_with_triton_flash_inside_the_model(cli, llama_2l, triton_
     assert rows["sdpa"]["status"] == rows["triton-flash"]["status"] == "ok"
     assert rows["triton-flash"]["mode"] == "fwd+bwd" and rows["triton-flash"]["logits_rel_diff"] < 2e-2
     assert any("_attn_bwd" in k["name"] for k in rows["triton-flash"]["kernels"])
+    for name in ("sdpa", "triton-flash"):  # the backward's split-K GEMMs end in a cuBLAS splitKreduce_kernel
+        [fp32] = [f["message"] for f in rows[name]["findings"] if f["id"] == "fp32-cuda-cores"]
+        assert "splitKreduce" not in fp32, fp32  # a reduction of partial products: no FP32 GEMM of its own
+        assert "outside the attention calls, launched by aten::matmul → aten::bmm" in fp32, fp32
 
 
 def test_flex_attention_inside_the_model_on_the_gpu(cli, llama_2l) -> None:
