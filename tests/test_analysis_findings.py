@@ -93,6 +93,18 @@ def test_fp32_cuda_cores_from_record_shapes():
     assert "3 upcast copies per forward" in text
 
 
+def test_fp32_cuda_cores_in_fewer_than_half_the_forwards_says_in_how_many():
+    b = TraceBuilder()
+    for k in range(3):
+        with b.step():
+            with b.region():
+                (math_forward if k == 1 else naive_forward)(b)
+    text = message(analyze_trace(b.to_dict(), dtype="bf16"), "fp32-cuda-cores")
+    assert text.startswith("In 1 of 3 forwards, GEMM kernels ran in FP32 on CUDA cores"), text
+    assert "x0" not in text and "0 GEMM" not in text
+    assert "all inside the attention calls (math)" in text  # placed by its launches, not by a median of zeros
+
+
 def test_fp32_cuda_cores_from_the_dtype_hint_only():
     data = build(math_forward, input_types=False)
     assert "fp32-cuda-cores" not in ids(analyze_trace(data))  # no dtype evidence: no finding

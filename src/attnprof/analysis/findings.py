@@ -90,6 +90,10 @@ def _every(k: int, n: int) -> str:
     return "every forward" if k == n else f"{k} of {n} forwards"
 
 
+def _times(count: int) -> str:
+    return f" x{count}" if count else ""
+
+
 def _list(items: list[str], limit: int = 4) -> str:
     shown = items[:limit]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
@@ -158,11 +162,15 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
         shown = f"{_list([k.short_name for k in gemms], 2)}; all inside the attention calls ({inside.pop()})"
     elif placed is not None:
         pairs = zip(gemms, placed, strict=True)
-        shown = _list([f"{k.short_name} x{k.count_per_forward} {text}" for k, (_, _, text) in pairs], 2)
+        shown = _list([f"{k.short_name}{_times(k.count_per_forward)} {text}" for k, (_, _, text) in pairs], 2)
     else:
         shown = _list([k.short_name for k in gemms], 2)
+    if n:
+        lead = f"{n} GEMM kernel(s) per forward run"
+    else:  # each ran in fewer than half of the forwards: their counts per forward are 0
+        lead = f"In {_every(max(k.forwards_run for k in gemms), len(ctx.per_forward))}, GEMM kernels ran"
     message = (
-        f"{n} GEMM kernel(s) per forward run in FP32 on CUDA cores, without tensor cores ({shown}), although "
+        f"{lead} in FP32 on CUDA cores, without tensor cores ({shown}), although "
         f"the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} ({ctx.dtype_source})"
     )
     upcasts = _upcasts_per_forward(ctx)
@@ -175,37 +183,31 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
 
 
 def _gemm_placement(ctx: FindingContext, gemms: list[KernelStats]) -> list[tuple[str, str, str]] | None:
-    """For each GEMM: where it ran per instance (low median) with respect to the attention calls the
-    ledger found ("inside", "outside" or "partly"), their backends, and that said in words with the
-    op chain that launched it most often; None without the ledger."""
+    """For each GEMM: where its launches ran with respect to the attention calls the ledger found
+    ("inside", "outside" or "partly", over all instances), their backends, and that said in words
+    with the op chain that launched it most often; None without the ledger."""
     if ctx.attention is None:
         return None
     wanted = {k.name for k in gemms}
-    inside: dict[str, list[int]] = {name: [] for name in wanted}
     backends: dict[str, Counter] = {name: Counter() for name in wanted}
     for m in ctx.per_forward:
-        found: Counter = Counter()
         for call in m.attention.calls if m.attention is not None else ():
             for nid in call.kernel_ids:
                 name = call.names[nid]
                 if name in wanted:
-                    found[name] += 1
                     backends[name][call.backend] += 1
-        for name in wanted:
-            inside[name].append(found[name])
     placed = []
     for k in gemms:
-        ran_inside = median_count(inside[k.name])
+        ran_inside = sum(backends[k.name].values())
         backend = ", ".join(sorted(backends[k.name], key=lambda b: -backends[k.name][b]))
         chain = f", launched by {k.launch_ops[0]}" if k.launch_ops else ""
         if ran_inside == 0:
-            mostly = "mostly " if backend else ""  # inside a call in fewer than half of the instances
-            placed.append(("outside", backend, f"{mostly}outside the attention calls{chain}"))
-        elif ran_inside >= k.count_per_forward:
+            placed.append(("outside", backend, f"outside the attention calls{chain}"))
+        elif ran_inside >= k.total_count:
             placed.append(("inside", backend, f"inside the attention calls ({backend})"))
         else:
-            text = f"{ran_inside} of them inside the attention calls ({backend}), the rest outside{chain}"
-            placed.append(("partly", backend, text))
+            text = f"{ran_inside} of its {k.total_count} runs inside the attention calls ({backend}), the rest outside"
+            placed.append(("partly", backend, text + chain))
     return placed
 
 

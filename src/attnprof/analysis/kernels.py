@@ -55,6 +55,8 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
             time_us=round(median(times_list), 3),
             tensor_cores=expl.tensor_cores,
             first_seen=seen.first_seen[nid],
+            forwards_run=len(seen.counts[nid]),
+            total_count=sum(seen.counts[nid]),
         )
         if nid in apis:
             stats.launch_api = apis[nid].most_common(1)[0][0]

@@ -141,6 +141,8 @@ class KernelStats:
     tensor_cores: bool | None = None
     launch_api: str | None = None
     first_seen: float = 0.0  # for ordering (position in the first forward that ran it)
+    forwards_run: int = 0  # how many forwards ran it (this and the next are not in the JSON)
+    total_count: int = 0  # how often it ran in all the forwards together
     launch_ops: list[str] = field(default_factory=list)  # memcpys, FP32 CUDA-core GEMMs: their op chains
 
     @property
@@ -152,6 +154,8 @@ class KernelStats:
         """The JSON fields (ordering and launch-op bookkeeping left out)."""
         data = asdict(self)
         data.pop("first_seen")
+        data.pop("forwards_run")
+        data.pop("total_count")
         data.pop("launch_ops")
         return data
 
