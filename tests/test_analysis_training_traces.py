@@ -223,3 +223,29 @@ def test_flex_backward_names_its_inductor_delta_reduction_as_the_dot_do_o_kernel
     message = a.finding("bwd-dot-do-o").message
     assert "triton_per_fused_flex_attention_backward_0" in message and "1 kernel(s) per step" in message
     assert "triton_tem_fused_flex_attention_backward_1" not in message  # the template kernel is the backward itself
+
+
+@pytest.mark.parametrize(
+    "path, unit",
+    [
+        ("fwd+bwd/8x16x1024x64/sdpa-math.json.gz", "step"),
+        ("fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz", "step"),
+        ("bwd/8x16x1024x64/sdpa-cudnn.json.gz", "step"),
+        ("../8x16x1024x64/sdpa-math.json.gz", "forward"),
+        ("../model/llama2l-eager-train_step.json.gz", "step"),
+    ],
+)
+def test_findings_count_per_step_when_the_instances_run_a_backward(path, unit):
+    """An instance with backward work is a training step: the findings count per step, never per forward."""
+    region = "train_step" if "train_step" in path else None
+    analysis = analyze_trace(DATA / path, region=region)
+    text = " ".join(f.message for f in analysis.findings)
+    other = "forward" if unit == "step" else "step"
+    assert f"per {unit}" in text, text
+    assert f"per {other}" not in text and f"every {other}" not in text.lower(), text
+
+
+def test_cpu_bound_on_a_backward_only_step_says_where_its_ops_ran():
+    message = analyze_trace(DATA / "bwd/8x16x1024x64/sdpa-cudnn.json.gz").finding("cpu-bound").message
+    assert "CPU time per step" in message and "CPU runs 0 ops" not in message
+    assert message.endswith("launch calls (its ops ran on other threads).")

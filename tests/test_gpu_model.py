@@ -93,6 +93,7 @@ def test_training_step_with_triton_flash_inside_the_model(cli, llama_2l, triton_
         [fp32] = [f["message"] for f in rows[name]["findings"] if f["id"] == "fp32-cuda-cores"]
         assert "splitKreduce" not in fp32, fp32  # a reduction of partial products: no FP32 GEMM of its own
         assert "outside the attention calls, launched by aten::matmul → aten::bmm" in fp32, fp32
+        assert fp32.startswith("1 GEMM kernel(s) per step"), fp32  # a training step, not a forward
 
 
 def test_flex_attention_inside_the_model_on_the_gpu(cli, llama_2l) -> None:

@@ -81,13 +81,25 @@ class FindingContext:
     comm: Any = None  # analysis.comm.CommStats, or None without communication
     attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
+    @property
+    def unit(self) -> str:
+        """What messages call one instance of the region: "step" when the instances' backward phase
+        has device work (by the low median, as the phases table shows it: training steps, fwd+bwd or
+        bwd cells), else "forward"."""
+        if not self.per_forward or any(m.phases is None for m in self.per_forward):
+            return "forward"
+        for key in ("kernels", "memcpy", "memset"):
+            if median_count([getattr(m.phases["backward"], key) for m in self.per_forward]):  # type: ignore[index]
+                return "step"
+        return "forward"
+
 
 def _us(value: float) -> str:
     return f"{value:,.1f} us"
 
 
-def _every(k: int, n: int) -> str:
-    return "every forward" if k == n else f"{k} of {n} forwards"
+def _every(k: int, n: int, unit: str = "forward") -> str:
+    return f"every {unit}" if k == n else f"{k} of {n} {unit}s"
 
 
 def _times(count: int) -> str:
@@ -142,7 +154,8 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
             cause += f" (the out-of-place {ops[0]} copies its input before writing)"
     else:
         cause = "launched directly inside the region, under no ATen op"
-    who = "Every forward runs" if with_copy == len(counts) else f"{with_copy} of {len(counts)} forwards run"
+    unit = ctx.unit
+    who = f"Every {unit} runs" if with_copy == len(counts) else f"{with_copy} of {len(counts)} {unit}s run"
     return Finding(
         "hidden-memcpy",
         f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.",
@@ -166,9 +179,9 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
     else:
         shown = _list([k.short_name for k in gemms], 2)
     if n:
-        lead = f"{n} GEMM kernel(s) per forward run"
+        lead = f"{n} GEMM kernel(s) per {ctx.unit} run"
     else:  # each ran in fewer than half of the forwards: their counts per forward are 0
-        lead = f"In {_every(max(k.forwards_run for k in gemms), len(ctx.per_forward))}, GEMM kernels ran"
+        lead = f"In {_every(max(k.forwards_run for k in gemms), len(ctx.per_forward), ctx.unit)}, GEMM kernels ran"
     message = (
         f"{lead} in FP32 on CUDA cores, without tensor cores ({shown}), although "
         f"the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} ({ctx.dtype_source})"
@@ -177,7 +190,7 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
     if upcasts:
         count, how = upcasts
         message += (
-            f"; {count} upcast cop{'y' if count == 1 else 'ies'} per forward ({how}) turn 16-bit tensors into FP32"
+            f"; {count} upcast cop{'y' if count == 1 else 'ies'} per {ctx.unit} ({how}) turn 16-bit tensors into FP32"
         )
     return Finding("fp32-cuda-cores", message + ".")
 
@@ -230,7 +243,7 @@ def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
             kernel_names.update(m.mask_kernels)
     per_op = {name: median_count([m.mask_ops[name] for m in ctx.per_forward]) for name in MASK_OPS}
     listed = ", ".join(f"{name} x{n}" for name, n in per_op.items() if n)
-    message = f"Every forward builds the attention mask again: {listed} per forward"
+    message = f"Every {ctx.unit} builds the attention mask again: {listed} per {ctx.unit}"
     if kernel_counts and median_count(kernel_counts):
         message += (
             f", launching {median_count(kernel_counts)} kernels "
@@ -252,7 +265,7 @@ def _safe_softmax(ctx: FindingContext) -> Finding | None:
                     kernel_names.append(name)
     if not with_op:
         return None
-    message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.per_forward))}"
+    message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.per_forward), ctx.unit)}"
     if kernel_counts and median_count(kernel_counts):
         message += (
             f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
@@ -276,7 +289,7 @@ def _single_fused_kernel(ctx: FindingContext) -> Finding | None:
     library = f", {kernel.library}" if kernel.library else ""
     return Finding(
         "single-fused-kernel",
-        f"Each forward runs exactly one kernel, the fused attention kernel {kernel.short_name} "
+        f"Each {ctx.unit} runs exactly one kernel, the fused attention kernel {kernel.short_name} "
         f"({_us(kernel.time_us)}{library}).",
     )
 
@@ -330,7 +343,8 @@ def _cpu_bound(ctx: FindingContext) -> Finding | None:
         return None
     launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
     ops = median_count([m.cpu_ops for m in ctx.per_forward])
-    what = "CPU time per forward"
+    unit = ctx.unit
+    what = f"CPU time per {unit}"
     if abs(cpu - ctx.cpu_time_us) > 1e-6:
         what += (
             f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
@@ -340,8 +354,12 @@ def _cpu_bound(ctx: FindingContext) -> Finding | None:
         what += f" ({_us(cpu)})"
     return Finding(
         "cpu-bound",
-        f"{what} exceeds GPU time per forward ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
-        f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls.",
+        f"{what} exceeds GPU time per {unit} ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
+        + (
+            f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls."
+            if ops
+            else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
+        ),
     )
 
 
@@ -357,7 +375,7 @@ def _metadata_transposes(ctx: FindingContext) -> Finding | None:
     where = parents.most_common(1)[0][0] if parents else "the region"
     return Finding(
         "metadata-transposes",
-        f"{n} aten::transpose op{'s' if n != 1 else ''} per forward launch no kernel (they only "
+        f"{n} aten::transpose op{'s' if n != 1 else ''} per {ctx.unit} launch no kernel (they only "
         f"rewrite strides, mostly under {where}).",
     )
 
@@ -372,8 +390,8 @@ def _comm_exposed(ctx: FindingContext) -> Finding | None:
     hidden = "n/a" if comm.overlap_pct is None else f"{comm.overlap_pct:.0f}%"
     return Finding(
         "comm-exposed",
-        f"{comm.kernels_per_forward} communication kernel(s) per forward ({_list(comm.kernels, 2)}) run for "
+        f"{comm.kernels_per_forward} communication kernel(s) per {ctx.unit} ({_list(comm.kernels, 2)}) run for "
         f"{_us(comm.comm_time_us or 0.0)}, {hidden} of it under compute on another stream: {_us(comm.exposed_us)} "
-        f"exposed, {100 * share:.0f}% of the forward's {_us(ctx.gpu_time_us)} GPU time "
+        f"exposed, {100 * share:.0f}% of the {ctx.unit}'s {_us(ctx.gpu_time_us)} GPU time "
         f"(limit {100 * COMM_EXPOSED_SHARE:.0f}%).",
     )

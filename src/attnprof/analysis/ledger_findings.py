@@ -38,8 +38,8 @@ _WHY = {
 }
 
 
-def _who(k: int, n: int) -> str:
-    return "Every forward" if k == n else f"{k} of {n} forwards"
+def _who(k: int, n: int, unit: str) -> str:
+    return f"Every {unit}" if k == n else f"{k} of {n} {unit}s"
 
 
 def _host_sync(ctx: FindingContext) -> str | None:
@@ -55,6 +55,7 @@ def _host_sync(ctx: FindingContext) -> str | None:
             counts[key][k] += 1
             waits[key][k] += sync.wait_us
     ranked = sorted(counts, key=lambda key: -median(waits[key]))
+    unit = ctx.unit
     n = median_count([len(s.syncs) for s in stalls]) or max(len(s.syncs) for s in stalls)
     total = median([sum(x.wait_us for x in s.syncs) for s in stalls])
     parts = []
@@ -63,13 +64,13 @@ def _host_sync(ctx: FindingContext) -> str | None:
         where = " ← ".join(chain) if chain else "no op (directly in the region)"
         after = f", after a {memcpy}{_WHY.get(memcpy[7:11], '')}" if memcpy else ""
         parts.append(
-            f"{api} under {where}{after}: {median_count(counts[key]) or 1}x, {_us(median(waits[key]))} per forward"
+            f"{api} under {where}{after}: {median_count(counts[key]) or 1}x, {_us(median(waits[key]))} per {unit}"
         )
     if len(ranked) > SHOWN:
         parts.append(f"and {len(ranked) - SHOWN} more")
     return (
-        f"{_who(with_sync, len(stalls))} blocks the CPU until the device catches up ({n} sync(s), the CPU waiting "
-        f"{_us(total)} per forward): " + "; ".join(parts) + "."
+        f"{_who(with_sync, len(stalls), unit)} blocks the CPU until the device catches up ({n} sync(s), the CPU "
+        f"waiting {_us(total)} per {unit}): " + "; ".join(parts) + "."
     )
 
 
@@ -95,7 +96,8 @@ def _gpu_idle(ctx: FindingContext) -> str | None:
     phases = "" if all(g.phase == "forward" for g in typical.gaps) else " (each phase on its own)"
     gaps = "; ".join(_gap_text(g) for g in typical.gaps[:SHOWN])
     return (
-        f"The GPU sat idle {_us(typical.idle_us)} of the {_us(typical.span_us)} its work spanned per forward{phases}, "
+        f"The GPU sat idle {_us(typical.idle_us)} of the {_us(typical.span_us)} its work spanned "
+        f"per {ctx.unit}{phases}, "
         f"{100 * share:.0f}% (more than {100 * GPU_IDLE_SHARE:.0f}%): the CPU did not keep it fed. "
         f"Largest gaps: {gaps}."
     )
@@ -115,7 +117,7 @@ def _attention_overhead(ctx: FindingContext) -> str | None:
         if item["ops"]
     ]
     return (
-        f"Work tied to attention beside the attention calls takes {_us(ledger.overhead_us)} per forward, "
+        f"Work tied to attention beside the attention calls takes {_us(ledger.overhead_us)} per {ctx.unit}, "
         f"{100 * share:.0f}% of the calls' own {_us(ledger.kernel_time_us)} (more than {100 * OVERHEAD_SHARE:.0f}%): "
         + "; ".join(parts)
         + "."

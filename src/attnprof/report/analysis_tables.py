@@ -107,36 +107,45 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
     return f"{fmt_number(s.get('min'), digits)} – {fmt_number(s.get('max'), digits)}"
 
 
+def instance_unit(data: dict[str, Any]) -> str:
+    """What the tables call one instance of the region: "step" when its phases show backward work
+    (a training step, a fwd+bwd or bwd cell), else "forward" (the findings say the same)."""
+    backward = (data.get("phases") or {}).get("backward") or {}
+    return "step" if any(backward.get(key) for key in ("kernels", "memcpy", "memset")) else "forward"
+
+
 def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str:
-    """One row per per-forward metric: median and, where forwards differ, min – max."""
+    """One row per per-forward metric: median and, where forwards differ, min – max (per step on
+    training traces: see `instance_unit`)."""
+    u = instance_unit(data)
     apis = data.get("launch_apis") or {}
     api_text = ", ".join(f"{api} {n}" for api, n in sorted(apis.items(), key=lambda kv: (-kv[1], kv[0])))
     rows = [
-        ["forwards", fmt_number(data.get("forwards")), ""],
-        ["kernels / forward", fmt_number(data.get("kernels_per_forward")), _spread(data, "kernels_per_forward", 0)],
-        ["memcpy / forward", fmt_number(data.get("memcpy_per_forward")), _spread(data, "memcpy_per_forward", 0)],
-        ["memset / forward", fmt_number(data.get("memset_per_forward")), _spread(data, "memset_per_forward", 0)],
-        ["GPU time / forward (µs)", fmt_number(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
+        [f"{u}s", fmt_number(data.get("forwards")), ""],
+        [f"kernels / {u}", fmt_number(data.get("kernels_per_forward")), _spread(data, "kernels_per_forward", 0)],
+        [f"memcpy / {u}", fmt_number(data.get("memcpy_per_forward")), _spread(data, "memcpy_per_forward", 0)],
+        [f"memset / {u}", fmt_number(data.get("memset_per_forward")), _spread(data, "memset_per_forward", 0)],
+        [f"GPU time / {u} (µs)", fmt_number(data.get("gpu_time_us")), _spread(data, "gpu_time_us")],
     ]
     if data.get("gpu_annotation_time_us") is not None:
         rows.append(
             [
-                "GPU annotation / forward (µs)",
+                f"GPU annotation / {u} (µs)",
                 fmt_number(data.get("gpu_annotation_time_us")),
                 _spread(data, "gpu_annotation_time_us"),
             ]
         )
     rows += [
-        ["kernel time / forward (µs)", fmt_number(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
-        ["CPU time / forward (µs)", fmt_number(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
-        ["self device time, all forwards (µs)", fmt_number(data.get("self_device_time_total_us")), ""],
-        ["launch calls / forward", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
+        [f"kernel time / {u} (µs)", fmt_number(data.get("kernel_time_us")), _spread(data, "kernel_time_us")],
+        [f"CPU time / {u} (µs)", fmt_number(data.get("cpu_time_us")), _spread(data, "cpu_time_us")],
+        [f"self device time, all {u}s (µs)", fmt_number(data.get("self_device_time_total_us")), ""],
+        [f"launch calls / {u}", api_text or ("n/a" if data.get("kernels_per_forward") is None else "none"), ""],
         [
-            "aten::transpose / forward",
+            f"aten::transpose / {u}",
             fmt_number(data.get("transposes_per_forward")),
             _spread(data, "transposes_per_forward", 0),
         ],
-        ["CPU ops / forward", fmt_number(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
+        [f"CPU ops / {u}", fmt_number(data.get("cpu_ops_per_forward")), _spread(data, "cpu_ops_per_forward", 0)],
         ["input dtype", data.get("input_dtype") or "n/a", ""],
     ]
     if data.get("annotation_mismatches") is not None:
@@ -194,15 +203,16 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
     if not ledger:
         return []
     backends = ", ".join(f"{b}:{n}" for b, n in (ledger.get("backends") or {}).items())
-    line = f"{fmt_number(ledger.get('calls_per_forward'))} attention call(s) per forward" + (
+    u = instance_unit(data)
+    line = f"{fmt_number(ledger.get('calls_per_forward'))} attention call(s) per {u}" + (
         f" ({backends})" if backends else ""
     )
-    line += f"; their device time {fmt_number(ledger.get('kernel_time_us'))} µs per forward"
+    line += f"; their device time {fmt_number(ledger.get('kernel_time_us'))} µs per {u}"
     if ledger.get("gpu_time_pct") is not None:
         line += f", {fmt_number(ledger['gpu_time_pct'])}% of the GPU time"
     if ledger.get("backward_kernel_time_us") is not None:
         line += f" ({fmt_number(ledger['backward_kernel_time_us'])} µs of it in the backward)"
-    line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per forward."
+    line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per {u}."
     parts = [*wrap(line, width)]
     calls = ledger.get("calls") or []
     if calls:
@@ -290,20 +300,21 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
         where = f" on {device['name']}"
         if device.get("compute_capability"):
             where += f" (compute capability {device['compute_capability']})"
-    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} forward(s){where}" + (
+    u = instance_unit(data)
+    title = f"Trace analysis: region {data.get('region', 'attnprof')!r}, {data.get('forwards')} {u}(s){where}" + (
         f"; {data['region_choice']}" if data.get("region_choice") else ""
     )
     heading = (lambda text: f"### {text}") if fmt == "markdown" else (lambda text: text)
     parts = [*wrap(heading(title), width), "", summary_table(data, fmt, width)]
     phases = phases_table(data, fmt, width)
     if phases:
-        parts += ["", heading("Phases per forward"), "", phases]
+        parts += ["", heading(f"Phases per {u}"), "", phases]
     attention = attention_section(data, fmt, width)
     if attention:
-        parts += ["", heading("Attention per forward"), "", *attention]
+        parts += ["", heading(f"Attention per {u}"), "", *attention]
     kernels = data.get("kernels") or []
     if kernels:
-        parts += ["", heading("Kernels per forward"), "", kernel_table(kernels, fmt, width)]
+        parts += ["", heading(f"Kernels per {u}"), "", kernel_table(kernels, fmt, width)]
     elif data.get("kernels_per_forward") is None:
         parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
     comm = comm_table(data, fmt, width)
