@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
@@ -81,7 +82,7 @@ class FindingContext:
     comm: Any = None  # analysis.comm.CommStats, or None without communication
     attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
-    @property
+    @cached_property
     def unit(self) -> str:
         """What messages call one instance of the region: "step" when the instances' backward phase
         has device work (by the low median, as the phases table shows it: training steps, fwd+bwd or
@@ -203,12 +204,16 @@ def _gemm_placement(ctx: FindingContext, gemms: list[KernelStats]) -> list[tuple
         return None
     wanted = {k.name for k in gemms}
     backends: dict[str, Counter] = {name: Counter() for name in wanted}
+    wanted_ids: set[int] | None = None  # their name ids in the trace's names (the calls' `names`)
     for m in ctx.per_forward:
         for call in m.attention.calls if m.attention is not None else ():
+            if wanted_ids is None:
+                wanted_ids = {n for n, name in enumerate(call.names) if name in wanted}
+            if wanted_ids.isdisjoint(call.kernel_ids):
+                continue
             for nid in call.kernel_ids:
-                name = call.names[nid]
-                if name in wanted:
-                    backends[name][call.backend] += 1
+                if nid in wanted_ids:
+                    backends[call.names[nid]][call.backend] += 1
     placed = []
     for k in gemms:
         ran_inside = sum(backends[k.name].values())

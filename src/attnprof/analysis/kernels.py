@@ -142,13 +142,16 @@ def _launch_counts(
     traced = set(compress(dev_name, map(MEMCPY.__eq__, kind))) if MEMCPY in kind else set()
     traced.update(n for n in kernel_ids if _chain_traced(names[n]))
     if traced:
+        seen: Counter = Counter()  # (name id, the chain's op name ids) -> how often
+        op_name = ops.name.__getitem__
         for fwd in forwards:
             for e in compress(fwd.device, map(traced.__contains__, map(dev_name.__getitem__, fwd.device))):
                 call = fwd.device_launch.get(e)
                 op = fwd.launch_op.get(call, -1) if call is not None else -1
                 if op >= 0:
-                    chain_text = " → ".join(names[ops.name[o]] for o in fwd.op_chain(op))
-                    chains.setdefault(dev_name[e], Counter())[chain_text] += 1
+                    seen[dev_name[e], tuple(map(op_name, fwd.op_chain(op)))] += 1
+        for (nid, chain_ids), count in seen.items():
+            chains.setdefault(nid, Counter())[" → ".join(map(names.__getitem__, chain_ids))] = count
     return infos, apis, chains
 
 
