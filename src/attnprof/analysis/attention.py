@@ -24,6 +24,7 @@ own, tied to the one call inside the linked op when there is exactly one.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import compress
@@ -138,17 +139,22 @@ def _mark(tree: OpTree, in_call: list[bool], op: int) -> list[int]:
     return tree.order[i:end]
 
 
-def _sdpa_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[Call]:
-    calls, ts, op_name = [], tree.trace.cpu_ops.ts, tree.trace.cpu_ops.name
-    roles = tree.roles
-    i = -1
+def _free_positions(tree: OpTree, role: str, in_call: list[bool]) -> Iterator[int]:
+    """The positions of the ops with `role`, in order, but those inside a call found so far (`in_call`
+    is read as the caller marks it)."""
+    roles, i = tree.roles, -1
     while True:
         try:
-            i = roles.index("sdpa", i + 1)
+            i = roles.index(role, i + 1)
         except ValueError:
-            break
-        if in_call[i]:
-            continue
+            return
+        if not in_call[i]:
+            yield i
+
+
+def _sdpa_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[Call]:
+    calls, ts, op_name = [], tree.trace.cpu_ops.ts, tree.trace.cpu_ops.name
+    for i in _free_positions(tree, "sdpa", in_call):
         op = tree.order[i]
         ops = _mark(tree, in_call, op)
         backend = next((b for o in ops if (b := names.sdpa_backend.get(op_name[o])) is not None), None)
@@ -232,15 +238,7 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
     calls: list[Call] = []
     ts = tree.trace.cpu_ops.ts
     index: dict[int, dict[int, int]] = {}  # parent -> its children's indices
-    roles = tree.roles
-    i = -1
-    while True:
-        try:
-            i = roles.index("softmax", i + 1)
-        except ValueError:
-            break
-        if in_call[i]:
-            continue
+    for i in _free_positions(tree, "softmax", in_call):
         softmax = tree.order[i]
         parent = tree.parent(softmax)
         kids = tree.kids(parent)
