@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import (
+    CUDNN,
+    FLASH,
+    GEMM_BF16,
+    MUL,
+    SOFTMAX,
+    TraceBuilder,
+    build,
+    fused_forward,
+    math_forward,
+    naive_forward,
+)
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.forwards import find_forwards, launch_kind
 from attnprof.errors import TraceError
-from tracegen import (CUDNN, FLASH, GEMM_BF16, MUL, SOFTMAX, TraceBuilder, build, fused_forward, math_forward,
-                      naive_forward)
 
 
 def five_kernels(b: TraceBuilder) -> None:
@@ -20,7 +30,7 @@ def five_kernels(b: TraceBuilder) -> None:
 def test_five_kernel_forward_is_exactly_five_even_with_a_lagging_kernel():
     """A long kernel launched before a forward runs into the forward's CPU window: not counted."""
     b = TraceBuilder()
-    for step in range(3):
+    for _ in range(3):
         with b.step():
             # launched outside the region, on another stream, still running when the forward starts
             b.kernel(MUL, gpu_us=400.0, stream=21)
@@ -77,7 +87,8 @@ def test_launch_api_counts_cover_runtime_driver_memcpy_memset_and_exclude_the_re
                                     "cudaMemsetAsync": 1}
     assert (analysis.kernels_per_forward, analysis.memcpy_per_forward, analysis.memset_per_forward) == (4, 2, 1)
     launched = {k.short_name: k.launch_api for k in analysis.kernels}
-    assert launched["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"] == "cuLaunchKernelEx"
+    cudnn = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
+    assert launched[cudnn] == "cuLaunchKernelEx"
     assert launched["flash_fwd_kernel"] == "cuLaunchKernel"
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import CUDNN, EFFICIENT, FLASH, GEMM_FP32, MASKED_FILL, SOFTMAX, TRIU, WHERE
 
 from attnprof.analysis import explain_kernel, short_kernel_name
 from attnprof.analysis.names import _explain_with, _load_rules, rules
-from tracegen import CUDNN, EFFICIENT, FLASH, GEMM_FP32, MASKED_FILL, SOFTMAX, TRIU, WHERE
 
-FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
-       "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, 128, cutlass::bfloat16_t, float, cutlass::arch::Sm90> > > >"
+FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+       "flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, 128, "
+       "cutlass::bfloat16_t, float, cutlass::arch::Sm90> > > >"
        "(flash::FlashAttnFwdSm90<>::Params)")
 FA4 = "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__tensorptrbf16gmemalign16"
 
@@ -49,7 +50,8 @@ FA4 = "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int)",
      "elementwise", False, "ATen"),
     (TRIU, "elementwise", False, "ATen"),
-    ("void cunn_SoftMaxForward<4, float, float, float, cunn::softmax::SoftMaxForwardEpilogue>(float*, float const*, int)",
+    ("void cunn_SoftMaxForward<4, float, float, float, cunn::softmax::SoftMaxForwardEpilogue>"
+     "(float*, float const*, int)",
      "softmax", False, "ATen"),
     (SOFTMAX, "softmax", False, "ATen"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MaxOps<float> > >(x)", "reduction",
@@ -92,7 +94,9 @@ def test_cudnn_parts():
     assert parts["64x128x64"] == "tile 64x128x64"
     assert "cluster" in parts["1x1x1"]
     assert "Hopper" in parts["sm90"]
-    sm80 = _parts("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_6_128x64x64_4x1x1_cga1x1x1_kernel0_0")
+    sm80 = _parts(
+        "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_6_128x64x64_4x1x1_cga1x1x1_kernel0_0"
+    )
     assert "warp matrix multiply" in sm80["wmma"] and "knob 6" in sm80["6"]
     assert explain_kernel(CUDNN).backend == "cudnn"
 
@@ -131,7 +135,8 @@ def test_unknown_is_never_a_guess(name):
     (MASKED_FILL, "elementwise_kernel<masked_fill_kernel>"),
     (WHERE, "elementwise_kernel<where_kernel_impl>"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, "
-     "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int)", "vectorized_elementwise_kernel<MulFunctor>"),
+     "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int)",
+     "vectorized_elementwise_kernel<MulFunctor>"),
     (TRIU, "triu_tril_kernel"),
     (FA3, "FlashAttnFwdSm90"),
     ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)",

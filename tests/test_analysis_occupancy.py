@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import A100, H200
 
 from attnprof.analysis import limits_for, theoretical_occupancy
 from attnprof.analysis.occupancy import ARCH_LIMITS, kineto_estimate_pct
-from tracegen import A100, H200
 
 SM80 = limits_for("8.0")
 

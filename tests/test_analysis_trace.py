@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward, real_trace
 
 from attnprof.analysis import decoding, load_trace, parallel, reader
 from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET
 from attnprof.errors import TraceError
-from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward, real_trace
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -117,7 +117,7 @@ def test_bare_event_list_form(tmp_path):
 def test_streaming_survives_tiny_chunks_and_tricky_names(tmp_path, monkeypatch):
     """Chunk boundaries land everywhere; a '}, {' inside a kernel name must not cut an event."""
     b = TraceBuilder()
-    for step in range(4):
+    for _ in range(4):
         with b.step():
             with b.region():
                 b.kernel("void k<{lambda()#1}, {lambda()#2}>(int)", gpu_us=3.0)

@@ -11,7 +11,6 @@ import pytest
 from attnprof import devices
 from attnprof.errors import DeviceError
 
-
 _BUILD_INFO = devices.torch_build_info
 
 

@@ -73,7 +73,8 @@ def test_a_sharded_compare_of_one_rank(tmp_path: Path) -> None:
     document, stderr = compare(tmp_path, "--batch", "4", "--heads", "16", "--seq", "2048", "--head-dim", "64",
                                "--variants", "sdpa-flash", "--variants", "sdpa-math", "--variants", "naive")
     rows = document["results"]
-    assert [r["variant"] for r in rows] == ["sdpa-flash", "sdpa-math", "naive"]  # the command line's order, as without torchrun
+    # the command line's order, as without torchrun
+    assert [r["variant"] for r in rows] == ["sdpa-flash", "sdpa-math", "naive"]
     assert all(r["status"] == "ok" and r["rank"] == 0 and r["world_size"] == 1 for r in rows)
     assert all("#0" in r["gpu"] for r in rows)
     folder = Path(document["files"]["dir"])

@@ -18,7 +18,13 @@ BLOG, LONG, GQA = "8x16x1024x64", "4x16x8192x128", "4x32x8192x128-kv8"
 
 # (shape, variant): kernels, memcpy, memset per forward; launch APIs per forward; aten::transpose per forward
 COUNTS = {
-    (BLOG, "naive"): (5, 1, 1, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 3, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 1}, 1),
+    (BLOG, "naive"): (
+        5,
+        1,
+        1,
+        {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 3, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 1},
+        1,
+    ),
     (BLOG, "inplace"): (5, 0, 1, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 3, "cudaMemsetAsync": 1}, 1),
     (BLOG, "sdpa-math"): (20, 0, 0, {"cudaLaunchKernel": 18, "cudaLaunchKernelExC": 2}, 1),
     (BLOG, "sdpa-efficient"): (1, 0, 0, {"cudaLaunchKernel": 1}, 4),
@@ -30,7 +36,13 @@ COUNTS = {
     (BLOG, "triton-flash"): (1, 0, 0, {"cuLaunchKernelEx": 1}, 0),
     (BLOG, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),  # FA4 (CuTe DSL), [B, S, H, D] inputs
     # [4, 16, 8192, 8192] scores have more than 2**31 elements: ATen splits each elementwise op in two
-    (LONG, "naive"): (11, 1, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 9, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2}, 1),
+    (LONG, "naive"): (
+        11,
+        1,
+        2,
+        {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 9, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2},
+        1,
+    ),
     (LONG, "inplace"): (11, 0, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 9, "cudaMemsetAsync": 2}, 1),
     (LONG, "sdpa-math"): (51, 0, 0, {"cudaLaunchKernel": 49, "cudaLaunchKernelExC": 2}, 1),
     (LONG, "sdpa-efficient"): (1, 0, 0, {"cudaLaunchKernel": 1}, 4),
@@ -40,19 +52,40 @@ COUNTS = {
     (LONG, "triton-flash"): (1, 0, 0, {"cuLaunchKernelEx": 1}, 0),
     (LONG, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),
     (GQA, "flash-attn"): (1, 0, 0, {"cudaLaunchKernelExC": 1}, 0),
-    (GQA, "naive"): (21, 1, 2, {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 19, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2}, 1),
+    (GQA, "naive"): (
+        21,
+        1,
+        2,
+        {"cuLaunchKernelEx": 2, "cudaLaunchKernel": 19, "cudaMemcpyAsync": 1, "cudaMemsetAsync": 2},
+        1,
+    ),
     (GQA, "sdpa-math"): (89, 0, 0, {"cudaLaunchKernel": 87, "cudaLaunchKernelExC": 2}, 1),
     (GQA, "sdpa-cudnn"): (1, 0, 1, {"cuLaunchKernelEx": 1, "cudaMemsetAsync": 1}, 0),
 }
 
 # findings that must appear, and findings that must not
 FINDINGS = {
-    "naive": ({"hidden-memcpy", "metadata-transposes"}, {"fp32-cuda-cores", "safe-softmax", "mask-rebuilt", "single-fused-kernel"}),
+    "naive": (
+        {"hidden-memcpy", "metadata-transposes"},
+        {"fp32-cuda-cores", "safe-softmax", "mask-rebuilt", "single-fused-kernel"},
+    ),
     "inplace": ({"metadata-transposes"}, {"hidden-memcpy", "fp32-cuda-cores", "single-fused-kernel"}),
-    "sdpa-math": ({"fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "metadata-transposes"}, {"hidden-memcpy", "single-fused-kernel"}),
-    "sdpa-efficient": ({"single-fused-kernel", "metadata-transposes", "low-occupancy-by-design"}, {"hidden-memcpy", "mask-rebuilt"}),
-    "sdpa-flash": ({"single-fused-kernel", "metadata-transposes", "low-occupancy-by-design"}, {"hidden-memcpy", "fp32-cuda-cores"}),
-    "sdpa-cudnn": ({"single-fused-kernel", "occupancy-unreported", "low-occupancy-by-design"}, {"metadata-transposes", "hidden-memcpy"}),
+    "sdpa-math": (
+        {"fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "metadata-transposes"},
+        {"hidden-memcpy", "single-fused-kernel"},
+    ),
+    "sdpa-efficient": (
+        {"single-fused-kernel", "metadata-transposes", "low-occupancy-by-design"},
+        {"hidden-memcpy", "mask-rebuilt"},
+    ),
+    "sdpa-flash": (
+        {"single-fused-kernel", "metadata-transposes", "low-occupancy-by-design"},
+        {"hidden-memcpy", "fp32-cuda-cores"},
+    ),
+    "sdpa-cudnn": (
+        {"single-fused-kernel", "occupancy-unreported", "low-occupancy-by-design"},
+        {"metadata-transposes", "hidden-memcpy"},
+    ),
     "flex": ({"single-fused-kernel"}, {"hidden-memcpy", "mask-rebuilt", "metadata-transposes"}),
     "triton-flash": ({"single-fused-kernel"}, {"hidden-memcpy", "metadata-transposes"}),
     "flash-attn": ({"single-fused-kernel", "occupancy-unreported"}, {"hidden-memcpy", "metadata-transposes"}),
@@ -99,9 +132,16 @@ def test_the_blog_findings_in_detail() -> None:
     assert "cpu-bound" in cudnn.finding_ids  # the fat CPU bar: more host time than device time per forward
 
 
-@pytest.mark.parametrize("shape, variant, backend", [
-    (BLOG, "sdpa", "cudnn"), (BLOG, "sdpa-math", "math"), (BLOG, "sdpa-flash", "flash"),
-    (BLOG, "sdpa-efficient", "efficient"), (LONG, "sdpa-cudnn", "cudnn"), (BLOG, "naive", None),
-])
+@pytest.mark.parametrize(
+    "shape, variant, backend",
+    [
+        (BLOG, "sdpa", "cudnn"),
+        (BLOG, "sdpa-math", "math"),
+        (BLOG, "sdpa-flash", "flash"),
+        (BLOG, "sdpa-efficient", "efficient"),
+        (LONG, "sdpa-cudnn", "cudnn"),
+        (BLOG, "naive", None),
+    ],
+)
 def test_dispatched_backend(shape: str, variant: str, backend: str | None) -> None:
     assert dispatched_backend(analysed(shape, variant)) == backend

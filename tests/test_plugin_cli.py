@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_plugins import Site, site  # noqa: F401 - the fixture is used by name
 
 CRASHING = '''

@@ -119,7 +119,7 @@ def test_the_rows_are_realistic(results, entries) -> None:
 def test_every_line_of_every_command_fits(width, results, entries) -> None:
     outputs = {"compare": compare_report(entries, "table", "sdpa-math", width),
                "list": variant_list_table(list_entries(), "table", width)}
-    for result, entry in zip(results, entries):
+    for result, entry in zip(results, entries, strict=True):
         outputs[f"run {result.variant}"] = run_report(entry, result.analysis, result.key_averages_table, "table", width)
     for trace in TRACES:
         outputs[f"analyze {trace}"] = render_analysis(analyze_trace(trace), "table", width)
@@ -150,7 +150,7 @@ def test_wide_keeps_every_column_and_the_messages_in_the_table(entries) -> None:
     text = compare_report(entries, "table", "sdpa-math", None)
     headers = [line for line in text.splitlines() if line.startswith("variant")]
     assert len(headers) == 3
-    for line, columns in zip(headers, (SHAPE_COLUMNS, SHAPE_COLUMNS, GLANCE_COLUMNS)):
+    for line, columns in zip(headers, (SHAPE_COLUMNS, SHAPE_COLUMNS, GLANCE_COLUMNS), strict=True):
         assert [c.header for c in columns] == re.split(r"\s{2,}", line.strip())
     assert "left out" not in text and "skipped: the efficient backend" in text
     assert widest(text) > 180
