@@ -8,7 +8,14 @@ import pytest
 from tracegen import GEMM_FP32, TraceBuilder, build, fused_forward, math_forward, naive_forward
 
 from attnprof.analysis import analyze_trace, explain_kernel
-from attnprof.report.analysis_tables import render_analysis, render_analysis_dict, render_explanation
+from attnprof.report.analysis_tables import (
+    comm_table,
+    instance_unit,
+    render_analysis,
+    render_analysis_dict,
+    render_explanation,
+    summary_table,
+)
 
 
 def test_table_has_summary_kernels_and_findings():
@@ -117,3 +124,13 @@ def test_no_ledger_without_device_events():
         with b.step(), b.region(), b.op("aten::scaled_dot_product_attention"):
             b.advance(5.0)
     assert "Attention per forward" not in render_analysis(analyze_trace(b.to_dict()), "table")
+
+
+def test_tables_count_per_step_when_the_instances_run_a_backward():
+    comm = {"source": "cpu", "ops_per_forward": 2, "kernels_per_forward": None}
+    step = {"forwards": 3, "comm": comm, "phases": {"forward": {"kernels": 1}, "backward": {"kernels": 3}}}
+    forward = {"forwards": 3, "comm": comm, "phases": {"forward": {"kernels": 1}, "backward": {"kernels": 0}}}
+    assert (instance_unit(step), instance_unit(forward), instance_unit({})) == ("step", "forward", "forward")
+    assert "communication per step" in comm_table(step, "table") and "per forward" not in comm_table(step, "table")
+    assert "communication per forward" in comm_table(forward, "table")
+    assert "kernels / step" in summary_table(step, "table") and "steps" in summary_table(step, "table")

@@ -13,6 +13,7 @@ shorter, the less wanted kernel columns dropped, and the finding bullets wrapped
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from attnprof.report.formatting import fmt_number, table_style
@@ -175,7 +176,8 @@ def phases_table(data: dict[str, Any], fmt: str, width: int | None = None) -> st
 
 
 def comm_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str | None:
-    """Communication kernels (or c10d ops on CPU) against compute, per forward; None without communication."""
+    """Communication kernels (or c10d ops on CPU) against compute, per forward (or step); None without
+    communication."""
     comm = data.get("comm")
     if not comm:
         return None
@@ -194,7 +196,9 @@ def comm_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str 
         ]
     else:
         rows.append(["time", "n/a (CPU: the communication runs on the backend's own threads)"])
-    return table(COMM_COLUMNS, rows, fmt, width)
+    unit = instance_unit(data)
+    columns = COMM_COLUMNS if unit == "forward" else (replace(COMM_COLUMNS[0], header=f"communication per {unit}"),)
+    return table(columns + COMM_COLUMNS[1:], rows, fmt, width)
 
 
 def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) -> list[str]:
