@@ -133,4 +133,8 @@ def test_tables_count_per_step_when_the_instances_run_a_backward():
     assert (instance_unit(step), instance_unit(forward), instance_unit({})) == ("step", "forward", "forward")
     assert "communication per step" in comm_table(step, "table") and "per forward" not in comm_table(step, "table")
     assert "communication per forward" in comm_table(forward, "table")
+    for data in (step, forward):  # two columns, each row filled, at any width
+        for width in (None, 60):
+            lines = comm_table(data, "table", width).splitlines()
+            assert lines[0].split("  ")[-1].strip() == "median" and "c10d ops" in lines[2]
     assert "kernels / step" in summary_table(step, "table") and "steps" in summary_table(step, "table")

@@ -196,9 +196,8 @@ def comm_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str 
         ]
     else:
         rows.append(["time", "n/a (CPU: the communication runs on the backend's own threads)"])
-    unit = instance_unit(data)
-    columns = COMM_COLUMNS if unit == "forward" else (replace(COMM_COLUMNS[0], header=f"communication per {unit}"),)
-    return table(columns + COMM_COLUMNS[1:], rows, fmt, width)
+    first = replace(COMM_COLUMNS[0], header=f"communication per {instance_unit(data)}")
+    return table((first, *COMM_COLUMNS[1:]), rows, fmt, width)
 
 
 def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) -> list[str]:
