@@ -300,7 +300,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         metadata = []
     metrics.metadata_transposes = len(metadata)
     for i in metadata:
-        parent = fwd.op_parent.get(i, -1)
+        parent = tree.parent(i)
         metrics.metadata_transpose_parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
     metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
     metrics.safe_softmax_kernels = _kernels_under(tree, named(ids.safe_softmax)) if SAFE_SOFTMAX in op_counts else []
