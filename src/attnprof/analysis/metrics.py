@@ -30,7 +30,7 @@ from attnprof.analysis.phases import (
     cpu_work_us,
     phase_metrics,
 )
-from attnprof.analysis.stalls import Stalls, forward_stalls
+from attnprof.analysis.stalls import Stalls, forward_stalls, sync_name_ids
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
 from attnprof.stats import median_count
 
@@ -171,6 +171,7 @@ class NameIds:
     mask_nesting: frozenset[int]  # MASK_OPS and SAFE_SOFTMAX
     dtod: frozenset[int]  # device-event names of device-to-device memcpys
     device_end: Sequence[float]  # ts + dur of each device event
+    sync_calls: frozenset[int]  # runtime-call names that are host syncs (see stalls)
     ledger: LedgerNames  # what the attention ledger tests
 
 
@@ -185,6 +186,7 @@ def name_ids(trace: ParsedTrace) -> NameIds:
         mask_nesting=frozenset(ids[n] for n in _MASK_NESTING if n in ids),
         dtod=frozenset(n for n in set(dev.name) if _is_dtod(names[n])),
         device_end=array("d", map(add, dev.ts, dev.dur)),
+        sync_calls=sync_name_ids(trace),
         ledger=ledger_names(trace),
     )
 
@@ -315,7 +317,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
             "backward": NO_WORK,
         }
     metrics.attention = forward_ledger(tree, ids.ledger, metrics.gpu_time_us)
-    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end)
+    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end, ids.sync_calls)
     return metrics
 
 
