@@ -125,6 +125,15 @@ class Forward:
     def op_chain(self, op: int) -> list[int]:
         """The ops from the top level under the region down to `op`."""
         chain = []
+        ops = self.ops
+        if self.parents_found is None and self.op_tree is not None and ops:  # by position, no dict yet
+            i = op - ops[0]  # its position where the ops are consecutive rows (the common case)
+            if 0 <= i < len(ops) and ops[i] == op:
+                up = self.op_tree[0]
+                while i >= 0:
+                    chain.append(ops[i])
+                    i = up[i]
+                return chain[::-1]
         while op >= 0:
             chain.append(op)
             op = self.op_parent.get(op, -1)
