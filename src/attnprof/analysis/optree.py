@@ -10,8 +10,9 @@ backward op that launched it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import chain, compress, repeat
+from typing import cast
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.trace import ParsedTrace
@@ -35,11 +36,16 @@ class OpTree:
         pos = self.pos = dict(zip(order, range(n), strict=True))
         if fwd.op_tree is not None and len(fwd.op_tree[0]) == n:  # from the sweep that found the ops
             up, end = fwd.op_tree
+            roots = self.roots = []
+            i = 0
+            while i < n:  # each top-level op, then past its subtree
+                roots.append(order[i])
+                i = end[i]
         else:
             up = list(map(pos.get, map(fwd.op_parent.get, order, repeat(-1)), repeat(-1)))  # -1: the region
             end = _subtree_ends(up)
+            self.roots = list(compress(order, map((-1).__eq__, up)))
         self._up, self.end = up, end
-        self.roots = list(compress(order, map((-1).__eq__, up)))
         self._name_ids = name_ids = trace.cpu_ops.name
         self._names = trace.names
         self.roles: list[str | None] = (
@@ -50,12 +56,11 @@ class OpTree:
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
         launched = self._launched = [False] * n
-        launch_of, op_of = fwd.device_launch.get, fwd.launch_op.get
-        backward = fwd.backward_device
-        direct = self.direct
-        for e in fwd.device:
-            call = launch_of(e)
-            op = op_of(call, -1) if call is not None else -1
+        device, backward, direct = fwd.device, fwd.backward_device, self.direct
+        # the op that launched each event (-1: none; a call that is not in launch_op has no key None)
+        op_of = cast("Callable[[int | None, int], int]", fwd.launch_op.get)
+        launched_by = map(op_of, map(fwd.device_launch.get, device), repeat(-1))
+        for e, op in zip(device, launched_by, strict=True):
             if backward and e in backward:
                 get_parent = fwd.op_parent.get
                 while op >= 0 and get_parent(op, -1) >= 0:
