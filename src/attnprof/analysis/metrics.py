@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
 from operator import add
@@ -173,8 +173,10 @@ class NameIds:
     device_end: Sequence[float]  # ts + dur of each device event
     sync_calls: frozenset[int]  # runtime-call names that are host syncs (see stalls)
     ledger: LedgerNames  # what the attention ledger tests
-    # op-name sequence -> its `_OpFacts` (forwards that ran the same ops share them)
+    # op-name sequence -> its `_OpFacts`; launch-call names -> their counts by name (shared by the
+    # forwards that ran the same ops, the same launches)
     op_facts: dict[tuple[int, ...], _OpFacts] = field(default_factory=dict, compare=False, repr=False)
+    launch_counts: dict[tuple[int, ...], Counter] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,15 @@ class _OpFacts:
     to_copy: list[int]
     safe_softmax: list[int]
     masks: bool  # some op is one of MASK_OPS
+
+
+def _counter(counts: Mapping[str, int] | None = None) -> Counter:
+    """A new Counter holding `counts`, filled by a C-level dict update (`Counter(...)` and `.copy()`
+    run Python-level `__init__` and `update`)."""
+    new: Counter = Counter.__new__(Counter)
+    if counts:
+        dict.update(new, counts)
+    return new
 
 
 def _op_facts(names: Sequence[str], op_names: list[int], ids: NameIds) -> _OpFacts:
@@ -273,7 +284,11 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     facts = ids.op_facts.get(key)
     if facts is None:
         facts = ids.op_facts[key] = _op_facts(names, op_names, ids)
-    op_counts = facts.counts.copy()
+    op_counts = _counter(facts.counts)
+    launch_key = tuple(map(rt_name.__getitem__, fwd.launches))
+    launch_apis = ids.launch_counts.get(launch_key)
+    if launch_apis is None:
+        launch_apis = ids.launch_counts[launch_key] = Counter(map(names.__getitem__, launch_key))
     transposes = list(map(op_list.__getitem__, facts.transposes))
     mask_roots = (
         {
@@ -289,13 +304,13 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     )
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=Counter(map(names.__getitem__, map(rt_name.__getitem__, fwd.launches))),
+        launch_apis=_counter(launch_apis),
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
         op_counts=op_counts,
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
-        mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))) if mask_roots else Counter(),
+        mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))) if mask_roots else _counter(),
         cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
         backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
