@@ -111,3 +111,49 @@ def test_sweeps_match_the_per_forward_algorithms(seed):
             tl.parents = original
         paths["two sweeps" if calls_to_parents else "one sweep"] += 1
     assert paths["one sweep"] and paths["two sweeps"]  # both ways were taken
+
+
+def _reference_ends(up):
+    """The position after each op's last descendant (ops in pre-order)."""
+    ends = []
+    for i in range(len(up)):
+        j = i + 1
+        while j < len(up) and i in _ancestors(up, j):
+            j += 1
+        ends.append(j)
+    return ends
+
+
+def _ancestors(up, j):
+    found = []
+    while up[j] >= 0:
+        j = up[j]
+        found.append(j)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_subtrees_match_the_parents_by_position(seed):
+    rng = random.Random(300 + seed)
+    paths = {"one sweep": 0, "two sweeps": 0}
+    original = tl.subtrees
+    swept: list[int] = []
+    for _ in range(400):
+        ts, dur = _times(rng, rng.randint(0, 14))
+        line = tl.table_timeline(array("i", [0] * len(ts)), ts, dur, 0)
+        ops, starts, ends = [r + 100 for r in line.rows], list(line.starts), list(line.ends)
+        call_ts, call_dur = _times(rng, rng.randint(0, 8))
+        calls = sorted(range(len(call_ts)), key=call_ts.__getitem__)
+        call_starts = [call_ts[c] for c in calls]
+        call_ends = [call_ts[c] + call_dur[c] for c in calls]
+        up = [ops.index(p) if p >= 0 else -1 for p in _reference_parents(ops, ends)]
+        want = (up, _reference_ends(up), _reference_innermost(ops, starts, ends, call_starts, call_ends))
+        assert tl.subtrees(ends) == want[:2]
+        swept.clear()
+        tl.subtrees = lambda *args: swept.append(1) or original(*args)  # type: ignore[assignment]
+        try:
+            assert tl.subtrees_and_innermost(ops, starts, ends, call_starts, call_ends) == want
+        finally:
+            tl.subtrees = original
+        paths["two sweeps" if swept else "one sweep"] += 1
+    assert paths["one sweep"] and paths["two sweeps"]  # both ways were taken

@@ -268,7 +268,8 @@ def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]
         calls += _kernel_calls(tree, names, in_call)
     if "softmax" in roles:
         calls += _eager_calls(tree, names, in_call)
-    calls.sort(key=lambda c: c.start)
+    if len(calls) > 1:
+        calls.sort(key=lambda c: c.start)
     return calls, in_call
 
 

@@ -158,7 +158,7 @@ def attach_backward(
         thread, t0, t1 = ops.thread[top], ops.ts[top], ops.ts[top] + ops.dur[top]
         calls, call_starts, call_ends = timelines.calls(thread).inside(t0, t1)
         op_list, op_starts, op_ends = timelines.ops(thread).inside(t0, t1)
-        forwards[k].op_parent.update(zip(op_list, parents(op_list, op_ends), strict=True))
+        forwards[k].add_parents(zip(op_list, parents(op_list, op_ends), strict=True))
         launch_op = innermost(op_list, op_starts, op_ends, call_starts, call_ends)
         forwards[k].launch_op.update(zip(calls, launch_op, strict=True))
         tops_of[k].append(top)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import compress
@@ -29,7 +29,7 @@ from operator import add
 from attnprof.analysis.backward import attach_backward
 from attnprof.analysis.gpu_annotations import attach_gpu_annotations
 from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
-from attnprof.analysis.timeline import EPS, Timelines, innermost, parents_and_innermost
+from attnprof.analysis.timeline import EPS, Timelines, innermost, subtrees_and_innermost
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
 
@@ -76,14 +76,17 @@ def launch_kind(api: str) -> str | None:
 class Forward:
     """One forward: its CPU range and everything attributed to it (indices into the trace's
     tables). `op_parent[i]` is the enclosing op of op `i` (-1: directly under the region);
-    `launch_op[r]` is the innermost op around runtime call `r` (-1: none)."""
+    `launch_op[r]` is the innermost op around runtime call `r` (-1: none). `op_tree`, when known:
+    the position in `ops` of each op's enclosing op (-1: the region) and the end of its subtree
+    (see `timeline.subtrees`); `op_parent` is built from it on first use."""
 
     thread: int
     start: float
     end: float
     ext: int
     ops: list[int] = field(default_factory=list)
-    op_parent: dict[int, int] = field(default_factory=dict)
+    op_tree: tuple[list[int], list[int]] | None = None
+    parents_found: dict[int, int] | None = field(default=None, repr=False)  # op_parent, once built
     calls: list[int] = field(default_factory=list)  # all runtime/driver calls inside
     launch_op: dict[int, int] = field(default_factory=dict)
     launches: list[int] = field(default_factory=list)  # calls that put work on the device
@@ -98,6 +101,23 @@ class Forward:
     annotation_mismatches: int | None = None
 
     @property
+    def op_parent(self) -> dict[int, int]:
+        """The enclosing op of each op (-1: the region), built from `op_tree` on first use."""
+        found = self.parents_found
+        if found is None:
+            found = self.parents_found = {}
+            if self.op_tree is not None:
+                by_pos = list(self.ops)
+                by_pos.append(-1)  # position -1: the region
+                found.update(zip(self.ops, map(by_pos.__getitem__, self.op_tree[0]), strict=True))
+        return found
+
+    def add_parents(self, parents: Iterable[tuple[int, int]]) -> None:
+        """Set the enclosing op of more ops (op, parent); `op_tree` no longer holds then."""
+        self.op_parent.update(parents)
+        self.op_tree = None
+
+    @property
     def cpu_time_us(self) -> float:
         """Wall time of the CPU range."""
         return self.end - self.start
@@ -105,6 +125,15 @@ class Forward:
     def op_chain(self, op: int) -> list[int]:
         """The ops from the top level under the region down to `op`."""
         chain = []
+        ops = self.ops
+        if self.parents_found is None and self.op_tree is not None and ops:  # by position, no dict yet
+            i = op - ops[0]  # its position where the ops are consecutive rows (the common case)
+            if 0 <= i < len(ops) and ops[i] == op:
+                up = self.op_tree[0]
+                while i >= 0:
+                    chain.append(ops[i])
+                    i = up[i]
+                return chain[::-1]
         while op >= 0:
             chain.append(op)
             op = self.op_parent.get(op, -1)
@@ -248,8 +277,8 @@ def _attach_ops_and_calls(
         else:
             calls, call_starts, call_ends = [], [], []
         fwd.calls = calls
-        op_parents, launch_ops = parents_and_innermost(ops, starts, ends, call_starts, call_ends)
-        fwd.op_parent = dict(zip(ops, op_parents, strict=True))
+        up, stop, launch_ops = subtrees_and_innermost(ops, starts, ends, call_starts, call_ends)
+        fwd.op_tree = up, stop
         fwd.launch_op = dict(zip(calls, launch_ops, strict=True))
         fwd.launches = [c for c in calls if rt_name[c] in launch_ids]
 

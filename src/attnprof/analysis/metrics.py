@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
 from operator import add
@@ -30,7 +30,7 @@ from attnprof.analysis.phases import (
     cpu_work_us,
     phase_metrics,
 )
-from attnprof.analysis.stalls import Stalls, forward_stalls
+from attnprof.analysis.stalls import Stalls, forward_stalls, sync_name_ids
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
 from attnprof.stats import median_count
 
@@ -171,7 +171,48 @@ class NameIds:
     mask_nesting: frozenset[int]  # MASK_OPS and SAFE_SOFTMAX
     dtod: frozenset[int]  # device-event names of device-to-device memcpys
     device_end: Sequence[float]  # ts + dur of each device event
+    sync_calls: frozenset[int]  # runtime-call names that are host syncs (see stalls)
     ledger: LedgerNames  # what the attention ledger tests
+    # op-name sequence -> its `_OpFacts`; launch-call names -> their counts by name (shared by the
+    # forwards that ran the same ops, the same launches)
+    op_facts: dict[tuple[int, ...], _OpFacts] = field(default_factory=dict, compare=False, repr=False)
+    launch_counts: dict[tuple[int, ...], Counter] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _OpFacts:
+    """What `forward_metrics` reads of a forward's op names alone: the op counts by name and the
+    positions of the named ops it looks at (empty where the name does not occur)."""
+
+    counts: Counter
+    transposes: list[int]
+    to_copy: list[int]
+    safe_softmax: list[int]
+    masks: bool  # some op is one of MASK_OPS
+
+
+def _counter(counts: Mapping[str, int] | None = None) -> Counter:
+    """A new Counter holding `counts`, filled by a C-level dict update (`Counter(...)` and `.copy()`
+    run Python-level `__init__` and `update`)."""
+    new: Counter = Counter.__new__(Counter)
+    if counts:
+        dict.update(new, counts)
+    return new
+
+
+def _op_facts(names: Sequence[str], op_names: list[int], ids: NameIds) -> _OpFacts:
+    counts = Counter(map(names.__getitem__, op_names))
+
+    def named(name: str, name_id: int) -> list[int]:  # the positions of the ops with this name
+        return list(compress(range(len(op_names)), map(name_id.__eq__, op_names))) if name in counts else []
+
+    return _OpFacts(
+        counts,
+        named("aten::transpose", ids.transpose),
+        named("aten::_to_copy", ids.to_copy),
+        named(SAFE_SOFTMAX, ids.safe_softmax),
+        not _MASK_SET.isdisjoint(counts),
+    )
 
 
 def name_ids(trace: ParsedTrace) -> NameIds:
@@ -185,6 +226,7 @@ def name_ids(trace: ParsedTrace) -> NameIds:
         mask_nesting=frozenset(ids[n] for n in _MASK_NESTING if n in ids),
         dtod=frozenset(n for n in set(dev.name) if _is_dtod(names[n])),
         device_end=array("d", map(add, dev.ts, dev.dur)),
+        sync_calls=sync_name_ids(trace),
         ledger=ledger_names(trace),
     )
 
@@ -236,32 +278,39 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     ids = name_ids(trace) if ids is None else ids
     names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
     op_name = ops.name
-    op_names = list(map(op_name.__getitem__, fwd.ops))
-    op_counts = Counter(map(names.__getitem__, op_names))
-
-    def named(name_id: int) -> list[int]:  # the ops with this name id, in order
-        return list(compress(fwd.ops, map(name_id.__eq__, op_names)))
-
-    transposes = named(ids.transpose) if "aten::transpose" in op_counts else []
+    op_list = fwd.ops
+    op_names = list(map(op_name.__getitem__, op_list))
+    key = tuple(op_names)
+    facts = ids.op_facts.get(key)
+    if facts is None:
+        facts = ids.op_facts[key] = _op_facts(names, op_names, ids)
+    op_counts = _counter(facts.counts)
+    launch_key = tuple(map(rt_name.__getitem__, fwd.launches))
+    launch_apis = ids.launch_counts.get(launch_key)
+    if launch_apis is None:
+        launch_apis = ids.launch_counts[launch_key] = Counter(map(names.__getitem__, launch_key))
+    transposes = list(map(op_list.__getitem__, facts.transposes))
     mask_roots = (
         {
             i
-            for i, n in zip(fwd.ops, op_names, strict=True)
+            for i, n in zip(op_list, op_names, strict=True)
             if n in ids.mask_nesting and n != ids.safe_softmax and not _nested_in(fwd, i, op_name, ids.mask_nesting)
         }
-        if not _MASK_SET.isdisjoint(op_counts)
+        if facts.masks
         else set()
     )
-    upcasts, upcast_types_known = _upcasts(trace, named(ids.to_copy)) if "aten::_to_copy" in op_counts else (0, False)
+    upcasts, upcast_types_known = (
+        _upcasts(trace, list(map(op_list.__getitem__, facts.to_copy))) if facts.to_copy else (0, False)
+    )
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=Counter(map(names.__getitem__, map(rt_name.__getitem__, fwd.launches))),
+        launch_apis=_counter(launch_apis),
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
         op_counts=op_counts,
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
-        mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))),
+        mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))) if mask_roots else _counter(),
         cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
         backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
@@ -300,10 +349,12 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         metadata = []
     metrics.metadata_transposes = len(metadata)
     for i in metadata:
-        parent = fwd.op_parent.get(i, -1)
+        parent = tree.parent(i)
         metrics.metadata_transpose_parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
     metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
-    metrics.safe_softmax_kernels = _kernels_under(tree, named(ids.safe_softmax)) if SAFE_SOFTMAX in op_counts else []
+    metrics.safe_softmax_kernels = (
+        _kernels_under(tree, list(map(op_list.__getitem__, facts.safe_softmax))) if facts.safe_softmax else []
+    )
     if fwd.backward_device:
         metrics.phases = phase_metrics(trace, fwd)
         metrics.backward_roles = backward_roles(trace, fwd)
@@ -315,7 +366,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
             "backward": NO_WORK,
         }
     metrics.attention = forward_ledger(tree, ids.ledger, metrics.gpu_time_us)
-    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end)
+    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end, ids.sync_calls)
     return metrics
 
 

@@ -10,8 +10,9 @@ backward op that launched it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import chain, compress, repeat
+from typing import cast
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.trace import ParsedTrace
@@ -33,9 +34,18 @@ class OpTree:
         order = self.order = fwd.ops
         n = len(order)
         pos = self.pos = dict(zip(order, range(n), strict=True))
-        get_parent = fwd.op_parent.get
-        up = self._up = list(map(pos.get, map(get_parent, order, repeat(-1)), repeat(-1)))  # -1: the region
-        self.roots = list(compress(order, map((-1).__eq__, up)))
+        if fwd.op_tree is not None and len(fwd.op_tree[0]) == n:  # from the sweep that found the ops
+            up, end = fwd.op_tree
+            roots = self.roots = []
+            i = 0
+            while i < n:  # each top-level op, then past its subtree
+                roots.append(order[i])
+                i = end[i]
+        else:
+            up = list(map(pos.get, map(fwd.op_parent.get, order, repeat(-1)), repeat(-1)))  # -1: the region
+            end = _subtree_ends(up)
+            self.roots = list(compress(order, map((-1).__eq__, up)))
+        self._up, self.end = up, end
         self._name_ids = name_ids = trace.cpu_ops.name
         self._names = trace.names
         self.roles: list[str | None] = (
@@ -45,14 +55,14 @@ class OpTree:
         )
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
-        launched = [False] * n
-        launch_of, op_of = fwd.device_launch.get, fwd.launch_op.get
-        backward = fwd.backward_device
-        direct = self.direct
-        for e in fwd.device:
-            call = launch_of(e)
-            op = op_of(call, -1) if call is not None else -1
+        launched = self._launched = [False] * n
+        device, backward, direct = fwd.device, fwd.backward_device, self.direct
+        # the op that launched each event (-1: none; a call that is not in launch_op has no key None)
+        op_of = cast("Callable[[int | None, int], int]", fwd.launch_op.get)
+        launched_by = map(op_of, map(fwd.device_launch.get, device), repeat(-1))
+        for e, op in zip(device, launched_by, strict=True):
             if backward and e in backward:
+                get_parent = fwd.op_parent.get
                 while op >= 0 and get_parent(op, -1) >= 0:
                     op = get_parent(op, -1)
                 self.backward.setdefault(op, []).append(e)
@@ -61,19 +71,11 @@ class OpTree:
             if found is None:
                 direct[op] = [e]
                 i = pos.get(op, -1)
-                if i >= 0:
+                while i >= 0 and not launched[i]:  # it and the ops around it launched work
                     launched[i] = True
+                    i = up[i]
             else:
                 found.append(e)
-        end = list(range(1, n + 1))
-        for i in range(n - 1, 0, -1):  # children come after their parent: fold them in from the end
-            p = up[i]
-            if p >= 0:
-                if end[i] > end[p]:
-                    end[p] = end[i]
-                if launched[i]:
-                    launched[p] = True
-        self.end, self._launched = end, launched
         self._kids: dict[int, list[int]] = {}
 
     def kids(self, parent: int) -> list[int]:
@@ -134,3 +136,14 @@ class OpTree:
                 break
             op = self.parent(op)
         return " → ".join(reversed(names))
+
+
+def _subtree_ends(up: list[int]) -> list[int]:
+    """The end of each op's subtree (the position after its last descendant), from the position of
+    each op's parent (-1: none), ops in pre-order."""
+    end = list(range(1, len(up) + 1))
+    for i in range(len(up) - 1, 0, -1):  # children come after their parent: fold them in from the end
+        p = up[i]
+        if p >= 0 and end[i] > end[p]:
+            end[p] = end[i]
+    return end

@@ -16,8 +16,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, compress, islice
-from operator import add, sub
+from itertools import compress, islice
+from operator import add
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.names import short_kernel_name
@@ -98,17 +98,30 @@ class Stalls:
         return self._gaps
 
 
+def sync_name_ids(trace: ParsedTrace) -> frozenset[int]:
+    """The name ids of the trace's runtime calls that are host syncs (`SYNC_APIS`)."""
+    names = trace.names
+    return frozenset(n for n in set(trace.runtime.name) if names[n] in SYNC_APIS)
+
+
 def forward_stalls(
-    trace: ParsedTrace, fwd: Forward, roots: list[int], device_end: Sequence[float] | None = None
+    trace: ParsedTrace,
+    fwd: Forward,
+    roots: list[int],
+    device_end: Sequence[float] | None = None,
+    sync_ids: frozenset[int] | None = None,
 ) -> Stalls:
     """The host syncs and idle time of one instance whose device work was traced; `roots` are its
     top-level forward ops (see `OpTree.roots`), `device_end` the end of each device event (ts + dur)
-    when the caller has them."""
-    stalls = Stalls(syncs=_syncs(trace, fwd))
-    backward = [e for e in fwd.device if e in fwd.backward_device] if fwd.backward_device else []
-    forward = [e for e in fwd.device if e not in fwd.backward_device] if backward else fwd.device
+    and `sync_ids` the trace's `sync_name_ids`, when the caller has them."""
+    stalls = Stalls(syncs=_syncs(trace, fwd, sync_ids))
     ends = device_end if device_end is not None else array("d", map(add, trace.device.ts, trace.device.dur))
-    phases = [(phase, events) for phase, events in (("forward", forward), ("backward", backward)) if events]
+    if fwd.backward_device:
+        backward = [e for e in fwd.device if e in fwd.backward_device]
+        forward = [e for e in fwd.device if e not in fwd.backward_device] if backward else fwd.device
+        phases = [(phase, events) for phase, events in (("forward", forward), ("backward", backward)) if events]
+    else:
+        phases = [("forward", fwd.device)] if fwd.device else []
     for _, events in phases:
         idle, span = _idle(trace.device.ts, ends, events)
         stalls.idle_us += idle
@@ -119,11 +132,14 @@ def forward_stalls(
     return stalls
 
 
-def _syncs(trace: ParsedTrace, fwd: Forward) -> list[Sync]:
+def _syncs(trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int] | None = None) -> list[Sync]:
     rt, names, ops, dev = trace.runtime, trace.names, trace.cpu_ops, trace.device
-    syncs = list(
-        compress(fwd.calls, map(SYNC_APIS.__contains__, map(names.__getitem__, map(rt.name.__getitem__, fwd.calls))))
-    )
+    call_names = list(map(rt.name.__getitem__, fwd.calls))
+    if sync_ids is None:
+        sync_ids = frozenset(n for n in set(call_names) if names[n] in SYNC_APIS)
+    if sync_ids.isdisjoint(call_names):  # the common case
+        return []
+    syncs = list(compress(fwd.calls, map(sync_ids.__contains__, call_names)))
     if not syncs:
         return []
     copies: dict[int, str] = {}  # op -> the memcpy it launched
@@ -142,10 +158,16 @@ def _syncs(trace: ParsedTrace, fwd: Forward) -> list[Sync]:
 
 def _idle(ts: Sequence[float], ends: Sequence[float], events: list[int]) -> tuple[float, float]:
     """Idle time and span of device events sorted by start (`ts`, `ends`: of every device event)."""
-    starts = list(map(ts.__getitem__, events))
-    running_end = list(accumulate(map(ends.__getitem__, events), max))  # the latest end so far
-    idle = sum(filter((0.0).__lt__, map(sub, islice(starts, 1, None), running_end)))
-    return idle, running_end[-1] - starts[0]
+    first = events[0]
+    running_end = ends[first]  # the latest end so far
+    gaps = []
+    for e in islice(events, 1, None):
+        gap = ts[e] - running_end
+        if gap > 0.0:
+            gaps.append(gap)
+        if ends[e] > running_end:
+            running_end = ends[e]
+    return sum(gaps), running_end - ts[first]
 
 
 def _raw_gaps(trace: ParsedTrace, events: list[int], phase: str) -> list[_RawGap]:

@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
-from operator import add, eq, ge, le
+from operator import add, eq, ge, le, lt
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class Timeline:
 
 def _in_order(ts: Any, dur: Any) -> bool:
     """True when rows 0..n-1 are already sorted by start, then longest first."""
+    if all(map(lt, ts, islice(ts, 1, None))):  # no two start together (the common case): no ties to order
+        return True
     if not all(map(le, ts, islice(ts, 1, None))):
         return False
     ties = list(compress(range(1, len(ts)), map(eq, ts, islice(ts, 1, None))))
@@ -195,3 +197,67 @@ def parents_and_innermost(
             k -= 1
         found_inner.append(stack[k - 1])
     return found_parents, found_inner
+
+
+def subtrees(ends: Sequence[float]) -> tuple[list[int], list[int]]:
+    """`parents` by position: for rows by start with these ends, the position of each row's
+    enclosing row (-1: none) and the end of its subtree (the position after its last descendant:
+    the position of the row that closed it, else the number of rows)."""
+    n = len(ends)
+    up: list[int] = []
+    stop = [n] * n
+    stack, limits = [-1], [_OPEN]  # open positions and their end + EPS, above a bottom entry
+    for p, end in enumerate(ends):
+        while end > limits[-1]:
+            limits.pop()
+            stop[stack.pop()] = p
+        up.append(stack[-1])
+        stack.append(p)
+        limits.append(end + EPS)
+    return up, stop
+
+
+def subtrees_and_innermost(
+    ops: Sequence[int],
+    op_starts: Sequence[float],
+    op_ends: Sequence[float],
+    call_starts: Sequence[float],
+    call_ends: Sequence[float],
+) -> tuple[list[int], list[int], list[int]]:
+    """`subtrees(op_ends)` and `innermost(ops, ..., call_ends)` in one sweep, as
+    `parents_and_innermost` (which says when the two sweeps run apart)."""
+    n = len(ops)
+    up: list[int] = []
+    stop = [n] * n
+    found_inner: list[int] = []  # positions (-1: none)
+    stack, limits = [-1], [_OPEN]  # open positions and their end + EPS, above a bottom entry
+    k = 1  # innermost's stack: stack[:k]
+    bounds = [t + EPS for t in call_starts]
+    bounds.append(_OPEN)
+    c = 0
+    bound = bounds[0]  # the start (+ EPS) of the next call
+    for p, start, end in zip(range(n), op_starts, op_ends, strict=True):
+        if bound < start:  # calls that started before this op: resolve them first
+            while bounds[c] < start:
+                t1 = call_ends[c]
+                while limits[k - 1] < t1:
+                    k -= 1
+                found_inner.append(stack[k - 1])
+                c += 1
+            bound = bounds[c]
+        while end > limits[-1]:
+            limits.pop()
+            stop[stack.pop()] = p
+        if len(stack) > k:  # it nests in an op that a call closed: no common stack
+            return (*subtrees(op_ends), innermost(ops, op_starts, op_ends, call_starts, call_ends))
+        up.append(stack[-1])
+        stack.append(p)
+        limits.append(end + EPS)
+        k = len(stack)
+    for t1 in call_ends[c:]:
+        while limits[k - 1] < t1:
+            k -= 1
+        found_inner.append(stack[k - 1])
+    by_pos = list(ops)
+    by_pos.append(-1)  # position -1: none
+    return up, stop, list(map(by_pos.__getitem__, found_inner))
