@@ -46,7 +46,7 @@ from attnprof.analysis.metrics import (
     normalize_dtype,
 )
 from attnprof.analysis.names import explain_kernel
-from attnprof.analysis.phases import PHASES
+from attnprof.analysis.phases import PHASES, instance_unit
 from attnprof.analysis.regions import choose_region
 from attnprof.analysis.trace import ParsedTrace, gc_paused, load_trace
 from attnprof.errors import TraceError
@@ -306,6 +306,7 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             cpu_work_us=median([m.cpu_work_us for m in per_forward]),
             comm=analysis.comm,
             attention=analysis.attention,
+            unit=instance_unit(analysis.phases),
         )
     )
     return analysis

@@ -29,7 +29,7 @@ from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 
-from attnprof.analysis.attention import Call, op_role
+from attnprof.analysis.attention import Call
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.optree import OpTree
 from attnprof.analysis.trace import KERNEL, MEMCPY
@@ -158,8 +158,7 @@ def _elsewhere(tree: OpTree, in_call: list[bool], taken: set[int]) -> list[_Unit
         if in_call[i] or op in taken or not tree.launched(op):
             i = tree.end[i]
             continue
-        name = tree.name(op)
-        if name in MASK_BUILD_OPS or (op_role(name) == "container" and _builds_mask(tree, op)):
+        if tree.name(op) in MASK_BUILD_OPS or (tree.roles[i] == "container" and _builds_mask(tree, op)):
             units.append(_Unit("mask-build", op, tree.subtree(op)))
             i = tree.end[i]
             continue

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from typing import Any
 
 from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
@@ -82,25 +81,16 @@ class FindingContext:
     comm: Any = None  # analysis.comm.CommStats, or None without communication
     attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
-    @cached_property
-    def unit(self) -> str:
-        """What messages call one instance of the region: "step" when the instances' backward phase
-        has device work (by the low median, as the phases table shows it: training steps, fwd+bwd or
-        bwd cells), else "forward"."""
-        if not self.per_forward or any(m.phases is None for m in self.per_forward):
-            return "forward"
-        for key in ("kernels", "memcpy", "memset"):
-            if median_count([getattr(m.phases["backward"], key) for m in self.per_forward]):  # type: ignore[index]
-                return "step"
-        return "forward"
+    unit: str = "forward"  # what one instance is called: "step" with backward work (see phases.instance_unit)
+
+    def every(self, k: int, n: int | None = None) -> str:
+        """ "every step" when `k` is all `n` instances (default: all of them), else "k of n steps"."""
+        n = len(self.per_forward) if n is None else n
+        return f"every {self.unit}" if k == n else f"{k} of {n} {self.unit}s"
 
 
 def _us(value: float) -> str:
     return f"{value:,.1f} us"
-
-
-def _every(k: int, n: int, unit: str = "forward") -> str:
-    return f"every {unit}" if k == n else f"{k} of {n} {unit}s"
 
 
 def _times(count: int) -> str:
@@ -155,8 +145,7 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
             cause += f" (the out-of-place {ops[0]} copies its input before writing)"
     else:
         cause = "launched directly inside the region, under no ATen op"
-    unit = ctx.unit
-    who = f"Every {unit} runs" if with_copy == len(counts) else f"{with_copy} of {len(counts)} {unit}s run"
+    who = ctx.every(with_copy, len(counts)).capitalize() + (" runs" if with_copy == len(counts) else " run")
     return Finding(
         "hidden-memcpy",
         f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.",
@@ -182,7 +171,7 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
     if n:
         lead = f"{n} GEMM kernel(s) per {ctx.unit} run"
     else:  # each ran in fewer than half of the forwards: their counts per forward are 0
-        lead = f"In {_every(max(k.forwards_run for k in gemms), len(ctx.per_forward), ctx.unit)}, GEMM kernels ran"
+        lead = f"In {ctx.every(max(k.forwards_run for k in gemms))}, GEMM kernels ran"
     message = (
         f"{lead} in FP32 on CUDA cores, without tensor cores ({shown}), although "
         f"the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} ({ctx.dtype_source})"
@@ -270,7 +259,7 @@ def _safe_softmax(ctx: FindingContext) -> Finding | None:
                     kernel_names.append(name)
     if not with_op:
         return None
-    message = f"aten::_safe_softmax runs in {_every(with_op, len(ctx.per_forward), ctx.unit)}"
+    message = f"aten::_safe_softmax runs in {ctx.every(with_op)}"
     if kernel_counts and median_count(kernel_counts):
         message += (
             f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "

@@ -29,7 +29,7 @@ from operator import add
 from attnprof.analysis.backward import attach_backward
 from attnprof.analysis.gpu_annotations import attach_gpu_annotations
 from attnprof.analysis.regions import STEP_PREFIX, missing_region_error, resolve_region
-from attnprof.analysis.timeline import EPS, Timelines, innermost, subtrees_and_innermost
+from attnprof.analysis.timeline import EPS, Timelines, innermost, rows_at, subtrees_and_innermost
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.errors import TraceError
 
@@ -107,9 +107,7 @@ class Forward:
         if found is None:
             found = self.parents_found = {}
             if self.op_tree is not None:
-                by_pos = list(self.ops)
-                by_pos.append(-1)  # position -1: the region
-                found.update(zip(self.ops, map(by_pos.__getitem__, self.op_tree[0]), strict=True))
+                found.update(zip(self.ops, rows_at(self.ops, self.op_tree[0]), strict=True))
         return found
 
     def add_parents(self, parents: Iterable[tuple[int, int]]) -> None:

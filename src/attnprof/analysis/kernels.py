@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from itertools import accumulate, chain, compress
+from itertools import chain, compress
 from typing import Any
 
 from attnprof.analysis.forwards import Attribution, Forward
@@ -86,27 +86,18 @@ class _PerForward:
         self.first: dict[int, int] = {}
         self.first_seen: dict[int, float] = {}
         name, duration = dev.name, dev.dur
-        all_counts, all_times = self.counts, self.times
         for k, fwd in enumerate(forwards):
             events = fwd.device
             if not events:
                 continue
             nids = list(map(name.__getitem__, events))
             if len(set(nids)) == len(nids):  # each name once (the common case): count 1, its one duration
+                counts: dict[int, int] = dict.fromkeys(nids, 1)
+                times = dict(zip(nids, [_ZERO + duration[e] for e in events], strict=True))
+            else:
+                counts, times = Counter(nids), {}
                 for nid, e in zip(nids, events, strict=True):
-                    found = all_counts.get(nid)
-                    if found is not None:
-                        found.append(1)
-                        all_times[nid].append(_ZERO + duration[e])
-                    else:
-                        self.first[nid] = e
-                        self.first_seen[nid] = k * 1e12 + (dev.ts[e] - dev.ts[events[0]])
-                        all_counts[nid], all_times[nid] = [1], [_ZERO + duration[e]]
-                continue
-            counts = Counter(nids)
-            times: dict[int, float] = {}
-            for nid, e in zip(nids, events, strict=True):
-                times[nid] = times.get(nid, 0) + duration[e]
+                    times[nid] = times.get(nid, 0) + duration[e]
             for nid, count in counts.items():
                 if nid in self.counts:
                     self.counts[nid].append(count)
@@ -153,17 +144,12 @@ def _launch_counts(
     if traced:
         seen: Counter = Counter()  # (name id, the chain's op name ids) -> how often
         op_name = ops.name.__getitem__
-        flat = list(events())
-        ends = list(accumulate(len(f.device) for f in forwards))  # where each forward's events end in `flat`
-        k = 0
-        for j in compress(range(len(flat)), map(traced.__contains__, map(dev_name.__getitem__, flat))):
-            while ends[k] <= j:
-                k += 1
-            fwd, e = forwards[k], flat[j]
-            call = fwd.device_launch.get(e)
-            op = fwd.launch_op.get(call, -1) if call is not None else -1
-            if op >= 0:
-                seen[dev_name[e], tuple(map(op_name, fwd.op_chain(op)))] += 1
+        for fwd in forwards:
+            for e in compress(fwd.device, map(traced.__contains__, map(dev_name.__getitem__, fwd.device))):
+                call = fwd.device_launch.get(e)
+                op = fwd.launch_op.get(call, -1) if call is not None else -1
+                if op >= 0:
+                    seen[dev_name[e], tuple(map(op_name, fwd.op_chain(op)))] += 1
         for (nid, chain_ids), count in seen.items():
             chains.setdefault(nid, Counter())[" → ".join(map(names.__getitem__, chain_ids))] = count
     return infos, apis, chains

@@ -38,10 +38,6 @@ _WHY = {
 }
 
 
-def _who(k: int, n: int, unit: str) -> str:
-    return f"Every {unit}" if k == n else f"{k} of {n} {unit}s"
-
-
 def _host_sync(ctx: FindingContext) -> str | None:
     stalls = [m.stalls for m in ctx.per_forward if m.stalls is not None]
     with_sync = sum(1 for s in stalls if s.syncs)
@@ -69,8 +65,8 @@ def _host_sync(ctx: FindingContext) -> str | None:
     if len(ranked) > SHOWN:
         parts.append(f"and {len(ranked) - SHOWN} more")
     return (
-        f"{_who(with_sync, len(stalls), unit)} blocks the CPU until the device catches up ({n} sync(s), the CPU "
-        f"waiting {_us(total)} per {unit}): " + "; ".join(parts) + "."
+        f"{ctx.every(with_sync, len(stalls)).capitalize()} blocks the CPU until the device catches up "
+        f"({n} sync(s), the CPU waiting {_us(total)} per {unit}): " + "; ".join(parts) + "."
     )
 
 

@@ -242,17 +242,10 @@ def _nested_in(fwd: Forward, op: int, op_name: Sequence[int], wanted: frozenset[
 
 
 def _kernels_under(tree: OpTree, roots: Iterable[int]) -> list[str]:
-    """Short names of the kernels of the instance launched under one of the ops in `roots`, in time order."""
-    inside = {o for root in roots for o in tree.subtree(root)}
-    fwd, dev, names = tree.fwd, tree.trace.device, tree.trace.names
-    launch_of, op_of, kind = fwd.device_launch.get, fwd.launch_op.get, dev.kind
-    found = []
-    for e in fwd.device:
-        if kind[e] == KERNEL:
-            call = launch_of(e)
-            if call is not None and op_of(call) in inside:
-                found.append(short_kernel_name(names[dev.name[e]]))
-    return found
+    """Short names of the instance's forward kernels launched under one of the ops in `roots`, in time order."""
+    inside = {e for root in roots for e in tree.events(root)}
+    dev, names = tree.trace.device, tree.trace.names
+    return [short_kernel_name(names[dev.name[e]]) for e in tree.fwd.device if e in inside and dev.kind[e] == KERNEL]
 
 
 def _upcasts(trace: ParsedTrace, ops: list[int]) -> tuple[int, bool]:

@@ -19,17 +19,11 @@ from attnprof.analysis.trace import ParsedTrace
 
 
 class OpTree:
-    """The forward ops of `fwd` with their device work (see the module docstring). `role_of` maps
-    an op name id to its role (see `attention.op_role`); ops whose name has none have role None.
-    `op_names`: the name id of each op of `fwd.ops`, when the caller has them."""
+    """The forward ops of `fwd` with their device work (see the module docstring). `op_names` is the
+    name id of each op of `fwd.ops`; `role_of` maps a name id to its role (see `attention.op_role`),
+    and ops whose name has none have role None."""
 
-    def __init__(
-        self,
-        trace: ParsedTrace,
-        fwd: Forward,
-        role_of: Mapping[int, str] | None = None,
-        op_names: list[int] | None = None,
-    ) -> None:
+    def __init__(self, trace: ParsedTrace, fwd: Forward, role_of: Mapping[int, str], op_names: list[int]) -> None:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
@@ -46,13 +40,8 @@ class OpTree:
             end = _subtree_ends(up)
             self.roots = list(compress(order, map((-1).__eq__, up)))
         self._up, self.end = up, end
-        self._name_ids = name_ids = trace.cpu_ops.name
-        self._names = trace.names
-        self.roles: list[str | None] = (
-            list(map(role_of.get, op_names if op_names is not None else map(name_ids.__getitem__, order)))
-            if role_of is not None
-            else [None] * n
-        )
+        self._name_ids, self._names = trace.cpu_ops.name, trace.names
+        self.roles: list[str | None] = list(map(role_of.get, op_names))
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
         launched = self._launched = [False] * n

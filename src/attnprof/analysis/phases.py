@@ -9,7 +9,9 @@ without the time its thread sat blocked waiting for the autograd engine.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from attnprof.analysis.backward import ACCUMULATE_GRAD
 from attnprof.analysis.forwards import Forward
@@ -145,3 +147,11 @@ def cpu_work_us(trace: ParsedTrace, fwd: Forward) -> float:
     if inside:
         blocked = max(0.0, min(fwd.end, max(e for _, e in inside)) - max(fwd.start, inside[0][0]))
     return fwd.cpu_time_us - blocked + busy
+
+
+def instance_unit(phases: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """What tables and findings call one instance of a region: "step" when its phases (the low
+    medians over the instances, as the analysis reports them) show backward device work (training
+    steps, fwd+bwd and bwd cells), else "forward"."""
+    backward = (phases or {}).get("backward") or {}
+    return "step" if any(backward.get(key) for key in ("kernels", "memcpy", "memset")) else "forward"

@@ -12,12 +12,10 @@
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
-from operator import add
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.names import short_kernel_name
@@ -108,14 +106,13 @@ def forward_stalls(
     trace: ParsedTrace,
     fwd: Forward,
     roots: list[int],
-    device_end: Sequence[float] | None = None,
-    sync_ids: frozenset[int] | None = None,
+    device_end: Sequence[float],
+    sync_ids: frozenset[int],
 ) -> Stalls:
     """The host syncs and idle time of one instance whose device work was traced; `roots` are its
     top-level forward ops (see `OpTree.roots`), `device_end` the end of each device event (ts + dur)
-    and `sync_ids` the trace's `sync_name_ids`, when the caller has them."""
+    and `sync_ids` the trace's `sync_name_ids` (both found once per trace)."""
     stalls = Stalls(syncs=_syncs(trace, fwd, sync_ids))
-    ends = device_end if device_end is not None else array("d", map(add, trace.device.ts, trace.device.dur))
     if fwd.backward_device:
         backward = [e for e in fwd.device if e in fwd.backward_device]
         forward = [e for e in fwd.device if e not in fwd.backward_device] if backward else fwd.device
@@ -123,7 +120,7 @@ def forward_stalls(
     else:
         phases = [("forward", fwd.device)] if fwd.device else []
     for _, events in phases:
-        idle, span = _idle(trace.device.ts, ends, events)
+        idle, span = _idle(trace.device.ts, device_end, events)
         stalls.idle_us += idle
         stalls.span_us += span
     if (stalls.idle_share or 0.0) > GPU_IDLE_SHARE:
@@ -132,16 +129,12 @@ def forward_stalls(
     return stalls
 
 
-def _syncs(trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int] | None = None) -> list[Sync]:
+def _syncs(trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int]) -> list[Sync]:
     rt, names, ops, dev = trace.runtime, trace.names, trace.cpu_ops, trace.device
     call_names = list(map(rt.name.__getitem__, fwd.calls))
-    if sync_ids is None:
-        sync_ids = frozenset(n for n in set(call_names) if names[n] in SYNC_APIS)
     if sync_ids.isdisjoint(call_names):  # the common case
         return []
     syncs = list(compress(fwd.calls, map(sync_ids.__contains__, call_names)))
-    if not syncs:
-        return []
     copies: dict[int, str] = {}  # op -> the memcpy it launched
     for e in fwd.device:
         if dev.kind[e] == MEMCPY:

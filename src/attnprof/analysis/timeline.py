@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
 from operator import add, eq, ge, le, lt
@@ -113,16 +113,14 @@ class Timelines:
 def parents(rows: Sequence[int], ends: Sequence[float]) -> list[int]:
     """The enclosing row of each row (by start, with their ends; -1: none): the last earlier row
     still open, where a row closes once a later one ends more than EPS after it."""
-    result: list[int] = []
-    stack, limits = [-1], [_OPEN]  # open rows and their end + EPS, above a bottom entry
-    for i, end in zip(rows, ends, strict=True):
-        while end > limits[-1]:
-            limits.pop()
-            stack.pop()
-        result.append(stack[-1])
-        stack.append(i)
-        limits.append(end + EPS)
-    return result
+    return rows_at(rows, subtrees(ends)[0])
+
+
+def rows_at(rows: Sequence[int], positions: Iterable[int]) -> list[int]:
+    """The rows at these positions in `rows` (position -1: -1, none)."""
+    by_position = list(rows)
+    by_position.append(-1)
+    return list(map(by_position.__getitem__, positions))
 
 
 def innermost(
@@ -155,50 +153,6 @@ def innermost(
     return result
 
 
-def parents_and_innermost(
-    ops: Sequence[int],
-    op_starts: Sequence[float],
-    op_ends: Sequence[float],
-    call_starts: Sequence[float],
-    call_ends: Sequence[float],
-) -> tuple[list[int], list[int]]:
-    """`parents(ops, op_ends)` and `innermost(ops, ..., call_ends)` in one sweep.
-
-    `innermost` keeps the same stack of open ops as `parents`, except that a call also closes the
-    ops that ended before it did; in a trace whose ops nest, what it keeps is always the bottom of
-    `parents`' stack (a length `k`). Where an op starts inside a call and ends inside an op that
-    call closed (no nesting), that stops holding: the two sweeps then run apart.
-    """
-    found_parents: list[int] = []
-    found_inner: list[int] = []
-    stack, limits = [-1], [_OPEN]  # open ops and their end + EPS, above a bottom entry
-    k = 1  # innermost's stack: stack[:k]
-    bounds = [t + EPS for t in call_starts]
-    bounds.append(_OPEN)
-    c = 0
-    for i, start, end in zip(ops, op_starts, op_ends, strict=True):
-        while bounds[c] < start:  # calls that started before this op: resolve them first
-            t1 = call_ends[c]
-            while limits[k - 1] < t1:
-                k -= 1
-            found_inner.append(stack[k - 1])
-            c += 1
-        while end > limits[-1]:
-            limits.pop()
-            stack.pop()
-        if len(stack) > k:  # it nests in an op that a call closed: no common stack
-            return parents(ops, op_ends), innermost(ops, op_starts, op_ends, call_starts, call_ends)
-        found_parents.append(stack[-1])
-        stack.append(i)
-        limits.append(end + EPS)
-        k = len(stack)
-    for t1 in call_ends[c:]:
-        while limits[k - 1] < t1:
-            k -= 1
-        found_inner.append(stack[k - 1])
-    return found_parents, found_inner
-
-
 def subtrees(ends: Sequence[float]) -> tuple[list[int], list[int]]:
     """`parents` by position: for rows by start with these ends, the position of each row's
     enclosing row (-1: none) and the end of its subtree (the position after its last descendant:
@@ -224,8 +178,13 @@ def subtrees_and_innermost(
     call_starts: Sequence[float],
     call_ends: Sequence[float],
 ) -> tuple[list[int], list[int], list[int]]:
-    """`subtrees(op_ends)` and `innermost(ops, ..., call_ends)` in one sweep, as
-    `parents_and_innermost` (which says when the two sweeps run apart)."""
+    """`subtrees(op_ends)` and `innermost(ops, ..., call_ends)` in one sweep.
+
+    `innermost` keeps the same stack of open ops as `subtrees`, except that a call also closes the
+    ops that ended before it did; in a trace whose ops nest, what it keeps is always the bottom of
+    `subtrees`' stack (a length `k`). Where an op starts inside a call and ends inside an op that
+    call closed (no nesting), that stops holding: the two sweeps then run apart.
+    """
     n = len(ops)
     up: list[int] = []
     stop = [n] * n
@@ -258,6 +217,4 @@ def subtrees_and_innermost(
         while limits[k - 1] < t1:
             k -= 1
         found_inner.append(stack[k - 1])
-    by_pos = list(ops)
-    by_pos.append(-1)  # position -1: none
-    return up, stop, list(map(by_pos.__getitem__, found_inner))
+    return up, stop, rows_at(ops, found_inner)

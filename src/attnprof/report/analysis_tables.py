@@ -109,10 +109,11 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
 
 
 def instance_unit(data: dict[str, Any]) -> str:
-    """What the tables call one instance of the region: "step" when its phases show backward work
-    (a training step, a fwd+bwd or bwd cell), else "forward" (the findings say the same)."""
-    backward = (data.get("phases") or {}).get("backward") or {}
-    return "step" if any(backward.get(key) for key in ("kernels", "memcpy", "memset")) else "forward"
+    """What the tables call one instance of the region ("step" or "forward"), by the rule the
+    findings use (`analysis.phases.instance_unit`)."""
+    from attnprof.analysis.phases import instance_unit as unit_of
+
+    return unit_of(data.get("phases"))
 
 
 def summary_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str:
