@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, naive_forward, real_trace
+from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, large_trace, naive_forward
 
 from attnprof.analysis import decoding, load_trace, parallel, reader
 from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET
@@ -238,22 +238,6 @@ def test_analyze_of_an_empty_file_in_a_process(tmp_path):
 
 # --------------------------------------------------------------------------- two processes
 
-def _large_trace(tmp_path, form: str):
-    """A real trace's events repeated to about 2 MB, as Kineto lays them out (one key per line)."""
-    data = real_trace("twostream")
-    data["traceEvents"] = data["traceEvents"] * 60
-    if form == "bare":
-        data = data["traceEvents"]
-    path = tmp_path / ("t.json.gz" if form == "gz" else "t.json")
-    text = json.dumps(data, indent=1)
-    if form == "gz":
-        with gzip.open(path, "wt") as fh:
-            fh.write(text)
-    else:
-        path.write_text(text)
-    return path
-
-
 # Run in a fresh interpreter: forking needs a process with one thread, which pytest's may not be
 # once torch is imported. PATCH may break the worker; the child prints what it saw as JSON.
 _ONE_AND_TWO = """
@@ -297,14 +281,14 @@ def _read_by_one_and_two(path, patch: str = "") -> dict:
 
 @pytest.mark.parametrize("form", ["json", "gz", "bare"])
 def test_two_processes_read_what_one_reads(tmp_path, form):
-    seen = _read_by_one_and_two(_large_trace(tmp_path, form))
+    seen = _read_by_one_and_two(large_trace(tmp_path, form))
     assert seen["merged"] == 1 and seen["same"]
     assert seen["device"] >= 540 and (form == "bare" or seen["meta"]["traceName"])
 
 
 @pytest.mark.parametrize("patch", [_WRONG_CUT, _FAILING_WORKER], ids=["worker-inside-an-event", "worker-fails"])
 def test_a_worker_that_cannot_help_is_not_used(tmp_path, patch):
-    seen = _read_by_one_and_two(_large_trace(tmp_path, "json"), patch)
+    seen = _read_by_one_and_two(large_trace(tmp_path, "json"), patch)
     assert seen["merged"] == 0 and seen["same"]
 
 

@@ -401,3 +401,20 @@ def real_trace(name: str = "sdpa_cudnn") -> dict[str, Any]:
     """One of the real H200 traces in tests/data/synthetic/real_h200, loaded."""
     with gzip.open(REAL_TRACES / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def large_trace(directory: Path, form: str = "json", copies: int = 60) -> Path:
+    """A real trace's events repeated `copies` times (60: about 2 MB), as Kineto lays them out (one key
+    per line), written to `directory` as `form`: "json", "gz" or "bare" (a bare event list)."""
+    data = real_trace("twostream")
+    data["traceEvents"] = data["traceEvents"] * copies
+    if form == "bare":
+        data = data["traceEvents"]
+    path = directory / ("t.json.gz" if form == "gz" else "t.json")
+    text = json.dumps(data, indent=1)
+    if form == "gz":
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path

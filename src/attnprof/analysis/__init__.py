@@ -12,12 +12,47 @@ Pure functions on trace files; no torch, no printing. The public surface:
 - `theoretical_occupancy(regs, threads, smem, limits)`, `limits_for(cc, device_properties)`
 """
 
-from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
-from attnprof.analysis.findings import FINDING_IDS, Finding
-from attnprof.analysis.metrics import KernelStats
-from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
-from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoretical_occupancy
-from attnprof.analysis.trace import ParsedTrace, load_trace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
+    from attnprof.analysis.findings import FINDING_IDS, Finding
+    from attnprof.analysis.metrics import KernelStats
+    from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
+    from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoretical_occupancy
+    from attnprof.analysis.trace import ParsedTrace, load_trace
+
+#: Where each public name lives: imported on first use, so that reading a trace (`trace`,
+#: `parallel`) can start before the rest of the analysis has loaded.
+_HOMES = {
+    "TraceAnalysis": "analyze",
+    "analyze_trace": "analyze",
+    "dispatched_backend": "analyze",
+    "FINDING_IDS": "findings",
+    "Finding": "findings",
+    "KernelStats": "metrics",
+    "KernelExplanation": "names",
+    "explain_kernel": "names",
+    "short_kernel_name": "names",
+    "Occupancy": "occupancy",
+    "SmLimits": "occupancy",
+    "limits_for": "occupancy",
+    "theoretical_occupancy": "occupancy",
+    "ParsedTrace": "trace",
+    "load_trace": "trace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FINDING_IDS",

@@ -365,7 +365,8 @@ def _metadata_transposes(ctx: FindingContext) -> Finding | None:
         return None
     parents: Counter = Counter()
     for m in ctx.per_forward:
-        parents.update(m.metadata_transpose_parents)
+        if m.metadata_transpose_parents:
+            parents.update(m.metadata_transpose_parents)
     where = parents.most_common(1)[0][0] if parents else "the region"
     return Finding(
         "metadata-transposes",

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from attnprof.analysis.attention import Call, LedgerNames, backward_calls, find_calls
@@ -36,8 +37,10 @@ from attnprof.analysis.optree import OpTree
 from attnprof.analysis.trace import ParsedTrace
 from attnprof.stats import median, median_count
 
+_time_us = attrgetter("time_us")
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class CallFacts:
     """One attention call: what ran, on which backend, in which phase, and its device time.
     `kernel_ids` are its device events' name ids in `names` (the trace's); `kernels` reads them."""
@@ -79,7 +82,7 @@ class ForwardLedger:
     @property
     def kernel_time_us(self) -> float:
         """The device time of every call's work, both phases."""
-        return sum(c.time_us for c in self.calls)
+        return sum(map(_time_us, self.calls))
 
     @property
     def backward_time_us(self) -> float:
@@ -89,12 +92,16 @@ class ForwardLedger:
     @property
     def overhead_us(self) -> float:
         """The overhead items' time together."""
-        return sum(o.time_us for o in self.overhead.values())
+        return sum(map(_time_us, self.overhead.values()))
 
     @property
     def gpu_time_pct(self) -> float | None:
         """kernel_time_us over the instance's GPU time, in percent; None without GPU time."""
-        return 100.0 * self.kernel_time_us / self.gpu_time_us if self.gpu_time_us else None
+        return _share_pct(self.kernel_time_us, self.gpu_time_us)
+
+
+def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None:
+    return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
 
 
 def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
@@ -170,12 +177,14 @@ def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
     """The ledger over the instances (at least one)."""
     per_call = median_count([ledger.forward_count for ledger in ledgers])
     calls = _typical_calls(ledgers, per_call)
-    pcts = [p for ledger in ledgers if (p := ledger.gpu_time_pct) is not None]
+    kernel_times = [ledger.kernel_time_us for ledger in ledgers]
+    shares = map(_share_pct, kernel_times, [ledger.gpu_time_us for ledger in ledgers])
+    pcts = [p for p in shares if p is not None]
     has_backward = any(len(ledger.calls) > ledger.forward_count for ledger in ledgers)
     return AttentionLedger(
         calls_per_forward=per_call,
         backends=dict(sorted(Counter(c.backend for c in calls if c.phase == "forward").items())),
-        kernel_time_us=median([ledger.kernel_time_us for ledger in ledgers]),
+        kernel_time_us=median(kernel_times),
         backward_kernel_time_us=median([ledger.backward_time_us for ledger in ledgers]) if has_backward else None,
         gpu_time_pct=median(pcts) if pcts else None,
         overhead_us=median([ledger.overhead_us for ledger in ledgers]),

@@ -22,7 +22,6 @@ from attnprof.analysis.ledger import ForwardLedger, forward_ledger
 from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.optree import OpTree
 from attnprof.analysis.phases import (
-    NO_WORK,
     PhaseMetrics,
     Work,
     backward_outside_region,
@@ -105,7 +104,7 @@ class ForwardMetrics:
     kernel_time_us: float | None = None
     device_time_us: float | None = None  # sum of kernel + memcpy + memset durations
     metadata_transposes: int | None = None  # transposes that launched nothing
-    metadata_transpose_parents: Counter = field(default_factory=Counter)  # their enclosing op, by name
+    metadata_transpose_parents: Counter = field(default_factory=lambda: _counter())  # their enclosing op, by name
     mask_kernels: list[str] | None = None  # short names of the kernels the mask ops launched
     safe_softmax_kernels: list[str] | None = None  # short names of the kernels aten::_safe_softmax launched
     cpu_work_us: float = 0.0  # cpu_time_us without the wait inside the autograd engine (see phases)
@@ -356,7 +355,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
             "forward": PhaseMetrics(
                 metrics.kernels, metrics.memcpy, metrics.memset, metrics.kernel_time_us, metrics.gpu_time_us or 0.0
             ),
-            "backward": NO_WORK,
+            "backward": PhaseMetrics(),
         }
     metrics.attention = forward_ledger(tree, ids.ledger, metrics.gpu_time_us)
     metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end, ids.sync_calls)

@@ -28,7 +28,7 @@ ROLE_PATTERNS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PhaseMetrics:
     """The device work of one phase of one instance (zero counts and times when it has none)."""
 
@@ -37,10 +37,6 @@ class PhaseMetrics:
     memset: int = 0
     kernel_time_us: float = 0.0
     gpu_time_us: float = 0.0  # first start to last end of the phase's work
-
-
-#: A phase without work (shared: PhaseMetrics is frozen).
-NO_WORK = PhaseMetrics()
 
 
 @dataclass(frozen=True, slots=True)

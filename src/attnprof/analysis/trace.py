@@ -398,6 +398,11 @@ class _Builder:
         return ParsedTrace(**kept, source=label)
 
 
+def new_builder() -> reader.Sink:
+    """An empty table builder: the sink that `parallel.start_early` hands its worker."""
+    return _Builder()
+
+
 def _appenders(table: Any) -> tuple[Any, ...]:
     """The `append` of each column of a table, in field order."""
     return tuple(getattr(table, column.name).append for column in fields(table))
