@@ -68,8 +68,8 @@ def test_the_reader_started_ahead_is_the_one_that_reads(tmp_path, form):
 
 
 @pytest.mark.parametrize("args", [["run", "--variant", "x"], ["analyze"], ["analyze", "--region", "attnprof"],
-                                  ["explain", "{path}"], ["analyze", "missing.json"]],
-                         ids=["other-command", "no-trace", "no-file", "not-analyze", "missing"])
+                                  ["explain", "{path}"], ["analyze", "missing.json"], ["analyze", "{path}", "-h"]],
+                         ids=["other-command", "no-trace", "no-file", "not-analyze", "missing", "help"])
 def test_nothing_is_read_ahead_but_for_analyze_of_a_file(tmp_path, args):
     path = large_trace(tmp_path, "json")
     args = [a.replace("{path}", str(path)) for a in args]

@@ -27,7 +27,7 @@ def read_ahead(args: list[str]) -> bool:
     """When the command is `analyze`, start reading its trace (the first argument after it that names
     a file) ahead; True when a reader started. Anything unexpected is left to the command itself."""
     command = next((a for a in args if not a.startswith("-")), None)
-    if command != "analyze":
+    if command != "analyze" or "--help" in args or "-h" in args:
         return False
     from pathlib import Path
 
