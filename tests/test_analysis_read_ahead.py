@@ -22,7 +22,7 @@ SRC = TESTS.parent / "src"
 _PRELUDE = """
 import json, os, sys
 from pathlib import Path
-from attnprof.analysis import parallel, trace
+from attnprof.analysis import builder, parallel, trace
 if not parallel._can_fork():
     print(json.dumps({"skip": True})); sys.exit()
 from tracegen import parsed_contents
@@ -31,8 +31,8 @@ parallel.PARALLEL_MIN_BYTES = 1 << 62
 one = trace.load_trace(path)  # one process: the reference
 parallel.PARALLEL_MIN_BYTES = 0
 merged = []
-absorb = trace._Builder.absorb
-trace._Builder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
+absorb = builder.TableBuilder.absorb
+builder.TableBuilder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
 forked = []
 fork = os.fork
 os.fork = lambda: forked.append(1) or fork()
@@ -79,7 +79,7 @@ def test_nothing_is_read_ahead_but_for_analyze_of_a_file(tmp_path, args):
 
 
 _CHANGED = """
-parallel.start_early(path, trace.new_builder)
+parallel.start_early(path, builder.TableBuilder)
 worker = next(iter(parallel._early.values()))
 path.write_text(path.read_text() + " ")  # the file changes after the reader started: another size
 two = trace.load_trace(path)
@@ -100,7 +100,7 @@ def test_a_reader_started_ahead_of_another_file_is_ended_unused(tmp_path):
 
 
 _OUTSIDE = """
-started = parallel.start_early(path, trace.new_builder)
+started = parallel.start_early(path, builder.TableBuilder)
 two = trace.load_trace(path)
 print(json.dumps({"started": started, "forks": len(forked), "merged": len(merged),
                   "same": parsed_contents(one) == parsed_contents(two)}))

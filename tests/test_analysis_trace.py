@@ -242,7 +242,7 @@ def test_analyze_of_an_empty_file_in_a_process(tmp_path):
 # once torch is imported. PATCH may break the worker; the child prints what it saw as JSON.
 _ONE_AND_TWO = """
 import json, sys
-from attnprof.analysis import load_trace, parallel, reader, trace
+from attnprof.analysis import builder, load_trace, parallel, reader
 from tracegen import parsed_contents
 if not parallel._can_fork():
     print(json.dumps({"skip": True})); sys.exit()
@@ -251,8 +251,8 @@ parallel.PARALLEL_MIN_BYTES = 1 << 62
 one = load_trace(sys.argv[1])
 parallel.PARALLEL_MIN_BYTES = 0
 merged = []
-absorb = trace._Builder.absorb
-trace._Builder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
+absorb = builder.TableBuilder.absorb
+builder.TableBuilder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
 two = load_trace(sys.argv[1])
 print(json.dumps({"merged": len(merged), "same": parsed_contents(one) == parsed_contents(two),
                   "device": len(one.device), "meta": one.metadata}))
