@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_torch:
         cmds.pop("python -c 'import torch'")
     env_note = {k: os.environ.get(k) for k in ("ATTNPROF_PLUGINS", "TYPER_USE_RICH") if os.environ.get(k)}
+    cache = None
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        # An environment that writes no bytecode (our sandbox) would make every run compile attnprof from
+        # source, which an installed attnprof never does: the children get a bytecode cache instead.
+        cache = tempfile.TemporaryDirectory(prefix="attnprof-pycache-")
+        os.environ["PYTHONPYCACHEPREFIX"] = env_note["bytecode_cache"] = cache.name
     for argv_ in cmds.values():  # one untimed run each: bytecode caches written, files in the page cache
         run_once(argv_)
     times: dict[str, list[float]] = {label: [] for label in cmds}

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnprof.cli.app import COMMANDS
+from attnprof.cli.app import COMMANDS, SUMMARIES
 
 TRACE = Path(__file__).parent / "data" / "h200" / "8x16x1024x64" / "sdpa-flash.json.gz"
 
@@ -45,3 +45,33 @@ def test_each_command_has_its_help(cli) -> None:
         result = cli(command, "--help")
         assert result.exit_code == 0, command
         assert f"attnprof {command} [OPTIONS]" in " ".join(result.output.split()), command
+
+
+def test_help_lists_the_commands_without_importing_them() -> None:
+    code = (
+        "import sys; from attnprof.cli.app import app\n"
+        "try:\n    app(['--help'])\n"
+        "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith('attnprof.cli.') and m.endswith('_cmd')"
+        " or m == 'attnprof.config'), file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_the_summaries_are_the_commands_docstrings() -> None:
+    import importlib
+
+    for name, (module, function) in COMMANDS.items():
+        doc = getattr(importlib.import_module(module), function).__doc__
+        assert doc.strip().splitlines()[0] == SUMMARIES[name], name
+
+
+def test_help_lists_what_the_built_commands_would(cli, monkeypatch) -> None:
+    from typer.core import TyperGroup
+
+    from attnprof.cli.app import Group
+
+    listed = cli("--help").output
+    monkeypatch.setattr(Group, "format_help", TyperGroup.format_help)  # every command built to be listed
+    assert cli("--help").output == listed

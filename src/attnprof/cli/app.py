@@ -1,7 +1,8 @@
 """The Typer app: global options and one sub-command per module. torch is imported by commands only.
 
-Each command's module is imported, and its click command built, when the command runs or a help page
-lists it: `attnprof analyze` never imports the config models (pydantic) that `run` and `compare` need.
+Each command's module is imported, and its click command built, when the command runs or its help
+page is shown: `attnprof analyze` never imports the config models (pydantic) that `run` and `compare`
+need, and `attnprof --help` lists the commands by their `SUMMARIES` without importing any of them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ COMMANDS = {
     "plot": ("attnprof.cli.plot_cmd", "plot_command"),
     "report": ("attnprof.cli.report_cmd", "report_command"),
 }
+#: name -> the first line of its command's docstring, which `attnprof --help` lists (a test holds them equal)
+SUMMARIES = {
+    "list": "List every variant, whether it can run here, and if not, why not.",
+    "run": "Profile one variant with torch.profiler and print its per-forward facts.",
+    "compare": "Profile every selected variant at every configured shape and compare them.",
+    "sweep": "Run every selected variant at every point of the config's sweep axes (their cross product).",
+    "diff": "Compare two results files row by row (variant, shape, dtype, causal, mode).",
+    "check": "Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run.",
+    "model": "Profile a whole model under several attention implementations and compare them in one table.",
+    "analyze": "Analyse a trace: attribute GPU work to each forward and explain what it shows.",
+    "explain": "Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores.",
+    "plot": "Plot a results file: latency, throughput, memory and kernels against sequence length, "
+    "GPU against CPU time.",
+    "report": "Write one self-contained HTML report: tables, findings, plots, top kernels and trace links.",
+}
 
 
 class _FlagsTakeNoValue:
@@ -54,11 +70,14 @@ class _Commands(MutableMapping):
 
     def __init__(self) -> None:
         self._built: dict[str, Any] = {}
+        self.listing = False  # while the group's help lists them: summaries only, nothing imported
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._built:
             if name not in COMMANDS:
                 raise KeyError(name)
+            if self.listing:
+                return Command(name, help=SUMMARIES[name])
             module, function = COMMANDS[name]
             single = typer.Typer(add_completion=False)
             single.command(name, cls=Command)(getattr(importlib.import_module(module), function))
@@ -90,6 +109,15 @@ class Group(_FlagsTakeNoValue, TyperGroup):
     def list_commands(self, ctx: Any) -> list[str]:
         """The command names, in `COMMANDS` order."""
         return list(self.commands)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, listing each command by its summary (see `SUMMARIES`)."""
+        commands = self.commands
+        commands.listing = True  # type: ignore[attr-defined]
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            commands.listing = False  # type: ignore[attr-defined]
 
 
 app = typer.Typer(
