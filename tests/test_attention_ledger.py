@@ -314,3 +314,33 @@ def test_a_cpu_only_trace_has_no_ledger():
     analysis = analyze_trace(b.to_dict())
     assert analysis.attention is None and analysis.to_dict()["attention"] is None
     assert not {"host-sync", "gpu-idle", "attention-overhead"} & set(analysis.finding_ids)
+
+
+def test_instances_of_one_shape_each_get_their_own_calls_and_times():
+    """The recognisers run once per instance shape; every instance's calls are its own events, ops and
+    times (here the flex kernel runs 100, 200 and 300 us in the three steps)."""
+    durations = iter([100.0, 200.0, 300.0])
+
+    def forward(b):
+        linear(b)
+        with b.op("FlexAttention"):
+            b.kernel(FLEX, gpu_us=next(durations))
+        linear(b)
+
+    analysis = analyze_trace(build(forward))
+    calls = [m.attention.calls for m in analysis.per_forward]
+    assert [[c.time_us for c in found] for found in calls] == [[100.0], [200.0], [300.0]]
+    assert all(found[0].op == "FlexAttention" and found[0].backend == "flex" for found in calls)
+    assert analysis.attention.to_dict()["kernel_time_us"] == 200.0
+
+
+def test_instances_that_differ_in_a_kernel_are_different_shapes():
+    """The same ops, but the second step's kernel is not attention: one call, then none."""
+    kernels = iter([FLEX, MUL])
+
+    def forward(b):
+        with b.op("FlexAttention"):
+            b.kernel(next(kernels), gpu_us=50.0)
+
+    analysis = analyze_trace(build(forward, steps=2))
+    assert [len(m.attention.calls) for m in analysis.per_forward] == [1, 0]

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import compress
+from typing import Any
 
 from attnprof.analysis.names import explain_kernel, short_kernel_name
 from attnprof.analysis.optree import OpTree
@@ -101,6 +102,8 @@ class LedgerNames:
     sdpa_backend: dict[int, str]
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
+    # OpTree.shape -> the calls of instances of that shape, by position (see find_calls)
+    calls_by_shape: dict[Any, tuple[list[_CallAt], list[bool]]] = field(default_factory=dict, compare=False, repr=False)
 
 
 def ledger_names(trace: ParsedTrace) -> LedgerNames:
@@ -260,17 +263,68 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
 
 def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]]:
     """The forward attention calls of one instance in launch order, and which op positions they
-    cover. `tree` carries the roles of `names` (`OpTree(..., names.role)`)."""
-    in_call = [False] * len(tree.order)
-    roles = tree.roles
-    calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
-    if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
-        calls += _kernel_calls(tree, names, in_call)
-    if "softmax" in roles:
-        calls += _eager_calls(tree, names, in_call)
+    cover (shared by the instances of its shape: read it, never change it). `tree` carries the roles
+    of `names` (`OpTree(..., names.role)`).
+
+    The recognisers run once per instance shape (`OpTree.shape`: a training loop or a model repeats
+    one shape every step); every instance's calls are then placed from their positions, and ordered
+    by their own start times."""
+    shape = tree.shape()
+    found = names.calls_by_shape.get(shape)
+    if found is None:
+        in_call = [False] * len(tree.order)
+        roles = tree.roles
+        calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
+        if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
+            calls += _kernel_calls(tree, names, in_call)
+        if "softmax" in roles:
+            calls += _eager_calls(tree, names, in_call)
+        found = names.calls_by_shape[shape] = ([_CallAt.of(tree, c) for c in calls], in_call)
+    placed, in_call = found
+    calls = [p.place(tree) for p in placed]
     if len(calls) > 1:
         calls.sort(key=lambda c: c.start)
     return calls, in_call
+
+
+@dataclass(frozen=True, slots=True)
+class _CallAt:
+    """A call by position: its ops in `tree.order`, its events in `fwd.device` (first/last: -1, none)."""
+
+    op: str
+    backend: str
+    events: tuple[int, ...]
+    ops: tuple[int, ...]
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, tree: OpTree, call: Call) -> _CallAt:
+        """The positions of a call found in `tree`."""
+        at_event = {e: i for i, e in enumerate(tree.fwd.device)}
+        pos = tree.pos
+        return cls(
+            call.op,
+            call.backend,
+            tuple(map(at_event.__getitem__, call.events)),
+            tuple(map(pos.__getitem__, call.ops)),
+            pos[call.first] if call.first >= 0 else -1,
+            pos[call.last] if call.last >= 0 else -1,
+        )
+
+    def place(self, tree: OpTree) -> Call:
+        """The call at these positions in `tree` (an instance of the shape it was found in). Its start is
+        its first op's, or for a kernel launched under no op, its launch call's (else the kernel's)."""
+        order, fwd, trace = tree.order, tree.fwd, tree.trace
+        events = list(map(fwd.device.__getitem__, self.events))
+        first = order[self.first] if self.first >= 0 else -1
+        if first >= 0:
+            start = trace.cpu_ops.ts[first]
+        else:
+            launch = fwd.device_launch.get(events[0])
+            start = trace.runtime.ts[launch] if launch is not None else trace.device.ts[events[0]]
+        ops = list(map(order.__getitem__, self.ops))
+        return Call(self.op, self.backend, events, ops, first, order[self.last] if self.last >= 0 else -1, start)
 
 
 def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[int, list[int]]]:

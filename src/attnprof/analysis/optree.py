@@ -41,6 +41,7 @@ class OpTree:
             self.roots = list(compress(order, map((-1).__eq__, up)))
         self._up, self.end = up, end
         self._name_ids, self._names = trace.cpu_ops.name, trace.names
+        self.op_names = op_names
         self.roles: list[str | None] = list(map(role_of.get, op_names))
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
@@ -48,7 +49,7 @@ class OpTree:
         device, backward, direct = fwd.device, fwd.backward_device, self.direct
         # the op that launched each event (-1: none; a call that is not in launch_op has no key None)
         op_of = cast("Callable[[int | None, int], int]", fwd.launch_op.get)
-        launched_by = map(op_of, map(fwd.device_launch.get, device), repeat(-1))
+        launched_by = self._launchers = list(map(op_of, map(fwd.device_launch.get, device), repeat(-1)))
         for e, op in zip(device, launched_by, strict=True):
             if backward and e in backward:
                 get_parent = fwd.op_parent.get
@@ -66,6 +67,26 @@ class OpTree:
             else:
                 found.append(e)
         self._kids: dict[int, list[int]] = {}
+
+    def shape(self) -> tuple[tuple[int, ...], ...]:
+        """Everything about the instance that its attention calls depend on, by position and name id:
+        its op names and nesting, and per device event its launching op's position (-1: none, -2: a
+        backward event), name and kind. Instances of one shape have the same calls, at the same
+        positions (`attention.find_calls` finds them once per shape)."""
+        fwd, dev, pos = self.fwd, self.trace.device, self.pos
+        backward = fwd.backward_device
+        if backward:
+            launchers = zip(fwd.device, self._launchers, strict=True)
+            where = [-2 if e in backward else pos.get(op, -1) for e, op in launchers]
+        else:
+            where = list(map(pos.get, self._launchers, repeat(-1)))
+        return (
+            tuple(self.op_names),
+            tuple(self._up),
+            tuple(where),
+            tuple(map(dev.name.__getitem__, fwd.device)),
+            tuple(map(dev.kind.__getitem__, fwd.device)),
+        )
 
     def kids(self, parent: int) -> list[int]:
         """The ops directly inside `parent` (-1: the region), in start order."""
