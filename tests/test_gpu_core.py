@@ -131,6 +131,7 @@ def test_every_builtin_is_one_attention_call_in_the_ledger(results: dict, name: 
     row = results[name].measures
     backend = LEDGER_BACKENDS.get(name, row["backend"])  # sdpa: the backend it dispatched to
     assert row["attention_calls_per_forward"] == 1 and row["attention_backends"] == f"{backend}:1"
-    assert 0 < row["attention_time_us"] <= row["gpu_time_us"] and 50 < row["attention_gpu_pct"] <= 100
+    shares = (name, row["attention_time_us"], row["gpu_time_us"], row["attention_gpu_pct"])
+    assert 0 < row["attention_time_us"] <= row["gpu_time_us"] and 50 < row["attention_gpu_pct"] <= 100, shares
     assert row["attention"]["calls"][0]["phase"] == "forward"
     assert not {"gpu-idle", "attention-overhead", "host-sync"} & findings(results[name])
