@@ -87,16 +87,16 @@ def _python_env(src_dir: Path | None = None) -> dict[str, str]:
     return env
 
 
-def bytecode_cache(workdir: Path, trees: list[Path]) -> Path | None:
+def bytecode_cache(workdir: Path, trees: list[Path]) -> None:
     """Where this environment writes no bytecode (PYTHONDONTWRITEBYTECODE, as in our sandbox), every
     child would compile attnprof's modules from source on each run (about 45 ms of the CLI's start-up
     here), which an installed attnprof never does: pip writes its bytecode, and an editable install
     writes it on first import. Then the children get a cache in the workdir (PYTHONPYCACHEPREFIX,
     which holds the standard library's and site-packages' bytecode too), filled before any timed run
-    by one CLI run and one bare decode of a small trace per tree; None when the environment keeps
-    bytecode as usual."""
+    by one CLI run and one bare decode of a small trace per tree. `PYCACHE` says which (None: the
+    environment keeps bytecode as usual)."""
     if not (sys.flags.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE")):
-        return None
+        return
     global PYCACHE
     PYCACHE = workdir / "pycache"
     for tree in trees:
@@ -104,7 +104,6 @@ def bytecode_cache(workdir: Path, trees: list[Path]) -> Path | None:
                        env=_python_env(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run([sys.executable, "-c", BARE_DECODE, str(WARM_TRACE)], env=_python_env(), check=True,
                    stdout=subprocess.DEVNULL)
-    return PYCACHE
 
 
 def _peak_rss_bytes(who: str = "self") -> int:

@@ -99,6 +99,21 @@ def test_a_reader_started_ahead_of_another_file_is_ended_unused(tmp_path):
     assert seen["same"] and seen["reaped"] and seen["left"] == 0
 
 
+_UNSAFE_NOW = """
+parallel.start_early(path, builder.TableBuilder)
+path.write_text(path.read_text() + " ")  # the early reader no longer matches the file
+parallel._can_fork = lambda: False  # and forking is not safe any more (say, a thread started)
+two = trace.load_trace(path)
+print(json.dumps({"forks": len(forked), "merged": len(merged), "left": len(parallel._early),
+                  "same": parsed_contents(one) == parsed_contents(two)}))
+"""
+
+
+def test_no_new_reader_is_forked_when_forking_is_no_longer_safe(tmp_path):
+    seen = _run(large_trace(tmp_path, "json"), _UNSAFE_NOW)
+    assert seen["forks"] == 1 and seen["merged"] == 0 and seen["left"] == 0 and seen["same"]
+
+
 _OUTSIDE = """
 started = parallel.start_early(path, builder.TableBuilder)
 two = trace.load_trace(path)

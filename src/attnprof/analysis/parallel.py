@@ -46,12 +46,13 @@ def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink]
     with reader.open_binary(path) as fp:
         stream = reader.ByteStream(fp, label)
         split = None
-        if _early or _can_fork():  # (an early worker was forked when that was safe)
+        forkable = _can_fork()
+        if _early or forkable:  # (an early worker was forked when that was safe)
             size = _inflated_size(path) if isinstance(fp, gzip.GzipFile) else path.stat().st_size
             share = GZIP_SPLIT if isinstance(fp, gzip.GzipFile) else PLAIN_SPLIT
 
             def split(stream: reader.ByteStream, sink: reader.Sink, is_object: bool) -> bool:
-                return _read_split(stream, sink, path, new_sink, size, share, is_object)
+                return _read_split(stream, sink, path, new_sink, size, share, is_object, forkable)
 
         return reader.read_document(stream, sink, split)
 
@@ -146,13 +147,15 @@ def _read_split(
     size: int,
     share: float,
     is_object: bool,
+    forkable: bool,
 ) -> bool:
-    """Read the event list (the cursor is just inside it) with a worker; True when the worker's
-    half and the rest of the document are in `sink`, False when nothing was split."""
+    """Read the event list (the cursor is just inside it) with a worker: the one `start_early`
+    forked for this file, else a new one when forking is safe now (`forkable`); True when the
+    worker's half and the rest of the document are in `sink`, False when nothing was split."""
     start = stream.offset
     worker = _take_early(path, start, is_object) if _early else None
     if worker is None:
-        if size - start < PARALLEL_MIN_BYTES:
+        if not forkable or size - start < PARALLEL_MIN_BYTES:
             return False
         worker = _Worker(path, start + int((size - start) * share), new_sink, stream.label, is_object)
     try:
