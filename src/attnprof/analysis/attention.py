@@ -264,7 +264,7 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
 def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]]:
     """The forward attention calls of one instance in launch order, and which op positions they
     cover (shared by the instances of its shape: read it, never change it). `tree` carries the roles
-    of `names` (`OpTree(..., names.role)`).
+    of `names` (each op's `names.role`).
 
     The recognisers run once per instance shape (`OpTree.shape`: a training loop or a model repeats
     one shape every step); every instance's calls are then placed from their positions, and ordered

@@ -85,6 +85,7 @@ class Forward:
     end: float
     ext: int
     ops: list[int] = field(default_factory=list)
+    op_rows: range | None = None  # `ops` as consecutive table rows, where they are
     op_tree: tuple[list[int], list[int]] | None = None
     parents_found: dict[int, int] | None = field(default=None, repr=False)  # op_parent, once built
     calls: list[int] = field(default_factory=list)  # all runtime/driver calls inside
@@ -259,11 +260,14 @@ def _attach_ops_and_calls(
         line = timelines.ops(fwd.thread)
         start, end = fwd.start, fwd.end
         limit = end + EPS
-        lo, hi = bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit)
-        ops, starts, ends = list(line.rows[lo:hi]), line.starts[lo:hi], line.ends[lo:hi]
+        rows, starts, ends = line.span(bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit))
         if skip or (ends and max(ends) > limit):  # leave out ops that end after the forward
-            keep = [e <= limit and i not in skip for i, e in zip(ops, ends, strict=True)]
-            ops, starts, ends = list(compress(ops, keep)), list(compress(starts, keep)), list(compress(ends, keep))
+            keep = [e <= limit and i not in skip for i, e in zip(rows, ends, strict=True)]
+            ops, starts, ends = list(compress(rows, keep)), list(compress(starts, keep)), list(compress(ends, keep))
+        else:
+            ops = list(rows)
+            if rows.__class__ is range:
+                fwd.op_rows = rows
         fwd.ops = ops
         calls_line = timelines.calls(fwd.thread)
         if calls_line.rows:

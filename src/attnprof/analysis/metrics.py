@@ -85,7 +85,9 @@ def _is_dtod(name: str) -> bool:
 
 @dataclass(slots=True)
 class ForwardMetrics:
-    """What one forward did. Device-side fields are None when the trace has no device events."""
+    """What one forward did. Device-side fields are None when the trace has no device events.
+    `launch_apis` and `op_counts` are shared by the forwards that made the same calls and ran the
+    same ops: read them, never change them."""
 
     cpu_time_us: float
     launch_apis: Counter
@@ -178,18 +180,6 @@ class NameIds:
     launch_counts: dict[tuple[int, ...], Counter] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class _OpFacts:
-    """What `forward_metrics` reads of a forward's op names alone: the op counts by name and the
-    positions of the named ops it looks at (empty where the name does not occur)."""
-
-    counts: Counter
-    transposes: list[int]
-    to_copy: list[int]
-    safe_softmax: list[int]
-    masks: bool  # some op is one of MASK_OPS
-
-
 def _counter(counts: Mapping[str, int] | None = None) -> Counter:
     """A new Counter holding `counts`, filled by a C-level dict update (`Counter(...)` and `.copy()`
     run Python-level `__init__` and `update`)."""
@@ -199,18 +189,35 @@ def _counter(counts: Mapping[str, int] | None = None) -> Counter:
     return new
 
 
-def _op_facts(names: Sequence[str], op_names: list[int], ids: NameIds) -> _OpFacts:
+@dataclass(frozen=True, slots=True)
+class _OpFacts:
+    """What `forward_metrics` reads of a forward's op names alone, shared by the forwards that ran
+    the same op names: the op counts by name, each op's ledger role, and the positions of the
+    named ops it looks at (empty where the name does not occur)."""
+
+    counts: Counter
+    roles: list[str | None]
+    transposes: list[int]
+    to_copy: list[int]
+    safe_softmax: list[int]
+    mask_ops: list[int]  # MASK_OPS and SAFE_SOFTMAX other than the softmax itself (some may nest)
+
+
+def _op_facts(names: Sequence[str], op_names: Sequence[int], ids: NameIds) -> _OpFacts:
     counts = Counter(map(names.__getitem__, op_names))
+    positions = range(len(op_names))
 
     def named(name: str, name_id: int) -> list[int]:  # the positions of the ops with this name
-        return list(compress(range(len(op_names)), map(name_id.__eq__, op_names))) if name in counts else []
+        return list(compress(positions, map(name_id.__eq__, op_names))) if name in counts else []
 
+    mask_ids = ids.mask_nesting - {ids.safe_softmax}
     return _OpFacts(
         counts,
+        list(map(ids.ledger.role.get, op_names)),
         named("aten::transpose", ids.transpose),
         named("aten::_to_copy", ids.to_copy),
         named(SAFE_SOFTMAX, ids.safe_softmax),
-        not _MASK_SET.isdisjoint(counts),
+        list(compress(positions, map(mask_ids.__contains__, op_names))) if not _MASK_SET.isdisjoint(counts) else [],
     )
 
 
@@ -230,14 +237,17 @@ def name_ids(trace: ParsedTrace) -> NameIds:
     )
 
 
-def _nested_in(fwd: Forward, op: int, op_name: Sequence[int], wanted: frozenset[int]) -> bool:
-    """True when an op enclosing `op` has a name id in `wanted`."""
-    parent = fwd.op_parent.get(op, -1)
-    while parent >= 0:
-        if op_name[parent] in wanted:
-            return True
-        parent = fwd.op_parent.get(parent, -1)
-    return False
+def _mask_roots(fwd: Forward, positions: list[int], op_name: Sequence[int], wanted: frozenset[int]) -> set[int]:
+    """The ops at these positions of `fwd.ops` that no op with a name id in `wanted` encloses."""
+    ops, roots = fwd.ops, set()
+    for p in positions:
+        op = ops[p]
+        parent = fwd.op_parent.get(op, -1)
+        while parent >= 0 and op_name[parent] not in wanted:
+            parent = fwd.op_parent.get(parent, -1)
+        if parent < 0:
+            roots.add(op)
+    return roots
 
 
 def _kernels_under(tree: OpTree, roots: Iterable[int]) -> list[str]:
@@ -271,35 +281,26 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
     op_name = ops.name
     op_list = fwd.ops
-    op_names = list(map(op_name.__getitem__, op_list))
-    key = tuple(op_names)
+    rows = fwd.op_rows
+    key = tuple(op_name[rows.start : rows.stop] if rows is not None else map(op_name.__getitem__, op_list))
     facts = ids.op_facts.get(key)
     if facts is None:
-        facts = ids.op_facts[key] = _op_facts(names, op_names, ids)
-    op_counts = _counter(facts.counts)
+        facts = ids.op_facts[key] = _op_facts(names, key, ids)
     launch_key = tuple(map(rt_name.__getitem__, fwd.launches))
     launch_apis = ids.launch_counts.get(launch_key)
     if launch_apis is None:
         launch_apis = ids.launch_counts[launch_key] = Counter(map(names.__getitem__, launch_key))
     transposes = list(map(op_list.__getitem__, facts.transposes))
-    mask_roots = (
-        {
-            i
-            for i, n in zip(op_list, op_names, strict=True)
-            if n in ids.mask_nesting and n != ids.safe_softmax and not _nested_in(fwd, i, op_name, ids.mask_nesting)
-        }
-        if facts.masks
-        else set()
-    )
+    mask_roots = _mask_roots(fwd, facts.mask_ops, op_name, ids.mask_nesting) if facts.mask_ops else set()
     upcasts, upcast_types_known = (
         _upcasts(trace, list(map(op_list.__getitem__, facts.to_copy))) if facts.to_copy else (0, False)
     )
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=_counter(launch_apis),
+        launch_apis=launch_apis,
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
-        op_counts=op_counts,
+        op_counts=facts.counts,
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
         mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))) if mask_roots else _counter(),
@@ -308,7 +309,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     )
     if not attribution.device_traced:
         return metrics
-    tree = OpTree(trace, fwd, ids.ledger.role, op_names)
+    tree = OpTree(trace, fwd, facts.roles, key)
     device = fwd.device
     kinds = list(map(dev.kind.__getitem__, device))
     metrics.kernels, metrics.memcpy, metrics.memset = kinds.count(KERNEL), kinds.count(MEMCPY), kinds.count(MEMSET)

@@ -10,9 +10,9 @@ backward op that launched it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, compress, repeat
-from typing import cast
+from typing import Any, cast
 
 from attnprof.analysis.forwards import Forward
 from attnprof.analysis.trace import ParsedTrace
@@ -20,14 +20,15 @@ from attnprof.analysis.trace import ParsedTrace
 
 class OpTree:
     """The forward ops of `fwd` with their device work (see the module docstring). `op_names` is the
-    name id of each op of `fwd.ops`; `role_of` maps a name id to its role (see `attention.op_role`),
-    and ops whose name has none have role None."""
+    name id of each op of `fwd.ops` and `roles` its role (see `attention.op_role`; None: none); both
+    may be shared with other instances, and are only read."""
 
-    def __init__(self, trace: ParsedTrace, fwd: Forward, role_of: Mapping[int, str], op_names: list[int]) -> None:
+    def __init__(self, trace: ParsedTrace, fwd: Forward, roles: list[str | None], op_names: Sequence[int]) -> None:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
-        pos = self.pos = dict(zip(order, range(n), strict=True))
+        rows = fwd.op_rows
+        self._pos: Mapping[int, int] | None = _Consecutive(rows.start, n) if rows is not None else None
         if fwd.op_tree is not None and len(fwd.op_tree[0]) == n:  # from the sweep that found the ops
             up, end = fwd.op_tree
             roots = self.roots = []
@@ -36,13 +37,13 @@ class OpTree:
                 roots.append(order[i])
                 i = end[i]
         else:
-            up = list(map(pos.get, map(fwd.op_parent.get, order, repeat(-1)), repeat(-1)))  # -1: the region
+            up = list(map(self.pos.get, map(fwd.op_parent.get, order, repeat(-1)), repeat(-1)))  # -1: the region
             end = _subtree_ends(up)
             self.roots = list(compress(order, map((-1).__eq__, up)))
         self._up, self.end = up, end
         self._name_ids, self._names = trace.cpu_ops.name, trace.names
         self.op_names = op_names
-        self.roles: list[str | None] = list(map(role_of.get, op_names))
+        self.roles = roles
         self.direct: dict[int, list[int]] = {}  # op (-1: none) -> the forward work it launched itself
         self.backward: dict[int, list[int]] = {}  # outermost backward op (-1: none) -> its work
         launched = self._launched = [False] * n
@@ -50,7 +51,12 @@ class OpTree:
         # the op that launched each event (-1: none; a call that is not in launch_op has no key None)
         op_of = cast("Callable[[int | None, int], int]", fwd.launch_op.get)
         launched_by = self._launchers = list(map(op_of, map(fwd.device_launch.get, device), repeat(-1)))
-        for e, op in zip(device, launched_by, strict=True):
+        if rows is not None:  # its position: by arithmetic on consecutive rows
+            lo, hi = rows.start, rows.stop
+            where = self._where = [op - lo if lo <= op < hi else -1 for op in launched_by]
+        else:
+            where = self._where = list(map(self.pos.get, launched_by, repeat(-1)))
+        for e, op, i in zip(device, launched_by, where, strict=True):
             if backward and e in backward:
                 get_parent = fwd.op_parent.get
                 while op >= 0 and get_parent(op, -1) >= 0:
@@ -60,7 +66,6 @@ class OpTree:
             found = direct.get(op)
             if found is None:
                 direct[op] = [e]
-                i = pos.get(op, -1)
                 while i >= 0 and not launched[i]:  # it and the ops around it launched work
                     launched[i] = True
                     i = up[i]
@@ -73,13 +78,11 @@ class OpTree:
         its op names and nesting, and per device event its launching op's position (-1: none, -2: a
         backward event), name and kind. Instances of one shape have the same calls, at the same
         positions (`attention.find_calls` finds them once per shape)."""
-        fwd, dev, pos = self.fwd, self.trace.device, self.pos
+        fwd, dev = self.fwd, self.trace.device
         backward = fwd.backward_device
+        where = self._where
         if backward:
-            launchers = zip(fwd.device, self._launchers, strict=True)
-            where = [-2 if e in backward else pos.get(op, -1) for e, op in launchers]
-        else:
-            where = list(map(pos.get, self._launchers, repeat(-1)))
+            where = [-2 if e in backward else i for e, i in zip(fwd.device, where, strict=True)]
         return (
             tuple(self.op_names),
             tuple(self._up),
@@ -87,6 +90,15 @@ class OpTree:
             tuple(map(dev.name.__getitem__, fwd.device)),
             tuple(map(dev.kind.__getitem__, fwd.device)),
         )
+
+    @property
+    def pos(self) -> Mapping[int, int]:
+        """The position of each op in `order` (read-only; a dict built on first use where the ops are
+        not consecutive table rows)."""
+        found = self._pos
+        if found is None:
+            found = self._pos = dict(zip(self.order, range(len(self.order)), strict=True))
+        return found
 
     def kids(self, parent: int) -> list[int]:
         """The ops directly inside `parent` (-1: the region), in start order."""
@@ -146,6 +158,35 @@ class OpTree:
                 break
             op = self.parent(op)
         return " → ".join(reversed(names))
+
+
+class _Consecutive(Mapping[int, int]):
+    """The positions of the consecutive rows `start` to `start + n - 1`: read as a dict, never built."""
+
+    __slots__ = ("start", "n")
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.n = start, n
+
+    def __getitem__(self, row: int) -> int:
+        i = row - self.start
+        if 0 <= i < self.n:
+            return i
+        raise KeyError(row)
+
+    def get(self, row: int, default: Any = None) -> Any:
+        """The position of `row`, else `default`."""
+        i = row - self.start
+        return i if 0 <= i < self.n else default
+
+    def __contains__(self, row: object) -> bool:
+        return isinstance(row, int) and 0 <= row - self.start < self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.start + self.n))
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def _subtree_ends(up: list[int]) -> list[int]:
