@@ -102,8 +102,8 @@ class LedgerNames:
     sdpa_backend: dict[int, str]
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
-    # OpTree.shape -> the calls of instances of that shape, by position (see find_calls)
-    calls_by_shape: dict[Any, tuple[list[_CallAt], list[bool]]] = field(default_factory=dict, compare=False, repr=False)
+    # OpTree.shape -> the calls of instances of that shape, by position (see shape_calls)
+    calls_by_shape: dict[Any, ShapeCalls] = field(default_factory=dict, compare=False, repr=False)
 
 
 def ledger_names(trace: ParsedTrace) -> LedgerNames:
@@ -266,10 +266,32 @@ def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]
     cover (shared by the instances of its shape: read it, never change it). `tree` carries the roles
     of `names` (each op's `names.role`).
 
-    The recognisers run once per instance shape (`OpTree.shape`: a training loop or a model repeats
-    one shape every step); every instance's calls are then placed from their positions, and ordered
-    by their own start times."""
-    shape = tree.shape()
+    The recognisers run once per instance shape (`shape_calls`); every instance's calls are then
+    placed from their positions, and ordered by their own start times."""
+    found = shape_calls(tree, names)
+    calls = [p.place(tree) for p in found.calls]
+    if len(calls) > 1:
+        calls.sort(key=lambda c: c.start)
+    return calls, found.in_call
+
+
+@dataclass(slots=True)
+class ShapeCalls:
+    """The forward attention calls of the instances of one shape by position, in the order the
+    recognisers found them, and which op positions they cover; `ledgers` is the ledger's own record
+    of the shape (see `ledger.forward_ledger`). Shared by those instances: read it, never change it."""
+
+    calls: list[CallAt]
+    in_call: list[bool]
+    ledgers: dict[Any, Any] = field(default_factory=dict)
+
+
+def shape_calls(tree: OpTree, names: LedgerNames, shape: Any = None) -> ShapeCalls:
+    """The `ShapeCalls` of `tree`'s shape (`shape`: `tree.shape()`, when the caller has it). The
+    recognisers run on the first instance of each shape (`OpTree.shape`: a training loop or a model
+    repeats one shape every step)."""
+    if shape is None:
+        shape = tree.shape()
     found = names.calls_by_shape.get(shape)
     if found is None:
         in_call = [False] * len(tree.order)
@@ -279,16 +301,12 @@ def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]
             calls += _kernel_calls(tree, names, in_call)
         if "softmax" in roles:
             calls += _eager_calls(tree, names, in_call)
-        found = names.calls_by_shape[shape] = ([_CallAt.of(tree, c) for c in calls], in_call)
-    placed, in_call = found
-    calls = [p.place(tree) for p in placed]
-    if len(calls) > 1:
-        calls.sort(key=lambda c: c.start)
-    return calls, in_call
+        found = names.calls_by_shape[shape] = ShapeCalls([CallAt.of(tree, c) for c in calls], in_call)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
-class _CallAt:
+class CallAt:
     """A call by position: its ops in `tree.order`, its events in `fwd.device` (first/last: -1, none)."""
 
     op: str
@@ -299,7 +317,7 @@ class _CallAt:
     last: int
 
     @classmethod
-    def of(cls, tree: OpTree, call: Call) -> _CallAt:
+    def of(cls, tree: OpTree, call: Call) -> CallAt:
         """The positions of a call found in `tree`."""
         at_event = {e: i for i, e in enumerate(tree.fwd.device)}
         pos = tree.pos

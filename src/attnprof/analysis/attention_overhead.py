@@ -68,7 +68,9 @@ class Overhead:
 
 
 @dataclass
-class _Unit:
+class OverheadUnit:
+    """Overhead ops: their kind, the op whose work is counted, and the ops whose backward work is."""
+
     kind: str
     root: int
     ops: list[int]
@@ -110,7 +112,7 @@ def _level(tree: OpTree, call: Call) -> tuple[list[int], int, int]:
     return kids, kids.index(first), kids.index(last)
 
 
-def _adjacent(tree: OpTree, call: Call, in_call: list[bool], taken: set[int]) -> list[_Unit]:
+def _adjacent(tree: OpTree, call: Call, in_call: list[bool], taken: set[int]) -> list[OverheadUnit]:
     kids, lo, hi = _level(tree, call)
     units = []
     for step, start in ((-1, lo - 1), (1, hi + 1)):
@@ -130,7 +132,7 @@ def _adjacent(tree: OpTree, call: Call, in_call: list[bool], taken: set[int]) ->
                         while k >= 0 and tree.name(kids[k]) in EXPAND_OPS and not tree.launched(kids[k]):
                             ops = tree.subtree(kids[k]) + ops
                             k -= 1
-                    units.append(_Unit(kind, op, ops))
+                    units.append(OverheadUnit(kind, op, ops))
                     taken.add(op)
             j += step
     return units
@@ -151,7 +153,7 @@ def _builds_mask(tree: OpTree, op: int) -> bool:
     return bool(kernels) and bool(tokens & {"tril", "triu"} or (tokens & _COMPARISONS and "arange" in tokens))
 
 
-def _elsewhere(tree: OpTree, in_call: list[bool], taken: set[int]) -> list[_Unit]:
+def _elsewhere(tree: OpTree, in_call: list[bool], taken: set[int]) -> list[OverheadUnit]:
     units, i = [], 0
     while i < len(tree.order):
         op = tree.order[i]
@@ -159,11 +161,21 @@ def _elsewhere(tree: OpTree, in_call: list[bool], taken: set[int]) -> list[_Unit
             i = tree.end[i]
             continue
         if tree.name(op) in MASK_BUILD_OPS or (tree.roles[i] == "container" and _builds_mask(tree, op)):
-            units.append(_Unit("mask-build", op, tree.subtree(op)))
+            units.append(OverheadUnit("mask-build", op, tree.subtree(op)))
             i = tree.end[i]
             continue
         i += 1
     return units
+
+
+def overhead_units(tree: OpTree, calls: list[Call], in_call: list[bool]) -> list[OverheadUnit]:
+    """The overhead ops of one instance (see the module docstring), in the order they are tallied:
+    next to each forward call in turn, then anywhere else."""
+    if not calls:
+        return []
+    taken: set[int] = set()
+    units = [u for c in calls if c.phase == "forward" for u in _adjacent(tree, c, in_call, taken)]
+    return units + _elsewhere(tree, in_call, taken)
 
 
 def overhead_ledger(
@@ -171,14 +183,9 @@ def overhead_ledger(
 ) -> dict[str, Overhead]:
     """The overhead of one instance by kind (kinds it has none of are left out). `backward` holds
     the backward work linked to forward ops outside the calls (see `attention.backward_calls`)."""
-    if not calls:
-        return {}
-    taken: set[int] = set()
-    units = [u for c in calls if c.phase == "forward" for u in _adjacent(tree, c, in_call, taken)]
-    units += _elsewhere(tree, in_call, taken)
     dev, fwd = tree.trace.device, tree.fwd
     result: dict[str, Overhead] = {}
-    for unit in units:
+    for unit in overhead_units(tree, calls, in_call):
         item = result.setdefault(unit.kind, Overhead())
         item.count += 1
         compiled = tree.role(unit.root) == "container"  # a compiled graph: named as a whole

@@ -53,16 +53,15 @@ def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
     ops = trace.cpu_ops
     line = timeline(list(candidates), ops.ts, ops.dur)
     order = sorted(range(len(line.rows)), key=[ops.thread[i] for i in line.rows].__getitem__)
-    ends = line.ends
     kept: list[int] = []
     last_thread, last_limit = -1, 0.0
     for p in order:
         i = line.rows[p]
         thread = ops.thread[i]
-        if kept and thread == last_thread and ends[p] <= last_limit:
+        if kept and thread == last_thread and line.ends[p] <= last_limit:
             continue
         kept.append(i)
-        last_thread, last_limit = thread, ends[p] + fw.EPS
+        last_thread, last_limit = thread, line.ends[p] + fw.EPS
     return kept
 
 

@@ -260,7 +260,8 @@ def _attach_ops_and_calls(
         line = timelines.ops(fwd.thread)
         start, end = fwd.start, fwd.end
         limit = end + EPS
-        rows, starts, ends = line.span(bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit))
+        lo, hi = bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit)
+        rows, starts, ends = line.rows[lo:hi], line.starts[lo:hi], line.ends[lo:hi]
         if skip or (ends and max(ends) > limit):  # leave out ops that end after the forward
             keep = [e <= limit and i not in skip for i, e in zip(rows, ends, strict=True)]
             ops, starts, ends = list(compress(rows, keep)), list(compress(starts, keep)), list(compress(ends, keep))

@@ -1,12 +1,11 @@
 """Per-thread timelines: the rows of a CPU-side table on one thread, sorted once by start (the
-longest first among equal starts, then in table order), with their starts and durations.
+longest first among equal starts, then in table order), with their starts and ends.
 
 `forwards.py` and `backward.py` walk ops and runtime calls thread by thread, inside time windows;
 `Timelines` sorts each (table, thread) once, on first use, and both read the same sequences. They
 are built with C-level `sort`, `map` and `compress`, never with a Python key per row, and kept
 compact: a table that is one thread already in order is used as it is (a `range` over its rows
-and its own `ts` and `dur` columns); otherwise rows, starts and durations are `array`s. Ends are
-computed for the spans that are read.
+and its own `ts` column); otherwise rows, starts and ends are `array`s.
 """
 
 from __future__ import annotations
@@ -29,34 +28,24 @@ _OPEN = float("inf")  # the end of the stack's bottom entry: nothing ends after 
 @dataclass(slots=True)
 class Timeline:
     """The rows of one thread by start, then longest first (then table order); `starts[p]` and
-    `durations[p]` are the start and duration of row `rows[p]`. Its ends (start + duration) are
-    computed for the spans read, not kept for the whole table."""
+    `ends[p]` are the start and end (ts + dur) of row `rows[p]`."""
 
     rows: Sequence[int]
     starts: Sequence[float]
-    durations: Sequence[float]
-
-    @property
-    def ends(self) -> array:
-        """The end (start + duration) of each row."""
-        return array("d", map(add, self.starts, self.durations))
+    ends: Sequence[float]
 
     def window(self, start: float, end: float) -> tuple[int, int]:
         """Positions `lo, hi`: the rows starting within [start - EPS, end + EPS]."""
         return bisect_left(self.starts, start - EPS), bisect_right(self.starts, end + EPS)
 
-    def span(self, lo: int, hi: int) -> tuple[Sequence[int], Sequence[float], Sequence[float]]:
-        """The rows at positions `lo` to `hi` (exclusive), with their starts and ends."""
-        starts = self.starts[lo:hi]
-        return self.rows[lo:hi], starts, array("d", map(add, starts, self.durations[lo:hi]))
-
     def inside(self, start: float, end: float) -> tuple[list[int], Sequence[float], Sequence[float]]:
         """The rows that start and end within [start - EPS, end + EPS], by start, with their
         starts and ends."""
-        rows, starts, ends = self.span(*self.window(start, end))
+        lo, hi = self.window(start, end)
+        rows, starts, ends = list(self.rows[lo:hi]), self.starts[lo:hi], self.ends[lo:hi]
         limit = end + EPS
         if not ends or max(ends) <= limit:  # all of them (the common case)
-            return list(rows), starts, ends
+            return rows, starts, ends
         keep = [e <= limit for e in ends]
         return list(compress(rows, keep)), list(compress(starts, keep)), list(compress(ends, keep))
 
@@ -86,13 +75,14 @@ def timeline(rows: list[int], ts: Any, dur: Any) -> Timeline:
         run.sort(key=lambda i: -dur[i])
         rows[first : last + 1] = run
         p += 1
-    return Timeline(array("q", rows), starts, array("d", map(dur.__getitem__, rows)))
+    ends = array("d", map(add, starts, map(dur.__getitem__, rows)))
+    return Timeline(array("q", rows), starts, ends)
 
 
 def table_timeline(threads: Any, ts: Any, dur: Any, thread: int) -> Timeline:
     """The timeline of `thread` in a table with these columns."""
     if threads.count(thread) == len(threads) and _in_order(ts, dur):  # the whole table, in order
-        return Timeline(range(len(ts)), ts, dur)
+        return Timeline(range(len(ts)), ts, array("d", map(add, ts, dur)))
     return timeline(list(compress(range(len(threads)), map(thread.__eq__, threads))), ts, dur)
 
 
