@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import random
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from attnprof import stats
-from attnprof.stats import median, median_count, quantile, spread
+from attnprof.analysis.metrics import median_counts
+from attnprof.stats import median, median_count, median_count_of, quantile, spread
 
 
 def test_median_is_the_middle_or_the_mean_of_the_two_middles():
@@ -30,6 +33,25 @@ def test_median_count_is_a_count_some_sample_had():
     assert median_count([5, 3, 4]) == 4
     assert median_count([2, 2, 9, 9]) == 2
     assert median_count([]) == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_median_count_of_counts_with_multiplicities_is_the_median_count_of_the_samples(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        pairs = [(rng.randint(0, 6), rng.randint(1, 4)) for _ in range(rng.randint(0, 6))]
+        samples = [value for value, n in pairs for _ in range(n)]
+        assert median_count_of(pairs) == median_count(samples)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_median_counts_read_a_shared_counter_once_with_its_multiplicity(seed):
+    rng = random.Random(10 + seed)
+    for _ in range(100):
+        shared = [Counter({k: rng.randint(1, 3) for k in rng.sample("abcde", rng.randint(0, 4))}) for _ in range(3)]
+        counters = [rng.choice(shared) if rng.random() < 0.7 else Counter(rng.choice(shared)) for _ in range(9)]
+        keys = sorted(set().union(*counters))
+        assert median_counts(counters) == {k: median_count([c.get(k, 0) for c in counters]) for k in keys}
 
 
 @pytest.mark.parametrize(("q", "expected"), [(0.0, 1.0), (0.25, 2.25), (0.5, 3.5), (0.75, 4.75), (1.0, 10.0)])

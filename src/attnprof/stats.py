@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def median(values: Sequence[float]) -> float:
@@ -20,6 +20,17 @@ def median(values: Sequence[float]) -> float:
 def median_count(values: Sequence[int]) -> int:
     """The low median of counts: a count some sample really had (never a half); 0 when empty."""
     return int(statistics.median_low(values)) if values else 0
+
+
+def median_count_of(counts: Iterable[tuple[int, int]]) -> int:
+    """`median_count` of samples given as (count, how many samples had it); 0 when there are none."""
+    pairs = sorted(counts)
+    left = (sum(n for _, n in pairs) - 1) // 2  # the low median's index among the samples, sorted
+    for value, n in pairs:
+        if left < n:
+            return int(value)
+        left -= n
+    return 0
 
 
 def quantile(values: Sequence[float], q: float) -> float:

@@ -12,7 +12,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import compress, repeat
+from itertools import compress
 from operator import add
 from typing import Any
 
@@ -31,7 +31,7 @@ from attnprof.analysis.phases import (
 )
 from attnprof.analysis.stalls import Stalls, forward_stalls, sync_name_ids
 from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
-from attnprof.stats import median_count
+from attnprof.stats import median_count_of
 
 #: Input-type spellings in `record_shapes` traces, by short dtype name.
 TRACE_DTYPES = {
@@ -369,6 +369,9 @@ def launch_api_summary(per_forward: list[ForwardMetrics]) -> dict[str, int]:
 
 
 def median_counts(counters: list[Counter]) -> dict[str, int]:
-    """Per key of any of the counters, sorted: the low median of its count over all of them."""
-    keys = sorted(set().union(*counters))
-    return {key: median_count(list(map(dict.get, counters, repeat(key), repeat(0)))) for key in keys}
+    """Per key of any of the counters, sorted: the low median of its count over all of them. A
+    counter that several forwards share (see `ForwardMetrics`) is read once, with its multiplicity."""
+    times = Counter(map(id, counters))
+    distinct = dict(zip(map(id, counters), counters, strict=True))
+    keys = sorted(set().union(*distinct.values()))
+    return {key: median_count_of((c.get(key, 0), times[i]) for i, c in distinct.items()) for key in keys}
