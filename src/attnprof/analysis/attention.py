@@ -139,7 +139,7 @@ def _mark(tree: OpTree, in_call: list[bool], op: int) -> list[int]:
     i = tree.pos[op]
     end = tree.end[i]
     in_call[i:end] = [True] * (end - i)
-    return tree.order[i:end]
+    return tree.ops_at(i, end)
 
 
 def _free_positions(tree: OpTree, role: str, in_call: list[bool]) -> Iterator[int]:
@@ -257,7 +257,7 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
         start, stop = tree.pos[head], tree.end[tree.pos[tail]]  # the kids between them, with their subtrees
         in_call[start:stop] = [True] * (stop - start)
         events = tree.span_events(start, stop)
-        calls.append(Call(label, "eager", events, tree.order[start:stop], head, tail, ts[head]))
+        calls.append(Call(label, "eager", events, tree.ops_at(start, stop), head, tail, ts[head]))
     return calls
 
 

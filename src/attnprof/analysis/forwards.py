@@ -84,8 +84,7 @@ class Forward:
     start: float
     end: float
     ext: int
-    ops: list[int] = field(default_factory=list)
-    op_rows: range | None = None  # `ops` as consecutive table rows, where they are
+    ops: Sequence[int] = field(default_factory=list)  # a range where they are consecutive table rows
     op_tree: tuple[list[int], list[int]] | None = None
     parents_found: dict[int, int] | None = field(default=None, repr=False)  # op_parent, once built
     calls: list[int] = field(default_factory=list)  # all runtime/driver calls inside
@@ -262,13 +261,12 @@ def _attach_ops_and_calls(
         limit = end + EPS
         lo, hi = bisect_left(line.starts, start - EPS), bisect_right(line.starts, limit)
         rows, starts, ends = line.rows[lo:hi], line.starts[lo:hi], line.ends[lo:hi]
+        ops: Sequence[int]
         if skip or (ends and max(ends) > limit):  # leave out ops that end after the forward
             keep = [e <= limit and i not in skip for i, e in zip(rows, ends, strict=True)]
             ops, starts, ends = list(compress(rows, keep)), list(compress(starts, keep)), list(compress(ends, keep))
         else:
-            ops = list(rows)
-            if rows.__class__ is range:
-                fwd.op_rows = rows
+            ops = rows if rows.__class__ is range else list(rows)  # a range holds no object per op
         fwd.ops = ops
         calls_line = timelines.calls(fwd.thread)
         if calls_line.rows:
@@ -308,7 +306,7 @@ class _Fallback:
 
 
 def innermost_ops(
-    fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: list[int] | None = None
+    fwd: Forward, trace: ParsedTrace, calls: list[int], op_list: Sequence[int] | None = None
 ) -> dict[int, int]:
     """For each call (sorted by start), the innermost op of `op_list` (sorted by start; default
     `fwd.ops`) around it (-1: none)."""

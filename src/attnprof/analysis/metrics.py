@@ -281,8 +281,9 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
     names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
     op_name = ops.name
     op_list = fwd.ops
-    rows = fwd.op_rows
-    key = tuple(op_name[rows.start : rows.stop] if rows is not None else map(op_name.__getitem__, op_list))
+    key = tuple(
+        op_name[op_list.start : op_list.stop] if isinstance(op_list, range) else map(op_name.__getitem__, op_list)
+    )
     facts = ids.op_facts.get(key)
     if facts is None:
         facts = ids.op_facts[key] = _op_facts(names, key, ids)

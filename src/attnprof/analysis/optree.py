@@ -27,7 +27,7 @@ class OpTree:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
-        rows = fwd.op_rows
+        rows = order if isinstance(order, range) else None  # consecutive table rows
         self._pos: Mapping[int, int] | None = _Consecutive(rows.start, n) if rows is not None else None
         if fwd.op_tree is not None and len(fwd.op_tree[0]) == n:  # from the sweep that found the ops
             up, end = fwd.op_tree
@@ -128,7 +128,11 @@ class OpTree:
     def subtree(self, op: int) -> list[int]:
         """`op` and every op nested in it, in start order."""
         i = self.pos[op]
-        return self.order[i : self.end[i]]
+        return self.ops_at(i, self.end[i])
+
+    def ops_at(self, start: int, stop: int) -> list[int]:
+        """The ops at positions `start` to `stop` (exclusive), as a new list."""
+        return list(self.order[start:stop])
 
     def events(self, op: int) -> list[int]:
         """The forward device work launched inside `op` (its own and its descendants'), in launch order."""
