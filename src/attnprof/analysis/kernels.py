@@ -9,8 +9,7 @@ at once; counts and times per forward with one `Counter` per forward.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from itertools import chain, compress
+from itertools import accumulate, chain, compress
 from typing import Any
 
 from attnprof.analysis.forwards import Attribution, Forward
@@ -34,8 +33,9 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
         return []
     names, dev = trace.names, trace.device
     n_fwd = len(attribution.forwards)
-    seen = _PerForward(attribution.forwards, dev)
-    infos, apis, chains = _launch_counts(trace, attribution.forwards)
+    events = _Events(attribution.forwards, dev)
+    seen = _PerForward(attribution.forwards, dev, events)
+    infos, apis, chains = _launch_counts(trace, attribution.forwards, events)
     result = []
     limits_cache: dict[int, SmLimits | None] = {}
     for nid, counts_list in seen.counts.items():
@@ -75,22 +75,33 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
 _ZERO = 0.0  # a name's time in a forward is a sum that starts at zero
 
 
+class _Events:
+    """The device events of all forwards, forward after forward, with their name ids; the events
+    of forward `k` are at positions `starts[k]` to `starts[k + 1]`."""
+
+    def __init__(self, forwards: list[Forward], dev: Any) -> None:
+        self.all = list(chain.from_iterable(f.device for f in forwards))
+        self.names = list(map(dev.name.__getitem__, self.all))
+        self.starts = [0]
+        self.starts.extend(accumulate(map(len, (f.device for f in forwards))))
+
+
 class _PerForward:
     """Per device-event name id (in order of first execution): its count and its total time in
     each forward that ran it, in forward order (a total adds the durations in time order, from
     zero), its first event and where that event started in the order of the forwards."""
 
-    def __init__(self, forwards: list[Forward], dev: Any) -> None:
+    def __init__(self, forwards: list[Forward], dev: Any, every: _Events) -> None:
         self.counts: dict[int, list[int]] = {}
         self.times: dict[int, list[float]] = {}
         self.first: dict[int, int] = {}
         self.first_seen: dict[int, float] = {}
-        name, duration = dev.name, dev.dur
+        duration, all_names, starts = dev.dur, every.names, every.starts
         for k, fwd in enumerate(forwards):
             events = fwd.device
             if not events:
                 continue
-            nids = list(map(name.__getitem__, events))
+            nids = all_names[starts[k] : starts[k + 1]]
             if len(set(nids)) == len(nids):  # each name once (the common case): count 1, its one duration
                 counts: dict[int, int] = dict.fromkeys(nids, 1)
                 times = dict(zip(nids, [_ZERO + duration[e] for e in events], strict=True))
@@ -109,30 +120,25 @@ class _PerForward:
 
 
 def _launch_counts(
-    trace: ParsedTrace, forwards: list[Forward]
+    trace: ParsedTrace, forwards: list[Forward], every: _Events
 ) -> tuple[dict[int, Counter], dict[int, Counter], dict[int, Counter]]:
     """Per device-event name id, over every event of every forward (in order): how often each
     kernel launch fact (index into `kernel_infos`) was seen, how often each launch API, and for
     memcpys and FP32 CUDA-core GEMMs, the op chain that launched them. Counted with C-level
     `Counter`s over all of them."""
     names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
-
-    def events() -> Iterator[int]:
-        return chain.from_iterable(f.device for f in forwards)
-
-    name, rt_name = dev.name.__getitem__, rt.name.__getitem__
+    events, nids = every.all, every.names
     infos: dict[int, Counter] = {}
-    for (nid, info), count in Counter(
-        zip(map(name, events()), map(dev.info.__getitem__, events()), strict=True)
-    ).items():
+    for (nid, info), count in Counter(zip(nids, map(dev.info.__getitem__, events), strict=True)).items():
         if info >= 0:
             infos.setdefault(nid, Counter())[info] = count
     calls: list[Any] = list(chain.from_iterable(map(f.device_launch.get, f.device) for f in forwards))
+    rt_name = rt.name.__getitem__
     if None in calls:  # an event without its launch call (none in traces read by find_forwards)
         launched = [c is not None for c in calls]
-        api_pairs = zip(compress(map(name, events()), launched), map(rt_name, compress(calls, launched)), strict=True)
+        api_pairs = zip(compress(nids, launched), map(rt_name, compress(calls, launched)), strict=True)
     else:
-        api_pairs = zip(map(name, events()), map(rt_name, calls), strict=True)
+        api_pairs = zip(nids, map(rt_name, calls), strict=True)
     apis: dict[int, Counter] = {}
     for (nid, api), count in Counter(api_pairs).items():
         apis.setdefault(nid, Counter())[names[api]] = count
@@ -144,12 +150,15 @@ def _launch_counts(
     if traced:
         seen: Counter = Counter()  # (name id, the chain's op name ids) -> how often
         op_name = ops.name.__getitem__
-        for fwd in forwards:
-            for e in compress(fwd.device, map(traced.__contains__, map(dev_name.__getitem__, fwd.device))):
-                call = fwd.device_launch.get(e)
-                op = fwd.launch_op.get(call, -1) if call is not None else -1
-                if op >= 0:
-                    seen[dev_name[e], tuple(map(op_name, fwd.op_chain(op)))] += 1
+        k = 0
+        for p in compress(range(len(events)), map(traced.__contains__, nids)):  # in forward order
+            while every.starts[k + 1] <= p:
+                k += 1
+            fwd, e = forwards[k], events[p]
+            call = fwd.device_launch.get(e)
+            op = fwd.launch_op.get(call, -1) if call is not None else -1
+            if op >= 0:
+                seen[nids[p], tuple(map(op_name, fwd.op_chain(op)))] += 1
         for (nid, chain_ids), count in seen.items():
             chains.setdefault(nid, Counter())[" → ".join(map(names.__getitem__, chain_ids))] = count
     return infos, apis, chains
