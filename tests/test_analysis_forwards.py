@@ -179,6 +179,28 @@ def test_op_tree_and_launch_chain():
     assert chain == ["aten::masked_fill", "aten::clone", "aten::copy_"]
 
 
+def test_ops_that_are_consecutive_rows_are_a_range_and_others_a_list():
+    """On one thread in order, a forward's ops are a range of table rows (no object per op); with a
+    second thread's ops interleaved in the table, a list. Both give the same counts and op chains."""
+    one = find_forwards(load_trace(build(naive_forward)), "attnprof")
+
+    def interleaved(b):
+        naive_forward(b)
+        with b.thread(5151):
+            b.leaf("aten::empty")  # another thread's op inside the table, after the region's
+
+    two = find_forwards(load_trace(build(interleaved)), "attnprof")
+    assert all(isinstance(f.ops, range) for f in one.forwards)
+    assert not any(isinstance(f.ops, range) for f in two.forwards)
+    for a, b in zip(one.forwards, two.forwards, strict=True):
+        chains = [
+            [" → ".join(t.names[t.cpu_ops.name[c]] for c in f.op_chain(o)) for o in f.ops]
+            for t, f in ((one.trace, a), (two.trace, b))
+        ]
+        assert chains[0] == chains[1] and len(chains[0]) == 13
+        assert "aten::masked_fill → aten::clone → aten::copy_" in chains[0]
+
+
 def test_cpu_only_trace_has_null_gpu_fields_never_zero():
     b = TraceBuilder(device_properties=[])
     for _ in range(2):
