@@ -261,14 +261,15 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
     return calls
 
 
-def find_calls(tree: OpTree, names: LedgerNames) -> tuple[list[Call], list[bool]]:
+def find_calls(tree: OpTree, names: LedgerNames, shape: Any = None) -> tuple[list[Call], list[bool]]:
     """The forward attention calls of one instance in launch order, and which op positions they
     cover (shared by the instances of its shape: read it, never change it). `tree` carries the roles
     of `names` (each op's `names.role`).
 
-    The recognisers run once per instance shape (`shape_calls`); every instance's calls are then
-    placed from their positions, and ordered by their own start times."""
-    found = shape_calls(tree, names)
+    The recognisers run once per instance shape (`shape_calls`; `shape`: `tree.shape()`, when the
+    caller has it); every instance's calls are then placed from their positions, and ordered by
+    their own start times."""
+    found = shape_calls(tree, names, shape)
     calls = [p.place(tree) for p in found.calls]
     if len(calls) > 1:
         calls.sort(key=lambda c: c.start)

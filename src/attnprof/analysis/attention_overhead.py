@@ -178,14 +178,13 @@ def overhead_units(tree: OpTree, calls: list[Call], in_call: list[bool]) -> list
     return units + _elsewhere(tree, in_call, taken)
 
 
-def overhead_ledger(
-    tree: OpTree, calls: list[Call], in_call: list[bool], backward: dict[int, list[int]]
-) -> dict[str, Overhead]:
-    """The overhead of one instance by kind (kinds it has none of are left out). `backward` holds
-    the backward work linked to forward ops outside the calls (see `attention.backward_calls`)."""
+def overhead_ledger(tree: OpTree, units: list[OverheadUnit], backward: dict[int, list[int]]) -> dict[str, Overhead]:
+    """The overhead of one instance by kind (kinds it has none of are left out), from its
+    `overhead_units`. `backward` holds the backward work linked to forward ops outside the calls
+    (see `attention.backward_calls`)."""
     dev, fwd = tree.trace.device, tree.fwd
     result: dict[str, Overhead] = {}
-    for unit in overhead_units(tree, calls, in_call):
+    for unit in units:
         item = result.setdefault(unit.kind, Overhead())
         item.count += 1
         compiled = tree.role(unit.root) == "container"  # a compiled graph: named as a whole

@@ -190,13 +190,17 @@ class TableBuilder:
                     device = pid
                 if stream is absent:
                     stream = tid
+                if device.__class__ is not int:
+                    device = -1
+                if stream.__class__ is not int:
+                    stream = -1
                 if code == decoding.CAT_GPU_ANNOT:
                     gann_name(nid)
                     gann_ts(ts)
                     gann_dur(dur)
                     gann_ext(ext)
-                    gann_device(device if device.__class__ is int else -1)
-                    gann_stream(stream if stream.__class__ is int else -1)
+                    gann_device(device)
+                    gann_stream(stream)
                     continue
                 kind = KERNEL if code == decoding.CAT_KERNEL else (MEMCPY if code == decoding.CAT_MEMCPY else MEMSET)
                 dev_kind(kind)
@@ -204,8 +208,8 @@ class TableBuilder:
                 dev_ts(ts)
                 dev_dur(dur)
                 dev_ext(ext)
-                dev_device(device if device.__class__ is int else -1)
-                dev_stream(stream if stream.__class__ is int else -1)
+                dev_device(device)
+                dev_stream(stream)
                 corr = args.corr
                 dev_corr(corr if corr.__class__ is int else -1)
                 if kind == KERNEL:

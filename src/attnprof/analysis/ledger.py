@@ -135,11 +135,11 @@ def forward_ledger(tree: OpTree, names: LedgerNames, gpu_time_us: float | None, 
             rank = tuple(sorted(range(len(starts)), key=starts.__getitem__))  # find_calls' stable sort
             at = found.ledgers.get(rank)
             if at is None:
-                at = found.ledgers[rank] = _LedgerAt.of(tree, *find_calls(tree, names))
+                at = found.ledgers[rank] = _LedgerAt.of(tree, *find_calls(tree, names, shape))
             return at.timed(tree, gpu_time_us)
     calls, in_call = find_calls(tree, names)
     backward, unclaimed = backward_calls(tree, calls)
-    overhead = overhead_ledger(tree, calls, in_call, unclaimed)
+    overhead = overhead_ledger(tree, overhead_units(tree, calls, in_call), unclaimed)
     return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
 
 
@@ -157,10 +157,11 @@ class _LedgerAt:
         """The ledger of `tree` (forward work only), whose calls these are."""
         at_event = {e: i for i, e in enumerate(tree.fwd.device)}
         name = tree.trace.device.name
+        units = overhead_units(tree, calls, in_call)
         events: dict[str, list[int]] = {}
-        for unit in overhead_units(tree, calls, in_call):
+        for unit in units:
             events.setdefault(unit.kind, []).extend(tree.events(unit.root))
-        overhead = overhead_ledger(tree, calls, in_call, {})
+        overhead = overhead_ledger(tree, units, {})
         return cls(
             tuple(
                 (c.op, c.backend, tuple(map(name.__getitem__, c.events)), tuple(map(at_event.__getitem__, c.events)))

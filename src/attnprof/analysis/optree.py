@@ -50,7 +50,7 @@ class OpTree:
         device, backward, direct = fwd.device, fwd.backward_device, self.direct
         # the op that launched each event (-1: none; a call that is not in launch_op has no key None)
         op_of = cast("Callable[[int | None, int], int]", fwd.launch_op.get)
-        launched_by = self._launchers = list(map(op_of, map(fwd.device_launch.get, device), repeat(-1)))
+        launched_by = list(map(op_of, map(fwd.device_launch.get, device), repeat(-1)))
         if rows is not None:  # its position: by arithmetic on consecutive rows
             lo, hi = rows.start, rows.stop
             where = self._where = [op - lo if lo <= op < hi else -1 for op in launched_by]
