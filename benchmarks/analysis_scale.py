@@ -128,7 +128,7 @@ def child_attnprof(path: str, cprofile: bool, one_process: bool = False) -> dict
     from attnprof.analysis import analyze_trace, load_trace
 
     if one_process:
-        from attnprof.analysis import parallel
+        from attnprof.analysis.trace import parallel
 
         parallel.PARALLEL_MIN_BYTES = 1 << 62
     start_rss = _current_rss_bytes()

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BLOG_VARIANTS = ["naive", "inplace", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"]
@@ -103,7 +103,7 @@ def warm(variant: Any, spec: Any, calls: int = 3) -> None:
             for _ in range(calls):
                 variant.forward(q, k, v, spec.causal, state)
             _sync(spec.device)
-    except Exception:  # noqa: BLE001 - reported by the measured cells instead
+    except Exception:
         pass
     release(spec.device)
 
@@ -248,7 +248,7 @@ def compare_once(variants: list[Any], spec: Any, options: Any, trace_dir: Path, 
             try:
                 raw = raw_cell(variant, spec, warmup_calls, reps, options[0].schedule, options[0].region,
                                trace_dir / f"raw_{variant.name}_{round_no}.json.gz")
-            except Exception as exc:  # noqa: BLE001 - a row that says why, not a crashed benchmark
+            except Exception as exc:
                 row["raw_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
                 rows.append(row)
                 continue

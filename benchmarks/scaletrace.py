@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 REAL_TRACES = Path(__file__).resolve().parent.parent / "tests" / "data" / "synthetic" / "real_h200"
 SOURCES = ("naive", "inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "twostream")

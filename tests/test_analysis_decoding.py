@@ -14,7 +14,8 @@ import msgspec
 import pytest
 from tracegen import REAL_TRACES, TraceBuilder, build, fused_forward, math_forward, naive_forward, parsed_contents
 
-from attnprof.analysis import decoding, load_trace, reader
+from attnprof.analysis import load_trace
+from attnprof.analysis.trace import decoding, reader
 
 SAMPLES = {"grid": [2, 3, 1], "block": [128, 1, 1], "regs": 64, "regs_alt": 65, "smem": 1024, "smem_bytes": 2048,
            "smem_cap": 3072, "smem_us": 4096, "smem_static": 5120, "smem_dynamic": 6144, "blocks_per_sm": 1.5,

@@ -22,7 +22,9 @@ SRC = TESTS.parent / "src"
 _PRELUDE = """
 import json, os, sys
 from pathlib import Path
-from attnprof.analysis import builder, parallel, trace
+from attnprof.analysis.trace import builder
+from attnprof.analysis.trace import parallel
+from attnprof.analysis.trace import load as trace
 if not parallel._can_fork():
     print(json.dumps({"skip": True})); sys.exit()
 from tracegen import parsed_contents
@@ -136,14 +138,15 @@ def test_a_reader_that_starts_before_the_events_is_not_used(tmp_path):
 
 
 def parallel_split() -> float:
-    from attnprof.analysis import parallel
+    from attnprof.analysis.trace import parallel
 
     return parallel.EARLY_PLAIN_SPLIT
 
 
 def test_the_cli_reads_a_large_trace_ahead_and_says_what_it_says_in_process(tmp_path):
     """End to end: `python -m attnprof analyze` on a trace over the two-process threshold."""
-    from attnprof.analysis import analyze_trace, parallel
+    from attnprof.analysis import analyze_trace
+    from attnprof.analysis.trace import parallel
 
     path = large_trace(tmp_path, "json", copies=max(60, parallel.PARALLEL_MIN_BYTES // 30_000))
     assert path.stat().st_size > parallel.PARALLEL_MIN_BYTES
@@ -154,7 +157,7 @@ def test_the_cli_reads_a_large_trace_ahead_and_says_what_it_says_in_process(tmp_
 
 
 def test_the_reader_loads_before_the_analysis():
-    code = "import sys, attnprof.analysis.parallel; print('attnprof.analysis.analyze' in sys.modules)"
+    code = "import sys, attnprof.analysis.trace.parallel; print('attnprof.analysis.analyze' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"

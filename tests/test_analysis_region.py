@@ -10,8 +10,8 @@ import pytest
 from tracegen import GEMM_BF16, MUL, REAL_TRACES, SOFTMAX, TraceBuilder
 
 from attnprof.analysis import analyze_trace, load_trace
-from attnprof.analysis.forwards import find_forwards
-from attnprof.analysis.regions import choose_region
+from attnprof.analysis.attribution.attribute import find_forwards
+from attnprof.analysis.attribution.regions import choose_region
 from attnprof.errors import TraceError
 
 

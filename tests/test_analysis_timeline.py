@@ -9,8 +9,8 @@ from array import array
 
 import pytest
 
-from attnprof.analysis import timeline as tl
-from attnprof.analysis.timeline import EPS
+from attnprof.analysis.attribution import timeline as tl
+from attnprof.analysis.base import EPS
 
 
 def _reference_order(threads, ts, dur, thread):

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, large_trace, naive_forward
 
-from attnprof.analysis import decoding, load_trace, parallel, reader
-from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET
+from attnprof.analysis import load_trace
+from attnprof.analysis.base import KERNEL, MEMCPY, MEMSET
+from attnprof.analysis.trace import decoding, parallel, reader
 from attnprof.errors import TraceError
 
 TESTS = Path(__file__).resolve().parent
@@ -242,7 +243,10 @@ def test_analyze_of_an_empty_file_in_a_process(tmp_path):
 # once torch is imported. PATCH may break the worker; the child prints what it saw as JSON.
 _ONE_AND_TWO = """
 import json, sys
-from attnprof.analysis import builder, load_trace, parallel, reader
+from attnprof.analysis import load_trace
+from attnprof.analysis.trace import builder
+from attnprof.analysis.trace import parallel
+from attnprof.analysis.trace import reader
 from tracegen import parsed_contents
 if not parallel._can_fork():
     print(json.dumps({"skip": True})); sys.exit()

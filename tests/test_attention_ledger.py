@@ -23,11 +23,11 @@ from tracegen import (
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.analyze import choose_region
-from attnprof.analysis.forwards import find_forwards
-from attnprof.analysis.ledger import forward_ledger
-from attnprof.analysis.ledger_findings import GPU_IDLE_SHARE, OVERHEAD_SHARE
-from attnprof.analysis.metrics import name_ids
-from attnprof.analysis.optree import OpTree
+from attnprof.analysis.attribution.attribute import find_forwards
+from attnprof.analysis.findings.ledger import GPU_IDLE_SHARE, OVERHEAD_SHARE
+from attnprof.analysis.instance.ledger import forward_ledger
+from attnprof.analysis.instance.metrics import name_ids
+from attnprof.analysis.instance.optree import OpTree
 
 MAIN, AUTOGRAD = 4242, 5151
 FLEX = "triton_tem_fused_flex_attention_0"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnprof import stats
-from attnprof.analysis.metrics import median_counts
+from attnprof.analysis.instance.metrics import median_counts
 from attnprof.stats import median, median_count, median_count_of, quantile, spread
 
 

@@ -47,8 +47,8 @@ def read_ahead(args: list[str]) -> bool:
     path = next((Path(a) for a in rest if not a.startswith("-") and Path(a).is_file()), None)
     if path is None:
         return False
-    from attnprof.analysis.builder import TableBuilder
-    from attnprof.analysis.parallel import start_early
+    from attnprof.analysis.trace.builder import TableBuilder
+    from attnprof.analysis.trace.parallel import start_early
 
     return start_early(path, TableBuilder)  # never raises
 

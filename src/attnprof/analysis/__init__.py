@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
-    from attnprof.analysis.findings import FINDING_IDS, Finding
-    from attnprof.analysis.metrics import KernelStats
+    from attnprof.analysis.findings.forward import FINDING_IDS, Finding
+    from attnprof.analysis.instance.metrics import KernelStats
     from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
     from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoretical_occupancy
-    from attnprof.analysis.trace import ParsedTrace, load_trace
+    from attnprof.analysis.trace.load import load_trace
+    from attnprof.analysis.trace.tables import ParsedTrace
 
 #: Where each public name lives: imported on first use, so that reading a trace (`trace`,
 #: `parallel`) can start before the rest of the analysis has loaded.
@@ -28,9 +29,9 @@ _HOMES = {
     "TraceAnalysis": "analyze",
     "analyze_trace": "analyze",
     "dispatched_backend": "analyze",
-    "FINDING_IDS": "findings",
-    "Finding": "findings",
-    "KernelStats": "metrics",
+    "FINDING_IDS": "findings.forward",
+    "Finding": "findings.forward",
+    "KernelStats": "instance.metrics",
     "KernelExplanation": "names",
     "explain_kernel": "names",
     "short_kernel_name": "names",
@@ -38,8 +39,8 @@ _HOMES = {
     "SmLimits": "occupancy",
     "limits_for": "occupancy",
     "theoretical_occupancy": "occupancy",
-    "ParsedTrace": "trace",
-    "load_trace": "trace",
+    "ParsedTrace": "trace.tables",
+    "load_trace": "trace.load",
 }
 
 

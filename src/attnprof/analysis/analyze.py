@@ -29,13 +29,15 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from attnprof.analysis.attention import SDPA_BACKEND_OPS
-from attnprof.analysis.comm import CommStats, comm_stats
-from attnprof.analysis.findings import Finding, FindingContext, build_findings
-from attnprof.analysis.forwards import Attribution, find_forwards
-from attnprof.analysis.kernels import kernel_stats
-from attnprof.analysis.ledger import AttentionLedger, summarize
-from attnprof.analysis.metrics import (
+from attnprof.analysis.attribution.attribute import find_forwards
+from attnprof.analysis.attribution.forward import Attribution
+from attnprof.analysis.attribution.regions import choose_region
+from attnprof.analysis.findings.forward import Finding, FindingContext, build_findings
+from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
+from attnprof.analysis.instance.comm import CommStats, comm_stats
+from attnprof.analysis.instance.kernels import kernel_stats
+from attnprof.analysis.instance.ledger import AttentionLedger, summarize
+from attnprof.analysis.instance.metrics import (
     TRACE_DTYPES,
     ForwardMetrics,
     KernelStats,
@@ -45,10 +47,10 @@ from attnprof.analysis.metrics import (
     name_ids,
     normalize_dtype,
 )
+from attnprof.analysis.instance.phases import PHASES, instance_unit
 from attnprof.analysis.names import explain_kernel
-from attnprof.analysis.phases import PHASES, instance_unit
-from attnprof.analysis.regions import choose_region
-from attnprof.analysis.trace import ParsedTrace, gc_paused, load_trace
+from attnprof.analysis.trace.load import gc_paused, load_trace
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.errors import TraceError
 from attnprof.stats import median, median_count, spread
 

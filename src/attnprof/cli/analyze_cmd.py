@@ -46,7 +46,7 @@ def analyze_command(
     The choice is said on stderr (and in the JSON as region_choice).
     """
     from attnprof.analysis import analyze_trace
-    from attnprof.analysis.trace import gc_paused
+    from attnprof.analysis.trace.load import gc_paused
 
     with gc_paused():  # the analysis keeps many containers until its output is written
         analysis = analyze_trace(trace, region=region, dtype=dtype)

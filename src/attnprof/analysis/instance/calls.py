@@ -30,9 +30,10 @@ from functools import lru_cache
 from itertools import compress
 from typing import Any
 
+from attnprof.analysis.base import KERNEL
+from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.names import explain_kernel, short_kernel_name
-from attnprof.analysis.optree import OpTree
-from attnprof.analysis.trace import KERNEL, ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 
 SDPA_OP = "aten::scaled_dot_product_attention"
 #: The ops SDPA dispatches to, by backend; their `_backward` ops name the same backend.

@@ -9,20 +9,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from attnprof.analysis import decoding
-from attnprof.analysis.decoding import ABSENT, EMPTY_ARGS, KernelInfo
-from attnprof.analysis.trace import (
-    DRIVER,
-    KERNEL,
-    MEMCPY,
-    MEMSET,
-    RUNTIME,
-    CpuTable,
-    DeviceTable,
-    GpuAnnotationTable,
-    ParsedTrace,
-    RuntimeTable,
-)
+from attnprof.analysis.base import DRIVER, KERNEL, MEMCPY, MEMSET, RUNTIME
+from attnprof.analysis.trace import decoding
+from attnprof.analysis.trace.decoding import ABSENT, EMPTY_ARGS, KernelInfo
+from attnprof.analysis.trace.tables import CpuTable, DeviceTable, GpuAnnotationTable, ParsedTrace, RuntimeTable
 
 
 def _num(value: Any, default: float | None) -> float | None:

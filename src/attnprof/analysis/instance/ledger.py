@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.attention import Call, LedgerNames, backward_calls, find_calls, shape_calls
-from attnprof.analysis.attention_overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
+from attnprof.analysis.instance.calls import Call, LedgerNames, backward_calls, find_calls, shape_calls
+from attnprof.analysis.instance.optree import OpTree
+from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.optree import OpTree
-from attnprof.analysis.trace import ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 _time_us = attrgetter("time_us")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnprof.analysis import decoding, reader
+from attnprof.analysis.trace import decoding, reader
 from attnprof.errors import TraceError
 
 PARALLEL_MIN_BYTES = 48 << 20  # smaller event lists are read by one process

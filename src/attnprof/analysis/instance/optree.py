@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, compress, repeat
 from typing import Any, cast
 
-from attnprof.analysis.forwards import Forward
-from attnprof.analysis.trace import ParsedTrace
+from attnprof.analysis.attribution.forward import Forward
+from attnprof.analysis.trace.tables import ParsedTrace
 
 
 class OpTree:

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Protocol
 
 import msgspec
 
-from attnprof.analysis import decoding
+from attnprof.analysis.trace import decoding
 from attnprof.errors import TraceError
 
 CHUNK_BYTES = 1 << 19  # 512 KiB: measured fastest (4 MiB chunks decode about 1.5x slower)

@@ -1,31 +1,13 @@
-"""Parse a Kineto Chrome trace once into compact, typed, columnar tables.
-
-`load_trace(source)` accepts a path (`.json` or `.json.gz`), an already-loaded dict or a
-`ParsedTrace` and returns a `ParsedTrace`. A file is read as a stream of bytes (`reader`; two
-processes for a large one: `parallel`) and decoded by msgspec into `decoding.Record`s, holding
-the fields attnprof reads and nothing else; a dict is encoded to JSON and read the same way.
-`builder.TableBuilder.add`, the one loop from events to tables, reduces each to a few numbers in `array`s.
-"""
+"""The typed, columnar tables a trace is reduced to: one column per field, in `array`s, with
+names, threads, input types and kernel launch facts interned."""
 
 from __future__ import annotations
 
-import gc
-import gzip
-import zlib
 from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from attnprof.analysis import decoding, parallel, reader
-from attnprof.analysis.decoding import KernelInfo
-from attnprof.errors import TraceError
-
-KERNEL, MEMCPY, MEMSET = 0, 1, 2  # device event kinds
-KIND_NAMES = ("kernel", "memcpy", "memset")
-RUNTIME, DRIVER = 0, 1  # runtime event domains
+from attnprof.analysis.trace.decoding import KernelInfo
 
 
 class _Table:
@@ -120,61 +102,3 @@ class ParsedTrace:
             if props.get("id") == device:
                 return props
         return self.device_properties[0] if len(self.device_properties) == 1 else None
-
-
-def load_trace(source: str | Path | dict[str, Any] | ParsedTrace) -> ParsedTrace:
-    """Parse a Chrome trace file (`.json`, `.json.gz`) or loaded dict into a `ParsedTrace`.
-
-    Raises TraceError (one line, naming the file) for a missing or unreadable file, for one that
-    is not a torch.profiler Chrome trace, and for a trace with no events.
-    """
-    if isinstance(source, ParsedTrace):
-        return source
-    with gc_paused():  # millions of short-lived objects: the cyclic collector only slows them down
-        return _load(source)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off inside the block (as it was after it). Reading and analysing
-    a trace builds many containers and keeps them: each collection would only walk them again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
-    from attnprof.analysis.builder import TableBuilder  # (it imports this module's tables)
-
-    builder = TableBuilder()
-    if isinstance(source, dict):
-        label = "<dict>"
-        try:
-            data = decoding.encode(source)
-        except TypeError as exc:
-            raise reader.not_a_trace(label, f"it cannot be written as JSON ({exc})") from None
-        saw_events = reader.read_bytes(data, builder, label)
-    else:
-        path = Path(source)
-        label = str(path)
-        if not path.exists():
-            raise TraceError(f"trace file not found: {path}")
-        if path.is_dir():
-            raise TraceError(f"trace path is a directory, not a file: {path}")
-        try:
-            saw_events = parallel.read_path(path, builder, TableBuilder, label)
-        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-            raise reader.not_a_trace(label, f"its gzip data is cut short or corrupt ({exc})") from None
-        except OSError as exc:
-            raise TraceError(f"cannot read trace {path}: {exc}") from None
-    if not saw_events:
-        raise reader.not_a_trace(label, "it has no 'traceEvents' list")
-    if builder.event_count == builder.non_objects:
-        if builder.event_count:
-            raise reader.not_a_trace(label, "its events are not JSON objects")
-        raise TraceError(f"trace {label} has no events")
-    return builder.finish(label)

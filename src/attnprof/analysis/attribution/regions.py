@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from fnmatch import fnmatchcase
 
-from attnprof.analysis.trace import ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.errors import TraceError
 from attnprof.registry import DEFAULT_REGION
 

@@ -29,10 +29,10 @@ from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 
-from attnprof.analysis.attention import Call
+from attnprof.analysis.base import KERNEL, MEMCPY
+from attnprof.analysis.instance.calls import Call
+from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.names import explain_kernel
-from attnprof.analysis.optree import OpTree
-from attnprof.analysis.trace import KERNEL, MEMCPY
 
 OVERHEAD_KINDS = ("mask-build", "kv-repeat", "dtype-cast", "layout-copy")
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::type_as", "aten::float", "aten::half", "aten::bfloat16"})

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:
-    from attnprof.analysis.findings import FindingContext
-    from attnprof.analysis.phases import Work
+    from attnprof.analysis.findings.forward import FindingContext
+    from attnprof.analysis.instance.phases import Work
 
 
 @dataclass(frozen=True)

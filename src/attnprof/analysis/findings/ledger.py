@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.stalls import GPU_IDLE_SHARE
+from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE
 from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:
-    from attnprof.analysis.findings import FindingContext
-    from attnprof.analysis.stalls import Gap, Stalls
+    from attnprof.analysis.findings.forward import FindingContext
+    from attnprof.analysis.instance.stalls import Gap, Stalls
 
 OVERHEAD_SHARE = 0.10
 LEDGER_FINDING_IDS = ("host-sync", "gpu-idle", "attention-overhead")

@@ -12,11 +12,12 @@ from collections import Counter
 from itertools import accumulate, chain, compress
 from typing import Any
 
-from attnprof.analysis.forwards import Attribution, Forward
-from attnprof.analysis.metrics import KernelStats
+from attnprof.analysis.attribution.forward import Attribution, Forward
+from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY
+from attnprof.analysis.instance.metrics import KernelStats
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
-from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 

@@ -16,12 +16,12 @@ from itertools import compress
 from operator import add
 from typing import Any
 
-from attnprof.analysis.attention import LedgerNames, ledger_names
-from attnprof.analysis.forwards import Attribution, Forward
-from attnprof.analysis.ledger import ForwardLedger, forward_ledger
-from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.optree import OpTree
-from attnprof.analysis.phases import (
+from attnprof.analysis.attribution.forward import Attribution, Forward
+from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY, MEMSET
+from attnprof.analysis.instance.calls import LedgerNames, ledger_names
+from attnprof.analysis.instance.ledger import ForwardLedger, forward_ledger
+from attnprof.analysis.instance.optree import OpTree
+from attnprof.analysis.instance.phases import (
     PhaseMetrics,
     Work,
     backward_outside_region,
@@ -29,8 +29,9 @@ from attnprof.analysis.phases import (
     cpu_work_us,
     phase_metrics,
 )
-from attnprof.analysis.stalls import Stalls, forward_stalls, sync_name_ids
-from attnprof.analysis.trace import KERNEL, KIND_NAMES, MEMCPY, MEMSET, ParsedTrace
+from attnprof.analysis.instance.stalls import Stalls, forward_stalls, sync_name_ids
+from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median_count_of
 
 #: Input-type spellings in `record_shapes` traces, by short dtype name.

@@ -13,11 +13,11 @@ from itertools import compress
 from operator import add
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.timeline import EPS
+from attnprof.analysis.base import EPS
 
 if TYPE_CHECKING:
-    from attnprof.analysis.forwards import Forward
-    from attnprof.analysis.trace import DeviceTable, ParsedTrace
+    from attnprof.analysis.attribution.forward import Forward
+    from attnprof.analysis.trace.tables import DeviceTable, ParsedTrace
 
 
 def attach_gpu_annotations(trace: ParsedTrace, forwards: list[Forward], name_ids: set[int]) -> bool:

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attnprof.analysis.backward import ACCUMULATE_GRAD
-from attnprof.analysis.forwards import Forward
+from attnprof.analysis.attribution.backward import ACCUMULATE_GRAD
+from attnprof.analysis.attribution.forward import Forward
+from attnprof.analysis.base import KERNEL, MEMCPY, MEMSET
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.trace import KERNEL, MEMCPY, MEMSET, ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 
 PHASES = ("forward", "backward")
 #: Backward helper kernels by role, matched on the kernel name: FlashAttention's and cuDNN's

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
 
-from attnprof.analysis.forwards import Forward
+from attnprof.analysis.attribution.forward import Forward
+from attnprof.analysis.base import MEMCPY
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.trace import MEMCPY, ParsedTrace
+from attnprof.analysis.trace.tables import ParsedTrace
 
 SYNC_APIS = frozenset(
     {

@@ -28,10 +28,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from attnprof.analysis.backward_findings import BACKWARD_FINDING_IDS, backward_findings
-from attnprof.analysis.ledger import AttentionLedger
-from attnprof.analysis.ledger_findings import LEDGER_FINDING_IDS, ledger_findings
-from attnprof.analysis.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
+from attnprof.analysis.findings.backward import BACKWARD_FINDING_IDS, backward_findings
+from attnprof.analysis.findings.ledger import LEDGER_FINDING_IDS, ledger_findings
+from attnprof.analysis.instance.ledger import AttentionLedger
+from attnprof.analysis.instance.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
 from attnprof.stats import median_count
 
 FINDING_IDS = (

@@ -27,12 +27,13 @@ from itertools import compress
 from operator import or_
 from typing import TYPE_CHECKING
 
-from attnprof.analysis import forwards as fw
-from attnprof.analysis.timeline import Timelines, innermost, parents, timeline
+from attnprof.analysis.attribution.forward import launch_name_ids
+from attnprof.analysis.attribution.timeline import Timelines, innermost, parents, timeline
+from attnprof.analysis.base import EPS
 
 if TYPE_CHECKING:
-    from attnprof.analysis.forwards import Forward
-    from attnprof.analysis.trace import ParsedTrace
+    from attnprof.analysis.attribution.forward import Forward
+    from attnprof.analysis.trace.tables import ParsedTrace
 
 ENGINE_PREFIX = "autograd::engine::evaluate_function:"
 ACCUMULATE_GRAD = "AccumulateGrad"
@@ -61,7 +62,7 @@ def _outermost(trace: ParsedTrace, candidates: list[int]) -> list[int]:
         if kept and thread == last_thread and line.ends[p] <= last_limit:
             continue
         kept.append(i)
-        last_thread, last_limit = thread, line.ends[p] + fw.EPS
+        last_thread, last_limit = thread, line.ends[p] + EPS
     return kept
 
 
@@ -88,18 +89,18 @@ class _Linker:
         seq = ops.seq[op]
         if seq < 0 or seq not in self.by_seq:
             return None
-        j = bisect_right(self.seq_starts[seq], ops.ts[op] + fw.EPS) - 1
+        j = bisect_right(self.seq_starts[seq], ops.ts[op] + EPS) - 1
         return self.by_seq[seq][j] if j >= 0 else None
 
     def inside(self, op: int, linked: int | None) -> int | None:
         """Rule 2: the instance whose time range holds `op` (on another thread), or None."""
         ops = self.trace.cpu_ops
         start, end = ops.ts[op], ops.ts[op] + ops.dur[op]
-        k = bisect_right(self.starts, start + fw.EPS) - 1
+        k = bisect_right(self.starts, start + EPS) - 1
         if k < 0:
             return None
         f = self.forwards[k]
-        if f.thread == ops.thread[op] or end > f.end + fw.EPS:
+        if f.thread == ops.thread[op] or end > f.end + EPS:
             return None
         if linked is not None and ops.thread[linked] != f.thread:
             return None
@@ -128,10 +129,10 @@ def attach_backward(
 ) -> None:
     """Find each instance's backward ops (see the module docstring) and add their ops, runtime
     calls and launches to the instance; `Forward.backward_calls` marks which calls they are.
-    `timelines` and `launch_ids` (`forwards.launch_name_ids`) are shared with the caller when given."""
+    `timelines` and `launch_ids` (`forward.launch_name_ids`) are shared with the caller when given."""
     ops = trace.cpu_ops
     timelines = Timelines(trace) if timelines is None else timelines
-    launch_ids = fw.launch_name_ids(trace) if launch_ids is None else launch_ids
+    launch_ids = launch_name_ids(trace) if launch_ids is None else launch_ids
     candidates = backward_ops(trace) if forwards else []
     tops = _outermost(trace, candidates)
     linker = _Linker(trace, forwards, set(candidates)) if tops else None

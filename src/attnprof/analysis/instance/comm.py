@@ -24,9 +24,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from attnprof.analysis.forwards import Attribution, Forward
+from attnprof.analysis.attribution.forward import Attribution, Forward
+from attnprof.analysis.base import KERNEL
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.trace import KERNEL
 from attnprof.stats import median, median_count
 
 _COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)(?:Dev)?Kernel", re.IGNORECASE)

@@ -18,10 +18,11 @@ from itertools import compress, islice
 from operator import add, eq, ge, le, lt
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from attnprof.analysis.trace import ParsedTrace
+from attnprof.analysis.base import EPS
 
-EPS = 0.0021  # us; Kineto widens GPU annotations by 1 ns each side and rounds to ns
+if TYPE_CHECKING:
+    from attnprof.analysis.trace.tables import ParsedTrace
+
 _OPEN = float("inf")  # the end of the stack's bottom entry: nothing ends after it
 
 

@@ -1,0 +1,103 @@
+"""attnprof's modules import one another without a cycle, counting imports inside functions and
+under TYPE_CHECKING too: a cycle, even a lazy one, means the cut between modules is wrong."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "attnprof"
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in (SRC / PACKAGE).rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _resolve(module: str, name: str | None, modules: dict[str, Path]) -> str | None:
+    """The attnprof module an import names: `pkg.sub` when `name` is a submodule, else `module`."""
+    if name is not None and f"{module}.{name}" in modules:
+        return f"{module}.{name}"
+    return module if module in modules else None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every attnprof module that `module` imports anywhere in its body."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    target = _resolve(alias.name, None, modules)
+                    if target:
+                        found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                target = _resolve(source, alias.name, modules)
+                if target:
+                    found.add(target)
+    found.discard(module)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_import_cycles_in_attnprof():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_walker_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    modules = {"attnprof.a": tmp_path / "a.py", "attnprof.b": tmp_path / "b.py", "attnprof.pkg.c": tmp_path / "c.py"}
+    modules["attnprof.a"].write_text("def f():\n    from attnprof import b\n")
+    modules["attnprof.b"].write_text("from .pkg.c import thing\n")
+    modules["attnprof.pkg.c"].write_text("import typing\nif typing.TYPE_CHECKING:\n    from attnprof.a import f\n")
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert graph == {"attnprof.a": {"attnprof.b"}, "attnprof.b": {"attnprof.pkg.c"}, "attnprof.pkg.c": {"attnprof.a"}}
+    assert find_cycle(graph) == ["attnprof.a", "attnprof.b", "attnprof.pkg.c", "attnprof.a"]
