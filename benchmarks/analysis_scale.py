@@ -34,9 +34,10 @@ before a change). With --cprofile-size, one more attnprof child runs under cProf
 functions go into the JSON: where the time goes.
 
 Usage (from the repo root; several minutes, mostly HTA):
-    python3 benchmarks/analysis_scale.py --out analysis_scale.json
+    python3 benchmarks/analysis_scale.py
     python3 benchmarks/analysis_scale.py --sizes 1M,5M --formats json --hta-sizes '' --cprofile-size ''
-Prints a markdown table last.
+Prints a markdown table last and writes the JSON to --out, by default attnprof-out/analysis_scale.json
+under the current directory (attnprof's own output folder, which git ignores).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TARGET_RATIO = 1.5  # CLI wall time / bare msgspec decode wall time
 TARGET_MEMORY_RATIO = 1.0  # peak RSS / uncompressed trace bytes
+DEFAULT_OUT = Path("attnprof-out") / "analysis_scale.json"  # where attnprof writes its own runs; ignored by git
 SRC = REPO / "src"  # the attnprof source measured (--src)
 WARM_TRACE = REPO / "tests" / "data" / "synthetic" / "real_h200" / "sdpa_flash.json.gz"  # fills the bytecode cache
 
@@ -338,7 +340,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         a = r["attnprof"]
         if "error" in a:
-            lines.append(f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['error']} |" + " |" * 14)
+            head_cells = f"| {r['name']} | {r['events']:,} | {_mib(r['uncompressed_bytes'])} | {a['error']} |"
+            lines.append(head_cells + " |" * 14)
             continue
         hta = r.get("hta") or {}
         if not hta:
@@ -356,7 +359,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{format(one['parse_s'], '.2f') if 'parse_s' in one else 'n/a'} | "
             f"{format(cli['wall_s'], '.2f') if cli else 'n/a'} | {format(bare['wall_s'], '.2f') if bare else 'n/a'} | "
             f"{_ratio(cli.get('wall_s'), bare.get('wall_s'))} | "
-            f"{format(before['wall_s'], '.2f') if before else 'n/a'} | {_ratio(before.get('wall_s'), bare.get('wall_s'))} | "
+            f"{format(before['wall_s'], '.2f') if before else 'n/a'} | "
+            f"{_ratio(before.get('wall_s'), bare.get('wall_s'))} | "
             f"{_mib(a['peak_rss_bytes'])} | "
             f"{a['peak_rss_bytes'] / r['uncompressed_bytes']:.2f} | {_mib(cli.get('peak_rss_bytes'))} | "
             f"{hta_s} | {ratio} |")
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     """Generate, measure, report. 0 when it ran."""
     global SRC
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("analysis_scale.json"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output path (default: {DEFAULT_OUT})")
     parser.add_argument("--sizes", default="100k,1M,5M", help="comma-separated event counts")
     parser.add_argument("--formats", default="json,gz", help="json and/or gz")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind per trace up to 1M events (min kept)")

@@ -41,8 +41,9 @@ also set against do_bench as `diff_eager_vs_do_bench_pct`, which is not expected
 for kernels that fit in L2 (the flushed pair is the like-for-like one).
 
 Usage (on the GPU machine, from the repo root):
-    PYTHONPATH=src python3 benchmarks/fidelity.py --out fidelity.json [--mode bwd]
-Prints a markdown table and writes JSON to --out. About 90 s on an H200.
+    PYTHONPATH=src python3 benchmarks/fidelity.py [--mode bwd] [--out PATH]
+Prints a markdown table and writes JSON to --out, by default attnprof-out/fidelity.json under the
+current directory (attnprof's own output folder, which git ignores). About 90 s on an H200.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ TOLERANCE_PCT = 5.0
 GRAPH_REP_MS = 25  # do_bench_cudagraph replays its graph 10 times: ~250 ms in all
 DO_BENCH_REP_MS = 250
 TIMINGS = ("attnprof", "graph", "attnprof_graph", "attnprof_flush", "do_bench")
+DEFAULT_OUT = Path("attnprof-out") / "fidelity.json"  # where attnprof writes its own runs; ignored by git
 
 
 def graph_time_us(fn: Callable[[], Any]) -> float | None:
@@ -266,7 +268,7 @@ def clocks(row: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; 0 when it ran (whatever it found), 2 without a CUDA GPU."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("fidelity.json"), help="JSON output path")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output path (default: {DEFAULT_OUT})")
     parser.add_argument("--variants", nargs="*", help="variant names (default: fused SDPA backends + plugins)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell (medians reported)")
