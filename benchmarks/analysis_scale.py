@@ -12,7 +12,7 @@ Every measurement runs in a fresh child process:
   attnprof  load_trace (parse) then analyze_trace (forwards, metrics, findings) and to_dict,
             in-process: events/s = events / (parse + analysis). Peak RSS is the child's
             whole-process high-water mark (interpreter and imports included) plus the high-water
-            mark of the worker process that parses half of a large file (`analysis/parallel.py`):
+            mark of the worker process that parses half of a large file (`analysis/trace/parallel.py`):
             an upper bound of the two together (pages they share are counted twice). "above
             start" subtracts the RSS the child had before parsing.
   CLI       `attnprof analyze TRACE --format json`, wall time end to end (start-up included).

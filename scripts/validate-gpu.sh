@@ -5,7 +5,7 @@
 # Usage, from a checkout where attnprof and its test extra are installed (this script installs nothing):
 #   scripts/validate-gpu.sh [OUT_DIR]          default OUT_DIR: attnprof-out/validate-gpu-<UTC date and time>
 #   FIDELITY_MODES="fwd bwd" scripts/validate-gpu.sh   also time the backward against do_bench (about 1 min more)
-# Takes about 7 minutes on an H200. Exits with pytest's status when the tests fail, 2 without a CUDA GPU,
+# Takes about 7-9 minutes on an H200. Exits with pytest's status when the tests fail, 2 without a CUDA GPU,
 # and non-zero when a benchmark fails; once the tests have run, the summary is written in every case.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
