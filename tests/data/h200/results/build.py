@@ -1,5 +1,5 @@
 """Build compare.json beside this file: the results document of the H200 compare of 2026-11-30
-(`attnprof compare configs/h200.yaml`, docs/validation.md, "Run of 2026-11-30 (main validation)").
+(`attnprof compare configs/h200.yaml` on 2026-11-30; its CSV is docs/results/h200-compare.csv).
 
 Its measured fields (status, latency, throughput, memory, correctness, speed-ups) are that run's
 docs/results/h200-compare.csv; its trace fields (kernels, memcpy, findings with their messages, ...)
