@@ -83,8 +83,8 @@ def _dot_do_o(ctx: FindingContext) -> str | None:
     dQ; it accumulates them in an fp32 buffer (atomic adds keep the sum accurate) and a separate kernel then
     converts that buffer to the inputs' dtype. The conversion reads the fp32 dQ and writes it again at half
     the size: a memory-bound pass whose cost grows with batch x heads x seq x head_dim. The message gives its
-    time and its share of the backward's kernel time. It is the design of the kernel, not a fault; a backend
-    whose backward writes dQ directly (another implementation, a newer FlashAttention) avoids it.
+    time and its share of the backward's kernel time. It is the design of the kernel, not a fault, and it
+    matters only when that share is large.
     """,
 )
 def _dq_convert(ctx: FindingContext) -> str | None:

@@ -26,11 +26,12 @@ DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64":
     severity="problem",
     summary="A device-to-device memcpy inside the forward, with the op chain that caused it.",
     paragraph="""
-    A device-to-device memcpy ran inside the region. It is usually hidden in an out-of-place op: masked_fill
-    (not masked_fill_), a .clone() or .contiguous(), a dtype or layout change copies the whole tensor before
-    writing to it. The copy reads and writes that tensor once more in device memory (for the attention scores,
-    batch x heads x seq x seq elements per forward) and allocates a second one of the same size, time and
-    memory the attention itself does not need. The message names the copy kernel, its time and the op chain
+    A device-to-device memcpy ran inside the region. It is usually hidden in an out-of-place op that copies
+    its whole input before writing to it (masked_fill rather than masked_fill_: its clone becomes the
+    memcpy), or in an explicit .clone() or copy_ between tensors of the same dtype and layout. The copy reads
+    and writes the tensor once more in device memory (for the attention scores, batch x heads x seq x seq
+    elements per forward) and allocates a second one of the same size: time and memory the attention itself
+    does not need. The message names the copy kernel, its time and the op chain
     that launched it, outermost first. Make that op in-place (masked_fill_ instead of masked_fill), drop the
     copy, or let a fused kernel (scaled_dot_product_attention) apply the mask without materialising the scores.
     """,
@@ -64,14 +65,14 @@ def _hidden_memcpy(ctx: FindingContext) -> str | None:
     summary="GEMMs ran in FP32 on CUDA cores, without tensor cores, although the inputs are 16-bit.",
     paragraph="""
     The inputs are bfloat16 or float16, yet GEMM kernels ran in FP32 on the CUDA cores (SIMT kernels such as
-    cutlass_80_simt_sgemm), not on the tensor cores. On a GPU with tensor cores a 16-bit GEMM runs there about
-    fifteen times faster than FP32 on CUDA cores, so these GEMMs take several times longer than they need to,
-    and the FP32 copies of their operands cost memory and bandwidth besides. The usual cause is an upcast: SDPA's
+    cutlass_80_simt_sgemm), not on the tensor cores. On an A100 or H100 the tensor cores' 16-bit peak is about
+    fifteen times the CUDA cores' FP32 peak, so these GEMMs take several times longer than they need to, and
+    the FP32 copies of their operands cost memory and bandwidth besides. The usual cause is an upcast: SDPA's
     math backend computes in FP32 (the message counts the aten::to/aten::_to_copy upcasts per forward), or
     code calls .float() before a matmul. The message says whether each GEMM ran inside the attention calls or
     outside them, with the op chain that launched it. Inside: use a fused backend (flash, memory-efficient,
-    cuDNN), or find why none was eligible; torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) keeps
-    the math backend in 16-bit. Outside: check whether FP32 is meant there (a rotary embedding's small GEMM is
+    cuDNN), or find why none was eligible; torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) lets
+    the math backend compute in 16-bit. Outside: check whether FP32 is meant there (a rotary embedding's small GEMM is
     FP32 by design) or an accidental cast.
     """,
 )
@@ -166,8 +167,10 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     reads back. The mask depends only on the sequence length, so this is the same work every time: CPU time
     for the ops and their launches, GPU time and memory for the tensor. The message counts the ops and the
     kernels they launched per forward. Build the mask once (in setup, or cached per sequence length), or not at
-    all: scaled_dot_product_attention(..., is_causal=True) applies causality inside a fused kernel, with no
-    mask tensor.
+    all: scaled_dot_product_attention(..., is_causal=True) on a fused backend (flash, memory-efficient, cuDNN)
+    applies causality inside its kernel, with no mask tensor. SDPA's math backend is the exception: given
+    is_causal=True it builds the mask itself on every call, so under aten::_scaled_dot_product_attention_math
+    the cure is a fused backend.
     """,
 )
 def _mask_rebuilt(ctx: FindingContext) -> str | None:
@@ -195,13 +198,15 @@ def _mask_rebuilt(ctx: FindingContext) -> str | None:
     severity="problem",
     summary="aten::_safe_softmax runs, with the kernels it launched beyond the softmax itself.",
     paragraph="""
-    The softmax ran as aten::_safe_softmax, the form SDPA's math backend uses: beyond the softmax it finds the
-    rows in which every score is masked and writes 0 there instead of the NaN a plain softmax would give. That
+    The softmax ran as aten::_safe_softmax, the form SDPA's math backend uses, with or without a mask: beyond
+    the softmax it finds the rows in which every score is masked (isneginf, all, where) and writes 0 there
+    instead of the NaN a plain softmax would give. That
     safety takes extra kernels and extra passes over the seq x seq scores in every forward (the message counts
     the kernels and names them). It comes with the math backend; the fused backends (flash, memory-efficient,
     cuDNN) handle fully masked rows inside their one kernel. If the math backend ran because no fused one was
-    eligible (an explicit mask tensor, a dtype, a head size, dropout), make one eligible, e.g. pass
-    is_causal=True instead of a causal mask.
+    eligible, make one eligible: flash attention takes no mask tensor (pass is_causal=True instead of a causal
+    mask), needs 16-bit inputs and a head size it supports; restricted to one backend with
+    torch.nn.attention.sdpa_kernel, PyTorch warns why that backend cannot run.
     """,
 )
 def _safe_softmax(ctx: FindingContext) -> str | None:
