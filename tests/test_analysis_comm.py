@@ -7,7 +7,7 @@ import pytest
 from tracegen import FLASH, GEMM_BF16, TraceBuilder, build, fused_forward
 
 from attnprof.analysis import analyze_trace
-from attnprof.analysis.findings.forward import COMM_EXPOSED_SHARE
+from attnprof.analysis.findings.comm import COMM_EXPOSED_SHARE
 from attnprof.analysis.instance.comm import intersection, is_comm_kernel, merged, overlap_facts, total
 from attnprof.report.analysis_tables import render_analysis
 

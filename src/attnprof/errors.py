@@ -37,6 +37,16 @@ class DuplicateVariantError(AttnprofError):
     """Two variants registered under one name."""
 
 
+class UnknownFindingError(AttnprofError):
+    """A finding id that no registered finding has."""
+
+    exit_code = 2
+
+
+class DuplicateFindingError(AttnprofError):
+    """Two findings registered under one id."""
+
+
 class VariantUnavailableError(AttnprofError):
     """A variant that cannot run on this device, dtype or shape."""
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
-    from attnprof.analysis.findings.forward import FINDING_IDS, Finding
+    from attnprof.analysis.findings import FINDING_IDS, Finding
     from attnprof.analysis.instance.metrics import KernelStats
     from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
     from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoretical_occupancy
@@ -29,8 +29,8 @@ _HOMES = {
     "TraceAnalysis": "analyze",
     "analyze_trace": "analyze",
     "dispatched_backend": "analyze",
-    "FINDING_IDS": "findings.forward",
-    "Finding": "findings.forward",
+    "FINDING_IDS": "findings",
+    "Finding": "findings",
     "KernelStats": "instance.metrics",
     "KernelExplanation": "names",
     "explain_kernel": "names",

@@ -32,7 +32,7 @@ from typing import Any
 from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
-from attnprof.analysis.findings.forward import Finding, FindingContext, build_findings
+from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
 from attnprof.analysis.instance.kernels import kernel_stats

@@ -27,6 +27,7 @@ COMMANDS = {
     "model": ("attnprof.cli.model_cmd", "model_command"),
     "analyze": ("attnprof.cli.analyze_cmd", "analyze_command"),
     "explain": ("attnprof.cli.explain_cmd", "explain_command"),
+    "findings": ("attnprof.cli.findings_cmd", "findings_command"),
     "plot": ("attnprof.cli.plot_cmd", "plot_command"),
     "report": ("attnprof.cli.report_cmd", "report_command"),
 }
@@ -41,6 +42,7 @@ SUMMARIES = {
     "model": "Profile a whole model under several attention implementations and compare them in one table.",
     "analyze": "Analyse a trace: attribute GPU work to each forward and explain what it shows.",
     "explain": "Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores.",
+    "findings": "List every finding attnprof reports, with its severity and summary, or one in full.",
     "plot": "Plot a results file: latency, throughput, memory and kernels against sequence length, "
     "GPU against CPU time.",
     "report": "Write one self-contained HTML report: tables, findings, plots, top kernels and trace links.",

@@ -144,7 +144,7 @@ def parse_expectations(data: Any, path: Path) -> Expectations:
 
 
 def _parse_field(pattern: str, name: str, value: Any, path: Path) -> list[Expectation]:
-    from attnprof.analysis.findings.forward import FINDING_IDS
+    from attnprof.analysis.findings import FINDING_IDS
 
     where = f"{path}: {pattern}.{name}"
     try:

@@ -1,1 +1,36 @@
-"""Stage 4, judgement: findings over the per-instance metrics, never over the raw trace tables."""
+"""Stage 4, judgement: findings over the per-instance metrics, never over the raw trace tables.
+
+Each finding is one registered `Rule` (see `registry`): a stable id, a severity, a summary, a
+paragraph and the evidence function that states it with its numbers. The themed modules each fill
+their own `RULES`; `FINDINGS` joins them in the order the findings are emitted, and everything that
+lists findings (`FINDING_IDS`, `attnprof findings`, docs/findings.md, the ids `check` accepts) reads
+it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme.
+"""
+
+from __future__ import annotations
+
+from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, occupancy
+from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
+
+#: Every finding, in the order they are emitted: the forward's work, occupancy, the CPU side,
+#: communication, the backward, then the attention ledger and the stalls.
+FINDINGS = FindingRegistry([*forward.RULES, *occupancy.RULES, *cpu.RULES, *comm.RULES, *backward.RULES, *ledger.RULES])
+#: The ids, a stable JSON contract, in the order the findings are emitted.
+FINDING_IDS = FINDINGS.ids()
+
+
+def build_findings(ctx: FindingContext) -> list[Finding]:
+    """All findings the evidence supports, in `FINDINGS` order."""
+    return FINDINGS.build(ctx)
+
+
+__all__ = [
+    "FINDINGS",
+    "FINDING_IDS",
+    "SEVERITIES",
+    "Finding",
+    "FindingContext",
+    "FindingRegistry",
+    "Rule",
+    "build_findings",
+]

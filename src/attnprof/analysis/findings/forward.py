@@ -1,132 +1,42 @@
-"""Findings: one sentence each, with the numbers and op names that prove it.
+"""Findings on the work of the forward itself: copies, GEMMs without tensor cores, the mask, the
+softmax and the single fused kernel.
 
-Every finding is computed from evidence in the trace (or the dtype hint); when the evidence is
-missing the finding is simply absent. Ids are a stable JSON contract:
-
-- ``hidden-memcpy``          device-to-device memcpy inside the forward, with the op chain that caused it
-- ``fp32-cuda-cores``        GEMMs on FP32 CUDA cores (no tensor cores) while the inputs are 16-bit
-- ``mask-rebuilt``           the causal mask is built again in every forward (ones/tril/triu/where/scalar_tensor)
-- ``safe-softmax``           ``aten::_safe_softmax`` and the kernels it launched
-- ``single-fused-kernel``    exactly one kernel per forward, and it is a fused attention kernel
-- ``low-occupancy-by-design``  theoretical occupancy <= 25% because of registers or shared memory
-- ``occupancy-unreported``   a kernel whose reported occupancy is 0 or missing, with the likely cause
-- ``cpu-bound``              CPU time per forward > GPU time per forward (the CPU time without the wait
-                             inside the autograd engine, on a training step)
-- ``metadata-transposes``    ``aten::transpose`` ops that launch no kernel
-- ``comm-exposed``           communication time (NCCL kernels) that no compute hides exceeds
-                             `COMM_EXPOSED_SHARE` of the forward's GPU time (see `analysis.comm`)
-
-plus the backward findings of `analysis.backward_findings` (``bwd-dot-do-o``, ``bwd-dq-convert``,
-``bwd-memsets``, ``grad-accumulation``) and the ledger's of `analysis.ledger_findings` (``host-sync``,
-``gpu-idle``, ``attention-overhead``). ``single-fused-kernel`` counts both phases: a training
-step with a backward is never one kernel.
+Each is computed from evidence in the trace (or the dtype hint); when the evidence is missing the
+finding is simply absent. ``single-fused-kernel`` counts both phases: a training step with a
+backward is never one kernel.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any
 
-from attnprof.analysis.findings.backward import BACKWARD_FINDING_IDS, backward_findings
-from attnprof.analysis.findings.ledger import LEDGER_FINDING_IDS, ledger_findings
-from attnprof.analysis.instance.ledger import AttentionLedger
-from attnprof.analysis.instance.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, ForwardMetrics, KernelStats
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.instance.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, KernelStats
 from attnprof.stats import median_count
 
-FINDING_IDS = (
-    "hidden-memcpy",
-    "fp32-cuda-cores",
-    "mask-rebuilt",
-    "safe-softmax",
-    "single-fused-kernel",
-    "low-occupancy-by-design",
-    "occupancy-unreported",
-    "cpu-bound",
-    "metadata-transposes",
-    "comm-exposed",
-    *BACKWARD_FINDING_IDS,
-    *LEDGER_FINDING_IDS,
-)
+#: The rules of this module, in the order their findings are emitted.
+RULES = FindingRegistry()
+#: `mask-rebuilt` needs one of these in every instance (ones, where and scalar_tensor alone are not a mask).
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
-LOW_OCCUPANCY_PCT = 25.0
-#: `comm-exposed` fires when the exposed communication time per forward exceeds this share of its GPU time.
-COMM_EXPOSED_SHARE = 0.10
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One finding: a stable id and the sentence that states it."""
-
-    id: str
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """{"id", "message"}."""
-        return asdict(self)
-
-
-@dataclass
-class FindingContext:
-    """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals."""
-
-    per_forward: list[ForwardMetrics]
-    kernels: list[KernelStats]
-    dtype: str | None
-    dtype_source: str | None
-    cpu_time_us: float
-    gpu_time_us: float | None
-    cpu_work_us: float | None = None  # cpu_time_us without the wait inside the autograd engine
-    comm: Any = None  # analysis.comm.CommStats, or None without communication
-    attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
-
-    unit: str = "forward"  # what one instance is called: "step" with backward work (see phases.instance_unit)
-
-    def every(self, k: int, n: int | None = None) -> str:
-        """ "every step" when `k` is all `n` instances (default: all of them), else "k of n steps"."""
-        n = len(self.per_forward) if n is None else n
-        return f"every {self.unit}" if k == n else f"{k} of {n} {self.unit}s"
-
-
-def _us(value: float) -> str:
-    return f"{value:,.1f} us"
-
-
-def _times(count: int) -> str:
-    return f" x{count}" if count else ""
-
-
-def _list(items: list[str], limit: int = 4) -> str:
-    shown = items[:limit]
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return ", ".join(shown) + more
-
-
-def build_findings(ctx: FindingContext) -> list[Finding]:
-    """All findings the evidence supports, in a stable order."""
-    found = []
-    for rule in (
-        _hidden_memcpy,
-        _fp32_cuda_cores,
-        _mask_rebuilt,
-        _safe_softmax,
-        _single_fused_kernel,
-        _low_occupancy,
-        _occupancy_unreported,
-        _cpu_bound,
-        _metadata_transposes,
-        _comm_exposed,
-    ):
-        finding = rule(ctx)
-        if finding is not None:
-            found.append(finding)
-    found += [Finding(fid, message) for fid, message in backward_findings(ctx)]
-    found += [Finding(fid, message) for fid, message in ledger_findings(ctx)]
-    return found
-
-
-def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
+@RULES.rule(
+    "hidden-memcpy",
+    severity="problem",
+    summary="A device-to-device memcpy inside the forward, with the op chain that caused it.",
+    paragraph="""
+    A device-to-device memcpy ran inside the region. It is usually hidden in an out-of-place op that copies
+    its whole input before writing to it (masked_fill rather than masked_fill_: its clone becomes the
+    memcpy), or in an explicit .clone() or copy_ between tensors of the same dtype and layout. The copy reads
+    and writes the tensor once more in device memory (for the attention scores, batch x heads x seq x seq
+    elements per forward) and allocates a second one of the same size: time and memory the attention itself
+    does not need. The message names the copy kernel, its time and the op chain
+    that launched it, outermost first. Make that op in-place (masked_fill_ instead of masked_fill), drop the
+    copy, or let a fused kernel (scaled_dot_product_attention) apply the mask without materialising the scores.
+    """,
+)
+def _hidden_memcpy(ctx: FindingContext) -> str | None:
     counts = [m.dtod_memcpy or 0 for m in ctx.per_forward]
     with_copy = sum(1 for c in counts if c)
     if not with_copy:
@@ -146,34 +56,39 @@ def _hidden_memcpy(ctx: FindingContext) -> Finding | None:
     else:
         cause = "launched directly inside the region, under no ATen op"
     who = ctx.every(with_copy, len(counts)).capitalize() + (" runs" if with_copy == len(counts) else " run")
-    return Finding(
-        "hidden-memcpy",
-        f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {_us(copy.time_us)}), {cause}.",
-    )
+    return f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {us(copy.time_us)}), {cause}."
 
 
-def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
+@RULES.rule(
+    "fp32-cuda-cores",
+    severity="problem",
+    summary="GEMMs ran in FP32 on CUDA cores, without tensor cores, although the inputs are 16-bit.",
+    paragraph="""
+    The inputs are bfloat16 or float16, yet GEMM kernels ran in FP32 on the CUDA cores (SIMT kernels such as
+    cutlass_80_simt_sgemm), not on the tensor cores. On an A100 or H100 the tensor cores' 16-bit peak is about
+    fifteen times the CUDA cores' FP32 peak, so these GEMMs take several times longer than they need to, and
+    the FP32 copies of their operands cost memory and bandwidth besides. The usual cause is an upcast: SDPA's
+    math backend computes in FP32 (the message counts the aten::to/aten::_to_copy upcasts per forward), or
+    code calls .float() before a matmul. The message says whether each GEMM ran inside the attention calls or
+    outside them, with the op chain that launched it. Inside: use a fused backend (flash, memory-efficient,
+    cuDNN), or find why none was eligible; torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) lets
+    the math backend compute in 16-bit. Outside: check whether FP32 is meant there (a rotary embedding's small GEMM is
+    FP32 by design) or an accidental cast.
+    """,
+)
+def _fp32_cuda_cores(ctx: FindingContext) -> str | None:
     if ctx.dtype not in SIXTEEN_BIT:
         return None
     gemms = [k for k in ctx.kernels if k.kind == "kernel" and k.family == "gemm" and k.tensor_cores is False]
     if not gemms:
         return None
     n = sum(k.count_per_forward for k in gemms)
-    placed = _gemm_placement(ctx, gemms)
-    inside = {backend for _, backend, _ in placed or () if backend}
-    if placed is not None and len(inside) == 1 and all(where == "inside" for where, _, _ in placed):
-        shown = f"{_list([k.short_name for k in gemms], 2)}; all inside the attention calls ({inside.pop()})"
-    elif placed is not None:
-        pairs = zip(gemms, placed, strict=True)
-        shown = _list([f"{k.short_name}{_times(k.count_per_forward)} {text}" for k, (_, _, text) in pairs], 2)
-    else:
-        shown = _list([k.short_name for k in gemms], 2)
     if n:
         lead = f"{n} GEMM kernel(s) per {ctx.unit} run"
     else:  # each ran in fewer than half of the forwards: their counts per forward are 0
         lead = f"In {ctx.every(max(k.forwards_run for k in gemms))}, GEMM kernels ran"
     message = (
-        f"{lead} in FP32 on CUDA cores, without tensor cores ({shown}), although "
+        f"{lead} in FP32 on CUDA cores, without tensor cores ({_gemms_shown(ctx, gemms)}), although "
         f"the inputs are {DTYPE_LABEL.get(ctx.dtype, ctx.dtype)} ({ctx.dtype_source})"
     )
     upcasts = _upcasts_per_forward(ctx)
@@ -182,7 +97,23 @@ def _fp32_cuda_cores(ctx: FindingContext) -> Finding | None:
         message += (
             f"; {count} upcast cop{'y' if count == 1 else 'ies'} per {ctx.unit} ({how}) turn 16-bit tensors into FP32"
         )
-    return Finding("fp32-cuda-cores", message + ".")
+    return message + "."
+
+
+def _gemms_shown(ctx: FindingContext, gemms: list[KernelStats]) -> str:
+    """The FP32 GEMMs named, with where they ran when the ledger tells."""
+    placed = _gemm_placement(ctx, gemms)
+    inside = {backend for _, backend, _ in placed or () if backend}
+    if placed is not None and len(inside) == 1 and all(where == "inside" for where, _, _ in placed):
+        return f"{listed([k.short_name for k in gemms], 2)}; all inside the attention calls ({inside.pop()})"
+    if placed is not None:
+        pairs = zip(gemms, placed, strict=True)
+        return listed([f"{k.short_name}{_times(k.count_per_forward)} {text}" for k, (_, _, text) in pairs], 2)
+    return listed([k.short_name for k in gemms], 2)
+
+
+def _times(count: int) -> str:
+    return f" x{count}" if count else ""
 
 
 def _gemm_placement(ctx: FindingContext, gemms: list[KernelStats]) -> list[tuple[str, str, str]] | None:
@@ -226,7 +157,23 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     return count, ("aten::to → aten::_to_copy from 16-bit" if typed else "aten::to/aten::_to_copy")
 
 
-def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
+@RULES.rule(
+    "mask-rebuilt",
+    severity="problem",
+    summary="The causal mask is built again in every forward (ones, tril/triu, where, scalar_tensor).",
+    paragraph="""
+    Every forward builds the attention mask from scratch: aten::ones, then tril or triu, often where and
+    scalar_tensor, each an op on the CPU and a kernel on the GPU, writing a seq x seq tensor that attention then
+    reads back. The mask depends only on the sequence length, so this is the same work every time: CPU time
+    for the ops and their launches, GPU time and memory for the tensor. The message counts the ops and the
+    kernels they launched per forward. Build the mask once (in setup, or cached per sequence length), or not at
+    all: scaled_dot_product_attention(..., is_causal=True) on a fused backend (flash, memory-efficient, cuDNN)
+    applies causality inside its kernel, with no mask tensor. SDPA's math backend is the exception: given
+    is_causal=True it builds the mask itself on every call, so under aten::_scaled_dot_product_attention_math
+    the cure is a fused backend.
+    """,
+)
+def _mask_rebuilt(ctx: FindingContext) -> str | None:
     if not ctx.per_forward or any(not any(m.mask_ops[name] for name in MASK_CORE) for m in ctx.per_forward):
         return None  # the mask is not built in every forward
     kernel_counts: list[int] = []
@@ -236,17 +183,33 @@ def _mask_rebuilt(ctx: FindingContext) -> Finding | None:
             kernel_counts.append(len(m.mask_kernels))
             kernel_names.update(m.mask_kernels)
     per_op = {name: median_count([m.mask_ops[name] for m in ctx.per_forward]) for name in MASK_OPS}
-    listed = ", ".join(f"{name} x{n}" for name, n in per_op.items() if n)
-    message = f"Every {ctx.unit} builds the attention mask again: {listed} per {ctx.unit}"
+    shown = ", ".join(f"{name} x{n}" for name, n in per_op.items() if n)
+    message = f"Every {ctx.unit} builds the attention mask again: {shown} per {ctx.unit}"
     if kernel_counts and median_count(kernel_counts):
         message += (
             f", launching {median_count(kernel_counts)} kernels "
-            f"({_list(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})"
+            f"({listed(sorted(kernel_names, key=lambda k: -kernel_names[k]), 4)})"
         )
-    return Finding("mask-rebuilt", message + ".")
+    return message + "."
 
 
-def _safe_softmax(ctx: FindingContext) -> Finding | None:
+@RULES.rule(
+    "safe-softmax",
+    severity="problem",
+    summary="aten::_safe_softmax runs, with the kernels it launched beyond the softmax itself.",
+    paragraph="""
+    The softmax ran as aten::_safe_softmax, the form SDPA's math backend uses, with or without a mask: beyond
+    the softmax it finds the rows in which every score is masked (isneginf, all, where) and writes 0 there
+    instead of the NaN a plain softmax would give. That
+    safety takes extra kernels and extra passes over the seq x seq scores in every forward (the message counts
+    the kernels and names them). It comes with the math backend; the fused backends (flash, memory-efficient,
+    cuDNN) handle fully masked rows inside their one kernel. If the math backend ran because no fused one was
+    eligible, make one eligible: flash attention takes no mask tensor (pass is_causal=True instead of a causal
+    mask), needs 16-bit inputs and a head size it supports; restricted to one backend with
+    torch.nn.attention.sdpa_kernel, PyTorch warns why that backend cannot run.
+    """,
+)
+def _safe_softmax(ctx: FindingContext) -> str | None:
     with_op, kernel_counts, kernel_names = 0, [], []
     for m in ctx.per_forward:
         if not m.op_counts.get(SAFE_SOFTMAX):
@@ -262,15 +225,27 @@ def _safe_softmax(ctx: FindingContext) -> Finding | None:
     message = f"aten::_safe_softmax runs in {ctx.every(with_op)}"
     if kernel_counts and median_count(kernel_counts):
         message += (
-            f" and launches {median_count(kernel_counts)} kernels ({_list(kernel_names, 5)}); "
+            f" and launches {median_count(kernel_counts)} kernels ({listed(kernel_names, 5)}); "
             "beyond the softmax itself they find fully masked rows and write 0 there instead of NaN"
         )
     else:
         message += ", guarding fully masked rows against NaN with extra ops"
-    return Finding("safe-softmax", message + ".")
+    return message + "."
 
 
-def _single_fused_kernel(ctx: FindingContext) -> Finding | None:
+@RULES.rule(
+    "single-fused-kernel",
+    severity="info",
+    summary="Exactly one kernel per forward, and it is a fused attention kernel.",
+    paragraph="""
+    The whole forward is one fused attention kernel (FlashAttention, memory-efficient attention or cuDNN's):
+    the scores never leave the chip, nothing is copied, no mask is built, nothing else is launched. This is
+    the shape attention should have; what is left to tune is the kernel itself (its time, its occupancy) and
+    what surrounds the region. A training step always has more than one kernel, so this finding appears only
+    on forward-only instances.
+    """,
+)
+def _single_fused_kernel(ctx: FindingContext) -> str | None:
     counts = [m.kernels for m in ctx.per_forward]
     if not counts or any(c != 1 for c in counts):
         return None
@@ -281,112 +256,7 @@ def _single_fused_kernel(ctx: FindingContext) -> Finding | None:
     if kernel.family != "fused-attention":
         return None
     library = f", {kernel.library}" if kernel.library else ""
-    return Finding(
-        "single-fused-kernel",
+    return (
         f"Each {ctx.unit} runs exactly one kernel, the fused attention kernel {kernel.short_name} "
-        f"({_us(kernel.time_us)}{library}).",
-    )
-
-
-def _low_occupancy(ctx: FindingContext) -> Finding | None:
-    low = [
-        k
-        for k in ctx.kernels
-        if k.theoretical_occupancy_pct is not None
-        and k.theoretical_occupancy_pct <= LOW_OCCUPANCY_PCT
-        and k.occupancy_limiter in ("registers", "shared memory")
-        and k.family in ("fused-attention", "gemm")
-    ]
-    if not low:
-        return None
-    low.sort(key=lambda k: -k.time_us)
-    top = low[0]
-    message = (
-        f"{top.short_name} has {top.theoretical_occupancy_pct:g}% theoretical occupancy, limited by "
-        f"{top.occupancy_limiter} ({top.occupancy_arithmetic}): heavy blocks that keep tiles on chip, by design"
-    )
-    if len(low) > 1:
-        message += f"; {_list([f'{k.short_name} {k.theoretical_occupancy_pct:g}%' for k in low[1:]], 2)} likewise"
-    return Finding("low-occupancy-by-design", message + ".")
-
-
-def _occupancy_unreported(ctx: FindingContext) -> Finding | None:
-    flagged = [
-        k
-        for k in ctx.kernels
-        if k.kind == "kernel"
-        and k.achieved_occupancy_pct is None
-        and k.occupancy_note
-        and not k.occupancy_note.startswith(("its grid", "the trace has no occupancy"))
-    ]
-    if not flagged:
-        return None
-    flagged.sort(key=lambda k: -k.time_us)
-    top = flagged[0]
-    message = f"{top.short_name} reports 0% achieved occupancy; likely cause: {top.occupancy_note}"
-    if top.theoretical_occupancy_pct is not None:
-        message += f"; its theoretical occupancy is {top.theoretical_occupancy_pct:g}% ({top.occupancy_arithmetic})"
-    if len(flagged) > 1:
-        message += f"; {_list([k.short_name for k in flagged[1:]], 3)} too"
-    return Finding("occupancy-unreported", message + ".")
-
-
-def _cpu_bound(ctx: FindingContext) -> Finding | None:
-    cpu = ctx.cpu_time_us if ctx.cpu_work_us is None else ctx.cpu_work_us
-    if ctx.gpu_time_us is None or cpu <= ctx.gpu_time_us:
-        return None
-    launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
-    ops = median_count([m.cpu_ops for m in ctx.per_forward])
-    unit = ctx.unit
-    what = f"CPU time per {unit}"
-    if abs(cpu - ctx.cpu_time_us) > 1e-6:
-        what += (
-            f" ({_us(cpu)}: the region's {_us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
-            "plus the backward ops' CPU time)"
-        )
-    else:
-        what += f" ({_us(cpu)})"
-    return Finding(
-        "cpu-bound",
-        f"{what} exceeds GPU time per {unit} ({_us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): "
-        + (
-            f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls."
-            if ops
-            else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
-        ),
-    )
-
-
-def _metadata_transposes(ctx: FindingContext) -> Finding | None:
-    if any(m.metadata_transposes is None for m in ctx.per_forward):
-        return None  # no CUDA trace: launching or not is unknown
-    n = median_count([m.metadata_transposes or 0 for m in ctx.per_forward])
-    if not n:
-        return None
-    parents: Counter = Counter()
-    for m in ctx.per_forward:
-        if m.metadata_transpose_parents:
-            parents.update(m.metadata_transpose_parents)
-    where = parents.most_common(1)[0][0] if parents else "the region"
-    return Finding(
-        "metadata-transposes",
-        f"{n} aten::transpose op{'s' if n != 1 else ''} per {ctx.unit} launch no kernel (they only "
-        f"rewrite strides, mostly under {where}).",
-    )
-
-
-def _comm_exposed(ctx: FindingContext) -> Finding | None:
-    comm = ctx.comm
-    if comm is None or comm.exposed_us is None or not ctx.gpu_time_us:
-        return None
-    share = comm.exposed_us / ctx.gpu_time_us
-    if share <= COMM_EXPOSED_SHARE:
-        return None
-    hidden = "n/a" if comm.overlap_pct is None else f"{comm.overlap_pct:.0f}%"
-    return Finding(
-        "comm-exposed",
-        f"{comm.kernels_per_forward} communication kernel(s) per {ctx.unit} ({_list(comm.kernels, 2)}) run for "
-        f"{_us(comm.comm_time_us or 0.0)}, {hidden} of it under compute on another stream: {_us(comm.exposed_us)} "
-        f"exposed, {100 * share:.0f}% of the {ctx.unit}'s {_us(ctx.gpu_time_us)} GPU time "
-        f"(limit {100 * COMM_EXPOSED_SHARE:.0f}%).",
+        f"({us(kernel.time_us)}{library})."
     )

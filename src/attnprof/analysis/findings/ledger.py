@@ -1,13 +1,6 @@
 """Findings on the attention ledger and on where the instances stalled.
 
-Read from `ForwardMetrics.stalls` and `.attention` and the summarised ledger only. Ids are a stable
-JSON contract:
-
-- ``host-sync``           a sync inside the instance that blocked the CPU until the device caught up:
-                          the op chain that caused it (innermost first) and how long the CPU waited
-- ``gpu-idle``            the device sat idle for more than `GPU_IDLE_SHARE` of its span (per phase,
-                          see `analysis.stalls`): the largest gaps and the CPU ops that ran meanwhile
-- ``attention-overhead``  the overhead ledger's time exceeds `OVERHEAD_SHARE` of attention's own time
+Read from `ForwardMetrics.stalls` and `.attention` and the summarised ledger only.
 """
 
 from __future__ import annotations
@@ -15,21 +8,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, us
+from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE  # `gpu-idle`'s threshold, where the gaps are kept
 from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:
-    from attnprof.analysis.findings.forward import FindingContext
     from attnprof.analysis.instance.stalls import Gap, Stalls
 
+#: The rules of this module, in the order their findings are emitted.
+RULES = FindingRegistry()
+#: `attention-overhead` fires when the overhead's time exceeds this share of the attention calls' own time.
 OVERHEAD_SHARE = 0.10
-LEDGER_FINDING_IDS = ("host-sync", "gpu-idle", "attention-overhead")
 SHOWN = 3  # chains, gaps and overhead kinds named in a message
-
-
-def _us(value: float) -> str:
-    return f"{value:,.1f} us"
-
 
 #: Why a sync follows a memcpy of this kind.
 _WHY = {
@@ -38,6 +28,22 @@ _WHY = {
 }
 
 
+@RULES.rule(
+    "host-sync",
+    severity="problem",
+    summary="A sync inside the forward blocked the CPU until the device caught up: the op chain and the wait.",
+    paragraph="""
+    Inside the forward, the CPU stopped until the GPU had finished everything queued before it: a
+    cudaStreamSynchronize, cudaDeviceSynchronize or a blocking memcpy. The usual causes are .item(), .tolist()
+    or a Python branch on a tensor's value (a copy back to the host), and torch.tensor(..., device="cuda") or
+    .to("cuda") from pageable memory (a copy to the device that waits). While the CPU waits it queues no
+    work, so once the GPU drains its queue it idles until the CPU catches up, and the launch pipeline that
+    hides the CPU's cost is lost at every sync. The message names each sync with its op chain (innermost
+    first), the memcpy it followed, how often it ran and how long the CPU waited per forward. Keep values on
+    the device (torch.where instead of a branch, no .item() in the forward), build constant tensors once
+    outside the forward, or copy from pinned memory with non_blocking=True.
+    """,
+)
 def _host_sync(ctx: FindingContext) -> str | None:
     stalls = [m.stalls for m in ctx.per_forward if m.stalls is not None]
     with_sync = sum(1 for s in stalls if s.syncs)
@@ -60,26 +66,41 @@ def _host_sync(ctx: FindingContext) -> str | None:
         where = " ← ".join(chain) if chain else "no op (directly in the region)"
         after = f", after a {memcpy}{_WHY.get(memcpy[7:11], '')}" if memcpy else ""
         parts.append(
-            f"{api} under {where}{after}: {median_count(counts[key]) or 1}x, {_us(median(waits[key]))} per {unit}"
+            f"{api} under {where}{after}: {median_count(counts[key]) or 1}x, {us(median(waits[key]))} per {unit}"
         )
     if len(ranked) > SHOWN:
         parts.append(f"and {len(ranked) - SHOWN} more")
     return (
         f"{ctx.every(with_sync, len(stalls)).capitalize()} blocks the CPU until the device catches up "
-        f"({n} sync(s), the CPU waiting {_us(total)} per {unit}): " + "; ".join(parts) + "."
+        f"({n} sync(s), the CPU waiting {us(total)} per {unit}): " + "; ".join(parts) + "."
     )
 
 
 def _gap_text(gap: Gap) -> str:
     covered = sum(us for _, us in gap.cpu_ops)
-    ops = ", ".join(f"{name} ({_us(us)})" for name, us in gap.cpu_ops[:2])
+    ops = ", ".join(f"{name} ({us(time)})" for name, time in gap.cpu_ops[:2])
     cpu = f"while the CPU ran {ops}" if ops else "while the CPU ran no op"
     if ops and gap.duration_us - covered > 1.0:
-        cpu += f" and no op for {_us(gap.duration_us - covered)}"
+        cpu += f" and no op for {us(gap.duration_us - covered)}"
     phase = "" if gap.phase == "forward" else " of the backward"
-    return f"{_us(gap.duration_us)} after {gap.after} (at +{gap.offset_us:,.0f} us{phase}) {cpu}"
+    return f"{us(gap.duration_us)} after {gap.after} (at +{gap.offset_us:,.0f} us{phase}) {cpu}"
 
 
+@RULES.rule(
+    "gpu-idle",
+    severity="problem",
+    summary=f"The device sat idle more than {GPU_IDLE_SHARE:.0%} of the span of its work: the largest gaps and the "
+    "CPU ops meanwhile.",
+    paragraph=f"""
+    Between the first and the last device work of the forward (each phase on its own in a training step), the
+    GPU ran nothing for more than {GPU_IDLE_SHARE:.0%} of the time: the CPU did not queue work fast enough.
+    The time is lost outright; a faster kernel changes nothing while the GPU waits for the next one. The
+    message gives the typical instance's idle time and span, and its largest gaps: how long, after which
+    kernel, and which CPU ops ran meanwhile, which points at the Python code, the synchronisation or the
+    data loading that held the CPU. Remove syncs (see host-sync), move work off the forward's critical path,
+    launch fewer kernels (a fused kernel, torch.compile), or replay the launches with CUDA graphs.
+    """,
+)
 def _gpu_idle(ctx: FindingContext) -> str | None:
     stalls: list[Stalls] = [m.stalls for m in ctx.per_forward if m.stalls is not None and m.stalls.idle_share]
     if not stalls:
@@ -92,13 +113,28 @@ def _gpu_idle(ctx: FindingContext) -> str | None:
     phases = "" if all(g.phase == "forward" for g in typical.gaps) else " (each phase on its own)"
     gaps = "; ".join(_gap_text(g) for g in typical.gaps[:SHOWN])
     return (
-        f"The GPU sat idle {_us(typical.idle_us)} of the {_us(typical.span_us)} its work spanned "
+        f"The GPU sat idle {us(typical.idle_us)} of the {us(typical.span_us)} its work spanned "
         f"per {ctx.unit}{phases}, "
         f"{100 * share:.0f}% (more than {100 * GPU_IDLE_SHARE:.0f}%): the CPU did not keep it fed. "
         f"Largest gaps: {gaps}."
     )
 
 
+@RULES.rule(
+    "attention-overhead",
+    severity="problem",
+    summary=f"Work tied to attention beside the attention calls exceeds {OVERHEAD_SHARE:.0%} of the calls' own "
+    "time, by kind.",
+    paragraph=f"""
+    Besides the attention calls themselves, the forward spent more than {OVERHEAD_SHARE:.0%} of their time on
+    work that exists only to feed them: building the mask or BlockMask (mask-build), repeating or expanding K
+    and V for grouped-query attention (kv-repeat), casting their inputs or outputs (dtype-cast) and making
+    them contiguous (layout-copy). The message gives the largest kinds with their count, time and the op
+    chain behind each. Most have a direct fix: pass is_causal=True or build the mask once; use
+    scaled_dot_product_attention(..., enable_gqa=True) or a kernel that reads grouped K/V instead of
+    repeat_interleave; keep the model's dtype throughout; lay q, k, v out as the kernel wants them.
+    """,
+)
 def _attention_overhead(ctx: FindingContext) -> str | None:
     ledger = ctx.attention
     if ledger is None or not ledger.overhead or ledger.kernel_time_us <= 0:
@@ -108,26 +144,13 @@ def _attention_overhead(ctx: FindingContext) -> str | None:
         return None
     items = sorted(ledger.overhead, key=lambda item: -item["time_us"])
     parts = [
-        f"{item['kind']} x{item['count_per_forward']} ({_us(item['time_us'])}: {item['ops'][0]})"
+        f"{item['kind']} x{item['count_per_forward']} ({us(item['time_us'])}: {item['ops'][0]})"
         for item in items[:SHOWN]
         if item["ops"]
     ]
     return (
-        f"Work tied to attention beside the attention calls takes {_us(ledger.overhead_us)} per {ctx.unit}, "
-        f"{100 * share:.0f}% of the calls' own {_us(ledger.kernel_time_us)} (more than {100 * OVERHEAD_SHARE:.0f}%): "
+        f"Work tied to attention beside the attention calls takes {us(ledger.overhead_us)} per {ctx.unit}, "
+        f"{100 * share:.0f}% of the calls' own {us(ledger.kernel_time_us)} (more than {100 * OVERHEAD_SHARE:.0f}%): "
         + "; ".join(parts)
         + "."
     )
-
-
-_RULES = {"host-sync": _host_sync, "gpu-idle": _gpu_idle, "attention-overhead": _attention_overhead}
-
-
-def ledger_findings(ctx: FindingContext) -> list[tuple[str, str]]:
-    """(id, message) of each ledger finding the evidence supports, in LEDGER_FINDING_IDS order."""
-    found = []
-    for finding_id in LEDGER_FINDING_IDS:
-        message = _RULES[finding_id](ctx)
-        if message is not None:
-            found.append((finding_id, message))
-    return found

@@ -1,0 +1,78 @@
+"""Findings on the CPU side of an instance: a CPU that cannot keep the GPU fed, and ops that launch nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, us
+from attnprof.stats import median_count
+
+#: The rules of this module, in the order their findings are emitted.
+RULES = FindingRegistry()
+
+
+@RULES.rule(
+    "cpu-bound",
+    severity="problem",
+    summary="CPU time per forward exceeds GPU time per forward: the GPU waits for the CPU.",
+    paragraph="""
+    The CPU spent longer issuing the forward (Python, op dispatch, kernel launches) than the GPU spent running
+    it, so the GPU waits between kernels and a faster kernel would not make the forward faster. It is typical of
+    small shapes and of many small ops in eager mode. The message gives both times, their ratio, and the ops and
+    launch calls per forward; on a training step the CPU time leaves out the region's wait inside the autograd
+    engine and counts the backward ops' own CPU time. Launch fewer, larger kernels: a fused attention kernel
+    instead of separate matmul, mask and softmax ops, torch.compile, CUDA graphs
+    (torch.compile(mode="reduce-overhead") or torch.cuda.CUDAGraph) to replay the launches, or more work per
+    launch (a larger batch).
+    """,
+)
+def _cpu_bound(ctx: FindingContext) -> str | None:
+    cpu = ctx.cpu_time_us if ctx.cpu_work_us is None else ctx.cpu_work_us
+    if ctx.gpu_time_us is None or cpu <= ctx.gpu_time_us:
+        return None
+    launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
+    ops = median_count([m.cpu_ops for m in ctx.per_forward])
+    unit = ctx.unit
+    what = f"CPU time per {unit}"
+    if abs(cpu - ctx.cpu_time_us) > 1e-6:
+        what += (
+            f" ({us(cpu)}: the region's {us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
+            "plus the backward ops' CPU time)"
+        )
+    else:
+        what += f" ({us(cpu)})"
+    return f"{what} exceeds GPU time per {unit} ({us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): " + (
+        f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls."
+        if ops
+        else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
+    )
+
+
+@RULES.rule(
+    "metadata-transposes",
+    severity="info",
+    summary="aten::transpose ops that launch no kernel: they only rewrite strides.",
+    paragraph="""
+    The forward calls aten::transpose (k.transpose(-2, -1), a head split or merge), and those ops launched no
+    kernel: a transpose returns a view with its strides swapped and moves no data. They cost a few microseconds
+    of CPU dispatch each and no GPU time; the finding is there because they show in the op list and look like
+    data movement. The message gives their number per forward and the op they mostly ran under. If a later op
+    needs the data contiguous, that copy shows there (as a copy kernel or a hidden-memcpy), not here. Nothing to
+    fix, unless the forward is cpu-bound, where every op counts.
+    """,
+)
+def _metadata_transposes(ctx: FindingContext) -> str | None:
+    if any(m.metadata_transposes is None for m in ctx.per_forward):
+        return None  # no CUDA trace: launching or not is unknown
+    n = median_count([m.metadata_transposes or 0 for m in ctx.per_forward])
+    if not n:
+        return None
+    parents: Counter = Counter()
+    for m in ctx.per_forward:
+        if m.metadata_transpose_parents:
+            parents.update(m.metadata_transpose_parents)
+    where = parents.most_common(1)[0][0] if parents else "the region"
+    return (
+        f"{n} aten::transpose op{'s' if n != 1 else ''} per {ctx.unit} launch no kernel (they only "
+        f"rewrite strides, mostly under {where})."
+    )

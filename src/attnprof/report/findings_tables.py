@@ -1,0 +1,57 @@
+"""`attnprof findings`: the findings attnprof reports, as a table, one finding in full, or the
+reference document (docs/findings.md). Each finding is its `Rule.to_dict()`: id, severity, summary,
+paragraph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnprof.report.layout import Column, table, wrap
+
+LIST_COLUMNS = (Column("id"), Column("severity"), Column("summary", narrow=30))
+FACT_COLUMNS = (Column(""), Column("", narrow=30))
+#: The command that writes docs/findings.md (a test holds the file equal to its output).
+REGENERATE = "attnprof findings --format markdown > docs/findings.md"
+INTRO = (
+    "Each finding attnprof reports is one sentence with the numbers that prove it, read from the trace; "
+    "when the evidence is missing the finding is absent. The ids are stable: the JSON's `findings[].id`, "
+    "the compare table's `findings` column, `diff`'s gained and lost findings and `check`'s "
+    "`findings: {has: [...], lacks: [...]}` use them. Severity **problem** means something to act on, with what "
+    "it costs; **info**, a fact worth knowing with nothing to fix. They are listed in the order they are reported."
+)
+
+
+def findings_table(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+    """Every finding's id, severity and summary, one a row; markdown: the reference document."""
+    if fmt == "markdown":
+        return findings_markdown(findings)
+    return table(LIST_COLUMNS, [[f["id"], f["severity"], f["summary"]] for f in findings], fmt, width)
+
+
+def finding_text(finding: dict[str, Any], fmt: str, width: int | None = None) -> str:
+    """One finding in full: its id, severity and summary, then its paragraph."""
+    if fmt == "markdown":
+        return _section(finding)
+    facts = [["id", finding["id"]], ["severity", finding["severity"]], ["summary", finding["summary"]]]
+    return "\n".join([table(FACT_COLUMNS, facts, fmt, width), "", *wrap(finding["paragraph"], width)])
+
+
+def findings_markdown(findings: list[dict[str, Any]]) -> str:
+    """docs/findings.md: the introduction, the table of every finding linked to its section, the sections."""
+    rows = [[f"[`{f['id']}`](#{f['id']})", f["severity"], f["summary"]] for f in findings]
+    parts = [
+        "# Findings",
+        "",
+        f"<!-- Generated from the registry in src/attnprof/analysis/findings/ by `{REGENERATE}`. -->",
+        "",
+        INTRO,
+        "",
+        table(LIST_COLUMNS, rows, "markdown"),
+    ]
+    for finding in findings:
+        parts += ["", _section(finding)]
+    return "\n".join(parts)
+
+
+def _section(finding: dict[str, Any]) -> str:
+    return f"## {finding['id']}\n\n**{finding['severity']}**: {finding['summary']}\n\n{finding['paragraph']}"
