@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.instance.calls import Call, LedgerNames, backward_calls, find_calls, shape_calls
+from attnprof.analysis.instance.calls import Call, backward_calls, find_calls
+from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
@@ -118,76 +119,15 @@ def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
     )
 
 
-def forward_ledger(tree: OpTree, names: LedgerNames, gpu_time_us: float | None, by_shape: bool = True) -> ForwardLedger:
+def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
     """The attention calls and overhead of one instance whose device work was traced (`tree`: its
-    ops, with the roles of `names`).
-
-    An instance with forward work only, whose calls each start at an op, is timed from the ledger
-    of its shape and call order (`_LedgerAt`), found on the first such instance: its calls and
-    overhead depend on nothing else. `by_shape=False` finds them for this instance alone (what the
-    shape's ledger equals)."""
-    if by_shape and not tree.backward:
-        shape = tree.shape()
-        found = shape_calls(tree, names, shape)
-        if all(c.first >= 0 for c in found.calls):
-            ts, order = tree.trace.cpu_ops.ts, tree.order
-            starts = [ts[order[c.first]] for c in found.calls]
-            rank = tuple(sorted(range(len(starts)), key=starts.__getitem__))  # find_calls' stable sort
-            at = found.ledgers.get(rank)
-            if at is None:
-                at = found.ledgers[rank] = _LedgerAt.of(tree, *find_calls(tree, names, shape))
-            return at.timed(tree, gpu_time_us)
-    calls, in_call = find_calls(tree, names)
-    backward, unclaimed = backward_calls(tree, calls)
-    overhead = overhead_ledger(tree, overhead_units(tree, calls, in_call), unclaimed)
+    ops, with the roles of `index.ledger`): its forward calls, placed from those of its shape
+    (`index.shape_calls`), their backward work, and the overhead around them."""
+    found = index.shape_calls(tree)
+    calls = find_calls(tree, found)
+    backward, unclaimed = backward_calls(tree, index.ledger, calls)
+    overhead = overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
     return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
-
-
-@dataclass(frozen=True, slots=True)
-class _LedgerAt:
-    """The ledger of the instances of one shape and call order, by position in `fwd.device`: per
-    call its op, backend, kernel name ids and events; per overhead kind its count, its op chains
-    (shared: read only) and its events in the order their times add up."""
-
-    calls: tuple[tuple[str, str, tuple[int, ...], tuple[int, ...]], ...]
-    overhead: tuple[tuple[str, int, Counter, tuple[int, ...]], ...]
-
-    @classmethod
-    def of(cls, tree: OpTree, calls: list[Call], in_call: list[bool]) -> _LedgerAt:
-        """The ledger of `tree` (forward work only), whose calls these are."""
-        at_event = {e: i for i, e in enumerate(tree.fwd.device)}
-        name = tree.trace.device.name
-        units = overhead_units(tree, calls, in_call)
-        events: dict[str, list[int]] = {}
-        for unit in units:
-            events.setdefault(unit.kind, []).extend(tree.events(unit.root))
-        overhead = overhead_ledger(tree, units, {})
-        return cls(
-            tuple(
-                (c.op, c.backend, tuple(map(name.__getitem__, c.events)), tuple(map(at_event.__getitem__, c.events)))
-                for c in calls
-            ),
-            tuple(
-                (kind, item.count, item.chains, tuple(map(at_event.__getitem__, events[kind])))
-                for kind, item in overhead.items()
-            ),
-        )
-
-    def timed(self, tree: OpTree, gpu_time_us: float | None) -> ForwardLedger:
-        """The ledger of `tree`, an instance of this shape and call order, with its own times (added
-        up in the same order as `_facts` and `overhead_ledger` add them)."""
-        device, duration, names = tree.fwd.device, tree.trace.device.dur.__getitem__, tree.trace.names
-        calls = [
-            CallFacts(op, backend, "forward", kernel_ids, sum(map(duration, map(device.__getitem__, at))), None, names)
-            for op, backend, kernel_ids, at in self.calls
-        ]
-        overhead = {}
-        for kind, count, chains, at in self.overhead:
-            time_us = 0.0
-            for e in map(device.__getitem__, at):
-                time_us += duration(e)
-            overhead[kind] = Overhead(count, time_us, chains)
-        return ForwardLedger(calls, overhead, gpu_time_us, len(calls))
 
 
 @dataclass
