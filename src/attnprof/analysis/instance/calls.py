@@ -90,11 +90,11 @@ def kernel_backend(name: str) -> str | None:
     return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LedgerNames:
     """What the ledger tests of a trace's names, found once per trace (`index.TraceIndex.ledger`): op
     roles (`op_role`) and SDPA dispatch backends by op name id, fused-attention backends
-    (`kernel_backend`) by kernel name id."""
+    (`kernel_backend`) by kernel name id. Filled by `ledger_names`, then only read."""
 
     role: dict[int, str]
     sdpa_backend: dict[int, str]
