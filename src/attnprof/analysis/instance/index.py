@@ -11,7 +11,7 @@ fused-attention backends by name id).
 Caches, each filled by the first instance that needs an entry and read by the later ones (a training
 loop or a model repeats one instance: the 1M-event scale trace has 16,959 instances of 7 op
 sequences and 7 shapes). What each saves, measured as `forward_metrics`' CPU time over those
-instances (0.50 s with every cache; the whole `attnprof analyze` takes about 3.4 CPU s):
+instances (0.50 s with every cache; the whole `attnprof analyze` takes about 3.3 CPU s):
 
 - `op_facts`: per op-name sequence, what `forward_metrics` reads of the names alone (`OpFacts`: op
   counts, ledger roles, positions of the ops it looks at). Saves 0.14 s.
