@@ -4,8 +4,6 @@ attention-overhead findings."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from tracegen import (
     BF16,
@@ -21,13 +19,8 @@ from tracegen import (
     naive_forward,
 )
 
-from attnprof.analysis import analyze_trace, load_trace
-from attnprof.analysis.analyze import choose_region
-from attnprof.analysis.attribution.attribute import find_forwards
+from attnprof.analysis import analyze_trace
 from attnprof.analysis.findings.ledger import GPU_IDLE_SHARE, OVERHEAD_SHARE
-from attnprof.analysis.instance.ledger import forward_ledger
-from attnprof.analysis.instance.metrics import name_ids
-from attnprof.analysis.instance.optree import OpTree
 
 MAIN, AUTOGRAD = 4242, 5151
 FLEX = "triton_tem_fused_flex_attention_0"
@@ -367,23 +360,3 @@ def test_instances_of_one_shape_each_get_their_own_overhead_times():
     times = [m.attention.overhead["kv-repeat"].time_us for m in analysis.per_forward]
     assert times == [10.0, 20.0, 30.0]
     assert analysis.attention.to_dict()["overhead"][0]["time_us"] == 20.0
-
-
-REAL_TRACES = sorted((Path(__file__).parent / "data" / "h200").glob("**/*.json.gz"))
-
-
-@pytest.mark.parametrize("path", REAL_TRACES, ids=lambda p: str(p.relative_to(p.parents[2])))
-def test_the_ledger_of_a_shape_equals_the_one_found_for_each_instance_alone(path):
-    """On every real trace: each instance's ledger, timed from its shape's, equals the ledger found
-    for that instance alone (its own calls, overhead and backward work)."""
-    trace = load_trace(path)
-    region, _ = choose_region(trace)
-    attribution = find_forwards(trace, region)
-    if not attribution.device_traced:
-        pytest.skip("no device work in this trace")
-    ids = name_ids(trace)
-    op_name = trace.cpu_ops.name
-    for fwd in attribution.forwards:
-        op_names = list(map(op_name.__getitem__, fwd.ops))
-        tree = OpTree(trace, fwd, list(map(ids.ledger.role.get, op_names)), op_names)
-        assert forward_ledger(tree, ids.ledger, 1.0) == forward_ledger(tree, ids.ledger, 1.0, by_shape=False)

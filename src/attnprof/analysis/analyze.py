@@ -35,6 +35,7 @@ from attnprof.analysis.attribution.regions import choose_region
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
+from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.kernels import kernel_stats
 from attnprof.analysis.instance.ledger import AttentionLedger, summarize
 from attnprof.analysis.instance.metrics import (
@@ -42,9 +43,7 @@ from attnprof.analysis.instance.metrics import (
     ForwardMetrics,
     KernelStats,
     forward_metrics,
-    launch_api_summary,
     median_counts,
-    name_ids,
     normalize_dtype,
 )
 from attnprof.analysis.instance.phases import PHASES, instance_unit
@@ -218,13 +217,48 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
     if region is None:
         region, region_choice = choose_region(trace)
     attribution = find_forwards(trace, region)
-    ids = name_ids(trace)
-    per_forward = [forward_metrics(attribution, f, ids) for f in attribution.forwards]
-    n = len(per_forward)
-    if n == 0:  # find_forwards raises first; kept as a guard
+    index = TraceIndex(trace)  # this analysis's name facts and caches, passed down
+    per_forward = [forward_metrics(attribution, f, index) for f in attribution.forwards]
+    if not per_forward:  # find_forwards raises first; kept as a guard
         raise TraceError(f"region {region!r} has no forward in the trace")
-    traced = attribution.device_traced
+    hint = normalize_dtype(dtype)
+    if dtype is not None and hint is None:
+        raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
+    kernels = kernel_stats(attribution)
+    analysis = _summary(attribution, index, per_forward, kernels, region, region_choice)
+    inferred, inferred_from = _infer_dtype(attribution)
+    if inferred is None:
+        inferred, inferred_from = kernel_dtype(kernels)
+    analysis.input_dtype = hint or inferred
+    dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
+    analysis.findings = build_findings(
+        FindingContext(
+            per_forward=per_forward,
+            kernels=kernels,
+            dtype=analysis.input_dtype,
+            dtype_source=dtype_source,
+            cpu_time_us=analysis.cpu_time_us,
+            gpu_time_us=analysis.gpu_time_us,
+            cpu_work_us=median([m.cpu_work_us for m in per_forward]),
+            comm=analysis.comm,
+            attention=analysis.attention,
+            unit=instance_unit(analysis.phases),
+        )
+    )
+    return analysis
 
+
+def _summary(
+    attribution: Attribution,
+    index: TraceIndex,
+    per_forward: list[ForwardMetrics],
+    kernels: list[KernelStats],
+    region: str,
+    region_choice: str | None,
+) -> TraceAnalysis:
+    """The `TraceAnalysis` of the forwards, with its notes; no findings and no input dtype yet."""
+    trace = attribution.trace
+    traced = attribution.device_traced
     spreads: dict[str, dict[str, float]] = {}
 
     def counted(attr: str, key: str) -> int | None:
@@ -246,23 +280,12 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             spreads[key] = s
         return median(known)
 
-    kernels = kernel_stats(attribution)
-    hint = normalize_dtype(dtype)
-    if dtype is not None and hint is None:
-        raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
-    inferred, inferred_from = _infer_dtype(attribution)
-    if inferred is None:
-        inferred, inferred_from = kernel_dtype(kernels)
-    input_dtype = hint or inferred
-    dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
-
     cpu_time = timed("cpu_time_us", "cpu_time_us")
-    gpu_time = timed("gpu_time_us", "gpu_time_us") if traced else None
+    gpu_time = timed("gpu_time_us", "gpu_time_us") if traced else None  # the spreads' order: cpu, gpu, ...
     device_totals = [m.device_time_us for m in per_forward]
-    op_counts = median_counts([m.op_counts for m in per_forward])
     analysis = TraceAnalysis(
         region=region,
-        forwards=n,
+        forwards=len(per_forward),
         kernels_per_forward=counted("kernels", "kernels_per_forward"),
         memcpy_per_forward=counted("memcpy", "memcpy_per_forward"),
         memset_per_forward=counted("memset", "memset_per_forward"),
@@ -271,17 +294,17 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
         kernel_time_us=timed("kernel_time_us", "kernel_time_us") if traced else None,
         cpu_time_us=cpu_time if cpu_time is not None else 0.0,
         self_device_time_total_us=sum(device_totals) if traced else None,  # type: ignore[arg-type]
-        launch_apis=launch_api_summary(per_forward),
+        launch_apis=median_counts(index.launch_apis()),
         transposes_per_forward=counted("transposes", "transposes_per_forward") or 0,
         cpu_ops_per_forward=counted("cpu_ops", "cpu_ops_per_forward") or 0,
         kernels=kernels,
         findings=[],
         spread=spreads,
         device=_device_info(trace),
-        input_dtype=input_dtype,
+        input_dtype=None,
         annotation_mismatches=attribution.annotation_mismatches,
         notes=list(attribution.notes),
-        op_counts=op_counts,
+        op_counts=median_counts(index.op_counts()),
         per_forward=per_forward,
         region_choice=region_choice,
         phases=_phases(per_forward),
@@ -297,20 +320,6 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             f"{analysis.annotation_mismatches} device event(s) differ between the "
             f"gpu_user_annotation ranges of {region!r} and the correlated work"
         )
-    analysis.findings = build_findings(
-        FindingContext(
-            per_forward=per_forward,
-            kernels=kernels,
-            dtype=input_dtype,
-            dtype_source=dtype_source,
-            cpu_time_us=analysis.cpu_time_us,
-            gpu_time_us=gpu_time,
-            cpu_work_us=median([m.cpu_work_us for m in per_forward]),
-            comm=analysis.comm,
-            attention=analysis.attention,
-            unit=instance_unit(analysis.phases),
-        )
-    )
     return analysis
 
 

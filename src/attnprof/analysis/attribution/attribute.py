@@ -28,7 +28,7 @@ from attnprof.analysis.attribution.gpu_annotations import attach_gpu_annotations
 from attnprof.analysis.attribution.regions import STEP_PREFIX, missing_region_error, resolve_region
 from attnprof.analysis.attribution.timeline import Timelines, subtrees_and_innermost
 from attnprof.analysis.base import EPS
-from attnprof.analysis.trace.tables import ParsedTrace
+from attnprof.analysis.trace.tables import CpuTable, ParsedTrace
 from attnprof.errors import TraceError
 
 
@@ -38,7 +38,6 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
 
     Raises TraceError when the region is missing or none of its ranges lies in a profiled step.
     """
-    names = trace.names
     name_ids = resolve_region(trace, region)
     table = trace.annotations
     region_rows = [i for i, n in enumerate(table.name) if n in name_ids] if name_ids else []
@@ -48,42 +47,7 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     if not region_rows:
         raise missing_region_error(trace, region)
 
-    # Outermost ranges only (a region nested in itself is one forward).
-    region_rows.sort(key=lambda i: (table.thread[i], table.ts[i], -table.dur[i]))
-    outer: list[int] = []
-    for i in region_rows:
-        if outer:
-            last = outer[-1]
-            if (
-                table.thread[last] == table.thread[i]
-                and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS
-            ):
-                continue
-        outer.append(i)
-
-    step_ids = {i for i, n in enumerate(names) if n.startswith(STEP_PREFIX)}
-    ann = trace.annotations
-    steps = [i for i, n in enumerate(ann.name) if n in step_ids] if step_ids else []
-    if not steps and step_ids:  # older traces wrote ProfilerStep#N as a cpu_op
-        ann = trace.cpu_ops
-        steps = [i for i, n in enumerate(ann.name) if n in step_ids]
-    if steps and not name_ids <= step_ids:  # steps are their own step
-        steps.sort(key=lambda i: ann.ts[i])
-        step_starts = [ann.ts[i] for i in steps]
-        kept = []
-        for i in outer:
-            start, end = table.ts[i], table.ts[i] + table.dur[i]
-            # steps do not overlap: only the last one starting at or before the region can hold it
-            j = bisect_right(step_starts, start + EPS) - 1
-            if j >= 0 and ann.ts[steps[j]] + ann.dur[steps[j]] + EPS >= end:
-                kept.append(i)
-        if not kept:
-            raise TraceError(
-                f"region {region!r} appears {len(outer)} time(s) but never inside a "
-                "ProfilerStep#N range: no forward ran in the profiler's active steps",
-                hint="call prof.step() after each forward inside the profile() block",
-            )
-        outer = kept
+    outer = _in_steps(trace, table, _outermost(table, region_rows), name_ids, region)
     outer.sort(key=lambda i: table.ts[i])
 
     forwards = [
@@ -109,6 +73,52 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     return Attribution(
         trace=trace, forwards=forwards, device_traced=device_traced, has_gpu_annotations=has_gann, notes=notes
     )
+
+
+def _outermost(table: CpuTable, rows: list[int]) -> list[int]:
+    """The outermost of these region ranges (a region nested in itself is one forward), by thread
+    and start."""
+    rows.sort(key=lambda i: (table.thread[i], table.ts[i], -table.dur[i]))
+    outer: list[int] = []
+    for i in rows:
+        if outer:
+            last = outer[-1]
+            if (
+                table.thread[last] == table.thread[i]
+                and table.ts[i] + table.dur[i] <= table.ts[last] + table.dur[last] + EPS
+            ):
+                continue
+        outer.append(i)
+    return outer
+
+
+def _in_steps(trace: ParsedTrace, table: CpuTable, outer: list[int], name_ids: set[int], region: str) -> list[int]:
+    """The region ranges that lie in a profiled step (ProfilerStep#N), all of them when the trace has
+    no steps or the region is the steps themselves. Raises TraceError when none does."""
+    step_ids = {i for i, n in enumerate(trace.names) if n.startswith(STEP_PREFIX)}
+    ann = trace.annotations
+    steps = [i for i, n in enumerate(ann.name) if n in step_ids] if step_ids else []
+    if not steps and step_ids:  # older traces wrote ProfilerStep#N as a cpu_op
+        ann = trace.cpu_ops
+        steps = [i for i, n in enumerate(ann.name) if n in step_ids]
+    if not steps or name_ids <= step_ids:  # steps are their own step
+        return outer
+    steps.sort(key=lambda i: ann.ts[i])
+    step_starts = [ann.ts[i] for i in steps]
+    kept = []
+    for i in outer:
+        start, end = table.ts[i], table.ts[i] + table.dur[i]
+        # steps do not overlap: only the last one starting at or before the region can hold it
+        j = bisect_right(step_starts, start + EPS) - 1
+        if j >= 0 and ann.ts[steps[j]] + ann.dur[steps[j]] + EPS >= end:
+            kept.append(i)
+    if not kept:
+        raise TraceError(
+            f"region {region!r} appears {len(outer)} time(s) but never inside a "
+            "ProfilerStep#N range: no forward ran in the profiler's active steps",
+            hint="call prof.step() after each forward inside the profile() block",
+        )
+    return kept
 
 
 def _attach_ops_and_calls(

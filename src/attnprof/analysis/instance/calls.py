@@ -26,9 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import compress
-from typing import Any
 
 from attnprof.analysis.base import KERNEL
 from attnprof.analysis.instance.optree import OpTree
@@ -71,7 +69,6 @@ MAX_OPS_AFTER_SOFTMAX = 3
 ENGINE_PREFIX = "autograd::engine::evaluate_function: "
 
 
-@lru_cache(maxsize=8192)
 def op_role(name: str) -> str | None:
     """The role of an op, by its name: "sdpa", "matmul", "softmax", "container", or None for any other."""
     if name == SDPA_OP or name in SDPA_BACKEND_OPS:
@@ -85,7 +82,6 @@ def op_role(name: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=8192)
 def kernel_backend(name: str) -> str | None:
     """The backend of a fused-attention kernel outside SDPA (see `KERNEL_BACKENDS`); None for any other."""
     expl = explain_kernel(name)
@@ -94,17 +90,16 @@ def kernel_backend(name: str) -> str | None:
     return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LedgerNames:
-    """What the ledger tests of a trace's names, found once per trace: op roles (`op_role`) and
-    SDPA dispatch backends by op name id, fused-attention backends (`kernel_backend`) by kernel name id."""
+    """What the ledger tests of a trace's names, found once per trace (`index.TraceIndex.ledger`): op
+    roles (`op_role`) and SDPA dispatch backends by op name id, fused-attention backends
+    (`kernel_backend`) by kernel name id. Filled by `ledger_names`, then only read."""
 
     role: dict[int, str]
     sdpa_backend: dict[int, str]
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
-    # OpTree.shape -> the calls of instances of that shape, by position (see shape_calls)
-    calls_by_shape: dict[Any, ShapeCalls] = field(default_factory=dict, compare=False, repr=False)
 
 
 def ledger_names(trace: ParsedTrace) -> LedgerNames:
@@ -262,49 +257,37 @@ def _eager_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[
     return calls
 
 
-def find_calls(tree: OpTree, names: LedgerNames, shape: Any = None) -> tuple[list[Call], list[bool]]:
-    """The forward attention calls of one instance in launch order, and which op positions they
-    cover (shared by the instances of its shape: read it, never change it). `tree` carries the roles
-    of `names` (each op's `names.role`).
-
-    The recognisers run once per instance shape (`shape_calls`; `shape`: `tree.shape()`, when the
-    caller has it); every instance's calls are then placed from their positions, and ordered by
-    their own start times."""
-    found = shape_calls(tree, names, shape)
+def find_calls(tree: OpTree, found: ShapeCalls) -> list[Call]:
+    """The forward attention calls of one instance in launch order, placed from the calls of its
+    shape (`found`: `shape_calls` of an instance of the same `OpTree.shape()`) and ordered by their
+    own start times."""
     calls = [p.place(tree) for p in found.calls]
     if len(calls) > 1:
         calls.sort(key=lambda c: c.start)
-    return calls, found.in_call
+    return calls
 
 
 @dataclass(slots=True)
 class ShapeCalls:
     """The forward attention calls of the instances of one shape by position, in the order the
-    recognisers found them, and which op positions they cover; `ledgers` is the ledger's own record
-    of the shape (see `ledger.forward_ledger`). Shared by those instances: read it, never change it."""
+    recognisers found them, and which op positions they cover. Shared by those instances (see
+    `index.TraceIndex.shape_calls`): read it, never change it."""
 
     calls: list[CallAt]
     in_call: list[bool]
-    ledgers: dict[Any, Any] = field(default_factory=dict)
 
 
-def shape_calls(tree: OpTree, names: LedgerNames, shape: Any = None) -> ShapeCalls:
-    """The `ShapeCalls` of `tree`'s shape (`shape`: `tree.shape()`, when the caller has it). The
-    recognisers run on the first instance of each shape (`OpTree.shape`: a training loop or a model
-    repeats one shape every step)."""
-    if shape is None:
-        shape = tree.shape()
-    found = names.calls_by_shape.get(shape)
-    if found is None:
-        in_call = [False] * len(tree.order)
-        roles = tree.roles
-        calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
-        if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
-            calls += _kernel_calls(tree, names, in_call)
-        if "softmax" in roles:
-            calls += _eager_calls(tree, names, in_call)
-        found = names.calls_by_shape[shape] = ShapeCalls([CallAt.of(tree, c) for c in calls], in_call)
-    return found
+def shape_calls(tree: OpTree, names: LedgerNames) -> ShapeCalls:
+    """The `ShapeCalls` of `tree`, found by the three recognisers (see the module docstring). `tree`
+    carries the roles of `names` (each op's `names.role`)."""
+    in_call = [False] * len(tree.order)
+    roles = tree.roles
+    calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
+    if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
+        calls += _kernel_calls(tree, names, in_call)
+    if "softmax" in roles:
+        calls += _eager_calls(tree, names, in_call)
+    return ShapeCalls([CallAt.of(tree, c) for c in calls], in_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +330,12 @@ class CallAt:
         return Call(self.op, self.backend, events, ops, first, order[self.last] if self.last >= 0 else -1, start)
 
 
-def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[int, list[int]]]:
+def backward_calls(tree: OpTree, names: LedgerNames, calls: list[Call]) -> tuple[list[Call], dict[int, list[int]]]:
     """The backward work of the calls (see the module docstring), and the backward ops' work that no
     call claimed, by the forward op each is linked to (for the overhead ledger)."""
     trace = tree.trace
-    ops, names, dev = trace.cpu_ops, trace.names, trace.device
+    ops, op_names, dev = trace.cpu_ops, trace.names, trace.device
+    fused_backend = names.fused
     if not tree.backward:
         return [], {}
     seq_op = {ops.seq[o]: o for o in tree.order if ops.seq[o] >= 0}  # the latest op with each number
@@ -362,9 +346,9 @@ def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[in
     loose: list[Call] = []
     for top, events in tree.backward.items():
         linked = seq_op.get(ops.seq[top]) if top >= 0 and ops.seq[top] >= 0 else None
-        label = names[ops.name[top]].removeprefix(ENGINE_PREFIX) if top >= 0 else "backward"
+        label = op_names[ops.name[top]].removeprefix(ENGINE_PREFIX) if top >= 0 else "backward"
         k = call_of.get(linked) if linked is not None else None
-        fused = [e for e in events if dev.kind[e] == KERNEL and kernel_backend(names[dev.name[e]])]
+        fused = [e for e in events if dev.kind[e] == KERNEL and dev.name[e] in fused_backend]
         if k is None and linked is not None:
             inside = {call_of[o] for o in tree.subtree(linked) if o in call_of}
             if len(inside) == 1:
@@ -376,7 +360,7 @@ def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[in
             if label not in labels[k]:
                 labels[k].append(label)
         elif fused:
-            backend = _backward_backend(tree, fused)
+            backend = _backward_backend(tree, names, fused)
             loose.append(Call(label, backend, fused, start=trace.device.ts[fused[0]], phase="backward"))
         elif linked is not None:
             unclaimed.setdefault(linked, []).extend(events)
@@ -387,9 +371,8 @@ def backward_calls(tree: OpTree, calls: list[Call]) -> tuple[list[Call], dict[in
     return result + loose, unclaimed
 
 
-def _backward_backend(tree: OpTree, events: list[int]) -> str:
+def _backward_backend(tree: OpTree, names: LedgerNames, events: list[int]) -> str:
     """The backend of backward attention kernels: the SDPA backward op above them, else the kernels'."""
-    trace = tree.trace
     for e in events:
         call = tree.fwd.device_launch.get(e)
         op = tree.fwd.launch_op.get(call, -1) if call is not None else -1
@@ -398,4 +381,4 @@ def _backward_backend(tree: OpTree, events: list[int]) -> str:
             if backend:
                 return backend
             op = tree.fwd.op_parent.get(op, -1)  # backward ops are not in the tree
-    return kernel_backend(trace.names[trace.device.name[events[0]]]) or "fused"
+    return names.fused[tree.trace.device.name[events[0]]]

@@ -1,8 +1,8 @@
 """The attention ledger: the attention calls of each region instance and the overhead around them,
 summarised over the instances.
 
-Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, and
-the overhead that `attention_overhead` finds. Over the instances (`summarize`): counts are low
+Per instance (`ledger_layout`, then `LedgerLayout.timed`): the calls that `calls` finds, with their
+kernels and time, and the overhead that `overhead` finds. Over the instances (`summarize`): counts are low
 medians, times medians; the calls listed are those of the first instance that has the median number
 of calls, each with the median time of its position over the instances that ran the same calls.
 
@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.instance.calls import Call, LedgerNames, backward_calls, find_calls, shape_calls
+from attnprof.analysis.instance.calls import LedgerNames, ShapeCalls, backward_calls, find_calls
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 _time_us = attrgetter("time_us")
@@ -104,90 +103,66 @@ def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None
     return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
 
 
-def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
-    dev = trace.device
-    events = call.events
-    return CallFacts(
-        op=call.op,
-        backend=call.backend,
-        phase=call.phase,
-        kernel_ids=tuple(map(dev.name.__getitem__, events)),
-        time_us=sum(map(dev.dur.__getitem__, events)),
-        forward_call=call.forward_call,
-        names=trace.names,
-    )
-
-
-def forward_ledger(tree: OpTree, names: LedgerNames, gpu_time_us: float | None, by_shape: bool = True) -> ForwardLedger:
-    """The attention calls and overhead of one instance whose device work was traced (`tree`: its
-    ops, with the roles of `names`).
-
-    An instance with forward work only, whose calls each start at an op, is timed from the ledger
-    of its shape and call order (`_LedgerAt`), found on the first such instance: its calls and
-    overhead depend on nothing else. `by_shape=False` finds them for this instance alone (what the
-    shape's ledger equals)."""
-    if by_shape and not tree.backward:
-        shape = tree.shape()
-        found = shape_calls(tree, names, shape)
-        if all(c.first >= 0 for c in found.calls):
-            ts, order = tree.trace.cpu_ops.ts, tree.order
-            starts = [ts[order[c.first]] for c in found.calls]
-            rank = tuple(sorted(range(len(starts)), key=starts.__getitem__))  # find_calls' stable sort
-            at = found.ledgers.get(rank)
-            if at is None:
-                at = found.ledgers[rank] = _LedgerAt.of(tree, *find_calls(tree, names, shape))
-            return at.timed(tree, gpu_time_us)
-    calls, in_call = find_calls(tree, names)
-    backward, unclaimed = backward_calls(tree, calls)
-    overhead = overhead_ledger(tree, overhead_units(tree, calls, in_call), unclaimed)
-    return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
+#: A call by position in `fwd.device`: op, backend, phase, forward call, kernel name ids, event positions.
+_CallAt = tuple[str, str, str, int | None, tuple[int, ...], tuple[int, ...]]
+#: An overhead kind by position: kind, count, op chains with their counts, and the positions whose
+#: durations add up to its time, in that order (a tuple: a group of backward work, summed first).
+_OverheadAt = tuple[str, int, tuple[tuple[str, int], ...], tuple[int | tuple[int, ...], ...]]
 
 
 @dataclass(frozen=True, slots=True)
-class _LedgerAt:
-    """The ledger of the instances of one shape and call order, by position in `fwd.device`: per
-    call its op, backend, kernel name ids and events; per overhead kind its count, its op chains
-    (shared: read only) and its events in the order their times add up."""
+class LedgerLayout:
+    """The ledger of one instance without its times, by position in `fwd.device`: what `timed` adds
+    up. Instances of one shape and call order with forward work only have the same layout
+    (`index.TraceIndex.ledger_layout` finds it once for them)."""
 
-    calls: tuple[tuple[str, str, tuple[int, ...], tuple[int, ...]], ...]
-    overhead: tuple[tuple[str, int, Counter, tuple[int, ...]], ...]
-
-    @classmethod
-    def of(cls, tree: OpTree, calls: list[Call], in_call: list[bool]) -> _LedgerAt:
-        """The ledger of `tree` (forward work only), whose calls these are."""
-        at_event = {e: i for i, e in enumerate(tree.fwd.device)}
-        name = tree.trace.device.name
-        units = overhead_units(tree, calls, in_call)
-        events: dict[str, list[int]] = {}
-        for unit in units:
-            events.setdefault(unit.kind, []).extend(tree.events(unit.root))
-        overhead = overhead_ledger(tree, units, {})
-        return cls(
-            tuple(
-                (c.op, c.backend, tuple(map(name.__getitem__, c.events)), tuple(map(at_event.__getitem__, c.events)))
-                for c in calls
-            ),
-            tuple(
-                (kind, item.count, item.chains, tuple(map(at_event.__getitem__, events[kind])))
-                for kind, item in overhead.items()
-            ),
-        )
+    calls: tuple[_CallAt, ...]
+    forward_count: int
+    overhead: tuple[_OverheadAt, ...]
 
     def timed(self, tree: OpTree, gpu_time_us: float | None) -> ForwardLedger:
-        """The ledger of `tree`, an instance of this shape and call order, with its own times (added
-        up in the same order as `_facts` and `overhead_ledger` add them)."""
+        """The ledger of `tree` (an instance with this layout), with its own times."""
         device, duration, names = tree.fwd.device, tree.trace.device.dur.__getitem__, tree.trace.names
+        at = device.__getitem__
         calls = [
-            CallFacts(op, backend, "forward", kernel_ids, sum(map(duration, map(device.__getitem__, at))), None, names)
-            for op, backend, kernel_ids, at in self.calls
+            CallFacts(op, backend, phase, kernel_ids, sum(map(duration, map(at, where))), forward_call, names)
+            for op, backend, phase, forward_call, kernel_ids, where in self.calls
         ]
         overhead = {}
-        for kind, count, chains, at in self.overhead:
+        for kind, count, chains, work in self.overhead:
             time_us = 0.0
-            for e in map(device.__getitem__, at):
-                time_us += duration(e)
-            overhead[kind] = Overhead(count, time_us, chains)
-        return ForwardLedger(calls, overhead, gpu_time_us, len(calls))
+            for w in work:
+                time_us += duration(at(w)) if isinstance(w, int) else sum(map(duration, map(at, w)))
+            counted = Counter.__new__(Counter)  # this instance's own (see metrics._counter)
+            dict.update(counted, chains)
+            overhead[kind] = Overhead(count, time_us, counted)
+        return ForwardLedger(calls, overhead, gpu_time_us, self.forward_count)
+
+
+def ledger_layout(tree: OpTree, names: LedgerNames, found: ShapeCalls) -> LedgerLayout:
+    """The `LedgerLayout` of one instance whose device work was traced (`tree`: its ops, with the
+    roles of `names`; `found`: the calls of its shape): its forward calls, their backward work, and
+    the overhead around them."""
+    calls = find_calls(tree, found)
+    backward, unclaimed = backward_calls(tree, names, calls)
+    at_event = {e: i for i, e in enumerate(tree.fwd.device)}.__getitem__
+    name = tree.trace.device.name.__getitem__
+    return LedgerLayout(
+        tuple(
+            (c.op, c.backend, c.phase, c.forward_call, tuple(map(name, c.events)), tuple(map(at_event, c.events)))
+            for c in calls + backward
+        ),
+        len(calls),
+        tuple(
+            (
+                item.kind,
+                item.count,
+                tuple(item.chains.items()),
+                tuple(at_event(w) if isinstance(w, int) else tuple(map(at_event, w)) for w in item.work),
+            )
+            for item in overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
+        ),
+    )
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Per-forward metrics from an `Attribution`, and the `KernelStats` record (computed in `kernels`).
 
-Name tests are made once per trace (`name_ids`), not per op. Counts are summarised by the low
+Name tests are made once per analysis (`index.TraceIndex`), not per op. Counts are summarised by the low
 median over forwards (always a count some forward really had) and times by the median; `spread`
 holds min/max where forwards differ. Fields that the trace cannot give (GPU metrics of a CPU-only
 trace) are None, never 0.
@@ -8,7 +8,6 @@ trace) are None, never 0.
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,8 +17,10 @@ from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
 from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY, MEMSET
-from attnprof.analysis.instance.calls import LedgerNames, ledger_names
-from attnprof.analysis.instance.ledger import ForwardLedger, forward_ledger
+from attnprof.analysis.instance.index import MASK_OPS as MASK_OPS
+from attnprof.analysis.instance.index import SAFE_SOFTMAX as SAFE_SOFTMAX
+from attnprof.analysis.instance.index import OpFacts, TraceIndex, is_dtod
+from attnprof.analysis.instance.ledger import ForwardLedger
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.phases import (
     PhaseMetrics,
@@ -29,7 +30,7 @@ from attnprof.analysis.instance.phases import (
     cpu_work_us,
     phase_metrics,
 )
-from attnprof.analysis.instance.stalls import Stalls, forward_stalls, sync_name_ids
+from attnprof.analysis.instance.stalls import Stalls, forward_stalls
 from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median_count_of
@@ -66,11 +67,6 @@ DTYPE_ALIASES = {
 }
 SIXTEEN_BIT = frozenset({"bf16", "fp16"})
 SIXTEEN_BIT_INPUT_TYPES = frozenset({"c10::BFloat16", "c10::Half", "BFloat16", "Half"})
-#: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
-MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
-SAFE_SOFTMAX = "aten::_safe_softmax"
-_MASK_SET = frozenset(MASK_OPS)
-_MASK_NESTING = _MASK_SET | {SAFE_SOFTMAX}
 
 
 def normalize_dtype(value: str | None) -> str | None:
@@ -80,15 +76,12 @@ def normalize_dtype(value: str | None) -> str | None:
     return DTYPE_ALIASES.get(str(value).strip().lower())
 
 
-def _is_dtod(name: str) -> bool:
-    return "DtoD" in name or "Device -> Device" in name
-
-
 @dataclass(slots=True)
 class ForwardMetrics:
     """What one forward did. Device-side fields are None when the trace has no device events.
-    `launch_apis` and `op_counts` are shared by the forwards that made the same calls and ran the
-    same ops: read them, never change them."""
+    `launch_apis` and `op_counts` are the `TraceIndex`'s entries for its launch calls and its op
+    names, shared by the forwards that made the same calls and ran the same ops (the index counts
+    them): read them, never change them."""
 
     cpu_time_us: float
     launch_apis: Counter
@@ -150,7 +143,7 @@ class KernelStats:
     @property
     def is_dtod_memcpy(self) -> bool:
         """True for a device-to-device memcpy."""
-        return self.kind == KIND_NAMES[MEMCPY] and _is_dtod(self.name)
+        return self.kind == KIND_NAMES[MEMCPY] and is_dtod(self.name)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON fields (ordering and launch-op bookkeeping left out)."""
@@ -162,79 +155,12 @@ class KernelStats:
         return data
 
 
-@dataclass(frozen=True, slots=True)
-class NameIds:
-    """Facts of the trace's names that per-forward metrics test, found once per trace so that no
-    forward tests names as text."""
-
-    transpose: int  # the name id of aten::transpose (-1: none)
-    to_copy: int  # aten::_to_copy
-    safe_softmax: int  # SAFE_SOFTMAX
-    mask_nesting: frozenset[int]  # MASK_OPS and SAFE_SOFTMAX
-    dtod: frozenset[int]  # device-event names of device-to-device memcpys
-    device_end: Sequence[float]  # ts + dur of each device event
-    sync_calls: frozenset[int]  # runtime-call names that are host syncs (see stalls)
-    ledger: LedgerNames  # what the attention ledger tests
-    # op-name sequence -> its `_OpFacts`; launch-call names -> their counts by name (shared by the
-    # forwards that ran the same ops, the same launches)
-    op_facts: dict[tuple[int, ...], _OpFacts] = field(default_factory=dict, compare=False, repr=False)
-    launch_counts: dict[tuple[int, ...], Counter] = field(default_factory=dict, compare=False, repr=False)
-
-
 def _counter() -> Counter:
     """A new empty Counter, made without `Counter.__init__` (Python-level, several times slower)."""
     return Counter.__new__(Counter)
 
 
-@dataclass(frozen=True, slots=True)
-class _OpFacts:
-    """What `forward_metrics` reads of a forward's op names alone, shared by the forwards that ran
-    the same op names: the op counts by name, each op's ledger role, and the positions of the
-    named ops it looks at (empty where the name does not occur)."""
-
-    counts: Counter
-    roles: list[str | None]
-    transposes: list[int]
-    to_copy: list[int]
-    safe_softmax: list[int]
-    mask_ops: list[int]  # MASK_OPS (one may nest in another, or in the softmax)
-
-
-def _op_facts(names: Sequence[str], op_names: Sequence[int], ids: NameIds) -> _OpFacts:
-    counts = Counter(map(names.__getitem__, op_names))
-    positions = range(len(op_names))
-
-    def named(name: str, name_id: int) -> list[int]:  # the positions of the ops with this name
-        return list(compress(positions, map(name_id.__eq__, op_names))) if name in counts else []
-
-    mask_ids = ids.mask_nesting - {ids.safe_softmax}  # MASK_OPS
-    return _OpFacts(
-        counts,
-        list(map(ids.ledger.role.get, op_names)),
-        named("aten::transpose", ids.transpose),
-        named("aten::_to_copy", ids.to_copy),
-        named(SAFE_SOFTMAX, ids.safe_softmax),
-        list(compress(positions, map(mask_ids.__contains__, op_names))) if not _MASK_SET.isdisjoint(counts) else [],
-    )
-
-
-def name_ids(trace: ParsedTrace) -> NameIds:
-    """The `NameIds` of a trace."""
-    names, dev = trace.names, trace.device
-    ids = {names[n]: n for n in set(trace.cpu_ops.name)}
-    return NameIds(
-        transpose=ids.get("aten::transpose", -1),
-        to_copy=ids.get("aten::_to_copy", -1),
-        safe_softmax=ids.get(SAFE_SOFTMAX, -1),
-        mask_nesting=frozenset(ids[n] for n in _MASK_NESTING if n in ids),
-        dtod=frozenset(n for n in set(dev.name) if _is_dtod(names[n])),
-        device_end=array("d", map(add, dev.ts, dev.dur)),
-        sync_calls=sync_name_ids(trace),
-        ledger=ledger_names(trace),
-    )
-
-
-def _mask_roots(fwd: Forward, positions: list[int], op_name: Sequence[int], wanted: frozenset[int]) -> set[int]:
+def _mask_roots(fwd: Forward, positions: Sequence[int], op_name: Sequence[int], wanted: frozenset[int]) -> set[int]:
     """The ops at these positions of `fwd.ops` that no op with a name id in `wanted` encloses."""
     ops, roots = fwd.ops, set()
     for p in positions:
@@ -270,32 +196,23 @@ def _upcasts(trace: ParsedTrace, ops: list[int]) -> tuple[int, bool]:
     return count, typed
 
 
-def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None = None) -> ForwardMetrics:
-    """Counts, times and the op facts that findings read, for one forward. `ids`: the trace's
-    `name_ids`, computed once by a caller that runs this on many forwards."""
+def forward_metrics(attribution: Attribution, fwd: Forward, index: TraceIndex) -> ForwardMetrics:
+    """Counts, times and the op facts that findings read, for one forward. `index`: the analysis's
+    `TraceIndex` (each forward is looked up in it once)."""
     trace = attribution.trace
-    ids = name_ids(trace) if ids is None else ids
-    names, dev, ops, rt_name = trace.names, trace.device, trace.cpu_ops, trace.runtime.name
-    op_name = ops.name
-    op_list = fwd.ops
+    names, op_name, op_list = trace.names, trace.cpu_ops.name, fwd.ops
     key = tuple(
         op_name[op_list.start : op_list.stop] if isinstance(op_list, range) else map(op_name.__getitem__, op_list)
     )
-    facts = ids.op_facts.get(key)
-    if facts is None:
-        facts = ids.op_facts[key] = _op_facts(names, key, ids)
-    launch_key = tuple(map(rt_name.__getitem__, fwd.launches))
-    launch_apis = ids.launch_counts.get(launch_key)
-    if launch_apis is None:
-        launch_apis = ids.launch_counts[launch_key] = Counter(map(names.__getitem__, launch_key))
+    facts = index.op_facts(key)
     transposes = list(map(op_list.__getitem__, facts.transposes))
-    mask_roots = _mask_roots(fwd, facts.mask_ops, op_name, ids.mask_nesting) if facts.mask_ops else set()
+    mask_roots = _mask_roots(fwd, facts.mask_ops, op_name, index.mask_nesting) if facts.mask_ops else set()
     upcasts, upcast_types_known = (
         _upcasts(trace, list(map(op_list.__getitem__, facts.to_copy))) if facts.to_copy else (0, False)
     )
     metrics = ForwardMetrics(
         cpu_time_us=fwd.cpu_time_us,
-        launch_apis=launch_apis,
+        launch_apis=index.launch_counts(tuple(map(trace.runtime.name.__getitem__, fwd.launches))),
         transposes=len(transposes),
         cpu_ops=len(fwd.ops),
         op_counts=facts.counts,
@@ -305,19 +222,28 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
         backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
-    if not attribution.device_traced:
-        return metrics
-    tree = OpTree(trace, fwd, facts.roles, key)
-    device = fwd.device
+    if attribution.device_traced:
+        tree = OpTree(trace, fwd, facts.roles, key)
+        _device_metrics(metrics, tree, index)
+        _op_device_metrics(metrics, tree, facts, transposes, mask_roots)
+        metrics.attention = index.ledger_layout(tree).timed(tree, metrics.gpu_time_us)
+        metrics.stalls = forward_stalls(trace, fwd, tree.roots, index.device_end, index.sync_calls)
+    return metrics
+
+
+def _device_metrics(metrics: ForwardMetrics, tree: OpTree, index: TraceIndex) -> None:
+    """Fill the device-side counts and times of `metrics` and its phases, from the forward's device work."""
+    trace, fwd = tree.trace, tree.fwd
+    dev, device = trace.device, fwd.device
     kinds = list(map(dev.kind.__getitem__, device))
     metrics.kernels, metrics.memcpy, metrics.memset = kinds.count(KERNEL), kinds.count(MEMCPY), kinds.count(MEMSET)
     metrics.dtod_memcpy = (
-        sum(1 for e, kind in zip(device, kinds, strict=True) if kind == MEMCPY and dev.name[e] in ids.dtod)
+        sum(1 for e, kind in zip(device, kinds, strict=True) if kind == MEMCPY and dev.name[e] in index.dtod)
         if metrics.memcpy
         else 0
     )
     if device:
-        metrics.gpu_time_us = max(map(ids.device_end.__getitem__, device)) - min(map(dev.ts.__getitem__, device))
+        metrics.gpu_time_us = max(map(index.device_end.__getitem__, device)) - min(map(dev.ts.__getitem__, device))
     if fwd.gpu_annotations:
         gann, annotations = trace.gpu_annotations, fwd.gpu_annotations
         if len(annotations) == 1:
@@ -333,19 +259,6 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
         if metrics.kernels == len(device)
         else sum(compress(durations, map(KERNEL.__eq__, kinds)))
     )
-    if transposes:  # those that launched nothing, not even inside them
-        launch_ops = set(map(fwd.launch_op.get, fwd.launches))
-        metadata = [i for i in transposes if launch_ops.isdisjoint(tree.subtree(i))]
-    else:
-        metadata = []
-    metrics.metadata_transposes = len(metadata)
-    for i in metadata:
-        parent = tree.parent(i)
-        metrics.metadata_transpose_parents[names[ops.name[parent]] if parent >= 0 else "the region itself"] += 1
-    metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
-    metrics.safe_softmax_kernels = (
-        _kernels_under(tree, list(map(op_list.__getitem__, facts.safe_softmax))) if facts.safe_softmax else []
-    )
     if fwd.backward_device:
         metrics.phases = phase_metrics(trace, fwd)
         metrics.backward_roles = backward_roles(trace, fwd)
@@ -356,20 +269,32 @@ def forward_metrics(attribution: Attribution, fwd: Forward, ids: NameIds | None 
             ),
             "backward": PhaseMetrics(),
         }
-    metrics.attention = forward_ledger(tree, ids.ledger, metrics.gpu_time_us)
-    metrics.stalls = forward_stalls(trace, fwd, tree.roots, ids.device_end, ids.sync_calls)
-    return metrics
 
 
-def launch_api_summary(per_forward: list[ForwardMetrics]) -> dict[str, int]:
-    """Launch calls per forward by API name (the low median over forwards), APIs sorted by name."""
-    return median_counts([m.launch_apis for m in per_forward])
+def _op_device_metrics(
+    metrics: ForwardMetrics, tree: OpTree, facts: OpFacts, transposes: list[int], mask_roots: set[int]
+) -> None:
+    """Fill what `metrics` says of named ops' device work: transposes that launched nothing (and
+    their parents), the kernels of the mask ops and of aten::_safe_softmax."""
+    fwd, names, op_name = tree.fwd, tree.trace.names, tree.trace.cpu_ops.name
+    if transposes:  # those that launched nothing, not even inside them
+        launch_ops = set(map(fwd.launch_op.get, fwd.launches))
+        metadata = [i for i in transposes if launch_ops.isdisjoint(tree.subtree(i))]
+    else:
+        metadata = []
+    metrics.metadata_transposes = len(metadata)
+    for i in metadata:
+        parent = tree.parent(i)
+        metrics.metadata_transpose_parents[names[op_name[parent]] if parent >= 0 else "the region itself"] += 1
+    metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
+    metrics.safe_softmax_kernels = (
+        _kernels_under(tree, list(map(fwd.ops.__getitem__, facts.safe_softmax))) if facts.safe_softmax else []
+    )
 
 
-def median_counts(counters: list[Counter]) -> dict[str, int]:
-    """Per key of any of the counters, sorted: the low median of its count over all of them. A
-    counter that several forwards share (see `ForwardMetrics`) is read once, with its multiplicity."""
-    times = Counter(map(id, counters))
-    distinct = dict(zip(map(id, counters), counters, strict=True))
-    keys = sorted(set().union(*distinct.values()))
-    return {key: median_count_of((c.get(key, 0), times[i]) for i, c in distinct.items()) for key in keys}
+def median_counts(counts: Iterable[tuple[Counter, int]]) -> dict[str, int]:
+    """Per key of any of the counters, sorted: the low median of its count over the instances, from
+    each distinct counter with how many instances had it (`TraceIndex.op_counts`, `launch_apis`)."""
+    pairs = list(counts)
+    keys = sorted(set().union(*(c for c, _ in pairs)))
+    return {key: median_count_of((c.get(key, 0), n) for c, n in pairs) for key in keys}

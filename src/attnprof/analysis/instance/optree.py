@@ -20,10 +20,10 @@ from attnprof.analysis.trace.tables import ParsedTrace
 
 class OpTree:
     """The forward ops of `fwd` with their device work (see the module docstring). `op_names` is the
-    name id of each op of `fwd.ops` and `roles` its role (see `attention.op_role`; None: none); both
-    may be shared with other instances, and are only read."""
+    name id of each op of `fwd.ops` and `roles` its role (see `calls.op_role`; None: none); both
+    may be shared with other instances (see `index.OpFacts`), and are only read."""
 
-    def __init__(self, trace: ParsedTrace, fwd: Forward, roles: list[str | None], op_names: Sequence[int]) -> None:
+    def __init__(self, trace: ParsedTrace, fwd: Forward, roles: Sequence[str | None], op_names: Sequence[int]) -> None:
         self.trace, self.fwd = trace, fwd
         order = self.order = fwd.ops
         n = len(order)
@@ -77,7 +77,7 @@ class OpTree:
         """Everything about the instance that its attention calls depend on, by position and name id:
         its op names and nesting, and per device event its launching op's position (-1: none, -2: a
         backward event), name and kind. Instances of one shape have the same calls, at the same
-        positions (`attention.find_calls` finds them once per shape)."""
+        positions (`index.TraceIndex.shape_calls` finds them once per shape)."""
         fwd, dev = self.fwd, self.trace.device
         backward = fwd.backward_device
         where = self._where

@@ -1,0 +1,174 @@
+"""`TraceIndex`: what the per-instance measures of one analysis look up, found once, and the caches
+that instances of one kind share. `analyze` creates one per analysis, after attribution, and passes
+it down; it lives and dies with that run.
+
+Name facts, found once per trace so that no instance tests a name as text: the name ids of the ops
+that per-forward metrics count (`transpose`, `to_copy`, `safe_softmax`, `mask_nesting`), of the
+device-to-device memcpys (`dtod`), of the runtime calls that are host syncs (`sync_calls`), each
+device event's end (`device_end`) and what the attention ledger tests (`ledger`: op roles, SDPA and
+fused-attention backends by name id).
+
+Caches, each filled by the first instance that needs an entry and read by the later ones (a training
+loop or a model repeats one instance: the 1M-event scale trace has 16,959 instances of 7 op
+sequences and 7 shapes). What each saves, measured as `forward_metrics`' CPU time over those
+instances (0.50 s with every cache; the whole `attnprof analyze` takes about 3.3 CPU s):
+
+- `op_facts`: per op-name sequence, what `forward_metrics` reads of the names alone (`OpFacts`: op
+  counts, ledger roles, positions of the ops it looks at). Saves 0.14 s.
+- `launch_counts`: per launch-call name sequence, the launch calls by API name. Saves 0.05 s.
+- `shape_calls`: per `OpTree.shape()`, the attention calls the recognisers found
+  (`calls.ShapeCalls`). Saves 0.32 s.
+- `ledger_layout`: per shape and call order, for instances with forward work only, the attention
+  ledger without its times (`ledger.LedgerLayout`: calls, overhead and its op chains by position);
+  each instance adds up its own times from it, the one way every ledger is timed. Saves 0.23 s.
+
+An entry is shared by the instances that read it and never changed once made. `op_facts` and
+`launch_counts` count the instances that read each entry (`forwards`): the medians over instances
+take each entry with that multiplicity (`op_counts`, `launch_apis`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import add
+from typing import Any
+
+from attnprof.analysis.instance.calls import LedgerNames, ShapeCalls, ledger_names, shape_calls
+from attnprof.analysis.instance.ledger import LedgerLayout, ledger_layout
+from attnprof.analysis.instance.optree import OpTree
+from attnprof.analysis.instance.stalls import sync_name_ids
+from attnprof.analysis.trace.tables import ParsedTrace
+
+#: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
+MASK_OPS = ("aten::ones", "aten::tril", "aten::triu", "aten::scalar_tensor", "aten::where")
+SAFE_SOFTMAX = "aten::_safe_softmax"
+_MASK_SET = frozenset(MASK_OPS)
+_MASK_NESTING = _MASK_SET | {SAFE_SOFTMAX}
+
+
+def is_dtod(name: str) -> bool:
+    """True for the name of a device-to-device memcpy."""
+    return "DtoD" in name or "Device -> Device" in name
+
+
+@dataclass(slots=True)
+class OpFacts:
+    """What `forward_metrics` reads of an instance's op names alone: the op counts by name, each
+    op's ledger role, and the positions of the named ops it looks at (empty where the name does not
+    occur). Shared by the instances that ran the same op names: read it, never change it;
+    `forwards` is how many did (the index counts them)."""
+
+    counts: Counter
+    roles: tuple[str | None, ...]
+    transposes: tuple[int, ...]
+    to_copy: tuple[int, ...]
+    safe_softmax: tuple[int, ...]
+    mask_ops: tuple[int, ...]  # MASK_OPS (one may nest in another, or in the softmax)
+    forwards: int = 0
+
+
+@dataclass(slots=True)
+class LaunchCounts:
+    """The launch calls of the instances that made the same calls, by API name (read it, never
+    change it); `forwards` is how many instances did."""
+
+    counts: Counter
+    forwards: int = 0
+
+
+class TraceIndex:
+    """The name facts and caches of one analysis of `trace` (see the module docstring)."""
+
+    def __init__(self, trace: ParsedTrace) -> None:
+        self.trace = trace
+        names, dev = trace.names, trace.device
+        ids = {names[n]: n for n in set(trace.cpu_ops.name)}
+        self.transpose: int = ids.get("aten::transpose", -1)  # -1: no such op in the trace
+        self.to_copy: int = ids.get("aten::_to_copy", -1)
+        self.safe_softmax: int = ids.get(SAFE_SOFTMAX, -1)
+        self.mask_nesting: frozenset[int] = frozenset(ids[n] for n in _MASK_NESTING if n in ids)
+        self.mask_ops: frozenset[int] = self.mask_nesting - {self.safe_softmax}  # MASK_OPS
+        self.dtod: frozenset[int] = frozenset(n for n in set(dev.name) if is_dtod(names[n]))
+        self.device_end: Sequence[float] = array("d", map(add, dev.ts, dev.dur))  # ts + dur of each device event
+        self.sync_calls: frozenset[int] = sync_name_ids(trace)
+        self.ledger: LedgerNames = ledger_names(trace)
+        # the caches (see the module docstring), by op-name ids, launch-name ids, OpTree.shape()
+        self._op_facts: dict[tuple[int, ...], OpFacts] = {}
+        self._launch_counts: dict[tuple[int, ...], LaunchCounts] = {}
+        self._shape_calls: dict[Any, ShapeCalls] = {}
+        self._ledger_layouts: dict[tuple[Any, tuple[int, ...]], LedgerLayout] = {}
+
+    def op_facts(self, op_names: tuple[int, ...]) -> OpFacts:
+        """The `OpFacts` of an instance whose ops have these name ids; counts it as one more instance
+        (call it once per instance)."""
+        facts = self._op_facts.get(op_names)
+        if facts is None:
+            facts = self._op_facts[op_names] = self._new_op_facts(op_names)
+        facts.forwards += 1
+        return facts
+
+    def _new_op_facts(self, op_names: tuple[int, ...]) -> OpFacts:
+        counts = Counter(map(self.trace.names.__getitem__, op_names))
+        positions = range(len(op_names))
+
+        def named(name: str, name_id: int) -> tuple[int, ...]:  # the positions of the ops with this name
+            return tuple(compress(positions, map(name_id.__eq__, op_names))) if name in counts else ()
+
+        mask_ops = self.mask_ops
+        masks = () if _MASK_SET.isdisjoint(counts) else tuple(compress(positions, map(mask_ops.__contains__, op_names)))
+        return OpFacts(
+            counts,
+            tuple(map(self.ledger.role.get, op_names)),
+            named("aten::transpose", self.transpose),
+            named("aten::_to_copy", self.to_copy),
+            named(SAFE_SOFTMAX, self.safe_softmax),
+            masks,
+        )
+
+    def launch_counts(self, call_names: tuple[int, ...]) -> Counter:
+        """The launch calls by API name of an instance whose launch calls have these name ids (shared:
+        read it, never change it); counts it as one more instance (call it once per instance)."""
+        found = self._launch_counts.get(call_names)
+        if found is None:
+            names = self.trace.names
+            found = self._launch_counts[call_names] = LaunchCounts(Counter(map(names.__getitem__, call_names)))
+        found.forwards += 1
+        return found.counts
+
+    def shape_calls(self, tree: OpTree, shape: Any = None) -> ShapeCalls:
+        """The attention calls of `tree`'s shape by position (`calls.shape_calls`, run on the first
+        instance of each shape; `shape`: `tree.shape()`, when the caller has it)."""
+        if shape is None:
+            shape = tree.shape()
+        found = self._shape_calls.get(shape)
+        if found is None:
+            found = self._shape_calls[shape] = shape_calls(tree, self.ledger)
+        return found
+
+    def ledger_layout(self, tree: OpTree) -> LedgerLayout:
+        """The `ledger.LedgerLayout` of `tree`. An instance with forward work only, whose calls each
+        start at an op, shares it with the instances of its shape and call order (found on the first
+        of them): its calls and overhead depend on nothing else. Any other instance gets its own."""
+        shape = tree.shape()
+        found = self.shape_calls(tree, shape)
+        if tree.backward or not all(c.first >= 0 for c in found.calls):
+            return ledger_layout(tree, self.ledger, found)
+        ts, order = tree.trace.cpu_ops.ts, tree.order
+        starts = [ts[order[c.first]] for c in found.calls]
+        key = (shape, tuple(sorted(range(len(starts)), key=starts.__getitem__)))  # find_calls' stable sort
+        layout = self._ledger_layouts.get(key)
+        if layout is None:
+            layout = self._ledger_layouts[key] = ledger_layout(tree, self.ledger, found)
+        return layout
+
+    def op_counts(self) -> list[tuple[Counter, int]]:
+        """The op counts by name of the instances seen, each distinct one with how many instances had it."""
+        return [(facts.counts, facts.forwards) for facts in self._op_facts.values()]
+
+    def launch_apis(self) -> list[tuple[Counter, int]]:
+        """The launch calls by API name of the instances seen, each distinct one with how many had it."""
+        return [(found.counts, found.forwards) for found in self._launch_counts.values()]
