@@ -42,6 +42,7 @@ from attnprof.pipeline.resume import (
 )
 from attnprof.pipeline.run import Cell, RunFolder, RunOutcome, open_run_folder, rows_exit_code
 from attnprof.pipeline.sharding import Split, cell_cost, cell_name, split_cells
+from attnprof.pipeline.sweep import chain_key
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Placement
 
@@ -56,8 +57,9 @@ T = TypeVar("T")
 @dataclass
 class Job:
     """What every rank runs: the whole plan (`cells`), the rows kept from the run it resumes
-    (`previous`), whether a single process streams its rows, the split's `keep_together` key, and
-    whether a row that ran out of memory fails the run (not in a sweep)."""
+    (`previous`), and whether it is a sweep (`pipeline.engine` runs each dtype's cells under the OOM rule;
+    a single process streams its rows; a chain of growing sequence lengths stays on one rank; a row that
+    ran out of memory does not fail the run)."""
 
     command: str
     config: Config
@@ -66,9 +68,17 @@ class Job:
     cells: list[Cell]
     previous: ResultsFile | None = None
     kept: list[dict[str, Any]] = field(default_factory=list)
-    stream_alone: bool = False
-    keep_together: Callable[[Variant, RunSpec], Hashable] | None = None
-    out_of_memory_fails: bool = True
+    sweep: bool = False
+
+    @property
+    def keep_together(self) -> Callable[[Variant, RunSpec], Hashable] | None:
+        """The split's key of cells that stay on one rank: a sweep's chain (the OOM rule follows it)."""
+        return (lambda variant, spec: chain_key(variant.name, spec)) if self.sweep else None
+
+    @property
+    def out_of_memory_fails(self) -> bool:
+        """Whether a row that ran out of memory fails the run (not in a sweep)."""
+        return not self.sweep
 
 
 @dataclass
@@ -140,7 +150,7 @@ def run_sharded(
     mine = collective + split.shards[rank]
     trace_dir = folder.traces if group is None else folder.traces / f"rank{rank}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    streams = _stream_paths(folder, group, job.stream_alone)
+    streams = _stream_paths(folder, group, job.sweep)
     environment = collect_environment(job.device)
     stream = None
     if streams:
