@@ -7,8 +7,8 @@ one process times the same forward five ways:
   attnprof        time_forward default: eager, CUDA events per call, L2 not flushed
   graph           independent: triton.testing.do_bench_cudagraph(fn, rep=25, median): many
                   calls in one CUDA graph, 10 replays -> compared with attnprof-graph
-  attnprof-graph  time_forward(cuda_graph=True)
-  attnprof-flush  time_forward(flush_l2=True)
+  attnprof-graph  time_forward(..., TimingOptions(cuda_graph=True))
+  attnprof-flush  time_forward(..., TimingOptions(flush_l2=True))
   do_bench        triton.testing.do_bench(fn, rep=250, median) (flushes L2 itself)
                                                               -> compared with attnprof-flush
 

@@ -1,5 +1,5 @@
-"""A run whose rows come from more than one place: the ranks of a torchrun group, an earlier run it
-resumes, or both; and every `sweep`, which streams its rows as they finish.
+"""Where a run's cells run and its rows go: the ranks of a torchrun group, an earlier run it resumes, or
+this one process alone; every job of the engine (`pipeline.engine.run_job`) comes through here.
 
 Every rank runs `run_sharded` with the same `Job`:
 
@@ -9,7 +9,8 @@ Every rank runs `run_sharded` with the same `Job`:
 3. the cells without a kept row are shared out: collective cells (`Variant.collective`: one forward
    across all ranks) run first, on every rank together; the others are split by estimated cost
    (`pipeline.sharding`), cells with one `keep_together` key on one rank (a sweep's chain of growing
-   sequence lengths), and each rank runs its share (`RunShare`) on its own GPU, its traces in
+   sequence lengths), and each rank runs its share (`RunShare`: the engine's `run_share`) on its own GPU,
+   its traces in
    `traces/rank{R}/`;
 4. each rank appends every finished row to its own stream, `results.rank{R}.jsonl` (rank 0's starts
    with the kept rows), so a rank that dies loses only the cell it was running (`--resume` redoes
@@ -18,8 +19,9 @@ Every rank runs `run_sharded` with the same `Job`:
    the plan's order with their speed-ups computed over all of them; every row names its rank, host
    and GPU, and the document's `distributed` section each rank's share.
 
-A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` when
-the job says so (`sweep`); `compare` comes here alone only to resume.
+A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` in a
+sweep; it writes the same `results.json` and `results.csv` (with `resumed_from` null when it resumes
+nothing).
 """
 
 from __future__ import annotations
