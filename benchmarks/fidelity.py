@@ -7,8 +7,8 @@ one process times the same forward five ways:
   attnprof        time_forward default: eager, CUDA events per call, L2 not flushed
   graph           independent: triton.testing.do_bench_cudagraph(fn, rep=25, median): many
                   calls in one CUDA graph, 10 replays -> compared with attnprof-graph
-  attnprof-graph  time_forward(cuda_graph=True)
-  attnprof-flush  time_forward(flush_l2=True)
+  attnprof-graph  time_forward(..., TimingOptions(cuda_graph=True))
+  attnprof-flush  time_forward(..., TimingOptions(flush_l2=True))
   do_bench        triton.testing.do_bench(fn, rep=250, median) (flushes L2 itself)
                                                               -> compared with attnprof-flush
 
@@ -104,7 +104,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int, graphs: bool =
     every round, so drift in the GPU's clock hits both sides); medians of the rounds, the
     per-round values, and each timing's (start, end) windows for the clock log. Without `graphs`
     the two CUDA-graph timings are left out (None)."""
-    from attnprof.profiling.timing import time_forward
+    from attnprof.profiling.timing import TimingOptions, time_forward
 
     values: dict[str, list[float | None]] = {key: [] for key in TIMINGS}
     windows: dict[str, list[tuple[float, float]]] = {key: [] for key in TIMINGS}
@@ -117,7 +117,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int, graphs: bool =
 
     def attnprof_graph() -> float | None:
         nonlocal graph_method
-        t = time_forward(fn, device, cuda_graph=True)
+        t = time_forward(fn, device, TimingOptions(cuda_graph=True))
         graph_method = t.method
         return t.median_us if t.cuda_graph else None
 
@@ -125,7 +125,7 @@ def timed_rounds(fn: Callable[[], Any], device: str, rounds: int, graphs: bool =
         "attnprof": lambda: time_forward(fn, device).median_us,
         "graph": lambda: graph_time_us(fn),
         "attnprof_graph": attnprof_graph,
-        "attnprof_flush": lambda: time_forward(fn, device, flush_l2=True).median_us,
+        "attnprof_flush": lambda: time_forward(fn, device, TimingOptions(flush_l2=True)).median_us,
         "do_bench": lambda: do_bench_us(fn),
     }
     for i in range(rounds):

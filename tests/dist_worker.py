@@ -17,7 +17,7 @@ from attnprof.errors import ConfigError
 from attnprof.pipeline import distributed
 from attnprof.profiling.correctness import check_against_reference
 from attnprof.profiling.inputs import make_inputs
-from attnprof.profiling.timing import time_forward
+from attnprof.profiling.timing import TimingOptions, time_forward
 from attnprof.registry import RunSpec
 from attnprof.variants.context_parallel import TorchCpState, check_ring, ring_rows, torch_rows
 from attnprof.variants.ring import RingState, ring_forward
@@ -113,7 +113,7 @@ def timing_checks(group: distributed.Group) -> dict:
         time.sleep(0.0005 * (1 + 3 * rank))
         torch.distributed.all_reduce(partner)
 
-    timing = time_forward(forward, "cpu", min_time_s=0.02, warmup_s=0.2, agree=group.agree_max)
+    timing = time_forward(forward, "cpu", TimingOptions(min_time_s=0.02, warmup_s=0.2), agree=group.agree_max)
     return {"reps": timing.reps, "warmup_reps": timing.warmup_reps}
 
 

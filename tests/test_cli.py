@@ -344,16 +344,16 @@ def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> No
 
 
 def test_no_clocks_reaches_the_runner(cli, write_config, monkeypatch) -> None:
-    from attnprof import pipeline
+    from attnprof.pipeline import engine
 
     seen = []
-    real = pipeline.run_cells
+    real = engine.run_cells
 
     def spy(cells, config, measure, *args, **kwargs):
         seen.append(measure.clocks)
         return real(cells, config, measure, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "run_cells", spy)
+    monkeypatch.setattr(engine, "run_cells", spy)
     config = str(write_config(variants=["inplace"]))
     assert cli("compare", config, *FAST).exit_code == 0
     assert cli("run", "--variant", "inplace", "--config", config, "--no-clocks", *FAST).exit_code == 0

@@ -32,7 +32,8 @@ def test_rounds_interleave_and_flip_each_pair(monkeypatch):
         def __init__(self, us, graph=False):
             self.median_us, self.cuda_graph, self.method = us, graph, "m"
 
-    def fake_time_forward(fn, device, cuda_graph=False, flush_l2=False):
+    def fake_time_forward(fn, device, options=None):
+        cuda_graph, flush_l2 = (options.cuda_graph, options.flush_l2) if options else (False, False)
         key = "attnprof_graph" if cuda_graph else "attnprof_flush" if flush_l2 else "attnprof"
         calls.append(key)
         return T({"attnprof": 10.0, "attnprof_graph": 5.0, "attnprof_flush": 7.0}[key] + len(calls), graph=cuda_graph)
@@ -63,8 +64,8 @@ def test_backward_rounds_leave_the_graph_timings_out(monkeypatch):
     class T:
         median_us, cuda_graph, method = 10.0, False, "m"
 
-    monkeypatch.setattr(timing, "time_forward", lambda fn, device, cuda_graph=False, flush_l2=False: calls.append(
-        "flush" if flush_l2 else "graph?" if cuda_graph else "attnprof") or T())
+    monkeypatch.setattr(timing, "time_forward", lambda fn, device, options=None: calls.append(
+        "attnprof" if options is None else "flush" if options.flush_l2 else "graph?") or T())
     monkeypatch.setattr(fidelity, "graph_time_us", lambda fn: calls.append("graph") or 4.0)
     monkeypatch.setattr(fidelity, "do_bench_us", lambda fn: calls.append("do_bench") or 10.2)
     out = fidelity.timed_rounds(lambda: None, "cuda:0", 2, graphs=False)

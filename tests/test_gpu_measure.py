@@ -14,7 +14,7 @@ from attnprof.profiling.cuda_graphs import capture_graph, event_time_s, flush_bu
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
-from attnprof.profiling.timing import time_forward
+from attnprof.profiling.timing import TimingOptions, time_forward
 from attnprof.registry import RunSpec, Variant
 
 pytestmark = [
@@ -34,7 +34,7 @@ def sdpa_fn(b=4, h=16, s=2048, d=128, dtype="bf16"):
 
 def test_eager_timing_is_sane_for_a_matmul():
     a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
-    t = time_forward(lambda: a @ a, DEV, **QUICK)
+    t = time_forward(lambda: a @ a, DEV, TimingOptions(**QUICK))
     tflops = 2 * 4096 ** 3 / (t.median_us * 1e-6) / 1e12
     assert 50 < tflops < 2000
     assert "CUDA events per call" in t.method and not t.cuda_graph
@@ -44,28 +44,28 @@ def test_eager_timing_is_sane_for_a_matmul():
 
 def test_tiny_and_huge_calls_get_time_based_reps():
     x = torch.ones(16, device=DEV)
-    tiny = time_forward(lambda: x + 1, DEV, min_time_s=0.05, max_reps=500)
+    tiny = time_forward(lambda: x + 1, DEV, TimingOptions(min_time_s=0.05, max_reps=500))
     assert tiny.reps == 500  # a few µs a call: capped
     big = torch.randn(8192, 8192, device=DEV, dtype=torch.float32)
-    huge = time_forward(lambda: big @ big, DEV, min_time_s=0.01, min_reps=5, warmup_s=0.2)
+    huge = time_forward(lambda: big @ big, DEV, TimingOptions(min_time_s=0.01, min_reps=5, warmup_s=0.2))
     assert huge.reps == 5  # each fp32 8192³ product takes milliseconds
 
 
 def test_cuda_graph_replay_matches_eager_for_a_big_kernel():
     fn = sdpa_fn()
-    eager = time_forward(fn, DEV, **QUICK)
-    graphed = time_forward(fn, DEV, cuda_graph=True, **QUICK)
+    eager = time_forward(fn, DEV, TimingOptions(**QUICK))
+    graphed = time_forward(fn, DEV, TimingOptions(cuda_graph=True, **QUICK))
     assert graphed.cuda_graph and graphed.method.startswith("cuda-graph replay")
     assert abs(graphed.median_us - eager.median_us) / eager.median_us < 0.15
 
 
 def test_cuda_graph_spreads_its_launch_over_many_forwards():
     x = torch.ones(1024, device=DEV)
-    graphed = time_forward(lambda: x + 1, DEV, cuda_graph=True, **QUICK)
+    graphed = time_forward(lambda: x + 1, DEV, TimingOptions(cuda_graph=True, **QUICK))
     # a one-forward replay of a ~1 µs kernel measures ~17 µs on an H200 (the graph launch), so k is large
     assert graphed.cuda_graph and graphed.forwards_per_sample >= 16
     assert f"divided by {graphed.forwards_per_sample}" in graphed.method
-    single = time_forward(lambda: x + 1, DEV, cuda_graph=True, flush_l2=True, **QUICK)
+    single = time_forward(lambda: x + 1, DEV, TimingOptions(cuda_graph=True, flush_l2=True, **QUICK))
     assert single.cuda_graph and single.forwards_per_sample == 1 and "divided" not in single.method
     # a one-element add is ~2 µs of GPU work; one replay per forward would add the graph launch
     assert graphed.median_us < 5.0, graphed
@@ -73,7 +73,7 @@ def test_cuda_graph_spreads_its_launch_over_many_forwards():
 
 def test_cuda_graph_of_many_forwards_matches_one_big_graph():
     fn = sdpa_fn(b=8, h=16, s=1024, d=64)
-    graphed = time_forward(fn, DEV, cuda_graph=True, **QUICK)
+    graphed = time_forward(fn, DEV, TimingOptions(cuda_graph=True, **QUICK))
     assert graphed.forwards_per_sample > 1
     graph, _ = capture_graph(fn, 100)
     times = []
@@ -89,7 +89,7 @@ def test_capture_failure_falls_back_and_says_so():
     def syncs():  # .item() synchronizes, which a capture cannot hold
         return x * float(x.sum().item())
 
-    t = time_forward(syncs, DEV, cuda_graph=True, **QUICK)
+    t = time_forward(syncs, DEV, TimingOptions(cuda_graph=True, **QUICK))
     assert not t.cuda_graph
     assert "cuda-graph capture failed" in t.method and "fell back to eager" in t.method
     assert (x + 1).sum().item() == 2048  # the device still works
@@ -101,7 +101,7 @@ def test_flush_l2_buffer_and_method():
     buf = flush_buffer(torch.device(DEV))
     assert buf.numel() >= max(256 * MIB, 2 * l2)
     del buf
-    t = time_forward(sdpa_fn(b=1, s=1024, d=64), DEV, flush_l2=True, **QUICK)
+    t = time_forward(sdpa_fn(b=1, s=1024, d=64), DEV, TimingOptions(flush_l2=True, **QUICK))
     assert t.flush_l2 and "L2 flushed" in t.method
 
 

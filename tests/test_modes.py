@@ -10,7 +10,8 @@ import pytest
 
 from attnprof.config import Config, MeasureOptions, Schedule, parse_config
 from attnprof.errors import ConfigError
-from attnprof.pipeline import finish_run, plan_cells, run_cell, run_cells
+from attnprof.pipeline import plan_cells, run_cell, run_cells
+from attnprof.pipeline.engine import Job, run_job
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
 from attnprof.report.serialize import csv_row, json_entry
@@ -184,7 +185,9 @@ def test_plan_crosses_shapes_modes_and_variants_and_speedups_stay_within_a_mode(
     results, _ = run_cells(cells, config, FAST)
     assert [r.speedup_vs_baseline for r in results[1::2]] == [pytest.approx(1.0)] * 2
     assert results[2].speedup_vs_baseline == pytest.approx(results[3].latency_us / results[2].latency_us)
-    outcome = finish_run("compare", config, "cpu", results, None, False)
+    outcome, _ = run_job(Job("compare", config, "cpu", FAST, cells))
+    assert outcome is not None
+    assert [r["speedup_vs_baseline"] for r in outcome.document["results"][1::2]] == [pytest.approx(1.0)] * 2
     document = json.loads(outcome.files[0].read_text())
     assert [r["mode"] for r in document["results"]] == ["fwd", "fwd", "fwd+bwd", "fwd+bwd"]
     assert document["config"]["modes"] == ["fwd", "fwd+bwd"]

@@ -18,7 +18,7 @@ import pytest
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.errors import OutputError
 from attnprof.files import create_new, unique_dir
-from attnprof.pipeline import finish_run, open_run_folder, run_cell
+from attnprof.pipeline import open_run_folder, run_cell
 from attnprof.plugins import load_variants
 from attnprof.profiling.profiler import NativeStderr, profile_forward
 from attnprof.registry import RunSpec
@@ -82,14 +82,18 @@ def test_open_run_folder_names_time_and_command(tmp_path: Path, monkeypatch) -> 
     assert first.traces.is_dir() and first.results_json == first.dir / "results.json"
 
 
-def test_finish_run_twice_into_one_folder_refuses_to_overwrite(tmp_path: Path) -> None:
+def test_the_engine_names_its_folder_and_never_overwrites_a_results_file(tmp_path: Path) -> None:
+    from attnprof.pipeline.engine import Job, run_job
+    from attnprof.report.export import write_json
+
     config = Config(device="cpu", dtype="fp32", shapes=[SHAPE], output_dir=tmp_path)
-    folder = open_run_folder(tmp_path, "run")
-    outcome = finish_run("run", config, "cpu", [], None, False, folder)
+    outcome, code = run_job(Job("run", config, "cpu", MeasureOptions(timing=False), []))
+    assert outcome is not None and code == 0
+    folder = outcome.folder
     assert outcome.document["files"] == folder.to_dict()
     assert json.loads(folder.results_json.read_text())["files"]["traces"] == str(folder.traces)
     with pytest.raises(OutputError, match="already exists"):
-        finish_run("run", config, "cpu", [], None, False, folder)
+        write_json(folder.results_json, outcome.document)
 
 
 # --- the paths: on stderr in every format, and in the JSON ----------------------------------

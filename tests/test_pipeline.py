@@ -14,7 +14,6 @@ from attnprof.errors import UnknownVariantError, VariantFailure
 from attnprof.pipeline import (
     cell_specs,
     config_exclusions,
-    finish_run,
     plan_cells,
     resolve_config,
     run_cell,
@@ -23,6 +22,7 @@ from attnprof.pipeline import (
     without_collective,
 )
 from attnprof.pipeline.cell import exceeds, guard, phase, throughput
+from attnprof.pipeline.engine import Job, run_job
 from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec
@@ -192,9 +192,9 @@ def test_run_cells_keeps_finished_cells_on_ctrl_c_and_sets_speedups(config) -> N
     assert interrupted and [r.variant for r in results] == ["naive"]
 
 
-def test_finish_run_writes_json_and_csv(config) -> None:
-    results, _ = run_cells(plan_cells(config, [builtin("naive")], "cpu"), config, FAST)
-    outcome = finish_run("compare", config, "cpu", results, None, False)
+def test_the_engine_writes_json_and_csv(config) -> None:
+    outcome, code = run_job(Job("compare", config, "cpu", FAST, plan_cells(config, [builtin("naive")], "cpu")))
+    assert outcome is not None and code == 0
     json_path, csv_path = outcome.files
     document = json.loads(json_path.read_text())
     assert document["command"] == "compare" and document["interrupted"] is False
@@ -259,8 +259,8 @@ def fake_timings(monkeypatch, *spreads: float) -> list[dict]:
     calls: list[dict] = []
     samples = iter(spreads)
 
-    def time_forward(fn, device, **kwargs):
-        calls.append(kwargs)
+    def time_forward(fn, device, options, **kwargs):
+        calls.append({"options": options, **kwargs})
         spread = next(samples)
         return timing.summarize([1e-4 * (1 - spread), 1e-4, 1e-4, 1e-4 * (1 + spread)], reps=4, warmup_reps=3,
                                 cold_s=0.5 / len(calls), method=f"fake {len(calls)}")
@@ -272,7 +272,7 @@ def fake_timings(monkeypatch, *spreads: float) -> list[dict]:
 def test_an_unstable_timing_is_retimed_once_and_the_second_kept(config, monkeypatch) -> None:
     calls = fake_timings(monkeypatch, 0.5, 0.01)
     result = run_cell(builtin("naive"), SPEC, config, FAST)
-    assert result.ok and len(calls) == 2 and calls[1]["min_time_s"] == FAST.min_time_s
+    assert result.ok and len(calls) == 2 and calls[1]["options"].min_time_s == FAST.min_time_s
     assert result.retimed == 1 and result.timing.method == "fake 2" and not result.timing.unstable
     assert result.timing.cold_ms == pytest.approx(500.0)  # the first sample's cold call: only it was cold
     assert result.timing_window[0] <= result.timing_window[1]

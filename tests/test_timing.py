@@ -4,6 +4,7 @@ import torch
 from attnprof.errors import VariantFailure
 from attnprof.profiling import timing
 from attnprof.profiling.timing import (
+    TimingOptions,
     choose_reps,
     has_settled,
     is_unstable,
@@ -61,7 +62,8 @@ def test_time_based_reps_with_fake_clock():
     def fn():
         clock.now += next(durations)
 
-    t = time_forward(fn, "cpu", min_time_s=0.05, min_reps=5, max_reps=1000, warmup_min_s=0.0, clock=clock)
+    options = TimingOptions(min_time_s=0.05, min_reps=5, max_reps=1000, warmup_min_s=0.0)
+    t = time_forward(fn, "cpu", options, clock=clock)
     assert t.reps == 50  # 0.05 s / 1 ms
     assert t.cold_ms == pytest.approx(100.0)
     assert t.median_us == pytest.approx(1000.0)
@@ -80,7 +82,7 @@ def test_warmup_runs_until_times_settle():
     def fn():
         clock.now += next(durations)
 
-    t = time_forward(fn, "cpu", min_time_s=0.01, min_reps=3, warmup_min_s=0.0, clock=clock)
+    t = time_forward(fn, "cpu", TimingOptions(min_time_s=0.01, min_reps=3, warmup_min_s=0.0), clock=clock)
     assert t.warmup_reps == 4 + 3  # the four decaying calls plus a settled window of three
     assert t.median_us == pytest.approx(1000.0)
 
@@ -93,7 +95,7 @@ def test_warmup_stops_at_its_time_budget():
         state["i"] += 1
         clock.now += 0.001 if state["i"] % 2 else 0.003
 
-    t = time_forward(fn, "cpu", min_time_s=0.02, min_reps=4, warmup_s=0.1, clock=clock)
+    t = time_forward(fn, "cpu", TimingOptions(min_time_s=0.02, min_reps=4, warmup_s=0.1), clock=clock)
     assert "time budget" in t.method
     assert 40 <= t.warmup_reps <= 60  # ~0.1 s of 2 ms-average calls
     assert t.unstable  # IQR/median is about 1 here
@@ -105,14 +107,14 @@ def test_huge_calls_get_min_reps():
     def fn():
         clock.now += 1.0
 
-    t = time_forward(fn, "cpu", min_time_s=0.25, min_reps=3, max_reps=100, warmup_s=0.5, clock=clock)
+    t = time_forward(fn, "cpu", TimingOptions(min_time_s=0.25, min_reps=3, max_reps=100, warmup_s=0.5), clock=clock)
     assert t.reps == 3
     assert t.median_us == pytest.approx(1e6)
 
 
 def test_real_cheap_function_is_capped_by_max_reps():
     x = torch.ones(8)
-    t = time_forward(lambda: x + 1, "cpu", min_time_s=0.05, max_reps=200, min_reps=5, warmup_s=0.05)
+    t = time_forward(lambda: x + 1, "cpu", TimingOptions(min_time_s=0.05, max_reps=200, min_reps=5, warmup_s=0.05))
     assert 5 <= t.reps <= 200
     assert 0 < t.p25_us <= t.median_us <= t.p75_us
     assert t.iqr_us == pytest.approx(t.p75_us - t.p25_us)
@@ -120,8 +122,8 @@ def test_real_cheap_function_is_capped_by_max_reps():
 
 def test_cpu_notes_graph_and_flush_as_not_applicable():
     x = torch.ones(4)
-    t = time_forward(lambda: x * 2, "cpu", min_time_s=0.005, min_reps=2, warmup_s=0.01, cuda_graph=True,
-                     flush_l2=True)
+    options = TimingOptions(min_time_s=0.005, min_reps=2, warmup_s=0.01, cuda_graph=True, flush_l2=True)
+    t = time_forward(lambda: x * 2, "cpu", options)
     assert "cuda-graph n/a on CPU" in t.method and "flush-l2 n/a on CPU" in t.method
     assert t.cuda_graph is False and t.flush_l2 is False
     assert set(t.to_dict()) >= {"median_us", "iqr_us", "p25_us", "p75_us", "reps", "cold_ms", "unstable", "method"}
@@ -148,7 +150,7 @@ def test_oom_after_warmup_is_caught_too():
         return None
 
     with pytest.raises(VariantFailure, match="^out of memory"):
-        time_forward(fn, "cpu", min_time_s=0.01, warmup_s=0.01)
+        time_forward(fn, "cpu", TimingOptions(min_time_s=0.01, warmup_s=0.01))
 
 
 def test_other_errors_propagate():

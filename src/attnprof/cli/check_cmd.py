@@ -53,6 +53,7 @@ def check_command(
     from attnprof.config import MeasureOptions
     from attnprof.errors import UsageError
     from attnprof.pipeline import plan_cells
+    from attnprof.pipeline.engine import Job
     from attnprof.report.expectations import check_json, check_rows, check_table, counts, load_expectations
     from attnprof.report.export import to_json
     from attnprof.report.results_file import load_results
@@ -70,7 +71,7 @@ def check_command(
     else:
         path = config_file if config_file is not None else declared.config
         cfg, device, chosen = choose_variants(config_from_options(path, overrides), exclude_given(overrides))
-        outcome = execute("check", cfg, plan_cells(cfg, chosen, device), device, measure)
+        outcome, _ = execute(Job("check", cfg, device, measure, plan_cells(cfg, chosen, device)))
         note_outputs(outcome)
         rows, source = outcome.document["results"], str(outcome.folder.results_json)
         code = 130 if outcome.interrupted else 0

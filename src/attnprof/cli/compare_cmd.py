@@ -32,16 +32,17 @@ def compare_command(
     Under torchrun (`torchrun --nproc-per-node=N -m attnprof compare ...`) the cells are split across
     the ranks by estimated cost, each on its own GPU, and rank 0 writes the one results file."""
     from attnprof.pipeline import plan_cells
+    from attnprof.pipeline.engine import Job
 
     previous, cfg, measure = resumable_config("compare", resume, c.config_path(config, config_file), overrides, measure)
     cfg, device, chosen = choose_variants(cfg, exclude_given(overrides))
     baseline = cfg.baseline if cfg.baseline in [v.name for v in chosen] else None  # no title promises speed-ups
     cells = plan_cells(cfg, chosen, device)
-    kept = resumed_rows(previous, cfg, measure, device, cells) if previous is not None else None
-    outcome = execute("compare", cfg, cells, device, measure, previous, kept)
+    kept = resumed_rows(previous, cfg, measure, device, cells)
+    outcome, code = execute(Job("compare", cfg, device, measure, cells, previous, kept))
     _print(outcome, fmt, baseline, c.table_width(fmt, wide))
     note_outputs(outcome)
-    raise typer.Exit(outcome.exit_code)
+    raise typer.Exit(code)
 
 
 def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:

@@ -1,30 +1,36 @@
-"""What `run`, `compare`, `sweep` and `check` share at the edge: build the config, choose the variants, run
-the cells with a progress display on stderr, and write the results (through the pipeline).
+"""What `run`, `compare`, `sweep` and `check` share at the edge: build the config, choose the variants, and
+show on stderr what the engine (`pipeline.engine.run_job`) says while it runs the cells: each matmul
+ceiling, a progress display, the cells that failed, what a `--resume` keeps.
 
-Under torchrun (`pipeline.distributed`) the process group starts with the device (`config_on_device`),
-and every rank runs its share of the cells through `pipeline.sharded` (`execute_job`), saying on stderr,
-as `[rank R]`, which cell it starts; so does a `--resume` (`resumed_rows`) and every sweep."""
+Under torchrun (`pipeline.distributed`) the process group starts with the device (`choose_variants`,
+through `pipeline.engine.start_on_device`), and every rank says on stderr, as `[rank R]`, which cell it
+starts."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import typer
 
 from attnprof.cli import common
 from attnprof.cli.common import STATE, note, terminal_console
 from attnprof.cli.options import config_changes
 from attnprof.cli.settings import build_config
-from attnprof.interrupts import raise_if_interrupted
+
+#: The commands that take `--resume` (an interrupted one says how to go on).
+RESUMABLE = ("compare", "sweep")
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
     from attnprof.pipeline import RunOutcome
+    from attnprof.pipeline.engine import Job
+    from attnprof.pipeline.eta import TimeLeft
     from attnprof.pipeline.run import Cell
-    from attnprof.pipeline.sharded import Job, Recorder, RunShare
     from attnprof.profiling.ceiling import RunCeiling
     from attnprof.registry import RunSpec, Variant
     from attnprof.report.results_file import ResultsFile
@@ -50,35 +56,20 @@ def resumable_config(
     return previous, config, inherit_measure(measure, previous) if previous is not None else measure
 
 
-def config_on_device(config: Config) -> tuple[Config, str]:
-    """The config resolved for its device (`dtype: auto` made concrete), and that device as torch resolves it.
-    Under torchrun the device is the rank's own (`cuda:LOCAL_RANK`), and the process group starts here."""
-    from attnprof.pipeline import distributed as dist
-    from attnprof.pipeline import resolve_config
-    from attnprof.profiling.inputs import resolve_torch_device
-
-    ctx = dist.detect()
-    if ctx is None:
-        device = resolve_torch_device(config.device)
-    else:
-        device = dist.rank_device(ctx, config.device)
-        dist.start(ctx, device)
-    return resolve_config(config, device), device
-
-
 def choose_variants(config: Config, exclude_given: bool) -> tuple[Config, str, list[Variant]]:
     """The registry's variants the config selects on its device, with the config resolved for that device
-    (`config_on_device`). Names are checked before torch is imported; stderr names plugins that failed,
+    (`pipeline.engine.start_on_device`). Names are checked before torch is imported; stderr names plugins that failed,
     what the config's own exclude entries left out (unless `exclude_given` on the command line), and a
     baseline left out of the selection. Outside torchrun, collective variants only a wildcard chose are
     left out (`pipeline.without_collective`)."""
     from attnprof.pipeline import check_names, config_exclusions, distributed, select_variants, without_collective
+    from attnprof.pipeline.engine import start_on_device
 
     loaded = common.load_variants_for_cli()
     for line in common.plugin_notes(loaded):
         note(line)
     check_names(config, loaded.registry)  # a typo fails before torch is imported
-    config, device = config_on_device(config)
+    config, device = start_on_device(config)
     grouped = distributed.current() is not None
     chosen = without_collective(config, select_variants(config, loaded.registry, device), grouped)
     groups = [
@@ -95,14 +86,14 @@ def choose_variants(config: Config, exclude_given: bool) -> tuple[Config, str, l
 class CellProgress:
     """Progress on stderr while cells run: a bar on a terminal (one line per cell elsewhere, each after
     `prefix`), and a line for each cell that is not ok. `time_left(index, result, seconds)` (optional)
-    turns each finished cell into a `... left` text shown with the bar."""
+    estimates, after each finished cell, the seconds left, shown with the bar (`eta_text`)."""
 
     def __init__(
         self,
         progress: Any,
         task: Any,
         terminal: bool,
-        time_left: Callable[[int, CellResult, float], str] | None,
+        time_left: TimeLeft | None,
         prefix: str = "",
     ) -> None:
         self.progress, self.task, self.terminal, self.time_left = progress, task, terminal, time_left
@@ -122,7 +113,7 @@ class CellProgress:
     def on_done(self, result: CellResult) -> None:
         """A cell ended."""
         if self.time_left is not None:
-            self.left = self.time_left(self.index, result, time.perf_counter() - self.started)
+            self.left = eta_text(self.time_left(self.index, result, time.perf_counter() - self.started))
             self.progress.update(self.task, left=self.left)
         self.progress.advance(self.task)
         if not result.ok:
@@ -132,9 +123,7 @@ class CellProgress:
 
 
 @contextmanager
-def cell_progress(
-    total: int, time_left: Callable[[int, CellResult, float], str] | None = None
-) -> Iterator[CellProgress]:
+def cell_progress(total: int, time_left: TimeLeft | None = None) -> Iterator[CellProgress]:
     """A `CellProgress` for `total` cells, shown while the block runs and gone after it; under torchrun no
     bar (the ranks share the terminal), a line per cell after `[rank R]`."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -158,123 +147,57 @@ def rank_prefix() -> str:
     return "" if group is None else f"[rank {group.ctx.rank}] "
 
 
-def execute(
-    command: str,
-    config: Config,
-    cells: list[Cell],
-    device: str,
-    measure: MeasureOptions,
-    previous: ResultsFile | None = None,
-    kept: list[dict[str, Any]] | None = None,
-) -> RunOutcome:
-    """Run the cells with a progress display on stderr and write JSON and CSV into the run's own folder.
+class StderrWatcher:
+    """The engine's `Watcher` on stderr: each ceiling (after `[rank R]` under torchrun), the cells'
+    progress (`cell_progress`), and the cells that still beat a ceiling measured again."""
 
-    Ctrl-C at any point after the folder exists ends the run with the finished cells written. Under
-    torchrun, or resuming `previous` (whose `kept` rows are not run again), `execute_job` runs them.
-    """
-    from attnprof.pipeline import distributed, finish_run, open_run_folder
-    from attnprof.pipeline.sharded import Job
+    def ceiling(self, ceiling: RunCeiling) -> None:
+        """Say which ceiling the run uses."""
+        note(rank_prefix() + ceiling_note(ceiling))
 
-    if previous is not None or distributed.current() is not None:
-        job = Job(command, config, device, measure, cells, previous, kept or [])
-        return execute_job(job, cells_share(config, device, measure))[0]
-    folder = open_run_folder(Path(config.output_dir), command)
-    share = cells_share(config, device, measure)(cells, [], folder.traces, lambda result: None)
-    if share.interrupted:
-        note(f"interrupted: keeping the {len(share.results)} finished cell(s)")
-    ceiling = share.ceilings.get(config.dtype)
-    current = ceiling.current if ceiling is not None else None
-    return finish_run(command, config, device, share.results, current, share.interrupted, folder, measure)
+    def ceiling_replaced(self, ceiling: RunCeiling, beaten: list[str]) -> None:
+        """Say the ceiling was beaten and measured again."""
+        note(ceiling_note(ceiling, beaten))
+
+    def cells(self, total: int, time_left: TimeLeft | None) -> AbstractContextManager[CellProgress]:
+        """The progress display."""
+        return cell_progress(total, time_left)
 
 
-def cells_share(config: Config, device: str, measure: MeasureOptions) -> RunShare:
-    """How `run` and `compare` run a rank's cells (`pipeline.sharded.RunShare`): the ceiling of the config's
-    dtype, then every cell in order with progress on stderr, each finished row recorded."""
-    from attnprof.pipeline import distributed, run_cells
-    from attnprof.pipeline.sharded import Share
-    from attnprof.profiling.ceiling import RunCeiling
+def execute(job: Job) -> tuple[RunOutcome, int]:
+    """Run `job` through the engine with its progress on stderr; the outcome (results written into the
+    run's own folder) and the exit code. A rank other than 0 of a torchrun group exits here with that code.
+    Ctrl-C at any point after the folder exists ends the run with the finished cells written."""
+    from attnprof.pipeline.engine import run_job
 
-    def share(cells: list[Cell], kept: list[dict[str, Any]], trace_dir: Path, record: Recorder) -> Share:
-        ceiling = None
-        results: list[CellResult] = []
-        interrupted = False
-        try:
-            raise_if_interrupted()  # Ctrl-C that something swallowed before the run began
-            if measure.timing:
-                ceiling = RunCeiling.start(device, config.dtype, refresh=measure.refresh_ceiling)
-                note(rank_prefix() + ceiling_note(ceiling))
-        except KeyboardInterrupt:
-            interrupted = True
-        with cell_progress(len(cells)) as shown:
-
-            def done(result: CellResult) -> None:
-                record(result)
-                shown.on_done(result)
-
-            if not interrupted:
-                results, interrupted = run_cells(
-                    cells, config, measure, ceiling, shown.on_start, done, trace_dir, group=distributed.current()
-                )
-        if ceiling is not None:
-            note_ceiling_replaced(ceiling, results)
-        return Share(results, interrupted, {config.dtype: ceiling} if ceiling is not None else {})
-
-    return share
-
-
-def execute_job(job: Job, run_share: RunShare) -> tuple[RunOutcome, int]:
-    """Run `job` across the ranks of a torchrun group (or alone: a resume, a sweep) through
-    `pipeline.sharded`: rank 0 gets the outcome and the exit code, the other ranks exit with that code."""
-    import typer
-
-    from attnprof.pipeline import distributed
-    from attnprof.pipeline.sharded import run_sharded
-
-    group = distributed.current()
-    try:
-        where = None if group is None else distributed.placement(group.ctx, job.device)
-        outcome, code = run_sharded(job, group, run_share, where)
-    finally:
-        distributed.stop()
+    outcome, code = run_job(job, StderrWatcher())
     if outcome is None:
         raise typer.Exit(code)
     if outcome.interrupted:
         rows = len(outcome.document["results"])
-        note(f"interrupted: keeping the {rows} finished cell(s); --resume {outcome.folder.dir} goes on")
+        goes_on = f"; --resume {outcome.folder.dir} goes on" if job.command in RESUMABLE else ""
+        note(f"interrupted: keeping the {rows} finished cell(s){goes_on}")
     return outcome, code
 
 
 def resumed_rows(
-    previous: ResultsFile, config: Config, measure: MeasureOptions, device: str, cells: list[Cell]
+    previous: ResultsFile | None, config: Config, measure: MeasureOptions, device: str, cells: list[Cell]
 ) -> list[dict[str, Any]]:
-    """The rows of `previous` a resume keeps, after checking that it may be continued with these settings
-    (under torchrun rank 0 checks, and every rank stops on its error); says on stderr what is kept and run."""
-    from attnprof.pipeline import distributed
-    from attnprof.pipeline.resume import check_resumable, kept_rows, still_to_run
+    """The rows of `previous` a resume keeps (none without one), after the engine checked that it may be
+    continued with these settings (`pipeline.engine.resume_rows`); says on stderr (rank 0 only) what is
+    kept and what runs."""
+    from attnprof.pipeline.engine import resume_rows
 
-    group = distributed.current()
-    if group is None:
-        check_resumable(previous, config, measure, device)
-    else:
-        group.broadcast(lambda: check_resumable(previous, config, measure, device))
-    kept = kept_rows(previous, {variant.name for variant, _ in cells if variant.collective})
-    todo = still_to_run(cells, kept)
-    cut = " (its last line was cut short)" if previous.truncated else ""
-    if group is None or group.ctx.is_main:
-        note(f"resuming {previous.path}: {len(kept)} finished cell(s) kept{cut}, {len(todo)} of {len(cells)} to run")
-    return kept
-
-
-def note_ceiling_replaced(ceiling: RunCeiling, results: list[CellResult]) -> None:
-    """When a cell beat the ceiling and it was measured again: say so, naming the cells still beating it."""
-    if ceiling.replaced is None:
-        return
-    beaten = [
-        f"{r.variant} @ {r.spec.cell_label}"
-        for r in results
-        if r.throughput is not None and r.throughput.pct_of_peak is None and r.spec.dtype == ceiling.dtype
-    ]
-    note(ceiling_note(ceiling, beaten))
+    if previous is None:
+        return []
+    resumed = resume_rows(previous, config, measure, device, cells)
+    if resumed.announce:
+        cut = " (its last line was cut short)" if previous.truncated else ""
+        note(
+            f"resuming {previous.path}: {len(resumed.rows)} finished cell(s) kept{cut}, "
+            f"{resumed.to_run} of {resumed.planned} to run"
+        )
+    return resumed.rows
 
 
 def note_captured(result: CellResult) -> None:
@@ -315,3 +238,15 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
     else:
         when = f"measured now ({current.reason})"
     return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"
+
+
+def eta_text(seconds: float | None) -> str:
+    """`about 3 min 20 s left`, or what stands in before the first cell has run."""
+    if seconds is None:
+        return "estimating the time left"
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"about {seconds // 3600} h {seconds % 3600 // 60:02d} min left"
+    if seconds >= 60:
+        return f"about {seconds // 60} min {seconds % 60:02d} s left"
+    return f"about {seconds} s left"

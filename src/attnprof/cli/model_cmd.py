@@ -139,8 +139,7 @@ def _config(
 
 def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[ModelResult]:
     """Open the model, run every row with a progress display on stderr, and write the results."""
-    from attnprof.pipeline import open_run_folder
-    from attnprof.pipeline.model import finish_model_run, model_rows, open_model, resolve_model_config, run_model
+    from attnprof.pipeline.model import model_rows, open_model, resolve_model_config, run_model_job
     from attnprof.profiling.inputs import resolve_torch_device
 
     device = resolve_torch_device(cfg.device)
@@ -150,7 +149,6 @@ def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[
         c.note(note)
     if cfg.hf is not None and not cfg.hf_config:
         c.note(f"hf_config is empty: {cfg.hf} is built at transformers' default size for it")
-    folder = open_run_folder(Path(cfg.output_dir), "model")
     with cell_progress(model_rows(source, cfg, implementations)) as shown:
 
         def on_start(index: int, total: int, label: str) -> None:
@@ -166,10 +164,10 @@ def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[
                 for line in result.native_stderr + result.warnings:
                     c.note(f"  {result.label}: {line}")
 
-        results, interrupted = run_model(source, cfg, implementations, device, folder.traces, on_start, on_done)
-    if interrupted:
-        c.note(f"interrupted: keeping the {len(results)} finished row(s)")
-    return finish_model_run(cfg, device, results, interrupted, folder)
+        outcome = run_model_job(source, cfg, implementations, device, on_start, on_done)
+    if outcome.interrupted:
+        c.note(f"interrupted: keeping the {len(outcome.results)} finished row(s)")
+    return outcome
 
 
 def _print(outcome: RunOutcome[ModelResult], fmt: c.OutputFormat, width: int | None) -> None:

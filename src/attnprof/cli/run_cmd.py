@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import config_from_options, config_on_device, execute, note_outputs
+from attnprof.cli.execute import config_from_options, execute, note_outputs
 from attnprof.cli.options import shared_options
 from attnprof.errors import VariantUnavailableError
 
@@ -33,21 +33,22 @@ def run_command(
 ) -> None:
     """Profile one variant with torch.profiler and print its per-forward facts."""
     from attnprof.pipeline import check_baseline, plan_cells
+    from attnprof.pipeline.engine import Job, start_on_device
 
     cfg = config_from_options(c.config_path(config, config_file), overrides)
     loaded = c.load_variants_for_cli()
     chosen = loaded.registry.get(variant)
     check_baseline(cfg, loaded.registry)
-    cfg, device = config_on_device(cfg)
+    cfg, device = start_on_device(cfg)
     cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
-    outcome = execute("run", cfg, cells, device, measure)
+    outcome, code = execute(Job("run", cfg, device, measure, cells))
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)
     failed = [row for row in outcome.document["results"] if str(row["status"]).startswith("failed")]
     if failed:
-        c.fail(f"{failed[0]['variant']} failed: {failed[0]['reason']}", code=outcome.exit_code)
-    raise typer.Exit(outcome.exit_code)
+        c.fail(f"{failed[0]['variant']} failed: {failed[0]['reason']}", code=code)
+    raise typer.Exit(code)
 
 
 def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> None:

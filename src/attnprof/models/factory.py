@@ -97,12 +97,6 @@ def build_factory_model(
     return BuiltModel(model, seq if "seq" in takes else None, AttentionShape(), model_step(model, call, mode))
 
 
-def can_swap(factory: Callable[..., Any], model: Any = None) -> bool:
-    """True when attnprof can choose the factory model's attention: the factory takes `attn_implementation`,
-    or `model` (one it built) has `set_attn_implementation`."""
-    return "attn_implementation" in accepted_keywords(factory) or hasattr(model, "set_attn_implementation")
-
-
 def _set_implementation(model: Any, name: str) -> None:
     """`model.set_attn_implementation(name)`, checked: a model that refuses, or silently keeps its own,
     is VariantUnavailableError (a skipped row)."""

@@ -1,8 +1,8 @@
 """The pipeline: wires profiling (measure), analysis (analyse) and report (write) into cells and runs.
 
 `run_cell` runs one variant at one spec; `run_cells` a list of them with the SM clock sampled;
-`open_run_folder` makes an invocation's own folder; `finish_run` writes the results into it.
-`run`, `compare` and later commands go through here.
+`open_run_folder` makes an invocation's own folder. A whole job (`run`, `compare`, `check`, `sweep`, resumed
+or under torchrun) runs through `pipeline.engine.run_job`.
 """
 
 from attnprof.pipeline.cell import run_cell
@@ -15,7 +15,6 @@ from attnprof.pipeline.run import (
     check_names,
     config_exclusions,
     ensure_output_dir,
-    finish_run,
     open_run_folder,
     plan_cells,
     resolve_config,
@@ -33,7 +32,6 @@ __all__ = [
     "check_names",
     "config_exclusions",
     "ensure_output_dir",
-    "finish_run",
     "open_run_folder",
     "plan_cells",
     "resolve_config",

@@ -33,8 +33,15 @@ from attnprof.results import CellResult, ModelResult, Throughput
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
+    from attnprof.profiling.timing import TimingOptions
 
 RETIMES = 1
+OOM_REASON = "out of memory"  # how a cell that ran out of memory begins its reason (`profiling.memory`)
+
+
+def ran_out_of_memory(status: str, reason: str | None) -> bool:
+    """True for a cell that failed because it ran out of memory."""
+    return status.startswith("failed") and (reason or "").startswith(OOM_REASON)
 
 
 @contextmanager
@@ -143,6 +150,7 @@ def _measure(
     from attnprof.profiling.inputs import make_inputs
     from attnprof.profiling.profiler import profile_forward, trace_file_name
     from attnprof.profiling.steps import build_step, graph_retention
+    from attnprof.profiling.timing import TimingOptions
 
     with phase(result, "setup"), guard("input creation", variant):
         q, k, v = make_inputs(spec, config.seed, variant.layout)
@@ -159,7 +167,7 @@ def _measure(
         with phase(result, "setup"), guard("forward", variant):
             step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
         if measure.timing:
-            _time(step.call, variant, measure, result, stage, step.prepare, agree)
+            _time(step.call, variant, TimingOptions.from_measure(measure), result, stage, step.prepare, agree)
         else:
             with phase(result, "warmup"), guard(stage, variant):
                 _warm_up(step.call, spec, step.prepare)
@@ -210,7 +218,7 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
 def _time(
     forward: Any,
     variant: Variant,
-    measure: MeasureOptions,
+    options: TimingOptions,
     result: CellResult,
     stage: str = "forward",
     prepare: Any = None,
@@ -225,15 +233,7 @@ def _time(
     while True:
         started = time.time()
         with phase(result, "timing"), guard(stage, variant):
-            sample = timing.time_forward(
-                forward,
-                result.spec.device,
-                min_time_s=measure.min_time_s,
-                cuda_graph=measure.cuda_graph,
-                flush_l2=measure.flush_l2,
-                prepare=prepare,
-                agree=agree,
-            )
+            sample = timing.time_forward(forward, result.spec.device, options, prepare=prepare, agree=agree)
         result.timing_window = (started, time.time())
         result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
         unstable = sample.unstable if agree is None else bool(agree(int(sample.unstable)))

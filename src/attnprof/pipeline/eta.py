@@ -9,9 +9,17 @@ the fit over all cells. Only cells that ran count: a skipped cell takes no time 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from attnprof.registry import RunSpec
+from attnprof.registry import RunSpec, Variant
+
+if TYPE_CHECKING:
+    from attnprof.results import CellResult
+
+#: (index of the cell that just finished, its result, its wall seconds) -> estimated seconds left (None: no
+#: estimate yet).
+TimeLeft = Callable[[int, "CellResult", float], float | None]
 
 Point = tuple[float, float]  # (FLOPs, seconds)
 
@@ -58,3 +66,22 @@ class Eta:
             a, b = fits.get(name, overall)
             total += a + b * step_flops(spec)
         return total
+
+
+def time_left(cells: Sequence[tuple[Variant, RunSpec]], skip: Callable[[Variant, RunSpec], str | None]) -> TimeLeft:
+    """A sweep's `TimeLeft`: each cell that ran joins the estimate, which covers the cells still to come
+    that this machine can run and `skip` (the OOM rule) does not skip."""
+    eta = Eta()
+    runnable = [variant.unavailable_reason(spec) is None for variant, spec in cells]
+
+    def left(index: int, result: CellResult, seconds: float) -> float | None:
+        if result.status != "skipped":
+            eta.add(result.variant, result.spec, seconds)
+        pending = [
+            (variant.name, spec)
+            for (variant, spec), can_run in zip(cells[index + 1 :], runnable[index + 1 :], strict=True)
+            if can_run and skip(variant, spec) is None
+        ]
+        return eta.remaining(pending)
+
+    return left

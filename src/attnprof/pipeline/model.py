@@ -125,17 +125,30 @@ def _attach_clocks(results: list[ModelResult], samples: list[Any]) -> None:
             result.clock = clock_window(samples, [result.timing_window])
 
 
+def run_model_job(
+    source: ModelSource,
+    config: ModelConfig,
+    implementations: list[Implementation],
+    device: str,
+    on_start: Callable[[int, int, str], None] | None = None,
+    on_done: Callable[[ModelResult], None] | None = None,
+) -> RunOutcome[ModelResult]:
+    """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones),
+    then the results written into the folder (`finish_model_run`)."""
+    folder = open_run_folder(Path(config.output_dir), "model")
+    results, interrupted = run_model(source, config, implementations, device, folder.traces, on_start, on_done)
+    return finish_model_run(config, device, results, interrupted, folder)
+
+
 def finish_model_run(
-    config: ModelConfig, device: str, results: list[ModelResult], interrupted: bool, folder: RunFolder | None = None
+    config: ModelConfig, device: str, results: list[ModelResult], interrupted: bool, folder: RunFolder
 ) -> RunOutcome[ModelResult]:
     """Write the rows as `results.json` (the results document, `command` "model") and `results.csv` into
-    `folder` (default: a new folder in the config's output directory)."""
+    `folder`."""
     from attnprof.profiling.environment import collect_environment, package_version
     from attnprof.report.export import write_csv, write_json
     from attnprof.report.serialize import MODEL_CSV_FIELDS, model_csv_row, results_document
 
-    if folder is None:
-        folder = open_run_folder(Path(config.output_dir), "model")
     environment = collect_environment(device)
     environment["transformers"] = package_version("transformers")
     document = results_document("model", config, environment, None, results, interrupted, files=folder.to_dict())

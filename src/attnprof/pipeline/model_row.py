@@ -95,15 +95,8 @@ def _measure(
         setattr(result, name, getattr(built.shape, name))
     with phase(result, "timing"), guard(stage, variant):
         started = time.time()
-        options = config.timing
-        result.timing = timing.time_forward(
-            built.step,
-            result.device,
-            min_time_s=options.min_time_s,
-            min_reps=options.min_reps,
-            max_reps=options.max_reps,
-            warmup_s=options.warmup_s,
-        )
+        options = timing.TimingOptions(**config.timing.model_dump())
+        result.timing = timing.time_forward(built.step, result.device, options)
         result.timing_window = (started, time.time())
     with phase(result, "profile"), guard(stage, variant):
         run = profile_forward(built.step, result.device, config.schedule, config.region, trace_dir / trace_name(result))

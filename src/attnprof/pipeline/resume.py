@@ -21,8 +21,9 @@ from typing import Any
 
 from attnprof.config import Config, MeasureOptions, parse_config
 from attnprof.errors import ConfigError, ResultsFileError
+from attnprof.pipeline.cell import ran_out_of_memory
 from attnprof.pipeline.run import Cell
-from attnprof.pipeline.sweep import cell_key, ran_out_of_memory, row_key
+from attnprof.pipeline.sweep import cell_key, row_key
 from attnprof.report.results_file import JSONL_FORMAT, ResultsFile, load_results
 from attnprof.report.serialize import row_cell_key
 from attnprof.results import SPEED_KEYS, SpeedCell, speedups

@@ -1,5 +1,6 @@
-"""A whole `run` or `compare`: plan the cells, measure the ceiling, run every cell with the SM clock
-sampled alongside, then write the results through the report layer.
+"""What every run of cells needs: plan the cells (variants, specs, names checked), make the run's own
+folder, run a list of cells with the SM clock sampled alongside (`run_cells`), and the outcome; the
+engine that runs a whole job through these is `pipeline.engine`.
 
 Each invocation writes into its own folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>/` (`-2`, `-3`,
 ... when a parallel invocation took the name): `results.json`, `results.csv` and `traces/`.
@@ -21,7 +22,7 @@ from attnprof.interrupts import (
     raise_if_interrupted,
     recording_interrupts,
 )
-from attnprof.pipeline.cell import rethroughput, run_cell
+from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, ModelResult, attach_speedups
 
@@ -96,8 +97,6 @@ class RunOutcome(Generic[ResultT]):
 def rows_exit_code(rows: list[dict[str, Any]], interrupted: bool, out_of_memory_fails: bool = True) -> int:
     """130 after Ctrl-C; 1 when a row failed (with `out_of_memory_fails` False, as in a sweep: for another
     reason than running out of memory); else 0 (a skipped cell is not a failure)."""
-    from attnprof.pipeline.sweep import ran_out_of_memory
-
     if interrupted:
         return 130
     failed = [row for row in rows if str(row.get("status", "")).startswith("failed")]
@@ -299,32 +298,3 @@ def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) ->
     for result in results:
         if result.timing_window is not None and result.spec.device == device:
             result.clock = clock_window(samples, [result.timing_window])
-
-
-def finish_run(
-    command: str,
-    config: Config,
-    device: str,
-    results: list[CellResult],
-    ceiling: Any,
-    interrupted: bool,
-    folder: RunFolder | None = None,
-    measure: MeasureOptions | None = None,
-) -> RunOutcome[CellResult]:
-    """Build the results document (naming its files, and the measurement options when given, which a
-    `--resume` of it reads) and write it as `results.json` and `results.csv` into `folder` (default: a
-    new folder in the config's output directory)."""
-    from attnprof.profiling.environment import collect_environment
-    from attnprof.report.export import write_csv, write_json
-    from attnprof.report.serialize import CSV_FIELDS, csv_row, results_document
-
-    if folder is None:
-        folder = open_run_folder(Path(config.output_dir), command)
-    document = results_document(
-        command, config, collect_environment(device), ceiling, results, interrupted, files=folder.to_dict()
-    )
-    if measure is not None:
-        document["measure"] = measure.model_dump(mode="json")
-    write_json(folder.results_json, document)
-    write_csv(folder.results_csv, [csv_row(r) for r in results], CSV_FIELDS)
-    return RunOutcome(command, results, document, folder, interrupted)

@@ -1,5 +1,5 @@
-"""A run whose rows come from more than one place: the ranks of a torchrun group, an earlier run it
-resumes, or both; and every `sweep`, which streams its rows as they finish.
+"""Where a run's cells run and its rows go: the ranks of a torchrun group, an earlier run it resumes, or
+this one process alone; every job of the engine (`pipeline.engine.run_job`) comes through here.
 
 Every rank runs `run_sharded` with the same `Job`:
 
@@ -9,7 +9,8 @@ Every rank runs `run_sharded` with the same `Job`:
 3. the cells without a kept row are shared out: collective cells (`Variant.collective`: one forward
    across all ranks) run first, on every rank together; the others are split by estimated cost
    (`pipeline.sharding`), cells with one `keep_together` key on one rank (a sweep's chain of growing
-   sequence lengths), and each rank runs its share (`RunShare`) on its own GPU, its traces in
+   sequence lengths), and each rank runs its share (`RunShare`: the engine's `run_share`) on its own GPU,
+   its traces in
    `traces/rank{R}/`;
 4. each rank appends every finished row to its own stream, `results.rank{R}.jsonl` (rank 0's starts
    with the kept rows), so a rank that dies loses only the cell it was running (`--resume` redoes
@@ -18,8 +19,9 @@ Every rank runs `run_sharded` with the same `Job`:
    the plan's order with their speed-ups computed over all of them; every row names its rank, host
    and GPU, and the document's `distributed` section each rank's share.
 
-A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` when
-the job says so (`sweep`); `compare` comes here alone only to resume.
+A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` in a
+sweep; it writes the same `results.json` and `results.csv` (with `resumed_from` null when it resumes
+nothing).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from attnprof.pipeline.resume import (
 )
 from attnprof.pipeline.run import Cell, RunFolder, RunOutcome, open_run_folder, rows_exit_code
 from attnprof.pipeline.sharding import Split, cell_cost, cell_name, split_cells
+from attnprof.pipeline.sweep import chain_key
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, Placement
 
@@ -56,8 +59,9 @@ T = TypeVar("T")
 @dataclass
 class Job:
     """What every rank runs: the whole plan (`cells`), the rows kept from the run it resumes
-    (`previous`), whether a single process streams its rows, the split's `keep_together` key, and
-    whether a row that ran out of memory fails the run (not in a sweep)."""
+    (`previous`), and whether it is a sweep (`pipeline.engine` runs each dtype's cells under the OOM rule;
+    a single process streams its rows; a chain of growing sequence lengths stays on one rank; a row that
+    ran out of memory does not fail the run)."""
 
     command: str
     config: Config
@@ -66,9 +70,17 @@ class Job:
     cells: list[Cell]
     previous: ResultsFile | None = None
     kept: list[dict[str, Any]] = field(default_factory=list)
-    stream_alone: bool = False
-    keep_together: Callable[[Variant, RunSpec], Hashable] | None = None
-    out_of_memory_fails: bool = True
+    sweep: bool = False
+
+    @property
+    def keep_together(self) -> Callable[[Variant, RunSpec], Hashable] | None:
+        """The split's key of cells that stay on one rank: a sweep's chain (the OOM rule follows it)."""
+        return (lambda variant, spec: chain_key(variant.name, spec)) if self.sweep else None
+
+    @property
+    def out_of_memory_fails(self) -> bool:
+        """Whether a row that ran out of memory fails the run (not in a sweep)."""
+        return not self.sweep
 
 
 @dataclass
@@ -140,7 +152,7 @@ def run_sharded(
     mine = collective + split.shards[rank]
     trace_dir = folder.traces if group is None else folder.traces / f"rank{rank}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    streams = _stream_paths(folder, group, job.stream_alone)
+    streams = _stream_paths(folder, group, job.sweep)
     environment = collect_environment(job.device)
     stream = None
     if streams:

@@ -17,28 +17,19 @@ gathers the rows.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import replace
-from itertools import groupby
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
-from attnprof.config import Config, MeasureOptions, Shape
+from attnprof.config import Config, Shape
 from attnprof.errors import ConfigError
-from attnprof.interrupts import raise_if_interrupted
-from attnprof.pipeline.run import Cell, run_cells
+from attnprof.pipeline.cell import ran_out_of_memory
+from attnprof.pipeline.run import Cell
 from attnprof.registry import RunSpec, Variant
 from attnprof.report.serialize import row_cell_key
-from attnprof.results import CellResult, attach_speedups
+from attnprof.results import CellResult
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from attnprof.pipeline.distributed import Group
-    from attnprof.profiling.ceiling import RunCeiling
-
-OOM_REASON = "out of memory"  # how `run_cell` begins the reason of a cell that ran out of memory
 OOM_SKIP = "OOM at smaller size"  # the reason of a cell skipped by the OOM rule
 
 Key = tuple[Any, ...]
@@ -107,11 +98,6 @@ def chain_key(variant: str, spec: RunSpec) -> Key:
     return cell_key(variant, replace(spec, seq=0))
 
 
-def ran_out_of_memory(status: str, reason: str | None) -> bool:
-    """True for a cell that failed because it ran out of memory."""
-    return status.startswith("failed") and (reason or "").startswith(OOM_REASON)
-
-
 class OomRule:
     """Once a variant runs out of memory at one sequence length, its larger sequence lengths at the same
     other axes (batch, heads, kv_heads, head_dim, dtype, causal, mode, device type) are skipped."""
@@ -136,74 +122,3 @@ class OomRule:
         """`OOM at smaller size (seq S)` when `variant` ran out of memory at a smaller S; else None."""
         seq = self._smallest.get(chain_key(variant.name, spec))
         return f"{OOM_SKIP} (seq {seq})" if seq is not None and spec.seq > seq else None
-
-
-class _Recorder:
-    """What `run_sweep` does around each cell: global progress indices, speed-up against the point's
-    baseline cell, the OOM rule, and the streamed row (`record`)."""
-
-    def __init__(self, total: int, baseline: str | None, record: Callable[[CellResult], None], oom: OomRule) -> None:
-        self.total, self.baseline, self.record, self.oom = total, baseline, record, oom
-        self.offset = 0  # cells of the dtypes before the current one
-        self.baselines: dict[RunSpec, CellResult] = {}
-        self.on_start: Callable[[int, int, Variant, RunSpec], None] | None = None
-        self.on_done: Callable[[CellResult], None] | None = None
-
-    def started(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
-        """Pass the start on with the index among all cells."""
-        if self.on_start:
-            self.on_start(self.offset + index, self.total, variant, spec)
-
-    def done(self, result: CellResult) -> None:
-        """Speed-up, OOM rule, then the row on disk before anyone else hears of the cell."""
-        if result.variant == self.baseline:
-            self.baselines[result.spec] = result
-        base = self.baselines.get(result.spec)
-        attach_speedups([result] if base is None or base is result else [base, result], self.baseline)
-        self.oom.note_result(result)
-        self.record(result)
-        if self.on_done:
-            self.on_done(result)
-
-
-def run_sweep(
-    cells: list[Cell],
-    config: Config,
-    measure: MeasureOptions,
-    ceiling_for: Callable[[str], RunCeiling | None],
-    record: Callable[[CellResult], None],
-    oom: OomRule,
-    on_start: Callable[[int, int, Variant, RunSpec], None] | None = None,
-    on_done: Callable[[CellResult], None] | None = None,
-    trace_dir: Path | None = None,
-    group: Group | None = None,
-) -> tuple[list[CellResult], bool]:
-    """Run the planned cells dtype by dtype (`ceiling_for(dtype)` gives each its ceiling), skipping by
-    the OOM rule and passing each finished cell to `record` (which streams its row) with its speed-up
-    against the baseline's cell (which runs first at each point). Returns the results and whether
-    Ctrl-C cut the sweep short. `on_start` gets the index among all `cells`; `group`: see `run_cells`."""
-    recorder = _Recorder(len(cells), config.baseline, record, oom)
-    recorder.on_start, recorder.on_done = on_start, on_done
-    results: list[CellResult] = []
-    for dtype, cells_of_dtype in groupby(cells, key=lambda cell: cell[1].dtype):
-        recorder.offset = len(results)
-        try:
-            raise_if_interrupted()
-            ceiling = ceiling_for(dtype)
-        except KeyboardInterrupt:
-            return results, True
-        done, interrupted = run_cells(
-            list(cells_of_dtype),
-            config,
-            measure,
-            ceiling,
-            recorder.started,
-            recorder.done,
-            trace_dir,
-            skip=oom.skip_reason,
-            group=group,
-        )
-        results += done
-        if interrupted:
-            return results, True
-    return results, False

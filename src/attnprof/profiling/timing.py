@@ -36,12 +36,15 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
 from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
+
+if TYPE_CHECKING:
+    from attnprof.config import MeasureOptions
 
 UNSTABLE_IQR_RATIO = 0.10
 SETTLE_TOLERANCE = 0.10
@@ -130,24 +133,56 @@ def summarize(
     )
 
 
+@dataclass(frozen=True)
+class TimingOptions:
+    """How a forward is timed (the module docstring): at least `min_time_s` of timed calls, between
+    `min_reps` and `max_reps` of them, after a warm-up that settles over its last `warmup_reps` calls (no
+    sooner than `warmup_min_s`, no later than `warmup_s`); CUDA graphs and the L2 flush on request; a
+    sample is unstable above `unstable_threshold` (IQR / median). Built once from the command's settings
+    (`from_measure`, or a model config's `timing`) and passed down."""
+
+    min_time_s: float = 0.25
+    min_reps: int = 10
+    max_reps: int = 1000
+    warmup_s: float = 1.0
+    warmup_min_s: float = 0.02
+    warmup_reps: int = 3
+    cuda_graph: bool = False
+    flush_l2: bool = False
+    unstable_threshold: float = UNSTABLE_IQR_RATIO
+
+    @classmethod
+    def from_measure(cls, measure: MeasureOptions) -> TimingOptions:
+        """The options of a cell: the measurement flags of `run`, `compare` and `sweep`."""
+        return cls(min_time_s=measure.min_time_s, cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
+
+    def rep_note(self, reps: int) -> str:
+        """How the repetitions were chosen, for `Timing.method`."""
+        return f"{reps} reps (time-based: {self.min_time_s:g} s, clamped to [{self.min_reps}, {self.max_reps}])"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one timing times: `fn`, with `setup` before each call (`prepared` when the caller gave one),
+    read by `clock`, with the call counts agreed by `agree` (see `time_forward`)."""
+
+    fn: Callable[[], Any]
+    setup: Callable[[], Any]
+    prepared: bool
+    clock: Callable[[], float]
+    agree: Callable[[int], int] | None
+
+
 def time_forward(
     fn: Callable[[], Any],
     device: str,
+    options: TimingOptions = TimingOptions(),
     *,
-    min_time_s: float = 0.25,
-    max_reps: int = 1000,
-    min_reps: int = 10,
-    warmup_s: float = 1.0,
-    warmup_min_s: float = 0.02,
-    warmup_reps: int = 3,
-    cuda_graph: bool = False,
-    flush_l2: bool = False,
-    unstable_threshold: float = UNSTABLE_IQR_RATIO,
     clock: Callable[[], float] | None = None,
     prepare: Callable[[], Any] | None = None,
     agree: Callable[[int], int] | None = None,
 ) -> Timing:
-    """Time `fn()` (one forward, no arguments) on `device` as the module docstring describes.
+    """Time `fn()` (one forward, no arguments) on `device` with `options`, as the module docstring describes.
 
     `prepare`, when given, runs before every call of `fn` (cold, warm-up and timed), outside the clock
     and the CUDA events; a step with one cannot be captured in a CUDA graph, so it is timed eagerly.
@@ -156,81 +191,37 @@ def time_forward(
     """
     import torch
 
-    clock = clock or time.perf_counter
+    step = _Step(fn, prepare or _nothing, prepare is not None, clock or time.perf_counter, agree)
     dev = torch.device(device)
-    setup = prepare or _nothing
     with oom_guard():
         if dev.type == "cuda":
             with torch.cuda.device(dev):
-                return _time_cuda(
-                    fn,
-                    setup,
-                    prepare is not None,
-                    dev,
-                    clock,
-                    min_time_s,
-                    max_reps,
-                    min_reps,
-                    warmup_s,
-                    warmup_min_s,
-                    warmup_reps,
-                    cuda_graph,
-                    flush_l2,
-                    unstable_threshold,
-                    agree,
-                )
-        return _time_cpu(
-            fn,
-            setup,
-            prepare is not None,
-            clock,
-            min_time_s,
-            max_reps,
-            min_reps,
-            warmup_s,
-            warmup_min_s,
-            warmup_reps,
-            cuda_graph,
-            flush_l2,
-            unstable_threshold,
-            agree,
-        )
+                return _time_cuda(step, dev, options)
+        return _time_cpu(step, options)
 
 
-def _warm_up(
-    call_s: Callable[[], float],
-    clock: Callable[[], float],
-    warmup_s: float,
-    warmup_min_s: float,
-    warmup_reps: int,
-    agree: Callable[[int], int] | None = None,
-) -> tuple[list[float], bool]:
-    """Call until settled or out of budget (with `agree`: until every process is); return the call
+def _warm_up(call_s: Callable[[], float], step: _Step, options: TimingOptions) -> tuple[list[float], bool]:
+    """Call until settled or out of budget (with `step.agree`: until every process is); return the call
     times and whether they settled here."""
     times: list[float] = []
-    window = max(1, warmup_reps)
-    start = clock()
+    window = max(1, options.warmup_reps)
+    start = step.clock()
     while True:
         times.append(call_s())
-        elapsed = clock() - start
-        settled = len(times) >= window and elapsed >= warmup_min_s and has_settled(times, window)
-        done = settled or elapsed >= warmup_s
-        if agree is not None:
-            done = not agree(int(not done))
+        elapsed = step.clock() - start
+        settled = len(times) >= window and elapsed >= options.warmup_min_s and has_settled(times, window)
+        done = settled or elapsed >= options.warmup_s
+        if step.agree is not None:
+            done = not step.agree(int(not done))
         if done:
             return times, settled
 
 
-def _agreed(reps: int, agree: Callable[[int], int] | None) -> int:
-    return reps if agree is None else agree(reps)
-
-
-def _estimate(times: Sequence[float], window: int) -> float:
-    return median(list(times[-max(1, window) :]))
-
-
-def _rep_note(reps: int, min_time_s: float, min_reps: int, max_reps: int) -> str:
-    return f"{reps} reps (time-based: {min_time_s:g} s, clamped to [{min_reps}, {max_reps}])"
+def _reps(warm: Sequence[float], step: _Step, options: TimingOptions) -> int:
+    """The repetitions the warm-up's last call times ask for (with `step.agree`: the most any process asks)."""
+    estimate = median(list(warm[-max(1, options.warmup_reps) :]))
+    reps = choose_reps(estimate, options.min_time_s, options.min_reps, options.max_reps)
+    return reps if step.agree is None else step.agree(reps)
 
 
 def _warm_note(n: int, settled: bool) -> str:
@@ -241,40 +232,25 @@ def _nothing() -> None:
     return None
 
 
-def _time_cpu(
-    fn,
-    setup,
-    prepared,
-    clock,
-    min_time_s,
-    max_reps,
-    min_reps,
-    warmup_s,
-    warmup_min_s,
-    warmup_reps,
-    cuda_graph,
-    flush_l2,
-    unstable_threshold,
-    agree=None,
-) -> Timing:
+def _time_cpu(step: _Step, options: TimingOptions) -> Timing:
     def call_s() -> float:
-        setup()
-        t0 = clock()
-        fn()
-        return clock() - t0
+        step.setup()
+        t0 = step.clock()
+        step.fn()
+        return step.clock() - t0
 
     cold = call_s()
-    warm, settled = _warm_up(call_s, clock, warmup_s, warmup_min_s, warmup_reps, agree)
-    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
+    warm, settled = _warm_up(call_s, step, options)
+    reps = _reps(warm, step, options)
     samples = [call_s() for _ in range(reps)]
     notes = [
-        "time.perf_counter per call" + (", each after an untimed forward" if prepared else ""),
-        _rep_note(reps, min_time_s, min_reps, max_reps),
+        "time.perf_counter per call" + (", each after an untimed forward" if step.prepared else ""),
+        options.rep_note(reps),
         _warm_note(len(warm), settled),
     ]
-    if cuda_graph:
+    if options.cuda_graph:
         notes.append("cuda-graph n/a on CPU")
-    if flush_l2:
+    if options.flush_l2:
         notes.append("flush-l2 n/a on CPU")
     return summarize(
         samples,
@@ -282,60 +258,80 @@ def _time_cpu(
         warmup_reps=len(warm),
         cold_s=cold,
         method="; ".join(notes),
-        unstable_threshold=unstable_threshold,
+        unstable_threshold=options.unstable_threshold,
     )
 
 
-def _time_cuda(
-    fn,
-    setup,
-    prepared,
-    dev,
-    clock,
-    min_time_s,
-    max_reps,
-    min_reps,
-    warmup_s,
-    warmup_min_s,
-    warmup_reps,
-    cuda_graph,
-    flush_l2,
-    unstable_threshold,
-    agree=None,
-) -> Timing:
+def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     import torch
 
-    setup()
+    step.setup()
     torch.cuda.synchronize(dev)
-    t0 = clock()
-    fn()
+    t0 = step.clock()
+    step.fn()
     torch.cuda.synchronize(dev)
-    cold = clock() - t0
+    cold = step.clock() - t0
 
     def warm_call() -> float:
-        setup()
-        return event_time_s(fn)
+        step.setup()
+        return event_time_s(step.fn)
 
-    warm, settled = _warm_up(warm_call, clock, warmup_s, warmup_min_s, warmup_reps, agree)
+    warm, settled = _warm_up(warm_call, step, options)
     warm_n = len(warm)
-    launch = fn
-    per_sample = 1
-    notes: list[str] = []
-    graph_used = False
-    if cuda_graph and prepared:
-        notes.append("cuda-graph n/a: an untimed forward precedes each backward")
-    elif cuda_graph and agree is not None:
-        notes.append("cuda-graph not used: every rank runs this forward together")
-    elif cuda_graph:
-        try:
-            graph, per_sample, warm = graphed(fn, warmup_reps, single=flush_l2)
-        except Exception as exc:  # capture is best effort: fall back to eager and say why
-            recover_from_failed_capture(dev)
-            notes.append(f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager")
-        else:
-            launch = graph.replay
-            graph_used = True
-    reps = _agreed(choose_reps(_estimate(warm, warmup_reps), min_time_s, min_reps, max_reps), agree)
+    launch, per_sample, graph_warm, notes = _launcher(step, dev, options)
+    reps = _reps(graph_warm or warm, step, options)
+    samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    graph_used = launch is not step.fn
+    if graph_used:
+        head = (
+            f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
+            f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
+        )
+    elif step.prepared:
+        head = "CUDA events per call, eager, each after an untimed forward"
+    else:
+        head = "CUDA events per call, eager, back to back"
+    notes = [head, options.rep_note(reps), _warm_note(warm_n, settled)] + notes
+    if options.flush_l2:
+        notes.append("L2 flushed before each call (outside the events)")
+    return summarize(
+        [sample / per_sample for sample in samples],
+        reps=reps,
+        warmup_reps=warm_n,
+        cold_s=cold,
+        method="; ".join(notes),
+        cuda_graph=graph_used,
+        flush_l2=options.flush_l2,
+        forwards_per_sample=per_sample,
+        unstable_threshold=options.unstable_threshold,
+    )
+
+
+def _launcher(step: _Step, dev: Any, options: TimingOptions) -> tuple[Callable[[], Any], int, list[float], list[str]]:
+    """What each timed sample launches: a captured graph's replay when `options.cuda_graph` and the step
+    allows one, else the step itself. Returns it, the forwards per sample, the graph's own warm-up call
+    times (empty without a graph) and notes on why no graph was used."""
+    if not options.cuda_graph:
+        return step.fn, 1, [], []
+    if step.prepared:
+        return step.fn, 1, [], ["cuda-graph n/a: an untimed forward precedes each backward"]
+    if step.agree is not None:
+        return step.fn, 1, [], ["cuda-graph not used: every rank runs this forward together"]
+    try:
+        graph, per_sample, warm = graphed(step.fn, options.warmup_reps, single=options.flush_l2)
+    except Exception as exc:  # capture is best effort: fall back to eager and say why
+        recover_from_failed_capture(dev)
+        return step.fn, 1, [], [f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager"]
+    return graph.replay, per_sample, warm, []
+
+
+def _event_samples(
+    launch: Callable[[], Any], setup: Callable[[], Any], dev: Any, reps: int, flush_l2: bool
+) -> list[float]:
+    """`reps` launches back to back, each between a pair of CUDA events (after `setup`, and the L2 flush
+    outside the events), one synchronize at the end; the seconds of each."""
+    import torch
+
     cache = flush_buffer(dev) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -348,30 +344,5 @@ def _time_cuda(
         launch()
         ends[i].record()
     torch.cuda.synchronize(dev)
-    samples = [s.elapsed_time(e) / 1e3 / per_sample for s, e in zip(starts, ends, strict=True)]
     del cache
-    if graph_used:
-        head = (
-            f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
-            f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
-        )
-    else:
-        head = (
-            "CUDA events per call, eager, back to back"
-            if not prepared
-            else ("CUDA events per call, eager, each after an untimed forward")
-        )
-    notes = [head, _rep_note(reps, min_time_s, min_reps, max_reps), _warm_note(warm_n, settled)] + notes
-    if flush_l2:
-        notes.append("L2 flushed before each call (outside the events)")
-    return summarize(
-        samples,
-        reps=reps,
-        warmup_reps=warm_n,
-        cold_s=cold,
-        method="; ".join(notes),
-        cuda_graph=graph_used,
-        flush_l2=flush_l2,
-        forwards_per_sample=per_sample,
-        unstable_threshold=unstable_threshold,
-    )
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
