@@ -233,10 +233,10 @@ class TableBuilder:
         for count in ("event_count", "non_objects", "overhead_count", "python_function_count"):
             setattr(self, count, getattr(self, count) + getattr(other, count))
 
-    def finish(self, label: str) -> ParsedTrace:
-        """The tables as a ParsedTrace named `label`."""
-        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name != "source"}
-        return ParsedTrace(**kept, source=label)
+    def finish(self, label: str, read_notes: tuple[str, ...] = ()) -> ParsedTrace:
+        """The tables as a ParsedTrace named `label` (`read_notes`: see ParsedTrace)."""
+        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name not in ("source", "read_notes")}
+        return ParsedTrace(**kept, source=label, read_notes=read_notes)
 
 
 def _appenders(table: Any) -> tuple[Any, ...]:
