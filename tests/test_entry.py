@@ -3,6 +3,7 @@ imports (`--help`: neither torch nor the analysis; `explain`: the kernel names o
 
 from __future__ import annotations
 
+import ast
 import builtins
 import subprocess
 import sys
@@ -45,26 +46,25 @@ def test_python_dash_m_attnprof_exits_with_the_commands_status(tmp_path) -> None
     assert missing.returncode == 4 and missing.stderr.startswith("error: trace file not found")
 
 
-def test_help_imports_neither_torch_nor_the_analysis() -> None:
+def _loaded_after(args: list[str], wanted: str) -> list[str]:
+    """The modules that `wanted` (an expression over a module name `m`) picks among those loaded once
+    `attnprof ARGS` has run in a fresh interpreter."""
     code = (
         "import sys\n"
-        "sys.argv = ['attnprof', '--help']\n"
+        f"sys.argv = ['attnprof', *{args!r}]\n"
         "from attnprof.entry import main\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('attnprof.analysis')), file=sys.stderr)"
+        f"print(sorted(m for m in sys.modules if {wanted}), file=sys.stderr)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stderr.strip().splitlines()[-1] == "[]"
+    return ast.literal_eval(out.stderr.strip().splitlines()[-1])
+
+
+def test_help_imports_neither_torch_nor_the_analysis() -> None:
+    assert _loaded_after(["--help"], "m == 'torch' or m.startswith('attnprof.analysis')") == []
 
 
 def test_explain_loads_the_kernel_names_and_not_the_whole_analysis() -> None:
-    code = (
-        "import sys\n"
-        "sys.argv = ['attnprof', 'explain', 'flash_fwd_kernel']\n"
-        "from attnprof.entry import main\n"
-        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        "print(sorted(m for m in ('attnprof.analysis.analyze', 'attnprof.analysis.trace.load', 'msgspec', 'torch')"
-        " if m in sys.modules), file=sys.stderr)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stderr.strip().splitlines()[-1] == "[]"
+    wanted = "m in ('attnprof.analysis.analyze', 'attnprof.analysis.trace.load', 'msgspec', 'torch')"
+    assert _loaded_after(["explain", "flash_fwd_kernel"], wanted) == []
+    assert "attnprof.analysis.names" in _loaded_after(["explain", "flash_fwd_kernel"], "m.startswith('attnprof')")
