@@ -2,9 +2,9 @@
 
 `load_trace(source)` accepts a path (`.json` or `.json.gz`), an already-loaded dict or a
 `ParsedTrace` and returns a `ParsedTrace`. A file is read as a stream of bytes (`reader`; two
-processes for a large one: `parallel`, which says in `ParsedTrace.read_notes` when it fell back to
-one) and decoded by msgspec into `decoding.Record`s, holding
-the fields attnprof reads and nothing else; a dict is encoded to JSON and read the same way.
+processes for a large one: `parallel`, which says in `ParsedTrace.read_notes` why, when it fell back
+to one) and decoded by msgspec into `decoding.Record`s, holding the fields attnprof reads and nothing
+else; a dict is encoded to JSON and read the same way.
 `builder.TableBuilder.add`, the one loop from events to tables, reduces each to a few numbers in `array`s.
 """
 
