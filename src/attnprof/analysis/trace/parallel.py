@@ -7,10 +7,10 @@ and stops exactly where the worker began; then the worker's sink is appended to 
 it; if it cannot, or the worker fails, it reads on alone and says why in `notes` (a worker that
 fails sends its exception and traceback instead of its result).
 
-What it saves, measured with benchmarks/analysis_scale.py --one-process on its 1M-event plain-JSON
-trace (306 MB) with two idle cores: the parse takes 0.99 s instead of 1.86 s, 0.87 s of the 4.1 s
-that `attnprof analyze` takes in one process (a fifth). With no core to spare it saves nothing
-(paired runs while other work kept both cores busy: 1.03x the one-process time).
+What it saves, measured on benchmarks/scaletrace.py's 1M-event plain-JSON trace (306 MB), `attnprof
+analyze --format json` in 12 paired whole-process runs on two idle cores: 2.52 s against 3.20 s read
+by one process (medians; 0.78x, a fifth of the command's time). With no core to spare it saves
+nothing (paired runs while other work kept both cores busy: 1.03x).
 """
 
 from __future__ import annotations
