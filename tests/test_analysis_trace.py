@@ -259,7 +259,7 @@ absorb = builder.TableBuilder.absorb
 builder.TableBuilder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
 two = load_trace(sys.argv[1])
 print(json.dumps({"merged": len(merged), "same": parsed_contents(one) == parsed_contents(two),
-                  "device": len(one.device), "meta": one.metadata}))
+                  "device": len(one.device), "meta": one.metadata, "notes": [one.read_notes, two.read_notes]}))
 """
 _WRONG_CUT = """
 find = reader.ByteStream.find_event_start
@@ -269,6 +269,21 @@ _FAILING_WORKER = """
 def fail(self, key, value):
     raise ValueError("boom")
 parallel._TopLevel.top_level = fail  # the worker reads traceName last
+"""
+_FAILING_EARLY = """
+def fail(self):
+    raise ValueError("no start")
+reader.ByteStream.find_event_start = fail  # only the worker looks for where an event starts
+"""
+_NO_FORK = """
+import os
+def no_fork():
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+os.fork = no_fork
+"""
+_KILLED_WORKER = """
+import os, signal
+parallel._read_part = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
@@ -286,14 +301,85 @@ def _read_by_one_and_two(path, patch: str = "") -> dict:
 @pytest.mark.parametrize("form", ["json", "gz", "bare"])
 def test_two_processes_read_what_one_reads(tmp_path, form):
     seen = _read_by_one_and_two(large_trace(tmp_path, form))
-    assert seen["merged"] == 1 and seen["same"]
+    assert seen["merged"] == 1 and seen["same"] and seen["notes"] == [[], []]
     assert seen["device"] >= 540 and (form == "bare" or seen["meta"]["traceName"])
 
 
-@pytest.mark.parametrize("patch", [_WRONG_CUT, _FAILING_WORKER], ids=["worker-inside-an-event", "worker-fails"])
-def test_a_worker_that_cannot_help_is_not_used(tmp_path, patch):
+ALONE = "the trace was read by one process: "
+
+
+@pytest.mark.parametrize(("patch", "why"), [
+    (_WRONG_CUT, "byte {}, where the second reading process began, is not between two events"),
+    (_FAILING_WORKER, "the second reading process failed: ValueError: boom\nTraceback (most recent call last):\n"),
+    (_FAILING_EARLY, "the second reading process failed: ValueError: no start\nTraceback (most recent call last):\n"),
+    (_KILLED_WORKER, "the second reading process failed: it ended without sending its part (killed by signal 9)"),
+    (_NO_FORK, "the second reading process could not be started ([Errno 11] Resource temporarily unavailable)"),
+], ids=["worker-inside-an-event", "worker-fails", "worker-fails-before-its-first-event", "worker-killed", "no-fork"])
+def test_a_worker_that_cannot_help_is_not_used_and_says_why(tmp_path, patch, why):
     seen = _read_by_one_and_two(large_trace(tmp_path, "json"), patch)
     assert seen["merged"] == 0 and seen["same"]
+    (one_notes, two_notes) = seen["notes"]
+    assert one_notes == [] and len(two_notes) == 1
+    note = two_notes[0]
+    assert note.startswith(ALONE + why.split("{}")[0]) and why.split("{}")[-1] in note
+    if "Traceback" in why:  # the worker's own frames, down to the line that raised
+        assert note.rstrip().endswith(why.split(": ", 2)[2].split("\n")[0]) and "in fail" in note
+
+
+# `attnprof [--debug] analyze` in a fresh interpreter, on a trace read by two processes; PATCH may break the worker.
+_CLI = """
+import sys
+from attnprof.analysis.trace import parallel
+if not parallel._can_fork():
+    print("skip"); sys.exit()
+parallel.PARALLEL_MIN_BYTES = 0
+{patch}
+from attnprof.entry import main
+sys.argv = ["attnprof", *sys.argv[1:]]
+main()
+"""
+
+
+def _cli(*args: str, patch: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+    out = subprocess.run([sys.executable, "-c", _CLI.replace("{patch}", patch), *args], capture_output=True,
+                         text=True, env=env, check=False)
+    if out.stdout == "skip\n":
+        pytest.skip("forking is not safe here (not Linux, or one core)")
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_a_failing_worker_changes_no_output_and_debug_says_why(tmp_path, fmt):
+    path = str(large_trace(tmp_path, "json"))
+    two = _cli("analyze", path, "--format", fmt)
+    failed = _cli("analyze", path, "--format", fmt, patch=_FAILING_WORKER)
+    debug = _cli("--debug", "analyze", path, "--format", fmt, patch=_FAILING_WORKER)
+    assert two.returncode == failed.returncode == debug.returncode == 0
+    assert two.stdout == failed.stdout == debug.stdout and two.stderr == failed.stderr
+    assert "debug:" not in failed.stderr and "boom" not in failed.stderr
+    said = debug.stderr.replace(two.stderr, "", 1)
+    assert said.startswith(f"debug: {ALONE}the second reading process failed: ValueError: boom\n"
+                           "Traceback (most recent call last):\n")
+    assert said.rstrip().endswith(", in fail\nValueError: boom")  # the frame that raised, in the worker
+
+
+def test_debug_says_nothing_more_when_both_processes_read(tmp_path):
+    path = str(large_trace(tmp_path, "json"))
+    plain, debug = _cli("analyze", path), _cli("--debug", "analyze", path)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (debug.returncode, debug.stdout, debug.stderr)
+
+
+def test_the_cli_reads_a_trace_over_the_threshold_as_it_is_read_in_process(tmp_path):
+    """End to end: `python -m attnprof analyze` on a trace over the two-process threshold."""
+    from attnprof.analysis import analyze_trace
+
+    path = large_trace(tmp_path, "json", copies=max(60, parallel.PARALLEL_MIN_BYTES // 30_000))
+    assert path.stat().st_size > parallel.PARALLEL_MIN_BYTES
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-m", "attnprof", "analyze", str(path), "--format", "json"],
+                         capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout) == json.loads(json.dumps(analyze_trace(path).to_dict()))
 
 
 @pytest.mark.parametrize(("files", "cpus"), [

@@ -45,11 +45,16 @@ def analyze_command(
     Without --region: 'attnprof' if the trace has it, else the only user annotation, else 'ProfilerStep#*'.
     The choice is said on stderr (and in the JSON as region_choice).
     """
-    from attnprof.analysis import analyze_trace
+    from attnprof.analysis import analyze_trace, load_trace
     from attnprof.analysis.trace.load import gc_paused
 
     with gc_paused():  # the analysis keeps many containers until its output is written
-        analysis = analyze_trace(trace, region=region, dtype=dtype)
+        parsed = load_trace(trace)
+        if c.STATE.debug:
+            for line in parsed.read_notes:
+                c.note(f"debug: {line}")
+        analysis = analyze_trace(parsed, region=region, dtype=dtype)
+        del parsed
         if analysis.region_choice:
             c.note(analysis.region_choice)
         if fmt is c.OutputFormat.json:

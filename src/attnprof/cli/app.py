@@ -143,7 +143,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", help="Show tracebacks instead of one-line errors, and the notes kept off the terminal otherwise."
+        ),
+    ] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Load only the built-in variants.")] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")

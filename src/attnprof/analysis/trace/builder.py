@@ -6,12 +6,13 @@ names, threads, input-type lists and kernel launch facts; `absorb` appends what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 from attnprof.analysis.base import DRIVER, KERNEL, MEMCPY, MEMSET, RUNTIME
 from attnprof.analysis.trace import decoding
-from attnprof.analysis.trace.decoding import ABSENT, EMPTY_ARGS, KernelInfo
+from attnprof.analysis.trace.decoding import ABSENT, EMPTY_ARGS, Args, KernelInfo
 from attnprof.analysis.trace.tables import CpuTable, DeviceTable, GpuAnnotationTable, ParsedTrace, RuntimeTable
 
 
@@ -89,20 +90,11 @@ class TableBuilder:
 
     def add(self, records: list[decoding.Record], non_objects: int = 0) -> None:
         """Reduce a batch of events, in file order, into the tables; `non_objects` more entries
-        of the event list were not objects (counted, not kept)."""
-        categories, kernel_info_index = decoding.CATEGORIES, self.kernel_info_table.index_of
-        name_ids, thread_ids, raw_type_ids = self.name_ids, self.thread_ids, self.raw_input_type_ids
-        new_name, new_thread = self._name, self._thread
-        cpu, ann, rt, dev, gann = self.cpu_ops, self.annotations, self.runtime, self.device, self.gpu_annotations
-        overhead_names = decoding.OVERHEAD_NAMES
-        absent = ABSENT
-        cpu_name, cpu_thread, cpu_ts, cpu_dur, cpu_ext, cpu_types, cpu_seq, cpu_fwd_tid = _appenders(cpu)
-        ann_name, ann_thread, ann_ts, ann_dur, ann_ext, ann_types, ann_seq, ann_fwd_tid = _appenders(ann)
-        rt_name, rt_thread, rt_ts, rt_dur, rt_corr, rt_ext, rt_domain = _appenders(rt)
-        dev_kind, dev_name, dev_device, dev_stream, dev_ts, dev_dur, dev_corr, dev_ext, dev_info, dev_nbytes = (
-            _appenders(dev)
-        )
-        gann_name, gann_device, gann_stream, gann_ts, gann_dur, gann_ext = _appenders(gann)
+        of the event list were not objects (counted, not kept). Each kept event's name and thread are
+        interned here; its row is written by the writer of its category (`_row_writers`)."""
+        categories, overhead_names, absent = decoding.CATEGORIES, decoding.OVERHEAD_NAMES, ABSENT
+        name_ids, thread_ids, new_name, new_thread = self.name_ids, self.thread_ids, self._name, self._thread
+        write_row = _row_writers(self)
         self.event_count += len(records) + non_objects
         self.non_objects += non_objects
         last_pid = last_tid = thread = absent
@@ -135,80 +127,14 @@ class TableBuilder:
                 if thread is None:
                     thread = new_thread(pid, tid)
                 last_pid, last_tid = pid, tid
+            if (code == decoding.CAT_RUNTIME or code == decoding.CAT_DRIVER) and name in overhead_names:
+                self.overhead_count += 1  # (its name and thread interned all the same)
+                continue
             args = ev.args
             if args is None:
                 args = EMPTY_ARGS
             ext = args.ext
-            if ext.__class__ is not int:
-                ext = -1
-            if code == decoding.CAT_CPU_OP:
-                cpu_name(nid)
-                cpu_thread(thread)
-                cpu_ts(ts)
-                cpu_dur(dur)
-                cpu_ext(ext)
-                raw = bytes(args.input_type)
-                types = raw_type_ids.get(raw)
-                cpu_types(types if types is not None else self._raw_input_types(raw))
-                seq, fwd_tid = args.seq, args.fwd_tid
-                cpu_seq(seq if seq.__class__ is int else -1)
-                cpu_fwd_tid(fwd_tid if fwd_tid.__class__ is int else -1)
-            elif code == decoding.CAT_RUNTIME or code == decoding.CAT_DRIVER:
-                if name in overhead_names:
-                    self.overhead_count += 1
-                    continue
-                rt_name(nid)
-                rt_thread(thread)
-                rt_ts(ts)
-                rt_dur(dur)
-                rt_ext(ext)
-                corr = args.corr
-                rt_corr(corr if corr.__class__ is int else -1)
-                rt_domain(DRIVER if code == decoding.CAT_DRIVER else RUNTIME)
-            elif code == decoding.CAT_ANNOT:
-                ann_name(nid)
-                ann_thread(thread)
-                ann_ts(ts)
-                ann_dur(dur)
-                ann_ext(ext)
-                ann_types(-1)
-                ann_seq(-1)
-                ann_fwd_tid(-1)
-            else:  # device work and GPU annotations: device and stream default to pid and tid
-                device, stream = args.device, args.stream
-                if device is absent:
-                    device = pid
-                if stream is absent:
-                    stream = tid
-                if device.__class__ is not int:
-                    device = -1
-                if stream.__class__ is not int:
-                    stream = -1
-                if code == decoding.CAT_GPU_ANNOT:
-                    gann_name(nid)
-                    gann_ts(ts)
-                    gann_dur(dur)
-                    gann_ext(ext)
-                    gann_device(device)
-                    gann_stream(stream)
-                    continue
-                kind = KERNEL if code == decoding.CAT_KERNEL else (MEMCPY if code == decoding.CAT_MEMCPY else MEMSET)
-                dev_kind(kind)
-                dev_name(nid)
-                dev_ts(ts)
-                dev_dur(dur)
-                dev_ext(ext)
-                dev_device(device)
-                dev_stream(stream)
-                corr = args.corr
-                dev_corr(corr if corr.__class__ is int else -1)
-                if kind == KERNEL:
-                    dev_info(kernel_info_index(args))
-                    dev_nbytes(-1)
-                else:
-                    dev_info(-1)
-                    nbytes = args.nbytes
-                    dev_nbytes(nbytes if nbytes.__class__ is int else -1)
+            write_row[code](nid, thread, ts, dur, ext if ext.__class__ is int else -1, args, pid, tid)
 
     def absorb(self, other: TableBuilder) -> None:
         """Append what `other` read from the events that follow this builder's (the reader's
@@ -233,12 +159,114 @@ class TableBuilder:
         for count in ("event_count", "non_objects", "overhead_count", "python_function_count"):
             setattr(self, count, getattr(self, count) + getattr(other, count))
 
-    def finish(self, label: str) -> ParsedTrace:
-        """The tables as a ParsedTrace named `label`."""
-        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name != "source"}
-        return ParsedTrace(**kept, source=label)
+    def finish(self, label: str, read_notes: tuple[str, ...] = ()) -> ParsedTrace:
+        """The tables as a ParsedTrace named `label` (`read_notes`: see ParsedTrace)."""
+        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name not in ("source", "read_notes")}
+        return ParsedTrace(**kept, source=label, read_notes=read_notes)
 
 
 def _appenders(table: Any) -> tuple[Any, ...]:
     """The `append` of each column of a table, in field order."""
     return tuple(getattr(table, column.name).append for column in fields(table))
+
+
+#: Writes one event's row: (name id, thread index, ts, dur, External id, args, pid, tid).
+_RowWriter = Callable[[int, int, float, float, int, Args, Any, Any], None]
+
+
+def _row_writers(builder: TableBuilder) -> tuple[_RowWriter, ...]:
+    """The row writer of each table category, indexed by its code (`decoding.CAT_CPU_OP` ...
+    `decoding.CAT_GPU_ANNOT`), appending to `builder`'s tables."""
+    return (
+        _cpu_writer(builder.cpu_ops, builder),
+        _cpu_writer(builder.annotations, None),
+        _runtime_writer(builder.runtime, RUNTIME),
+        _runtime_writer(builder.runtime, DRIVER),
+        _device_writer(builder.device, KERNEL, builder.kernel_info_table.index_of),
+        _device_writer(builder.device, MEMCPY, None),
+        _device_writer(builder.device, MEMSET, None),
+        _device_writer(builder.gpu_annotations, None, None),
+    )
+
+
+def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
+    """Cpu ops (`builder` interns their input types) or user annotations (None: they have no input
+    types, sequence number or forward thread)."""
+    name, thread, ts, dur, ext, types, seq, fwd_tid = _appenders(table)
+    if builder is not None:
+        raw_type_ids, raw_input_types = builder.raw_input_type_ids, builder._raw_input_types
+
+    def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
+        name(nid)
+        thread(tid_index)
+        ts(t)
+        dur(d)
+        ext(x)
+        if builder is None:
+            types(-1)
+            seq(-1)
+            fwd_tid(-1)
+            return
+        raw = bytes(args.input_type)
+        index = raw_type_ids.get(raw)
+        types(index if index is not None else raw_input_types(raw))
+        sequence, forward_tid = args.seq, args.fwd_tid
+        seq(sequence if sequence.__class__ is int else -1)
+        fwd_tid(forward_tid if forward_tid.__class__ is int else -1)
+
+    return write
+
+
+def _runtime_writer(table: RuntimeTable, domain_code: int) -> _RowWriter:
+    name, thread, ts, dur, corr, ext, domain = _appenders(table)
+
+    def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
+        name(nid)
+        thread(tid_index)
+        ts(t)
+        dur(d)
+        ext(x)
+        correlation = args.corr
+        corr(correlation if correlation.__class__ is int else -1)
+        domain(domain_code)
+
+    return write
+
+
+def _device_writer(
+    table: DeviceTable | GpuAnnotationTable, kind_code: int | None, kernel_info_index: Callable[[Args], int] | None
+) -> _RowWriter:
+    """Kernels (`kind_code` KERNEL, with `kernel_info_index`), memcpys, memsets, or GPU annotations
+    (`kind_code` None). Device and stream default to pid and tid; -1 when not an integer."""
+    name, device, stream, ts, dur, ext = (
+        getattr(table, c).append for c in ("name", "device", "stream", "ts", "dur", "ext")
+    )
+    if isinstance(table, DeviceTable):
+        kind, corr, info, nbytes = table.kind.append, table.corr.append, table.info.append, table.nbytes.append
+
+    def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
+        name(nid)
+        ts(t)
+        dur(d)
+        ext(x)
+        on, at = args.device, args.stream
+        if on is ABSENT:
+            on = pid
+        if at is ABSENT:
+            at = tid
+        device(on if on.__class__ is int else -1)
+        stream(at if at.__class__ is int else -1)
+        if kind_code is None:
+            return
+        kind(kind_code)
+        correlation = args.corr
+        corr(correlation if correlation.__class__ is int else -1)
+        if kernel_info_index is not None:
+            info(kernel_info_index(args))
+            nbytes(-1)
+        else:
+            info(-1)
+            size = args.nbytes
+            nbytes(size if size.__class__ is int else -1)
+
+    return write

@@ -2,8 +2,9 @@
 
 `load_trace(source)` accepts a path (`.json` or `.json.gz`), an already-loaded dict or a
 `ParsedTrace` and returns a `ParsedTrace`. A file is read as a stream of bytes (`reader`; two
-processes for a large one: `parallel`) and decoded by msgspec into `decoding.Record`s, holding
-the fields attnprof reads and nothing else; a dict is encoded to JSON and read the same way.
+processes for a large one: `parallel`, which says in `ParsedTrace.read_notes` why, when it fell back
+to one) and decoded by msgspec into `decoding.Record`s, holding the fields attnprof reads and nothing
+else; a dict is encoded to JSON and read the same way.
 `builder.TableBuilder.add`, the one loop from events to tables, reduces each to a few numbers in `array`s.
 """
 
@@ -50,6 +51,7 @@ def gc_paused() -> Iterator[None]:
 
 def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
     builder = TableBuilder()
+    notes: list[str] = []
     if isinstance(source, dict):
         label = "<dict>"
         try:
@@ -65,7 +67,7 @@ def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
         if path.is_dir():
             raise TraceError(f"trace path is a directory, not a file: {path}")
         try:
-            saw_events = parallel.read_path(path, builder, TableBuilder, label)
+            saw_events = parallel.read_path(path, builder, TableBuilder, label, notes)
         except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
             raise reader.not_a_trace(label, f"its gzip data is cut short or corrupt ({exc})") from None
         except OSError as exc:
@@ -76,4 +78,4 @@ def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
         if builder.event_count:
             raise reader.not_a_trace(label, "its events are not JSON objects")
         raise TraceError(f"trace {label} has no events")
-    return builder.finish(label)
+    return builder.finish(label, tuple(notes))

@@ -4,26 +4,27 @@ A forked worker reads the second half of the event list (from the first event th
 after the middle byte) and the rest of the document, while this process reads the first half
 and stops exactly where the worker began; then the worker's sink is appended to this one
 (`Sink.absorb`). This process checks the cut itself, by decoding complete events right up to
-it; if it cannot, or the worker fails, it reads on alone.
+it; if it cannot, or the worker fails, it reads on alone and says why in `notes` (a worker that
+fails sends its exception and traceback instead of its result).
 
-`start_early(path)` forks that worker before the caller has loaded what it needs to read the
-first half (the CLI does it for `attnprof analyze TRACE` before importing typer and the
-analysis): the worker then reads while this process imports, and takes a larger share to match.
-`read_path` uses it for the same file (same size and mtime) and ends it otherwise.
+What it saves, measured on benchmarks/scaletrace.py's 1M-event plain-JSON trace (306 MB), `attnprof
+analyze --format json` in 12 paired whole-process runs on two idle cores: 2.52 s against 3.20 s read
+by one process (medians; 0.78x, a fifth of the command's time). With no core to spare it saves
+nothing (paired runs while other work kept both cores busy: 1.03x).
 """
 
 from __future__ import annotations
 
-import atexit
 import gzip
 import os
 import pickle
 import signal
 import sys
-import zlib
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from attnprof.analysis.trace import decoding, reader
 from attnprof.errors import TraceError
@@ -31,76 +32,31 @@ from attnprof.errors import TraceError
 PARALLEL_MIN_BYTES = 48 << 20  # smaller event lists are read by one process
 PLAIN_SPLIT = 0.5  # where the worker starts (measured: 0.44-0.56 differ by less than the noise)
 GZIP_SPLIT = 0.55  # the worker also inflates everything before its half: give it less to parse
-EARLY_PLAIN_SPLIT = 0.46  # started early, the worker has had a head start: give it more (measured)
-EARLY_GZIP_SPLIT = 0.5  # (measured: 0.45 and 0.55 are slower)
-
-_early: dict[tuple[str, int, int], _Worker] = {}  # workers from start_early, by file (path, size, mtime)
 
 
-def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink], label: str) -> bool:
+def read_path(path: Path, sink: reader.Sink, new_sink: Callable[[], reader.Sink], label: str, notes: list[str]) -> bool:
     """`read_document` over a file, read by two processes when it is large and forking is safe.
 
-    `new_sink()` makes the worker's sink. Raises TraceError, and OSError/EOFError/zlib.error for
-    a file that cannot be read or inflated.
+    `new_sink()` makes the worker's sink. When the two-process read falls back to one process, the
+    reason (with the worker's traceback, if it failed) is appended to `notes`. Raises TraceError,
+    and OSError/EOFError/zlib.error for a file that cannot be read or inflated.
     """
     with reader.open_binary(path) as fp:
         stream = reader.ByteStream(fp, label)
-        split = None
-        forkable = _can_fork()
-        if _early or forkable:  # (an early worker was forked when that was safe)
-            size = _inflated_size(path) if isinstance(fp, gzip.GzipFile) else path.stat().st_size
-            share = GZIP_SPLIT if isinstance(fp, gzip.GzipFile) else PLAIN_SPLIT
+        if not _can_fork():
+            return reader.read_document(stream, sink)
+        gzipped = isinstance(fp, gzip.GzipFile)
+        size = _inflated_size(path) if gzipped else path.stat().st_size
+        share = GZIP_SPLIT if gzipped else PLAIN_SPLIT
 
-            def split(stream: reader.ByteStream, sink: reader.Sink, is_object: bool) -> bool:
-                return _read_split(stream, sink, path, new_sink, size, share, is_object, forkable)
+        def split(stream: reader.ByteStream, sink: reader.Sink, is_object: bool) -> bool:
+            start = stream.offset
+            if size - start < PARALLEL_MIN_BYTES:
+                return False
+            middle = start + int((size - start) * share)
+            return _read_split(stream, sink, _Job(path, middle, new_sink, stream.label, is_object), notes)
 
         return reader.read_document(stream, sink, split)
-
-
-def start_early(path: Path, new_sink: Callable[[], reader.Sink]) -> bool:
-    """Fork the reading worker for a large trace file now, ahead of `read_path` (see the module
-    docstring); True when one started. Never raises: a file it cannot read is left to `read_path`."""
-    try:
-        key = _file_key(path)
-        with reader.open_binary(path) as fp:
-            gzipped = isinstance(fp, gzip.GzipFile)
-            head = fp.read(4096).lstrip()
-        size = _inflated_size(path) if gzipped else key[1]
-        if size < PARALLEL_MIN_BYTES or key in _early or head[:1] not in (b"{", b"[") or not _can_fork():
-            return False
-        share = EARLY_GZIP_SPLIT if gzipped else EARLY_PLAIN_SPLIT
-        worker = _Worker(path, int(size * share), new_sink, str(path), head[:1] == b"{")
-    except (OSError, EOFError, ValueError, zlib.error):
-        return False
-    if not _early:
-        atexit.register(_end_early)
-    _early[key] = worker
-    return True
-
-
-def _file_key(path: Path) -> tuple[str, int, int]:
-    stat = path.stat()
-    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
-
-
-def _take_early(path: Path, start: int, is_object: bool) -> _Worker | None:
-    """The early worker of this file, when it starts past `start` (the event list) in a document of
-    the same form; every other early worker is ended."""
-    try:
-        key = _file_key(path)
-    except OSError:
-        key = None
-    worker = _early.pop(key, None) if key is not None else None
-    _end_early()
-    if worker is not None and (worker.middle <= start or worker.is_object != is_object):
-        worker.close()
-        return None
-    return worker
-
-
-def _end_early() -> None:
-    while _early:
-        _early.popitem()[1].close()
 
 
 def _can_fork() -> bool:
@@ -139,120 +95,191 @@ def _inflated_size(path: Path) -> int:
         return int.from_bytes(fh.read(4), "little")
 
 
-def _read_split(
-    stream: reader.ByteStream,
-    sink: reader.Sink,
-    path: Path,
-    new_sink: Callable[[], reader.Sink],
-    size: int,
-    share: float,
-    is_object: bool,
-    forkable: bool,
-) -> bool:
-    """Read the event list (the cursor is just inside it) with a worker: the one `start_early`
-    forked for this file, else a new one when forking is safe now (`forkable`); True when the
-    worker's half and the rest of the document are in `sink`, False when nothing was split."""
-    start = stream.offset
-    worker = _take_early(path, start, is_object) if _early else None
-    if worker is None:
-        if not forkable or size - start < PARALLEL_MIN_BYTES:
-            return False
-        worker = _Worker(path, start + int((size - start) * share), new_sink, stream.label, is_object)
+def _read_split(stream: reader.ByteStream, sink: reader.Sink, job: _Job, notes: list[str]) -> bool:
+    """Read the event list (the cursor is just inside it) and the rest of the document into `sink`
+    with a worker doing `job`: True when done, False when no worker could be started (nothing read).
+    When the worker cannot help, this process reads on alone and says why in `notes`."""
     try:
-        asked = False
-
-        def at_stop() -> bool:  # at the middle: wait for where the worker starts, then stop there
-            nonlocal asked
-            if asked:
-                return False
-            asked = True
-            begins = worker.event_start()
-            stream.stop = begins if begins is not None and begins >= (stream.stop or 0) else None
-            return True
-
-        stream.stop, stream.at_stop = worker.middle, at_stop
-        if stream.events(sink):
-            part = worker.result()
-            if part is not None:
-                other, top_level = part
-                sink.absorb(other)
-                for key, value in top_level:
-                    sink.top_level(key, value)
-                return True
-            stream.stop, stream.paused = None, False  # the worker failed: read on alone
-            stream.events(sink)
-        stream.stop = None
-        if is_object:
-            reader.object_rest(stream, sink, None)
-        return True
+        worker = _Worker(job)
+    except OSError as exc:  # no pipe or no fork (out of memory, process limit)
+        notes.append(f"the trace was read by one process: the second reading process could not be started ({exc})")
+        return False
+    try:
+        note = _read_halves(stream, sink, worker, job.is_object)
     finally:
         worker.close()
+    if note is not None:
+        notes.append(note)
+    return True
+
+
+def _read_halves(stream: reader.ByteStream, sink: reader.Sink, worker: _Worker, is_object: bool) -> str | None:
+    """Read the event list up to where `worker` began, then take the worker's half and the rest of
+    the document into `sink`. When the worker cannot help, read on alone; then the reason is
+    returned (None when the worker's part was used)."""
+    begins: int | None = None
+    asked = False
+
+    def at_stop() -> bool:  # at the middle: wait for where the worker starts, then stop there
+        nonlocal asked, begins
+        if asked:
+            return False
+        asked = True
+        begins = worker.event_start()
+        stream.stop = begins if begins is not None and begins >= (stream.stop or 0) else None
+        return True
+
+    stream.stop, stream.at_stop = worker.middle, at_stop
+    if stream.events(sink):  # paused where the worker began
+        part = worker.result()
+        if part is not None:
+            other, top_level = part
+            sink.absorb(other)
+            for key, value in top_level:
+                sink.top_level(key, value)
+            return None
+        stream.stop, stream.paused = None, False  # the worker failed: read on alone
+        stream.events(sink)
+    stream.stop = None
+    if is_object:
+        reader.object_rest(stream, sink, None)
+    return _why_alone(worker, asked, begins)
+
+
+def _why_alone(worker: _Worker, asked: bool, begins: int | None) -> str:
+    """Why this process read the worker's half too."""
+    why = "the trace was read by one process"
+    if not asked:
+        return f"{why}: its event list ends before byte {worker.middle}, where the second reading process began"
+    if worker.failure is not None:
+        return f"{why}: the second reading process failed: {worker.failure}"
+    if begins is None:
+        return f"{why}: the second reading process found no event after byte {worker.middle}"
+    return f"{why}: byte {begins}, where the second reading process began, is not between two events"
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a worker that failed sends instead of its next message: the exception and its traceback."""
+
+    error: str
+    traceback: str
+
+    def __str__(self) -> str:
+        return f"{self.error}\n{self.traceback.rstrip()}"
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A worker's part: the event list from the first event after byte `middle` of `path` to the end of
+    the document (an object when `is_object`, else a bare event list), read into `new_sink()`."""
+
+    path: Path
+    middle: int
+    new_sink: Callable[[], reader.Sink]
+    label: str
+    is_object: bool
 
 
 class _Worker:
-    """A forked process reading the event list from the first event after `middle` to the end
-    of the document. It writes that event's offset (a line) and then its sink and the top-level
-    pairs after the events (a pickle) to a pipe."""
+    """A forked process doing a `_Job`. It sends two pickles down a pipe: where its first event
+    starts (None when it found none), then its sink and the top-level pairs after the events; or,
+    in place of either, a `_Failure`. `failure` says why the worker could not help, once known."""
 
-    def __init__(
-        self, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str, is_object: bool
-    ) -> None:
-        self.middle, self.is_object = middle, is_object
+    def __init__(self, job: _Job) -> None:
+        self.middle = job.middle
+        self.failure: str | None = None
+        self.status: int | None = None  # the wait status, once reaped
         read_fd, write_fd = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         if self.pid == 0:  # the worker: never returns
             os.close(read_fd)
-            _work(write_fd, path, middle, new_sink, label, is_object)
+            _work(write_fd, job)
         os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb")
 
     def event_start(self) -> int | None:
-        """Where the worker's first event starts (waits for it); None if it found none."""
-        try:
-            begins = int(self.pipe.readline())
-        except ValueError:
-            return None
-        return begins if begins >= 0 else None
+        """Where the worker's first event starts (waits for it); None if it found none or failed."""
+        begins = self._receive()
+        return begins if isinstance(begins, int) else None
 
     def result(self) -> tuple[Any, list[tuple[str, Any]]] | None:
         """The worker's sink and top-level pairs (waits for them); None if it failed."""
+        part = self._receive()
+        return part if isinstance(part, tuple) else None
+
+    def _receive(self) -> Any:
+        """The worker's next message; None (with `failure` set) when it failed or ended without one."""
         try:
-            sink, top_level = pickle.load(self.pipe)
-        except (EOFError, OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError):
-            return None  # the worker failed: it wrote nothing, or not all
-        return sink, top_level
+            message = pickle.load(self.pipe)
+        except EOFError:  # it closed the pipe: it has ended, or is ending
+            self.failure = f"it ended without sending its part ({self._ended()})"
+            return None
+        except (OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError) as exc:
+            self.failure = f"its message could not be read ({type(exc).__name__}: {exc})"
+            return None
+        if isinstance(message, _Failure):
+            self.failure = str(message)
+            return None
+        return message
+
+    def _ended(self) -> str:
+        """How the worker ended (waits for it: its pipe is closed)."""
+        self.status = os.waitpid(self.pid, 0)[1]
+        if os.WIFSIGNALED(self.status):
+            return f"killed by signal {os.WTERMSIG(self.status)}"
+        return f"exit status {os.waitstatus_to_exitcode(self.status)}"
 
     def close(self) -> None:
         """End the worker (if it still runs) and reap it."""
         self.pipe.close()
+        if self.status is not None:
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(self.pid, 0)
+        self.status = os.waitpid(self.pid, 0)[1]
 
 
-def _work(
-    write_fd: int, path: Path, middle: int, new_sink: Callable[[], reader.Sink], label: str, is_object: bool
-) -> None:
-    """The worker's whole life. On any failure it exits without writing its result (the parent
-    then reads on alone)."""
+def _work(write_fd: int, job: _Job) -> NoReturn:
+    """The worker's whole life: do `job` and send its part, or send why it could not (`_Failure`);
+    then end at once (`os._exit`, never returning into the caller's code)."""
+    status = 0
     try:
-        with os.fdopen(write_fd, "wb") as out, reader.open_binary(path) as fp:
-            _skip(fp, middle)
-            stream = reader.ByteStream(fp, label, base=middle)
-            begins = stream.find_event_start()
-            out.write(b"%d\n" % (-1 if begins is None else begins))
-            out.flush()
-            if begins is not None:
-                sink, top_level = new_sink(), _TopLevel()
-                stream.events(sink)
-                if is_object:
-                    reader.object_rest(stream, top_level, None)  # type: ignore[arg-type]
-                # pickled whole before writing: while the parent still reads its half, not while it waits
-                out.write(pickle.dumps((sink, top_level.pairs), protocol=pickle.HIGHEST_PROTOCOL))
+        with os.fdopen(write_fd, "wb") as out:
+            try:
+                _read_part(out, job)
+            except BaseException as exc:  # whatever it is (KeyboardInterrupt too), the parent hears of it
+                status = 1
+                failure = _Failure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                out.write(pickle.dumps(failure, protocol=pickle.HIGHEST_PROTOCOL))
     finally:
-        os._exit(0)
+        os._exit(status)
+
+
+def _read_part(out: Any, job: _Job) -> None:
+    """Send where the job's first event starts, then read on to the end of the document and send the
+    sink and the top-level pairs after the events."""
+    with reader.open_binary(job.path) as fp:
+        _skip(fp, job.middle)
+        stream = reader.ByteStream(fp, job.label, base=job.middle)
+        begins = stream.find_event_start()
+        out.write(pickle.dumps(begins, protocol=pickle.HIGHEST_PROTOCOL))
+        out.flush()
+        if begins is None:
+            return
+        sink, top_level = job.new_sink(), _TopLevel()
+        stream.events(sink)
+        if job.is_object:
+            reader.object_rest(stream, top_level, None)  # type: ignore[arg-type]
+        # pickled whole before writing: while the parent still reads its half, not while it waits
+        out.write(pickle.dumps((sink, top_level.pairs), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _skip(fp: Any, count: int) -> None:

@@ -95,6 +95,10 @@ class ParsedTrace:
     overhead_count: int
     python_function_count: int
     source: str
+    #: How the file was read, where that went otherwise than planned: why the two-process read
+    #: fell back to one process, with the worker's traceback if it failed (`parallel`). Not part
+    #: of the trace's contents: `attnprof --debug analyze` shows them.
+    read_notes: tuple[str, ...] = ()
 
     def device_properties_for(self, device: int) -> dict[str, Any] | None:
         """The `deviceProperties` entry of a device id, or the only entry, or None."""
