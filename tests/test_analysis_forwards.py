@@ -18,7 +18,7 @@ from tracegen import (
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.attribution.attribute import find_forwards
-from attnprof.analysis.attribution.forward import launch_kind
+from attnprof.analysis.base import launch_kind
 from attnprof.errors import TraceError
 
 

@@ -3,51 +3,13 @@ and device work attributed to it (`attribution.attribute`), and the launch APIs 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from attnprof.analysis.attribution.timeline import rows_at
+from attnprof.analysis.base import launch_kind
 from attnprof.analysis.trace.tables import ParsedTrace
-
-#: Launch APIs by what they put on the device. Memcpy and memset variants are matched by prefix.
-KERNEL_LAUNCH_APIS = frozenset(
-    {
-        "cudaLaunchKernel",
-        "cudaLaunchKernelExC",
-        "cudaLaunchKernelEx",
-        "cudaLaunchCooperativeKernel",
-        "cudaLaunchCooperativeKernelMultiDevice",
-        "cudaLaunchHostFunc",
-        "cuLaunchKernel",
-        "cuLaunchKernelEx",
-        "cuLaunchCooperativeKernel",
-        "cuLaunchCooperativeKernelMultiDevice",
-        "hipLaunchKernel",
-        "hipExtLaunchKernel",
-        "hipModuleLaunchKernel",
-        "hipExtModuleLaunchKernel",
-        "hipLaunchCooperativeKernel",
-    }
-)
-GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
-_MEMCPY_API = re.compile(r"^(?:cuda|cu|hip)Memcpy")
-_MEMSET_API = re.compile(r"^(?:cuda|cu|hip)Memset")
-
-
-def launch_kind(api: str) -> str | None:
-    """'kernel', 'graph', 'memcpy' or 'memset' for a launch API name; None for other calls
-    (synchronization, events, attribute queries, profiler overhead)."""
-    if api in KERNEL_LAUNCH_APIS:
-        return "kernel"
-    if api in GRAPH_LAUNCH_APIS:
-        return "graph"
-    if _MEMCPY_API.match(api):
-        return "memcpy"
-    if _MEMSET_API.match(api):
-        return "memset"
-    return None
 
 
 @dataclass(slots=True)

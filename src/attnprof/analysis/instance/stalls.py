@@ -18,25 +18,10 @@ from dataclasses import dataclass
 from itertools import compress, islice
 
 from attnprof.analysis.attribution.forward import Forward
-from attnprof.analysis.base import MEMCPY
+from attnprof.analysis.base import MEMCPY, SYNC_APIS
 from attnprof.analysis.names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 
-SYNC_APIS = frozenset(
-    {
-        "cudaStreamSynchronize",
-        "cudaDeviceSynchronize",
-        "cudaEventSynchronize",
-        "cudaMemcpy",
-        "cuStreamSynchronize",
-        "cuCtxSynchronize",
-        "cuEventSynchronize",
-        "hipStreamSynchronize",
-        "hipDeviceSynchronize",
-        "hipEventSynchronize",
-        "hipMemcpy",
-    }
-)
 LARGEST_GAPS = 3
 _RawGap = tuple[float, str, float, float, int]  # (duration, phase, start, phase start, the event before)
 GPU_IDLE_SHARE = 0.5  # idle more than busy: the gpu-idle finding's threshold
