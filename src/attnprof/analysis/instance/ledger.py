@@ -132,7 +132,7 @@ class LedgerLayout:
         for kind, count, chains, work in self.overhead:
             time_us = 0.0
             for w in work:
-                time_us += duration(at(w)) if isinstance(w, int) else sum(map(duration, map(at, w)))
+                time_us += duration(at(w)) if w.__class__ is int else sum(map(duration, map(at, w)))  # type: ignore[arg-type]
             counted = Counter.__new__(Counter)  # this instance's own (see metrics._counter)
             dict.update(counted, chains)
             overhead[kind] = Overhead(count, time_us, counted)
@@ -158,7 +158,7 @@ def ledger_layout(tree: OpTree, names: LedgerNames, found: ShapeCalls) -> Ledger
                 item.kind,
                 item.count,
                 tuple(item.chains.items()),
-                tuple(at_event(w) if isinstance(w, int) else tuple(map(at_event, w)) for w in item.work),
+                tuple(at_event(w) if w.__class__ is int else tuple(map(at_event, w)) for w in item.work),  # type: ignore[arg-type]
             )
             for item in overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
         ),
