@@ -11,16 +11,17 @@ fused-attention backends by name id).
 Caches, each filled by the first instance that needs an entry and read by the later ones (a training
 loop or a model repeats one instance: the 1M-event scale trace has 16,959 instances of 7 op
 sequences and 7 shapes). What each saves, measured as `forward_metrics`' CPU time over those
-instances (0.50 s with every cache; the whole `attnprof analyze` takes about 3.3 CPU s):
+instances (the whole `attnprof analyze` takes about 3.3 CPU s):
 
 - `op_facts`: per op-name sequence, what `forward_metrics` reads of the names alone (`OpFacts`: op
   counts, ledger roles, positions of the ops it looks at). Saves 0.14 s.
 - `launch_counts`: per launch-call name sequence, the launch calls by API name. Saves 0.05 s.
 - `shape_calls`: per `OpTree.shape()`, the attention calls the recognisers found
   (`calls.ShapeCalls`). Saves 0.32 s.
-- `ledger_layout`: per shape and call order, for instances with forward work only, the attention
-  ledger without its times (`ledger.LedgerLayout`: calls, overhead and its op chains by position);
-  each instance adds up its own times from it, the one way every ledger is timed. Saves 0.23 s.
+
+Each instance's attention ledger is timed from its own calls (`ledger.forward_ledger`): a per-shape
+cache of the ledger saved about 0.17 s of 2.6 s at 1M, and the analysis stays within 1.5x of a bare
+msgspec decode without it (docs/performance.md).
 
 An entry is shared by the instances that read it and never changed once made. `op_facts` and
 `launch_counts` count the instances that read each entry (`forwards`): the medians over instances
@@ -38,7 +39,6 @@ from operator import add
 from typing import Any
 
 from attnprof.analysis.instance.calls import LedgerNames, ShapeCalls, ledger_names, shape_calls
-from attnprof.analysis.instance.ledger import LedgerLayout, ledger_layout
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.stalls import sync_name_ids
 from attnprof.analysis.trace.tables import ParsedTrace
@@ -100,7 +100,6 @@ class TraceIndex:
         self._op_facts: dict[tuple[int, ...], OpFacts] = {}
         self._launch_counts: dict[tuple[int, ...], LaunchCounts] = {}
         self._shape_calls: dict[Any, ShapeCalls] = {}
-        self._ledger_layouts: dict[tuple[Any, tuple[int, ...]], LedgerLayout] = {}
 
     def op_facts(self, op_names: tuple[int, ...]) -> OpFacts:
         """The `OpFacts` of an instance whose ops have these name ids; counts it as one more instance
@@ -139,31 +138,14 @@ class TraceIndex:
         found.forwards += 1
         return found.counts
 
-    def shape_calls(self, tree: OpTree, shape: Any = None) -> ShapeCalls:
+    def shape_calls(self, tree: OpTree) -> ShapeCalls:
         """The attention calls of `tree`'s shape by position (`calls.shape_calls`, run on the first
-        instance of each shape; `shape`: `tree.shape()`, when the caller has it)."""
-        if shape is None:
-            shape = tree.shape()
+        instance of each shape)."""
+        shape = tree.shape()
         found = self._shape_calls.get(shape)
         if found is None:
             found = self._shape_calls[shape] = shape_calls(tree, self.ledger)
         return found
-
-    def ledger_layout(self, tree: OpTree) -> LedgerLayout:
-        """The `ledger.LedgerLayout` of `tree`. An instance with forward work only, whose calls each
-        start at an op, shares it with the instances of its shape and call order (found on the first
-        of them): its calls and overhead depend on nothing else. Any other instance gets its own."""
-        shape = tree.shape()
-        found = self.shape_calls(tree, shape)
-        if tree.backward or not all(c.first >= 0 for c in found.calls):
-            return ledger_layout(tree, self.ledger, found)
-        ts, order = tree.trace.cpu_ops.ts, tree.order
-        starts = [ts[order[c.first]] for c in found.calls]
-        key = (shape, tuple(sorted(range(len(starts)), key=starts.__getitem__)))  # find_calls' stable sort
-        layout = self._ledger_layouts.get(key)
-        if layout is None:
-            layout = self._ledger_layouts[key] = ledger_layout(tree, self.ledger, found)
-        return layout
 
     def op_counts(self) -> list[tuple[Counter, int]]:
         """The op counts by name of the instances seen, each distinct one with how many instances had it."""

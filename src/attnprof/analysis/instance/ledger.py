@@ -1,8 +1,8 @@
 """The attention ledger: the attention calls of each region instance and the overhead around them,
 summarised over the instances.
 
-Per instance (`ledger_layout`, then `LedgerLayout.timed`): the calls that `calls` finds, with their
-kernels and time, and the overhead that `overhead` finds. Over the instances (`summarize`): counts are low
+Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, and
+the overhead that `attention_overhead` finds. Over the instances (`summarize`): counts are low
 medians, times medians; the calls listed are those of the first instance that has the median number
 of calls, each with the median time of its position over the instances that ran the same calls.
 
@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.instance.calls import LedgerNames, ShapeCalls, backward_calls, find_calls
+from attnprof.analysis.instance.calls import Call, backward_calls, find_calls
+from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 _time_us = attrgetter("time_us")
@@ -103,66 +105,29 @@ def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None
     return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
 
 
-#: A call by position in `fwd.device`: op, backend, phase, forward call, kernel name ids, event positions.
-_CallAt = tuple[str, str, str, int | None, tuple[int, ...], tuple[int, ...]]
-#: An overhead kind by position: kind, count, op chains with their counts, and the positions whose
-#: durations add up to its time, in that order (a tuple: a group of backward work, summed first).
-_OverheadAt = tuple[str, int, tuple[tuple[str, int], ...], tuple[int | tuple[int, ...], ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerLayout:
-    """The ledger of one instance without its times, by position in `fwd.device`: what `timed` adds
-    up. Instances of one shape and call order with forward work only have the same layout
-    (`index.TraceIndex.ledger_layout` finds it once for them)."""
-
-    calls: tuple[_CallAt, ...]
-    forward_count: int
-    overhead: tuple[_OverheadAt, ...]
-
-    def timed(self, tree: OpTree, gpu_time_us: float | None) -> ForwardLedger:
-        """The ledger of `tree` (an instance with this layout), with its own times."""
-        device, duration, names = tree.fwd.device, tree.trace.device.dur.__getitem__, tree.trace.names
-        at = device.__getitem__
-        calls = [
-            CallFacts(op, backend, phase, kernel_ids, sum(map(duration, map(at, where))), forward_call, names)
-            for op, backend, phase, forward_call, kernel_ids, where in self.calls
-        ]
-        overhead = {}
-        for kind, count, chains, work in self.overhead:
-            time_us = 0.0
-            for w in work:
-                time_us += duration(at(w)) if w.__class__ is int else sum(map(duration, map(at, w)))  # type: ignore[arg-type]
-            counted = Counter.__new__(Counter)  # this instance's own (see metrics._counter)
-            dict.update(counted, chains)
-            overhead[kind] = Overhead(count, time_us, counted)
-        return ForwardLedger(calls, overhead, gpu_time_us, self.forward_count)
-
-
-def ledger_layout(tree: OpTree, names: LedgerNames, found: ShapeCalls) -> LedgerLayout:
-    """The `LedgerLayout` of one instance whose device work was traced (`tree`: its ops, with the
-    roles of `names`; `found`: the calls of its shape): its forward calls, their backward work, and
-    the overhead around them."""
-    calls = find_calls(tree, found)
-    backward, unclaimed = backward_calls(tree, names, calls)
-    at_event = {e: i for i, e in enumerate(tree.fwd.device)}.__getitem__
-    name = tree.trace.device.name.__getitem__
-    return LedgerLayout(
-        tuple(
-            (c.op, c.backend, c.phase, c.forward_call, tuple(map(name, c.events)), tuple(map(at_event, c.events)))
-            for c in calls + backward
-        ),
-        len(calls),
-        tuple(
-            (
-                item.kind,
-                item.count,
-                tuple(item.chains.items()),
-                tuple(at_event(w) if w.__class__ is int else tuple(map(at_event, w)) for w in item.work),  # type: ignore[arg-type]
-            )
-            for item in overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
-        ),
+def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
+    dev = trace.device
+    events = call.events
+    return CallFacts(
+        op=call.op,
+        backend=call.backend,
+        phase=call.phase,
+        kernel_ids=tuple(map(dev.name.__getitem__, events)),
+        time_us=sum(map(dev.dur.__getitem__, events)),
+        forward_call=call.forward_call,
+        names=trace.names,
     )
+
+
+def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
+    """The attention calls and overhead of one instance whose device work was traced (`tree`: its
+    ops, with the roles of `index.ledger`): its forward calls, placed from those of its shape
+    (`index.shape_calls`), their backward work, and the overhead around them."""
+    found = index.shape_calls(tree)
+    calls = find_calls(tree, found)
+    backward, unclaimed = backward_calls(tree, index.ledger, calls)
+    overhead = overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
+    return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY, MEMSET
 from attnprof.analysis.instance.index import MASK_OPS as MASK_OPS
 from attnprof.analysis.instance.index import SAFE_SOFTMAX as SAFE_SOFTMAX
 from attnprof.analysis.instance.index import OpFacts, TraceIndex, is_dtod
-from attnprof.analysis.instance.ledger import ForwardLedger
+from attnprof.analysis.instance.ledger import ForwardLedger, forward_ledger
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.phases import (
     PhaseMetrics,
@@ -226,7 +226,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, index: TraceIndex) -
         tree = OpTree(trace, fwd, facts.roles, key)
         _device_metrics(metrics, tree, index)
         _op_device_metrics(metrics, tree, facts, transposes, mask_roots)
-        metrics.attention = index.ledger_layout(tree).timed(tree, metrics.gpu_time_us)
+        metrics.attention = forward_ledger(tree, index, metrics.gpu_time_us)
         metrics.stalls = forward_stalls(trace, fwd, tree.roots, index.device_end, index.sync_calls)
     return metrics
 

@@ -178,36 +178,21 @@ def overhead_units(tree: OpTree, calls: list[Call], in_call: list[bool]) -> list
     return units + _elsewhere(tree, in_call, taken)
 
 
-@dataclass(slots=True)
-class OverheadWork:
-    """One kind of overhead in one instance, without its time: how many units, the op chains that
-    launched their work, and that work in the order its time adds up (`work`: an event alone, or a
-    list of backward events, summed first and then added)."""
-
-    kind: str
-    count: int = 0
-    chains: Counter = field(default_factory=Counter)
-    work: list[int | list[int]] = field(default_factory=list)
-
-
-def overhead_ledger(tree: OpTree, units: list[OverheadUnit], backward: dict[int, list[int]]) -> list[OverheadWork]:
-    """The overhead of one instance by kind, in `OVERHEAD_KINDS` order (kinds it has none of are left
-    out), from its `overhead_units`: each unit's events, then the backward work linked to each of its
-    ops (`backward`: the backward work linked to forward ops outside the calls, see
-    `calls.backward_calls`)."""
-    fwd = tree.fwd
-    result: dict[str, OverheadWork] = {}
+def overhead_ledger(tree: OpTree, units: list[OverheadUnit], backward: dict[int, list[int]]) -> dict[str, Overhead]:
+    """The overhead of one instance by kind (kinds it has none of are left out), from its
+    `overhead_units`. `backward` holds the backward work linked to forward ops outside the calls
+    (see `attention.backward_calls`)."""
+    dev, fwd = tree.trace.device, tree.fwd
+    result: dict[str, Overhead] = {}
     for unit in units:
-        item = result.get(unit.kind)
-        if item is None:
-            item = result[unit.kind] = OverheadWork(unit.kind)
+        item = result.setdefault(unit.kind, Overhead())
         item.count += 1
         compiled = tree.role(unit.root) == "container"  # a compiled graph: named as a whole
         for e in tree.events(unit.root):
-            item.work.append(e)
+            item.time_us += dev.dur[e]
             call = fwd.device_launch.get(e)
             op = fwd.launch_op.get(call, -1) if call is not None else -1
             item.chains[tree.name(unit.root) if compiled else tree.chain(unit.root, op)] += 1
-        if backward:
-            item.work.extend(found for op in unit.ops if (found := backward.get(op)))
-    return [result[kind] for kind in OVERHEAD_KINDS if kind in result]
+        for op in unit.ops:
+            item.time_us += sum(dev.dur[e] for e in backward.get(op, ()))
+    return {kind: result[kind] for kind in OVERHEAD_KINDS if kind in result}
