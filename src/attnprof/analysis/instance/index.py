@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import add
+from types import MappingProxyType
 from typing import Any
 
 from attnprof.analysis.instance.calls import LedgerNames, ShapeCalls, ledger_names, shape_calls
@@ -60,9 +61,9 @@ class OpFacts:
     """What `forward_metrics` reads of an instance's op names alone: the op counts by name, each
     op's ledger role, and the positions of the named ops it looks at (empty where the name does not
     occur). Shared by the instances that ran the same op names: read it, never change it;
-    `forwards` is how many did (the index counts them)."""
+    `forwards` is how many did (the index counts them). `counts` is a read-only view."""
 
-    counts: Counter
+    counts: Mapping[str, int]
     roles: tuple[str | None, ...]
     transposes: tuple[int, ...]
     to_copy: tuple[int, ...]
@@ -73,10 +74,10 @@ class OpFacts:
 
 @dataclass(slots=True)
 class LaunchCounts:
-    """The launch calls of the instances that made the same calls, by API name (read it, never
-    change it); `forwards` is how many instances did."""
+    """The launch calls of the instances that made the same calls, by API name (a read-only view);
+    `forwards` is how many instances did."""
 
-    counts: Counter
+    counts: Mapping[str, int]
     forwards: int = 0
 
 
@@ -120,7 +121,7 @@ class TraceIndex:
         mask_ops = self.mask_ops
         masks = () if _MASK_SET.isdisjoint(counts) else tuple(compress(positions, map(mask_ops.__contains__, op_names)))
         return OpFacts(
-            counts,
+            MappingProxyType(counts),
             tuple(map(self.ledger.role.get, op_names)),
             named("aten::transpose", self.transpose),
             named("aten::_to_copy", self.to_copy),
@@ -128,13 +129,13 @@ class TraceIndex:
             masks,
         )
 
-    def launch_counts(self, call_names: tuple[int, ...]) -> Counter:
+    def launch_counts(self, call_names: tuple[int, ...]) -> Mapping[str, int]:
         """The launch calls by API name of an instance whose launch calls have these name ids (shared:
         read it, never change it); counts it as one more instance (call it once per instance)."""
         found = self._launch_counts.get(call_names)
         if found is None:
-            names = self.trace.names
-            found = self._launch_counts[call_names] = LaunchCounts(Counter(map(names.__getitem__, call_names)))
+            counts = Counter(map(self.trace.names.__getitem__, call_names))
+            found = self._launch_counts[call_names] = LaunchCounts(MappingProxyType(counts))
         found.forwards += 1
         return found.counts
 
@@ -147,10 +148,10 @@ class TraceIndex:
             found = self._shape_calls[shape] = shape_calls(tree, self.ledger)
         return found
 
-    def op_counts(self) -> list[tuple[Counter, int]]:
+    def op_counts(self) -> list[tuple[Mapping[str, int], int]]:
         """The op counts by name of the instances seen, each distinct one with how many instances had it."""
         return [(facts.counts, facts.forwards) for facts in self._op_facts.values()]
 
-    def launch_apis(self) -> list[tuple[Counter, int]]:
+    def launch_apis(self) -> list[tuple[Mapping[str, int], int]]:
         """The launch calls by API name of the instances seen, each distinct one with how many had it."""
         return [(found.counts, found.forwards) for found in self._launch_counts.values()]

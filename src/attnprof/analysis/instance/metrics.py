@@ -9,7 +9,7 @@ trace) are None, never 0.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import compress
 from operator import add
@@ -79,15 +79,14 @@ def normalize_dtype(value: str | None) -> str | None:
 @dataclass(slots=True)
 class ForwardMetrics:
     """What one forward did. Device-side fields are None when the trace has no device events.
-    `launch_apis` and `op_counts` are the `TraceIndex`'s entries for its launch calls and its op
-    names, shared by the forwards that made the same calls and ran the same ops (the index counts
-    them): read them, never change them."""
+    `launch_apis` and `op_counts` are read-only views of the `TraceIndex`'s entries for its launch
+    calls and its op names, one per distinct sequence (the index counts the forwards that share one)."""
 
     cpu_time_us: float
-    launch_apis: Counter
+    launch_apis: Mapping[str, int]
     transposes: int
     cpu_ops: int
-    op_counts: Counter
+    op_counts: Mapping[str, int]
     upcasts: int  # aten::_to_copy ops from 16-bit inputs (every aten::_to_copy when the types are unknown)
     upcast_types_known: bool  # some aten::_to_copy carried its input types
     mask_ops: Counter  # mask-building ops (MASK_OPS) by name, not counting those nested in one another
@@ -292,7 +291,7 @@ def _op_device_metrics(
     )
 
 
-def median_counts(counts: Iterable[tuple[Counter, int]]) -> dict[str, int]:
+def median_counts(counts: Iterable[tuple[Mapping[str, int], int]]) -> dict[str, int]:
     """Per key of any of the counters, sorted: the low median of its count over the instances, from
     each distinct counter with how many instances had it (`TraceIndex.op_counts`, `launch_apis`)."""
     pairs = list(counts)
