@@ -110,7 +110,7 @@ def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
 
 def instance_unit(data: dict[str, Any]) -> str:
     """What the tables call one instance of the region ("step" or "forward"), by the rule the
-    findings use (`analysis.phases.instance_unit`)."""
+    findings use (`analysis.instance.phases.instance_unit`)."""
     from attnprof.analysis.instance.phases import instance_unit as unit_of
 
     return unit_of(data.get("phases"))

@@ -6,14 +6,14 @@ thread inside that range. Its GPU work is found by correlation, never by time: t
 runtime/driver calls on that thread inside the range carry correlation ids, and exactly the
 kernels, memcpys and memsets with those ids belong to the forward. Work of an earlier step that
 is still running when the window opens has another step's ids, so it is never counted. The
-autograd backward ops of the instance, on whatever thread (`analysis.backward`), add their calls
+autograd backward ops of the instance, on whatever thread (`attribution.backward`), add their calls
 the same way: `Forward.backward_device` is the backward phase of its device work.
 
 Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes one per stream),
 they are matched to the forward (by `External id`, else by overlap) and compared with the
 correlated work; disagreements are counted, never fatal.
 
-Which region: `find_forwards` takes a name or a glob pattern; see `analysis.regions`.
+Which region: `find_forwards` takes a name or a glob pattern; see `attribution.regions`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class Forward:
     device: list[int] = field(default_factory=list)  # kernels, memcpys, memsets (sorted by start)
     device_launch: dict[int, int] = field(default_factory=dict)  # device event -> its launch call
     gpu_annotations: list[int] = field(default_factory=list)
-    # Backward work (see analysis.backward); shared empty defaults, replaced when there is some.
+    # Backward work (see attribution.backward); shared empty defaults, replaced when there is some.
     backward_tops: Sequence[int] = ()  # outermost backward ops
     backward_calls: AbstractSet[int] = frozenset()  # runtime calls made inside them
     backward_device: AbstractSet[int] = frozenset()  # device events of those calls

@@ -1,7 +1,7 @@
 """Per-thread timelines: the rows of a CPU-side table on one thread, sorted once by start (the
 longest first among equal starts, then in table order), with their starts and ends.
 
-`forwards.py` and `backward.py` walk ops and runtime calls thread by thread, inside time windows;
+`attribute.py` and `backward.py` walk ops and runtime calls thread by thread, inside time windows;
 `Timelines` sorts each (table, thread) once, on first use, and both read the same sequences. They
 are built with C-level `sort`, `map` and `compress`, never with a Python key per row, and kept
 compact: a table that is one thread already in order is used as it is (a `range` over its rows
