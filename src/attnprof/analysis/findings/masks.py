@@ -76,35 +76,40 @@ def _counted(names: list[str]) -> str:
     """,
 )
 def _dense_mask_rule(ctx: FindingContext) -> str | None:
-    ledger = ctx.attention
-    if ledger is None:
-        return None
-    found = [(k, c) for k, c in enumerate(ledger.calls) if _dense_mask(c)]
+    found: dict[int, list[CallFacts]] = {}  # call position -> that call in each instance that gave it a mask
+    with_mask = 0
+    for m in ctx.per_forward:
+        calls = m.attention.calls if m.attention is not None else []
+        masked = [(k, c) for k, c in enumerate(calls) if _dense_mask(c)]
+        with_mask += bool(masked)
+        for k, call in masked:
+            found.setdefault(k, []).append(call)
     if not found:
         return None
-    with_mask = sum(1 for m in ctx.per_forward if m.attention is not None and any(map(_dense_mask, m.attention.calls)))
     unit = ctx.unit
     parts = []
-    for k, call in found[:SHOWN]:
+    for k in sorted(found)[:SHOWN]:
+        calls = found[k]
+        call = calls[0]
         given = (
             f"a {_mask_label(call.mask_type)} mask (per its Input type)"
             if call.mask_type
             else "a boolean mask (its where kernel converts it; the trace has no Input type)"
         )
         text = f"call {k + 1} ({call.backend}) got {given}"
+        prep = median([c.prep_time_us for c in calls])
+        own = median([c.time_us - c.prep_time_us for c in calls])
         if call.prep_ids:
             kernels = _counted([short_kernel_name(call.names[n]) for n in call.prep_ids])
-            text += (
-                f"; converting it takes {us(call.prep_time_us)} per {unit} ({kernels}) beside the attention's own "
-                f"{us(call.time_us - call.prep_time_us)}"
-            )
+            text += f"; converting it takes {us(prep)} per {unit} ({kernels}) beside the attention's own {us(own)}"
         else:
-            text += f"; the call takes {us(call.time_us)} per {unit}"
+            text += f"; the call takes {us(own)} per {unit}"
         parts.append(text)
     if len(found) > SHOWN:
         parts.append(f"and {len(found) - SHOWN} more")
+    verb = "passes" if with_mask == len(ctx.per_forward) else "pass"
     return (
-        f"{ctx.every(with_mask).capitalize()} passes a dense mask to scaled_dot_product_attention: "
+        f"{ctx.every(with_mask).capitalize()} {verb} a dense mask to scaled_dot_product_attention: "
         + "; ".join(parts)
         + ". The fused kernel reads the mask and computes every query x key block, masked or not; "
         "is_causal=True or a BlockMask (FlexAttention) skips the empty ones."
@@ -209,6 +214,7 @@ def _backend_fallback(ctx: FindingContext) -> str | None:
         if m.attention is not None and any(c.phase == "forward" and c.backend == "math" for c in m.attention.calls)
     )
     unit = ctx.unit
+    verb = "runs" if with_math == len(ctx.per_forward) else "run"
     parts = [
         f"call {k + 1} on {DTYPE_LABEL[dtype]} inputs ({source}): {us(call.time_us)} per {unit} in "
         f"{len(call.kernel_ids)} kernels"
@@ -217,7 +223,7 @@ def _backend_fallback(ctx: FindingContext) -> str | None:
     if len(found) > SHOWN:
         parts.append(f"and {len(found) - SHOWN} more")
     return (
-        f"{ctx.every(with_math).capitalize()} runs SDPA's math backend on the GPU with 16-bit inputs, "
+        f"{ctx.every(with_math).capitalize()} {verb} SDPA's math backend on the GPU with 16-bit inputs, "
         "where a fused backend runs one kernel: " + "; ".join(parts) + ". Pinning a fused backend with "
         "sdpa_kernel makes torch say why it refused the inputs."
     )
