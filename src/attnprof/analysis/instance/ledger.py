@@ -1,11 +1,12 @@
 """The attention ledger: the attention calls of each region instance and the overhead around them,
 summarised over the instances.
 
-Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, and
-the overhead that `attention_overhead` finds, and the masks it builds outside its calls (`masks`;
-like an SDPA call's input types, read by the findings and not in the JSON). Over the instances (`summarize`): counts are low
-medians, times medians; the calls listed are those of the first instance that has the median number
-of calls, each with the median time of its position over the instances that ran the same calls.
+Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, the
+overhead that `attention_overhead` finds, and the masks it builds outside its calls (`masks`; like an
+SDPA call's input types, read by the findings and not in the JSON). Over the instances (`summarize`):
+counts are low medians, times medians; the calls listed are those of the first instance that has the
+median number of calls, each with the median time of its position over the instances that ran the
+same calls.
 
 `AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
 
