@@ -62,7 +62,8 @@ _COMMON = {"low-occupancy-by-design", "occupancy-unreported"}
 _FUSED_BWD = {"bwd-dot-do-o", "bwd-dq-convert"}
 _CUDNN_BWD = _FUSED_BWD | {"bwd-memsets"}
 # fp32-cuda-cores: without record_shapes the bf16 inputs are known from the kernels' names (c10::BFloat16)
-_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes", "fp32-cuda-cores"}
+_MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes", "fp32-cuda-cores",
+         "backend-fallback"}
 _UNFUSED = {"hidden-memcpy", *_COMMON, "metadata-transposes", "bwd-memsets"}
 FINDINGS = {
     "bwd/8x16x1024x64/inplace": {"hidden-memcpy", *_COMMON, "bwd-memsets"},

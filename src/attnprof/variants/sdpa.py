@@ -83,7 +83,9 @@ def pinned_forward(backend: str) -> Callable[..., Any]:
         except RuntimeError as exc:
             text = str(exc)
             if "No available kernel" in text or "No viable backend" in text:
-                reasons = refusal_reasons(lambda: _sdpa(q, k, v, causal, attn_mask), getattr(SDPBackend, member))
+                reasons = refusal_reasons(
+                    lambda: _sdpa(q, k, v, causal, attn_mask), getattr(SDPBackend, member), backend
+                )
                 raise VariantUnavailableError(
                     reasons
                     or (
@@ -97,10 +99,10 @@ def pinned_forward(backend: str) -> Callable[..., Any]:
     return forward
 
 
-def refusal_reasons(call: Callable[[], Any], member: Any) -> str | None:
-    """Why the pinned backend refused, in one line, from the warnings torch gives when `call` runs
-    again with only `member` enabled ("Memory efficient kernel not used because: ...; ..."); None
-    when it gives none. Only the refusal path pays for the second call and the warning capture."""
+def refusal_reasons(call: Callable[[], Any], member: Any, backend: str) -> str | None:
+    """Why the pinned `backend` refused, in one line (`refusal_line`), from the warnings torch gives
+    when `call` runs again with only `member` enabled; None when it gives none. Only the refusal path
+    pays for the second call and the warning capture."""
     from torch.nn.attention import sdpa_kernel
 
     with warnings.catch_warnings(record=True) as caught:
@@ -110,14 +112,44 @@ def refusal_reasons(call: Callable[[], Any], member: Any) -> str | None:
                 call()
         except RuntimeError:
             pass
-    lines = [_TRIGGERED.sub("", str(w.message)).strip() for w in caught]
-    lines = list(dict.fromkeys(line for line in lines if line))
-    if not lines:
+    return refusal_line([str(w.message) for w in caught], backend)
+
+
+#: How torch's warnings open the reasons of each backend ("Memory efficient kernel not used because:").
+REFUSAL_HEADERS = {
+    "flash": "flash attention kernel not used because",
+    "efficient": "memory efficient kernel not used because",
+    "cudnn": "cudnn attention kernel not used because",
+}
+_HEADER = re.compile(r"^.* kernel not used because:?", re.IGNORECASE)
+
+
+def refusal_line(messages: list[str], backend: str) -> str | None:
+    """The pinned `backend`'s reasons in one line, from torch's warnings ("Memory efficient kernel not
+    used because: <its reasons>"). Torch warns for every backend in turn, each under a "<Backend>
+    kernel not used because:" line (the others only "has been runtime disabled"), and may repeat
+    them; only the pinned backend's group is kept, each reason once, the "(Triggered internally at
+    ...)" tails dropped. Without that group, every distinct line; None without any."""
+    groups: dict[str, tuple[str, list[str]]] = {}  # lower-case header -> (its text, its reasons)
+    current: list[str] | None = None
+    loose: list[str] = []
+    for message in messages:
+        line = " ".join(_TRIGGERED.sub(" ", message).split())  # one message, one line
+        header = _HEADER.match(line)
+        if header:
+            text = header.group(0).rstrip(":").strip()
+            current = groups.setdefault(text.lower(), (text, []))[1]
+            line = line[header.end() :].strip()
+        if line:
+            (current if current is not None else loose).append(line)
+    head, reasons = groups.get(REFUSAL_HEADERS.get(backend, ""), ("", []))
+    if not reasons:  # no group of its own: every line, but the headers
+        head, reasons = "", loose + [line for _, group in groups.values() for line in group]
+    reasons = list(dict.fromkeys(reasons))
+    if not reasons:
         return None
-    head, *rest = lines
-    if head.endswith(":") and rest:
-        return f"{head} {'; '.join(rest)}"
-    return "; ".join(lines)
+    said = " ".join(r if r.endswith((".", ":", ";", "!", "?")) else r + "." for r in reasons)
+    return f"{head}: {said}" if head else said
 
 
 # torch's C++ warnings end with "(Triggered internally at /path/file.cpp:99.)"

@@ -9,12 +9,14 @@ it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, occupancy
+from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, masks, occupancy
 from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
 
-#: Every finding, in the order they are emitted: the forward's work, occupancy, the CPU side,
-#: communication, the backward, then the attention ledger and the stalls.
-FINDINGS = FindingRegistry([*forward.RULES, *occupancy.RULES, *cpu.RULES, *comm.RULES, *backward.RULES, *ledger.RULES])
+#: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
+#: occupancy, the CPU side, communication, the backward, then the attention ledger and the stalls.
+FINDINGS = FindingRegistry(
+    [*forward.RULES, *masks.RULES, *occupancy.RULES, *cpu.RULES, *comm.RULES, *backward.RULES, *ledger.RULES]
+)
 #: The ids, a stable JSON contract, in the order the findings are emitted.
 FINDING_IDS = FINDINGS.ids()
 

@@ -170,7 +170,9 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     all: scaled_dot_product_attention(..., is_causal=True) on a fused backend (flash, memory-efficient, cuDNN)
     applies causality inside its kernel, with no mask tensor. SDPA's math backend is the exception: given
     is_causal=True it builds the mask itself on every call, so under aten::_scaled_dot_product_attention_math
-    the cure is a fused backend.
+    the cure is a fused backend. This finding covers the causal triangle (tril/triu) only; mask-build covers
+    the other masks built in every forward (a FlexAttention BlockMask, a mask from index comparisons), with
+    their host and device time, so no op is reported by both.
     """,
 )
 def _mask_rebuilt(ctx: FindingContext) -> str | None:

@@ -67,6 +67,9 @@ BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
 MAX_OPS_BEFORE_SOFTMAX = 6
 MAX_OPS_AFTER_SOFTMAX = 3
 ENGINE_PREFIX = "autograd::engine::evaluate_function: "
+#: functorch's vmap records each op it batches under a name holding this (VmappedVmapped...ModIndex):
+#: FlexAttention's `create_block_mask` run eagerly (see `masks`).
+VMAPPED = "Vmapped"
 
 
 def op_role(name: str) -> str | None:
@@ -100,6 +103,7 @@ class LedgerNames:
     sdpa_backend: dict[int, str]
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
+    vmapped: frozenset[int] = frozenset()  # the name ids of the ops holding VMAPPED
 
 
 def ledger_names(trace: ParsedTrace) -> LedgerNames:
@@ -112,6 +116,7 @@ def ledger_names(trace: ParsedTrace) -> LedgerNames:
         sdpa_backend={n: SDPA_BACKEND_OPS[names[n]] for n in op_ids if names[n] in SDPA_BACKEND_OPS},
         fused={n: backend for n in kernel_ids if (backend := kernel_backend(names[n])) is not None},
         batched=frozenset(n for n in op_ids if names[n] in BATCHED_MATMUL_OPS),
+        vmapped=frozenset(n for n in op_ids if VMAPPED in names[n]),
     )
 
 

@@ -1,10 +1,12 @@
 """The attention ledger: the attention calls of each region instance and the overhead around them,
 summarised over the instances.
 
-Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, and
-the overhead that `attention_overhead` finds. Over the instances (`summarize`): counts are low
-medians, times medians; the calls listed are those of the first instance that has the median number
-of calls, each with the median time of its position over the instances that ran the same calls.
+Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, the
+overhead that `attention_overhead` finds, and the masks it builds outside its calls (`masks`; like an
+SDPA call's input types, read by the findings and not in the JSON). Over the instances (`summarize`):
+counts are low medians, times medians; the calls listed are those of the first instance that has the
+median number of calls, each with the median time of its position over the instances that ran the
+same calls.
 
 `AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
 
@@ -30,12 +32,12 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.instance.calls import Call, backward_calls, find_calls
+from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls
 from attnprof.analysis.instance.index import TraceIndex
+from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
-from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 _time_us = attrgetter("time_us")
@@ -53,6 +55,20 @@ class CallFacts:
     time_us: float
     forward_call: int | None = None
     names: Sequence[str] = field(default=(), compare=False, repr=False)
+    #: An SDPA call's `Input type` (record_shapes; () without), and the name ids and device time of
+    #: its work outside the backend it dispatched to (a mask converted to the backend's form). Not
+    #: in the JSON; the findings read them (see `sdpa_facts`).
+    input_types: tuple[str, ...] = ()
+    prep_ids: tuple[int, ...] = ()
+    prep_time_us: float = 0.0
+
+    @property
+    def mask_type(self) -> str | None:
+        """The type of the mask an `aten::scaled_dot_product_attention` call was given (its 4th input:
+        "bool", "c10::BFloat16", ...), None without one or where the types were not recorded."""
+        if self.op != SDPA_OP or len(self.input_types) < 4:
+            return None
+        return self.input_types[3] if self.input_types[3] not in ("", "Scalar") else None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -74,6 +90,7 @@ class ForwardLedger:
     overhead: dict[str, Overhead]
     gpu_time_us: float | None
     forward_count: int = 0  # how many of the calls are forward calls
+    masks: list[MaskBuild] = field(default_factory=list)  # the masks built outside the calls (see masks)
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -105,10 +122,11 @@ def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None
     return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
 
 
-def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
+def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
+    trace = tree.trace
     dev = trace.device
     events = call.events
-    return CallFacts(
+    facts = CallFacts(
         op=call.op,
         backend=call.backend,
         phase=call.phase,
@@ -117,6 +135,26 @@ def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
         forward_call=call.forward_call,
         names=trace.names,
     )
+    if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
+        sdpa_facts(tree, names, call, facts)
+    return facts
+
+
+def sdpa_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -> None:
+    """Fill an SDPA call's input types and the work it ran outside the backend op it dispatched to
+    (for a dense mask: the kernels that turn it into the backend's additive bias)."""
+    trace = tree.trace
+    ops = trace.cpu_ops
+    types = ops.input_types[call.first]
+    facts.input_types = trace.input_types[types] if types >= 0 else ()
+    dispatch = next((o for o in call.ops if ops.name[o] in names.sdpa_backend), -1)
+    if dispatch < 0 or dispatch == call.first:
+        return
+    inside = set(tree.events(dispatch))
+    prep = [e for e in call.events if e not in inside]
+    dev = trace.device
+    facts.prep_ids = tuple(map(dev.name.__getitem__, prep))
+    facts.prep_time_us = sum(map(dev.dur.__getitem__, prep))
 
 
 def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
@@ -125,9 +163,13 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     (`index.shape_calls`), their backward work, and the overhead around them."""
     found = index.shape_calls(tree)
     calls = find_calls(tree, found)
-    backward, unclaimed = backward_calls(tree, index.ledger, calls)
-    overhead = overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
-    return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
+    names = index.ledger
+    backward, unclaimed = backward_calls(tree, names, calls)
+    units = overhead_units(tree, calls, found.in_call)
+    overhead = overhead_ledger(tree, units, unclaimed)
+    facts = [_facts(tree, names, c) for c in calls + backward]
+    masks = mask_builds(tree, names, calls, units, found.in_call)
+    return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks)
 
 
 @dataclass
@@ -204,7 +246,16 @@ def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFact
     same = [ledger for ledger in ledgers if [c.signature for c in ledger.calls] == shape]
     return [
         CallFacts(
-            c.op, c.backend, c.phase, c.kernel_ids, median([s.calls[i].time_us for s in same]), c.forward_call, c.names
+            c.op,
+            c.backend,
+            c.phase,
+            c.kernel_ids,
+            median([s.calls[i].time_us for s in same]),
+            c.forward_call,
+            c.names,
+            c.input_types,
+            c.prep_ids,
+            median([s.calls[i].prep_time_us for s in same]),
         )
         for i, c in enumerate(first.calls)
     ]

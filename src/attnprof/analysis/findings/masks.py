@@ -1,0 +1,229 @@
+"""Findings on how attention got its mask and its backend: a dense mask handed to SDPA, a mask built
+in every instance, and SDPA's math backend on 16-bit inputs.
+
+Read from the attention ledger only: its calls' input types and the work they ran outside their
+backend (`ledger.CallFacts`), and the masks each instance built outside its calls (`masks.MaskBuild`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.instance.calls import SDPA_OP
+from attnprof.analysis.instance.metrics import SIXTEEN_BIT, TRACE_DTYPES
+from attnprof.analysis.names import short_kernel_name
+from attnprof.stats import median, median_count
+
+if TYPE_CHECKING:
+    from attnprof.analysis.instance.ledger import CallFacts
+    from attnprof.analysis.instance.masks import MaskBuild
+
+#: The rules of this module, in the order their findings are emitted.
+RULES = FindingRegistry()
+SHOWN = 3  # calls named in a message
+#: `mask-build` fires when the mask's device time exceeds this share of the attention calls' own time
+#: (as `attention-overhead` does for all the work beside them), or its host time exceeds all of it.
+MASK_BUILD_SHARE = 0.10
+DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
+#: The kernel that turns a boolean mask into an additive bias (torch's convert_boolean_attn_mask).
+_WHERE = "where_kernel"
+
+
+def _mask_label(mask_type: str) -> str:
+    """ "boolean" or "bfloat16 (additive)" for an `Input type`."""
+    if mask_type == "bool":
+        return "boolean"
+    dtype = TRACE_DTYPES.get(mask_type)
+    return f"{DTYPE_LABEL.get(dtype, mask_type) if dtype else mask_type} (additive)"
+
+
+def _dense_mask(call: CallFacts) -> bool:
+    """True for an SDPA call given a mask tensor: its recorded 4th input, or without record_shapes the
+    where kernel that converts a boolean mask, launched outside the backend's op."""
+    if call.phase != "forward" or call.op != SDPA_OP:
+        return False
+    if call.mask_type is not None:
+        return True
+    return not call.input_types and any(_WHERE in call.names[n] for n in call.prep_ids)
+
+
+def _counted(names: list[str]) -> str:
+    """Kernel names, each once in order of first launch, with "xN" where it ran more than once."""
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return listed([f"{name} x{n}" if n > 1 else name for name, n in counts.items()], 3)
+
+
+@RULES.rule(
+    "dense-mask",
+    severity="problem",
+    summary="scaled_dot_product_attention was given a dense mask tensor: converted every call, and no masked "
+    "block skipped.",
+    paragraph="""
+    A scaled_dot_product_attention call received attn_mask as a tensor (a boolean or additive seq x seq mask)
+    rather than is_causal=True. Two costs follow. First, the fused backends (cuDNN, memory-efficient) take
+    the mask as an additive bias: a boolean mask is converted on every call (scalar_tensor, fill and where
+    kernels under the SDPA op, beside the attention kernel), writing a new L x S tensor. Second, and larger,
+    the kernel cannot know which blocks the mask empties: it reads the mask and computes every query x key
+    block, so a causal or sliding-window mask given densely does the full L x S work where is_causal=True
+    skips about half (flash cannot take a mask at all, so SDPA also loses that backend). The message names
+    each call, the mask's type where record_shapes recorded it, the conversion's device time and kernels,
+    and the attention's own time beside it. Pass is_causal=True for a causal mask; for other structured masks
+    (sliding window, documents, prefix) use FlexAttention with a BlockMask built once per shape
+    (create_block_mask), which skips the empty blocks.
+    """,
+)
+def _dense_mask_rule(ctx: FindingContext) -> str | None:
+    found: dict[int, list[CallFacts]] = {}  # call position -> that call in each instance that gave it a mask
+    with_mask = 0
+    for m in ctx.per_forward:
+        calls = m.attention.calls if m.attention is not None else []
+        masked = [(k, c) for k, c in enumerate(calls) if _dense_mask(c)]
+        with_mask += bool(masked)
+        for k, call in masked:
+            found.setdefault(k, []).append(call)
+    if not found:
+        return None
+    unit = ctx.unit
+    parts = []
+    for k in sorted(found)[:SHOWN]:
+        calls = found[k]
+        call = calls[0]
+        given = (
+            f"a {_mask_label(call.mask_type)} mask (per its Input type)"
+            if call.mask_type
+            else "a boolean mask (its where kernel converts it; the trace has no Input type)"
+        )
+        text = f"call {k + 1} ({call.backend}) got {given}"
+        prep = median([c.prep_time_us for c in calls])
+        own = median([c.time_us - c.prep_time_us for c in calls])
+        if call.prep_ids:
+            kernels = _counted([short_kernel_name(call.names[n]) for n in call.prep_ids])
+            text += f"; converting it takes {us(prep)} per {unit} ({kernels}) beside the attention's own {us(own)}"
+        else:
+            text += f"; the call takes {us(own)} per {unit}"
+        parts.append(text)
+    if len(found) > SHOWN:
+        parts.append(f"and {len(found) - SHOWN} more")
+    verb = "passes" if with_mask == len(ctx.per_forward) else "pass"
+    return (
+        f"{ctx.every(with_mask).capitalize()} {verb} a dense mask to scaled_dot_product_attention: "
+        + "; ".join(parts)
+        + ". The fused kernel reads the mask and computes every query x key block, masked or not; "
+        "is_causal=True or a BlockMask (FlexAttention) skips the empty ones."
+    )
+
+
+def _build_text(kind: str, builds: list[MaskBuild]) -> str:
+    ops = median_count([b.ops for b in builds])
+    if kind == "dense":
+        return f"a dense mask ({ops} op{'s' if ops != 1 else ''} outside the attention calls)"
+    if all(b.compiled for b in builds):
+        return "a BlockMask (create_block_mask compiled: one graph of Inductor kernels)"
+    return (
+        f"a BlockMask (create_block_mask run eagerly: {ops} ops, the mask_mod vmapped over every index, "
+        "sorts and copies)"
+    )
+
+
+@RULES.rule(
+    "mask-build",
+    severity="problem",
+    summary="A BlockMask or dense mask is built in every instance: its host and device time against the attention's.",
+    paragraph=f"""
+    Every forward (or step) builds its attention mask again outside the attention calls: a FlexAttention
+    BlockMask by create_block_mask (run eagerly it evaluates the mask_mod over every query and key index
+    through vmap, then sums, sorts and copies the block map into index tensors; compiled it is one graph of
+    small kernels), or a dense mask from index comparisons (arange, le/lt/eq, where). The mask depends only
+    on the shape (and the documents or padding), so this is the same work every time, and it is mostly host
+    time: many small ops and launches, during which the GPU idles. The message gives the host (CPU) time
+    and the device time per instance and their multiples of the attention calls' own device time; it fires
+    when the device time exceeds {MASK_BUILD_SHARE:.0%} of the attention's or the host time exceeds it all.
+    Build the mask once per shape (before the loop, or cached by sequence length and document
+    boundaries) and pass it in; for a plain causal mask use is_causal=True or a mask_mod without a tensor.
+    Unlike mask-rebuilt, which reports the causal triangle (ones, tril/triu, where) that eager code or SDPA's
+    math backend builds, this finding covers BlockMasks and masks built from other ops; attention-overhead
+    counts the same device time among all the work beside the calls.
+    """,
+)
+def _mask_build(ctx: FindingContext) -> str | None:
+    ledger = ctx.attention
+    per = [m.attention.masks if m.attention is not None else [] for m in ctx.per_forward]
+    if ledger is None or not per or not all(per):
+        return None  # not built in every instance
+    host = median([sum(b.host_us for b in builds) for builds in per])
+    device = median([sum(b.device_us for b in builds) for builds in per])
+    kernel = ledger.kernel_time_us
+    if kernel <= 0 or (device <= MASK_BUILD_SHARE * kernel and host <= kernel):
+        return None
+    kinds = [kind for kind in ("BlockMask", "dense") if any(b.kind == kind for builds in per for b in builds)]
+    what = " and ".join(_build_text(kind, [b for builds in per for b in builds if b.kind == kind]) for kind in kinds)
+    unit = ctx.unit
+    return (
+        f"Every {unit} builds {what}: {us(host)} of host time and {us(device)} of device time per {unit}, "
+        f"{host / kernel:,.1f}x and {device / kernel:,.1f}x the attention calls' own {us(kernel)}. "
+        "Build it once per shape and pass it in."
+    )
+
+
+def _input_dtype(call: CallFacts, ctx: FindingContext) -> tuple[str | None, str | None]:
+    """The dtype of a call's query and where it was read: its own Input type, else the analysis'."""
+    if call.input_types:
+        dtype = TRACE_DTYPES.get(call.input_types[0])
+        return dtype, "per its Input type"
+    return ctx.dtype, ctx.dtype_source
+
+
+@RULES.rule(
+    "backend-fallback",
+    severity="problem",
+    summary="scaled_dot_product_attention ran its math backend on the GPU with 16-bit inputs: no fused backend "
+    "took them.",
+    paragraph="""
+    On a GPU with bfloat16 or float16 inputs, scaled_dot_product_attention should run a fused kernel (flash,
+    memory-efficient or cuDNN), yet a call ran the math backend: the scores written out as a seq x seq tensor,
+    upcasts to FP32, separate matmul, softmax and mask kernels, several times the time and memory of a fused
+    kernel. Either code pinned it (sdpa_kernel(SDPBackend.MATH)), or every fused backend refused the inputs:
+    an attn_mask that requires grad, a head dim a backend does not support, dropout on some backends, GQA
+    (enable_gqa) where a backend lacks it, non-contiguous or oddly strided inputs, a dtype mismatch between q,
+    k and v, or a build without the backend. The message names each call, its dtype and its device time.
+    To find the reason, pin the backend you expect with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    (or EFFICIENT_ATTENTION, CUDNN_ATTENTION): the call then raises "No available kernel" after UserWarnings
+    that say why each backend refused (run with warnings enabled). Fix that input, or use FlexAttention for
+    what SDPA's fused backends cannot express.
+    """,
+)
+def _backend_fallback(ctx: FindingContext) -> str | None:
+    ledger = ctx.attention
+    if ledger is None:
+        return None
+    found = []
+    for k, call in enumerate(ledger.calls):
+        if call.phase != "forward" or call.backend != "math":
+            continue
+        dtype, source = _input_dtype(call, ctx)
+        if dtype in SIXTEEN_BIT:
+            found.append((k, call, dtype, source))
+    if not found:
+        return None
+    with_math = sum(
+        1
+        for m in ctx.per_forward
+        if m.attention is not None and any(c.phase == "forward" and c.backend == "math" for c in m.attention.calls)
+    )
+    unit = ctx.unit
+    verb = "runs" if with_math == len(ctx.per_forward) else "run"
+    parts = [
+        f"call {k + 1} on {DTYPE_LABEL[dtype]} inputs ({source}): {us(call.time_us)} per {unit} in "
+        f"{len(call.kernel_ids)} kernels"
+        for k, call, dtype, source in found[:SHOWN]
+    ]
+    if len(found) > SHOWN:
+        parts.append(f"and {len(found) - SHOWN} more")
+    return (
+        f"{ctx.every(with_math).capitalize()} {verb} SDPA's math backend on the GPU with 16-bit inputs, "
+        "where a fused backend runs one kernel: " + "; ".join(parts) + ". Pinning a fused backend with "
+        "sdpa_kernel makes torch say why it refused the inputs."
+    )
