@@ -13,11 +13,21 @@ of calls, each with the median time of its position over the instances that ran 
     kernel_time_us         device time of the calls' work (kernels, and memcpys/memsets launched
                            inside them), forward and backward phase together
     backward_kernel_time_us  the backward phase's part of it (null without backward work)
-    gpu_time_pct           kernel_time_us over the instance's GPU time (first device event to last)
+    gpu_time_pct           the calls' busy time (their work's intervals merged: kernels that overlap,
+                           e.g. in a CUDA graph, count once) over the instance's GPU time (first
+                           device event to last); never above 100
     overhead_us            the overhead items' time together
-    calls                  [{op, backend, phase, kernels, time_us, forward_call}]: phase "forward" or
-                           "backward"; forward_call is a backward call's forward call (its index in
-                           calls), null when no forward call links to it
+    bytes_per_forward      the bytes the forward calls must move (Q, K, V, O and a dense mask, from
+                           the recorded shapes: see `bandwidth`); null when a call's shapes are unknown
+    achieved_gbps          bytes_per_forward over the forward calls' device time, GB/s
+    pct_of_read_bandwidth  achieved_gbps in percent of the read bandwidth (null without one)
+    read_bandwidth_source  which figure the percentages use: "datasheet H200 4800 GB/s", or the
+                           achieved figure when it beats the datasheet's (never a percentage above 100)
+    calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
+                           pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
+                           forward_call is a backward call's forward call (its index in calls), null
+                           when no forward call links to it; bytes (and its rates) null for backward
+                           calls and calls without recorded shapes
     overhead               [{kind, ops, count_per_forward, time_us}]: ops are the op chains that
                            launched its work, commonest first
 """
@@ -30,6 +40,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from attnprof.analysis.hardware import Datasheet
+from attnprof.analysis.instance.bandwidth import Traffic, call_traffic
 from attnprof.analysis.instance.calls import Call, backward_calls, find_calls
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.optree import OpTree
@@ -52,7 +64,18 @@ class CallFacts:
     kernel_ids: tuple[int, ...]
     time_us: float
     forward_call: int | None = None
+    traffic: Traffic | None = None  # what a forward call moves and computes, from its recorded shapes
     names: Sequence[str] = field(default=(), compare=False, repr=False)
+
+    @property
+    def achieved_gbps(self) -> float | None:
+        """The call's bytes over its device time, GB/s; None without bytes or time."""
+        return gbps(self.traffic.bytes, self.time_us) if self.traffic else None
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte moved (arithmetic intensity); None without recorded shapes."""
+        return self.traffic.flops / self.traffic.bytes if self.traffic and self.traffic.bytes else None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -74,6 +97,7 @@ class ForwardLedger:
     overhead: dict[str, Overhead]
     gpu_time_us: float | None
     forward_count: int = 0  # how many of the calls are forward calls
+    busy_us: float | None = None  # the calls' work intervals merged; None: kernel_time_us (no overlap)
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -97,12 +121,38 @@ class ForwardLedger:
 
     @property
     def gpu_time_pct(self) -> float | None:
-        """kernel_time_us over the instance's GPU time, in percent; None without GPU time."""
-        return _share_pct(self.kernel_time_us, self.gpu_time_us)
+        """The calls' busy time over the instance's GPU time, in percent; None without GPU time."""
+        busy = self.kernel_time_us if self.busy_us is None else self.busy_us
+        return _share_pct(busy, self.gpu_time_us)
 
 
-def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None:
-    return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
+def _share_pct(busy_us: float, gpu_time_us: float | None) -> float | None:
+    """`busy_us` in percent of `gpu_time_us`, at most 100 (the busy intervals lie inside the span; only
+    rounding could carry them past it)."""
+    return min(100.0, 100.0 * busy_us / gpu_time_us) if gpu_time_us else None
+
+
+def gbps(nbytes: int, time_us: float) -> float | None:
+    """`nbytes` moved in `time_us`, in GB/s (10^9 bytes per second); None without time."""
+    return nbytes / time_us / 1e3 if time_us > 0 else None
+
+
+def _busy_us(trace: ParsedTrace, calls: list[Call]) -> float | None:
+    """The union of the calls' device intervals, or None when none overlaps another (then the plain
+    sum, `kernel_time_us`, is that union)."""
+    dev = trace.device
+    spans = sorted((dev.ts[e], dev.ts[e] + dev.dur[e]) for c in calls for e in c.events)
+    busy, overlap, end = 0.0, False, float("-inf")
+    for start, stop in spans:
+        if start < end:
+            overlap = True
+            if stop > end:
+                busy += stop - end
+                end = stop
+        else:
+            busy += stop - start
+            end = stop
+    return busy if overlap else None
 
 
 def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
@@ -115,6 +165,7 @@ def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
         kernel_ids=tuple(map(dev.name.__getitem__, events)),
         time_us=sum(map(dev.dur.__getitem__, events)),
         forward_call=call.forward_call,
+        traffic=call_traffic(trace, call.first) if call.phase == "forward" else None,
         names=trace.names,
     )
 
@@ -127,7 +178,9 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     calls = find_calls(tree, found)
     backward, unclaimed = backward_calls(tree, index.ledger, calls)
     overhead = overhead_ledger(tree, overhead_units(tree, calls, found.in_call), unclaimed)
-    return ForwardLedger([_facts(tree.trace, c) for c in calls + backward], overhead, gpu_time_us, len(calls))
+    every = calls + backward
+    facts = [_facts(tree.trace, c) for c in every]
+    return ForwardLedger(facts, overhead, gpu_time_us, len(calls), _busy_us(tree.trace, every))
 
 
 @dataclass
@@ -142,6 +195,57 @@ class AttentionLedger:
     overhead_us: float
     calls: list[CallFacts] = field(default_factory=list)
     overhead: list[dict[str, Any]] = field(default_factory=list)
+    #: The read bandwidth the percentages use (GB/s) and what it is (`read_bandwidth`); None: unknown.
+    read_bandwidth_gbps: float | None = None
+    read_bandwidth_source: str | None = None
+    datasheet: Datasheet | None = None  # the GPU's datasheet peaks, when known
+
+    @property
+    def forward_calls(self) -> list[CallFacts]:
+        """The listed forward calls."""
+        return [c for c in self.calls if c.phase == "forward"]
+
+    @property
+    def bytes_per_forward(self) -> int | None:
+        """The bytes the forward calls move; None when a forward call's shapes are unknown (or none)."""
+        traffic = [c.traffic for c in self.forward_calls]
+        known = [t.bytes for t in traffic if t is not None]
+        return sum(known) if known and len(known) == len(traffic) else None
+
+    @property
+    def achieved_gbps(self) -> float | None:
+        """bytes_per_forward over the forward calls' device time, GB/s."""
+        nbytes = self.bytes_per_forward
+        return None if nbytes is None else gbps(nbytes, sum(c.time_us for c in self.forward_calls))
+
+    def pct_of_read_bandwidth(self, achieved: float | None) -> float | None:
+        """`achieved` (GB/s) in percent of the read bandwidth; None when either is unknown."""
+        ref = self.read_bandwidth_gbps
+        return None if achieved is None or not ref else min(100.0, 100.0 * achieved / ref)
+
+    def read_bandwidth(self, sheet: Datasheet | None, gpu: str | None) -> list[str]:
+        """Take `sheet` (the GPU's datasheet, None when unknown) as the reference of the percentages;
+        when a call's achieved figure beats it, the highest achieved figure is the reference instead.
+        Returns the notes to tell (bytes without shapes, an unknown GPU, a figure above the datasheet)."""
+        self.datasheet = sheet
+        forward = self.forward_calls
+        if not forward:
+            return []
+        if any(c.traffic is None for c in forward):
+            return ["attention bytes and GB/s need the shapes: profile with record_shapes=True"]
+        if sheet is None:
+            return [f"no datasheet bandwidth for GPU {gpu!r}: attention's % of read bandwidth is null"]
+        achieved = [g for g in (self.achieved_gbps, *(c.achieved_gbps for c in forward)) if g is not None]
+        best = max(achieved, default=0.0)
+        if best <= sheet.bandwidth_gbps:
+            self.read_bandwidth_gbps, self.read_bandwidth_source = sheet.bandwidth_gbps, sheet.bandwidth_source
+            return []
+        self.read_bandwidth_gbps = best
+        self.read_bandwidth_source = f"achieved {best:.0f} GB/s, above the {sheet.bandwidth_source}"
+        return [
+            f"attention achieved {best:.0f} GB/s, above the {sheet.bandwidth_source} (data served from "
+            "cache, or bytes counted that were not read): its percentages use the achieved figure"
+        ]
 
     @property
     def backends_text(self) -> str:
@@ -154,13 +258,20 @@ class AttentionLedger:
         def r(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
+        def r2(value: float | None) -> float | None:
+            return None if value is None else round(value, 2)
+
         return {
             "calls_per_forward": self.calls_per_forward,
             "backends": dict(self.backends),
             "kernel_time_us": r(self.kernel_time_us),
             "backward_kernel_time_us": r(self.backward_kernel_time_us),
-            "gpu_time_pct": None if self.gpu_time_pct is None else round(self.gpu_time_pct, 2),
+            "gpu_time_pct": r2(self.gpu_time_pct),
             "overhead_us": r(self.overhead_us),
+            "bytes_per_forward": self.bytes_per_forward,
+            "achieved_gbps": r(self.achieved_gbps),
+            "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(self.achieved_gbps)),
+            "read_bandwidth_source": self.read_bandwidth_source,
             "calls": [
                 {
                     "op": c.op,
@@ -168,6 +279,9 @@ class AttentionLedger:
                     "phase": c.phase,
                     "kernels": list(c.kernels),
                     "time_us": r(c.time_us),
+                    "bytes": c.traffic.bytes if c.traffic else None,
+                    "achieved_gbps": r(c.achieved_gbps),
+                    "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(c.achieved_gbps)),
                     "forward_call": c.forward_call,
                 }
                 for c in self.calls
@@ -181,8 +295,7 @@ def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
     per_call = median_count([ledger.forward_count for ledger in ledgers])
     calls = _typical_calls(ledgers, per_call)
     kernel_times = [ledger.kernel_time_us for ledger in ledgers]
-    shares = map(_share_pct, kernel_times, [ledger.gpu_time_us for ledger in ledgers])
-    pcts = [p for p in shares if p is not None]
+    pcts = [p for ledger in ledgers if (p := ledger.gpu_time_pct) is not None]
     has_backward = any(len(ledger.calls) > ledger.forward_count for ledger in ledgers)
     return AttentionLedger(
         calls_per_forward=per_call,
@@ -204,7 +317,14 @@ def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFact
     same = [ledger for ledger in ledgers if [c.signature for c in ledger.calls] == shape]
     return [
         CallFacts(
-            c.op, c.backend, c.phase, c.kernel_ids, median([s.calls[i].time_us for s in same]), c.forward_call, c.names
+            c.op,
+            c.backend,
+            c.phase,
+            c.kernel_ids,
+            median([s.calls[i].time_us for s in same]),
+            c.forward_call,
+            c.traffic,
+            c.names,
         )
         for i, c in enumerate(first.calls)
     ]
