@@ -35,7 +35,7 @@ def test_ids_are_the_documented_contract():
     assert FINDING_IDS == ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
                            "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes",
                            "comm-exposed", "bwd-dot-do-o", "bwd-dq-convert", "bwd-memsets", "grad-accumulation",
-                           "host-sync", "gpu-idle", "attention-overhead")
+                           "host-sync", "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound")
 
 
 def test_a_clean_forward_has_no_findings():

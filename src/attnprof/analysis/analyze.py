@@ -318,7 +318,7 @@ def _summary(
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
     if analysis.attention is not None:
         gpu = analysis.device.get("name") if analysis.device else None
-        analysis.notes += analysis.attention.read_bandwidth(datasheet(gpu), gpu)
+        analysis.notes += analysis.attention.read_bandwidth(datasheet(gpu), gpu, bool(trace.input_dims))
     if analysis.annotation_mismatches:
         analysis.notes.append(
             f"{analysis.annotation_mismatches} device event(s) differ between the "

@@ -9,12 +9,22 @@ it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, occupancy
+from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, memory, occupancy
 from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
 
 #: Every finding, in the order they are emitted: the forward's work, occupancy, the CPU side,
-#: communication, the backward, then the attention ledger and the stalls.
-FINDINGS = FindingRegistry([*forward.RULES, *occupancy.RULES, *cpu.RULES, *comm.RULES, *backward.RULES, *ledger.RULES])
+#: communication, the backward, the attention ledger and the stalls, then the attention calls' memory traffic.
+FINDINGS = FindingRegistry(
+    [
+        *forward.RULES,
+        *occupancy.RULES,
+        *cpu.RULES,
+        *comm.RULES,
+        *backward.RULES,
+        *ledger.RULES,
+        *memory.RULES,
+    ]
+)
 #: The ids, a stable JSON contract, in the order the findings are emitted.
 FINDING_IDS = FINDINGS.ids()
 

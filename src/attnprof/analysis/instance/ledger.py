@@ -41,7 +41,7 @@ from operator import attrgetter
 from typing import Any
 
 from attnprof.analysis.hardware import Datasheet
-from attnprof.analysis.instance.bandwidth import Traffic, call_traffic
+from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
 from attnprof.analysis.instance.calls import Call, backward_calls, find_calls
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.optree import OpTree
@@ -165,9 +165,15 @@ def _facts(trace: ParsedTrace, call: Call) -> CallFacts:
         kernel_ids=tuple(map(dev.name.__getitem__, events)),
         time_us=sum(map(dev.dur.__getitem__, events)),
         forward_call=call.forward_call,
-        traffic=call_traffic(trace, call.first) if call.phase == "forward" else None,
+        traffic=_traffic(trace, call),
         names=trace.names,
     )
+
+
+def _traffic(trace: ParsedTrace, call: Call) -> Traffic | None:
+    if call.phase != "forward":
+        return None
+    return eager_traffic(trace, call.first, call.last) if call.backend == "eager" else call_traffic(trace, call.first)
 
 
 def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
@@ -223,16 +229,21 @@ class AttentionLedger:
         ref = self.read_bandwidth_gbps
         return None if achieved is None or not ref else min(100.0, 100.0 * achieved / ref)
 
-    def read_bandwidth(self, sheet: Datasheet | None, gpu: str | None) -> list[str]:
+    def read_bandwidth(self, sheet: Datasheet | None, gpu: str | None, shapes_recorded: bool = True) -> list[str]:
         """Take `sheet` (the GPU's datasheet, None when unknown) as the reference of the percentages;
         when a call's achieved figure beats it, the highest achieved figure is the reference instead.
-        Returns the notes to tell (bytes without shapes, an unknown GPU, a figure above the datasheet)."""
+        Returns the notes to tell (bytes without shapes, an unknown GPU, a figure above the datasheet);
+        `shapes_recorded`: whether the trace has any `Input Dims`."""
         self.datasheet = sheet
         forward = self.forward_calls
         if not forward:
             return []
-        if any(c.traffic is None for c in forward):
+        unknown = [c for c in forward if c.traffic is None]
+        if unknown and not shapes_recorded:
             return ["attention bytes and GB/s need the shapes: profile with record_shapes=True"]
+        if unknown:
+            ops = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in unknown))
+            return [f"attention bytes and GB/s are null: the recorded inputs of {ops} are not Q, K and V"]
         if sheet is None:
             return [f"no datasheet bandwidth for GPU {gpu!r}: attention's % of read bandwidth is null"]
         achieved = [g for g in (self.achieved_gbps, *(c.achieved_gbps for c in forward)) if g is not None]
