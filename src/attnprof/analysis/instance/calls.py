@@ -8,6 +8,9 @@ Three recognisers, in this order, each skipping the ops an earlier one claimed:
    Triton and other plugin kernels, see `names`), outside any SDPA op. The call is the outermost op
    around it below any compiled-graph container (`CONTAINER_PREFIXES`), or the kernel alone when
    it was launched under no op; its backend comes from `KERNEL_BACKENDS`, else the rule's backend.
+   Several kernels can be one call: a fused-attention reduction or pointwise kernel (split-KV flex
+   decoding's merge of the partial outputs) joins the call of the latest template kernel of the same
+   backend in the same compiled graph.
 3. eager: among the ops of one level, a batched matmul, then a softmax, then a batched matmul,
    with at most `MAX_OPS_BEFORE_SOFTMAX` launching ops between the first two (scale, mask, casts)
    and `MAX_OPS_AFTER_SOFTMAX` between the last two (cast back, dropout). The call covers all of
@@ -62,6 +65,10 @@ KERNEL_BACKENDS = {
 }
 #: Ops that only wrap compiled code: a call found inside one is never widened to it.
 CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
+#: A compiled template kernel (FlexAttention's) and the Inductor kernels after it in the same graph that
+#: finish the same call: split-KV decoding's reduction over the partial outputs (`_kernel_calls`).
+TEMPLATE_PREFIX = "triton_tem_"
+CONTINUATION_PREFIXES = ("triton_per_", "triton_red_", "triton_poi_")
 MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
 BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
 MAX_OPS_BEFORE_SOFTMAX = 6
@@ -194,11 +201,20 @@ def _kernel_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list
             anchor = _anchor(tree, op)
             if anchor not in by_anchor and not in_call[tree.pos[anchor]]:
                 by_anchor[anchor] = backend
+    template: dict[int, Call] = {}  # container -> its latest template call (the call a reduction joins)
     for anchor, backend in by_anchor.items():
         ops = _mark(tree, in_call, anchor)
-        calls.append(
-            Call(tree.name(anchor), backend, tree.events(anchor), ops, anchor, anchor, trace.cpu_ops.ts[anchor])
-        )
+        parent, name = tree.parent(anchor), tree.name(anchor)
+        before = template.get(parent) if parent >= 0 and tree.role(parent) == "container" else None
+        if before is not None and before.backend == backend and name.startswith(CONTINUATION_PREFIXES):
+            before.events += tree.events(anchor)  # a split-KV reduction: part of the template's call
+            before.ops += ops
+            before.last = anchor
+            continue
+        call = Call(name, backend, tree.events(anchor), ops, anchor, anchor, trace.cpu_ops.ts[anchor])
+        calls.append(call)
+        if name.startswith(TEMPLATE_PREFIX):
+            template[parent] = call
     return calls
 
 
