@@ -127,8 +127,8 @@ class ForwardLedger:
 
 
 def _share_pct(busy_us: float, gpu_time_us: float | None) -> float | None:
-    """`busy_us` in percent of `gpu_time_us`, at most 100 (the busy intervals lie inside the span; only
-    rounding could carry them past it)."""
+    """`busy_us` in percent of `gpu_time_us`, at most 100: the merged intervals of the calls' work lie
+    inside the instance's span of device work, and what rounding carries past it is clipped."""
     return min(100.0, 100.0 * busy_us / gpu_time_us) if gpu_time_us else None
 
 

@@ -200,6 +200,7 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
     if builder is not None:
         raw_type_ids, raw_input_types = builder.raw_input_type_ids, builder._raw_input_types
         dims_list, dims_ids = builder.input_dims, builder.input_dims_ids
+    no_raw = decoding.NO_RAW
 
     def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
         name(nid)
@@ -219,12 +220,13 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
         sequence, forward_tid = args.seq, args.fwd_tid
         seq(sequence if sequence.__class__ is int else -1)
         fwd_tid(forward_tid if forward_tid.__class__ is int else -1)
-        raw_dims = bytes(args.input_dims)
-        if raw_dims == b"null":
+        raw_dims = args.input_dims
+        if raw_dims is no_raw:  # no record_shapes: no bytes made
             dims(-1)
         else:
-            index = dims_ids.get(raw_dims)
-            dims(index if index is not None else _intern(dims_list, dims_ids, raw_dims))
+            key = bytes(raw_dims)
+            index = dims_ids.get(key)
+            dims(index if index is not None else _intern(dims_list, dims_ids, key))
 
     return write
 

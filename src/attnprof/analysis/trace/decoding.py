@@ -34,6 +34,8 @@ import msgspec
 #: The value of a field the event does not have.
 ABSENT: Any = msgspec.UNSET
 _NO_INPUT_TYPE = msgspec.Raw(b"null")
+#: The value of a raw field (`Input type`, `Input Dims`) the event does not have: this very object.
+NO_RAW: msgspec.Raw = _NO_INPUT_TYPE
 _f = msgspec.field
 _Number = int | float | str | None  # pid and tid: numbers, or text in some exporters
 
