@@ -20,6 +20,10 @@ from attnprof.analysis.hardware import datasheet
 MASKS = Path(__file__).parent / "data" / "h200" / "masks"
 DECODE = ("decode-flash", "decode-cudnn", "decode-math", "decode-flex", "decode-efficient-repeat-kv")
 #: 16 sequences x 8 KV heads x 8,192 keys x 128 x 2 bytes, for K and for V; Q and O 16 x 32 x 1 x 128 x 2 each.
+NO_SHAPES = (
+    "attention bytes and GB/s need the calls' shapes: profile with record_shapes=True "
+    "(a call replayed from a CUDA graph has no op, so no shapes)"
+)
 KV_BYTES = 2 * 16 * 8 * 8192 * 128 * 2
 QO_BYTES = 2 * 16 * 32 * 1 * 128 * 2
 
@@ -101,7 +105,7 @@ def test_without_record_shapes_bytes_are_null_and_a_note_says_why():
     assert ledger["pct_of_read_bandwidth"] is None and ledger["read_bandwidth_source"] is None
     assert all(c["bytes"] is None and c["pct_of_read_bandwidth"] is None for c in ledger["calls"])
     notes = [n for n in d["notes"] if "record_shapes=True" in n]
-    assert notes == ["attention bytes and GB/s need the shapes: profile with record_shapes=True"]
+    assert notes == [NO_SHAPES]
 
 
 @pytest.mark.parametrize(
@@ -227,3 +231,42 @@ def test_compiled_flex_decode_is_one_call_of_one_kernel_beside_the_default_block
     assert call["backend"] == "flex" and len(call["kernels"]) == 1 and "flex_attention" in call["kernels"][0]
     others = {k["short_name"] for k in d["kernels"]} - set(call["kernels"])
     assert others == {"triton_poi_fused_ones_0", "triton_poi_fused_zeros_1"}
+
+
+def test_a_cuda_graph_replay_of_split_kv_flash_is_one_call_without_bytes():
+    """decode-flash-graph: the splitkv and combine kernels run under no op (cudaGraphLaunch); the combine
+    finishes the splitkv's call. A replay records no shapes: bytes are null and the note says why."""
+    d = analysed("decode-flash-graph")
+    ledger = d["attention"]
+    assert ledger["calls_per_forward"] == 1 and ledger["backends"] == {"flash": 1}
+    (call,) = ledger["calls"]
+    assert call["kernels"] == ["flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel"]
+    assert call["time_us"] == pytest.approx(ledger["kernel_time_us"]) and call["bytes"] is None
+    assert 99 < ledger["gpu_time_pct"] <= 100
+    assert NO_SHAPES in d["notes"]
+
+
+def test_a_compiled_flex_decode_split_over_the_keys_is_one_call_of_three_kernels():
+    d = analysed("decode-flex-split")
+    ledger = d["attention"]
+    assert ledger["calls_per_forward"] == 1
+    (call,) = ledger["calls"]
+    assert [k[:18] for k in call["kernels"]] == ["triton_tem_fused__", "triton_per_fused__", "triton_per_fused__"]
+    assert call["bytes"] == 2 * 1 * 8 * 65536 * 128 * 2 + 2 * 1 * 8 * 1 * 128 * 2 == 268_439_552
+    message = findings("decode-flex-split")["memory-bound"]
+    assert "Likely cause: the keys are split into chunks" in message and "1 x 8 = 8 (sequence, KV head)" in message
+
+
+def test_graph_replayed_combine_kernels_finish_the_call_before_them():
+    """Two attention layers replayed from one graph: each splitkv kernel starts a call, each combine
+    kernel joins the call before it."""
+    combine = "void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>()"
+    splitkv = "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>()"
+
+    def forward(b: TraceBuilder):
+        b.graph([splitkv, combine, "triton_poi_fused_add_0", splitkv, combine], gpu_us=10.0)
+
+    ledger = analyze_trace(build(forward)).attention.to_dict()
+    assert ledger["calls_per_forward"] == 2
+    pair = ["flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel"]
+    assert [c["kernels"] for c in ledger["calls"]] == [pair, pair]

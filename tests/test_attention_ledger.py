@@ -365,8 +365,8 @@ def test_instances_of_one_shape_each_get_their_own_overhead_times():
     assert analysis.attention.to_dict()["overhead"][0]["time_us"] == 20.0
 
 
-FLEX_DECODE = "triton_tem_fused_flex_decoding_0"
-FLEX_REDUCE = "triton_per_fused_flex_decoding_1"
+FLEX_DECODE = "triton_tem_fused__to_copy_flex_attention_ones_slice_sort_sum_transpose_zeros_2"  # as in
+FLEX_REDUCE = "triton_per_fused__to_copy_flex_attention_ones_slice_sort_sum_transpose_zeros_3"  # decode-flex-split
 
 
 def test_a_split_kv_flex_decode_is_one_call_of_its_template_and_its_reduction():

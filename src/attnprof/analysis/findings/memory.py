@@ -27,7 +27,6 @@ RULES = FindingRegistry()
 MEMORY_BOUND_SHARE = 0.60
 #: Query rows per call below which a call is decode-like (a prefill template's query block is mostly padding).
 DECODE_QUERIES = 16
-_SPLIT_KV = ("splitkv", "split_kv", "combine", "reduce", "flex_decoding")
 
 
 def _memory_bound(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
@@ -63,6 +62,14 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
             f"them again through {len(kernels)} kernels ({listed(list(dict.fromkeys(kernels)), 3)}); "
             "use a fused backend (flash, cuDNN, efficient) or compiled flex"
         )
+    merge = [k for k in kernels[1:] if "combine" in k or k.startswith(("triton_per_", "triton_red_"))]
+    if merge:
+        pairs = traffic.batch * traffic.kv_heads
+        return (
+            f"the keys are split into chunks and {listed(merge, 2)} merge their partial outputs; with "
+            f"{traffic.batch} x {traffic.kv_heads} = {pairs} (sequence, KV head) pair(s) the chunks alone must fill "
+            "the GPU, and too few or too small chunks, or a slow merge, leave the bandwidth unused"
+        )
     if traffic.kv_heads == traffic.q_heads > 1:
         repeated = any(item["kind"] == "kv-repeat" for item in ledger.overhead)
         why = (
@@ -75,9 +82,6 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
             f"{why}, so {kernels[0] if kernels else 'the kernel'} reads every KV head once per query head; pass the "
             "grouped K/V with enable_gqa=True to a backend that packs the heads of a group (flash, cuDNN)"
         )
-    split = [k for k in kernels if any(word in k for word in _SPLIT_KV)]
-    if len(kernels) > 1 and split:
-        return f"a split-KV reduction kernel ({listed(split, 2)}) adds a pass over the partial outputs"
     if call.backend == "flex" and traffic.queries < DECODE_QUERIES and any("flex_attention" in k for k in kernels):
         return (
             f"the FlexAttention prefill template ran on {traffic.queries} query row(s): its query block is mostly "

@@ -53,7 +53,8 @@ class Traffic:
 
     bytes: int
     flops: int
-    q_heads: int = 0
+    batch: int = 0  # 3-D inputs (batch and heads flattened): batch x heads
+    q_heads: int = 0  # 0 where 3-D inputs do not say
     kv_heads: int = 0
     queries: int = 0
     keys: int = 0
@@ -97,7 +98,8 @@ def eager_traffic(trace: ParsedTrace, head: int, tail: int) -> Traffic | None:
     total = prod(q) * q_size + prod(k) * k_size + prod(v) * v_size + rows * queries * d_v * q_size
     heads = q[1] if len(q) == 4 else 0
     kv_heads = k[1] if len(k) == 4 else 0
-    return Traffic(total, 2 * (d_qk + d_v) * rows * queries * keys, heads, kv_heads, queries, keys)
+    batch = q[0] if len(q) == 4 else rows
+    return Traffic(total, 2 * (d_qk + d_v) * rows * queries * keys, batch, heads, kv_heads, queries, keys)
 
 
 def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
@@ -123,4 +125,4 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
         size = ELEMENT_BYTES.get(types[_MASK_INPUT])
         if size is not None and isinstance(mask, list) and mask and all(isinstance(d, int) for d in mask):
             total += prod(mask) * size
-    return Traffic(total, 2 * (d_qk + d_v) * batch * heads * queries * keys, heads, k[1], queries, keys)
+    return Traffic(total, 2 * (d_qk + d_v) * batch * heads * queries * keys, batch, heads, k[1], queries, keys)

@@ -240,7 +240,10 @@ class AttentionLedger:
             return []
         unknown = [c for c in forward if c.traffic is None]
         if unknown and not shapes_recorded:
-            return ["attention bytes and GB/s need the shapes: profile with record_shapes=True"]
+            return [
+                "attention bytes and GB/s need the calls' shapes: profile with record_shapes=True "
+                "(a call replayed from a CUDA graph has no op, so no shapes)"
+            ]
         if unknown:
             ops = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in unknown))
             return [f"attention bytes and GB/s are null: the recorded inputs of {ops} are not Q, K and V"]
