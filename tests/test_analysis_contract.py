@@ -18,6 +18,11 @@ KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_f
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                  "achieved_occupancy_pct", "theoretical_occupancy_pct", "occupancy_limiter", "occupancy_arithmetic",
                  "occupancy_note", "tensor_cores", "launch_api"}
+ATTENTION_FIELDS = {"calls_per_forward", "backends", "kernel_time_us", "backward_kernel_time_us", "gpu_time_pct",
+                    "overhead_us", "bytes_per_forward", "achieved_gbps", "pct_of_read_bandwidth",
+                    "read_bandwidth_source", "calls", "overhead"}
+CALL_FIELDS = {"op", "backend", "phase", "kernels", "time_us", "bytes", "achieved_gbps", "pct_of_read_bandwidth",
+               "forward_call"}
 
 
 def test_to_dict_field_names_are_the_contract():
@@ -28,6 +33,8 @@ def test_to_dict_field_names_are_the_contract():
     assert set(d["phases"]) == {"forward", "backward"}
     assert set(d["phases"]["forward"]) == PHASE_FIELDS
     assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}
+    assert set(d["attention"]) == ATTENTION_FIELDS
+    assert d["attention"]["calls"] and all(set(c) == CALL_FIELDS for c in d["attention"]["calls"])
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
 
 

@@ -207,6 +207,9 @@ def test_flex_calls_are_its_compiled_kernels_and_the_block_mask_is_overhead():
         "phase": "forward",
         "kernels": [FLEX],
         "time_us": 70.0,
+        "bytes": None,  # no shapes recorded
+        "achieved_gbps": None,
+        "pct_of_read_bandwidth": None,
         "forward_call": None,
     }
     kinds = {o["kind"]: o for o in d["overhead"]}
@@ -360,3 +363,28 @@ def test_instances_of_one_shape_each_get_their_own_overhead_times():
     times = [m.attention.overhead["kv-repeat"].time_us for m in analysis.per_forward]
     assert times == [10.0, 20.0, 30.0]
     assert analysis.attention.to_dict()["overhead"][0]["time_us"] == 20.0
+
+
+FLEX_DECODE = "triton_tem_fused__to_copy_flex_attention_ones_slice_sort_sum_transpose_zeros_2"  # as in
+FLEX_REDUCE = "triton_per_fused__to_copy_flex_attention_ones_slice_sort_sum_transpose_zeros_3"  # decode-flex-split
+
+
+def test_a_split_kv_flex_decode_is_one_call_of_its_template_and_its_reduction():
+    """Compiled flex decoding splits the keys: a template kernel writes partial outputs and a reduction
+    kernel of the same graph merges them; both are the one attention call (each kernel has its own op)."""
+
+    def forward(b):
+        b.leaf("TorchDynamo Cache Lookup")
+        with b.op("Torch-Compiled Region: 0/0"), b.op("## Call CompiledFxGraph dec ##"):
+            with b.op("triton_poi_fused_ones_0"):
+                b.kernel("triton_poi_fused_ones_0", gpu_us=0.7, api="cuLaunchKernel")
+            with b.op(FLEX_DECODE):
+                b.kernel(FLEX_DECODE, gpu_us=100.0, api="cuLaunchKernel")
+            with b.op(FLEX_REDUCE):
+                b.kernel(FLEX_REDUCE, gpu_us=5.0, api="cuLaunchKernel")
+
+    d = analyze_trace(build(forward)).attention.to_dict()
+    assert d["calls_per_forward"] == 1 and d["backends"] == {"flex": 1}
+    (call,) = d["calls"]
+    assert call["kernels"] == [FLEX_DECODE, FLEX_REDUCE] and call["time_us"] == pytest.approx(105.0)
+    assert call["op"] == FLEX_DECODE

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "attnprof" / "analysis" / "findings"
 DOC = ROOT / "docs" / "findings.md"
 INFO = {
+    "bandwidth-bound",
     "single-fused-kernel",
     "low-occupancy-by-design",
     "occupancy-unreported",

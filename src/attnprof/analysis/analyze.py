@@ -33,6 +33,7 @@ from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
+from attnprof.analysis.hardware import datasheet
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
 from attnprof.analysis.instance.index import TraceIndex
@@ -315,6 +316,9 @@ def _summary(
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")
     elif not trace.device_properties:
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
+    if analysis.attention is not None:
+        gpu = analysis.device.get("name") if analysis.device else None
+        analysis.notes += analysis.attention.read_bandwidth(datasheet(gpu), gpu, bool(trace.input_dims))
     if analysis.annotation_mismatches:
         analysis.notes.append(
             f"{analysis.annotation_mismatches} device event(s) differ between the "

@@ -40,6 +40,17 @@ def _bytes(value: Any) -> str:
     return f"{value} B"
 
 
+def _megabytes(value: Any) -> str:
+    return "" if value is None else f"{value / 1e6:,.1f}"
+
+
+def _rate(gbps: Any, pct: Any) -> str:
+    """ "4,359 (90.8%)": GB/s and its % of the read bandwidth; "" without a rate."""
+    if gbps is None:
+        return ""
+    return f"{gbps:,.0f}" + ("" if pct is None else f" ({pct:g}%)")
+
+
 def _tensor_cores(value: Any) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
@@ -84,6 +95,7 @@ CALL_COLUMNS = (
     Column("kernels", drop=1),
     Column("µs / fwd"),
 )
+BYTES_COLUMNS = (Column("MB / fwd", drop=3), Column("GB/s (% read bw)", drop=4))
 OVERHEAD_COLUMNS = (
     Column("overhead"),
     Column("count / fwd"),
@@ -216,10 +228,17 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
         line += f", {fmt_number(ledger['gpu_time_pct'])}% of the GPU time"
     if ledger.get("backward_kernel_time_us") is not None:
         line += f" ({fmt_number(ledger['backward_kernel_time_us'])} µs of it in the backward)"
+    if ledger.get("bytes_per_forward") is not None:
+        line += f"; they move {ledger['bytes_per_forward'] / 1e6:,.1f} MB per {u}"
+        if ledger.get("achieved_gbps") is not None:
+            line += f" at {ledger['achieved_gbps']:,.0f} GB/s"
+        if ledger.get("pct_of_read_bandwidth") is not None:
+            line += f", {ledger['pct_of_read_bandwidth']:g}% of the {ledger.get('read_bandwidth_source')}"
     line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per {u}."
     parts = [*wrap(line, width)]
     calls = ledger.get("calls") or []
     if calls:
+        with_bytes = any(c.get("bytes") is not None for c in calls)
         rows = [
             [
                 str(i + 1),
@@ -229,9 +248,14 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
                 str(len(c["kernels"])),
                 fmt_number(c.get("time_us")),
             ]
+            + (
+                [_megabytes(c.get("bytes")), _rate(c.get("achieved_gbps"), c.get("pct_of_read_bandwidth"))]
+                if with_bytes
+                else []
+            )
             for i, c in enumerate(calls)
         ]
-        parts += ["", table(CALL_COLUMNS, rows, fmt, width)]
+        parts += ["", table(CALL_COLUMNS + (BYTES_COLUMNS if with_bytes else ()), rows, fmt, width)]
     overhead = ledger.get("overhead") or []
     if overhead:
         rows = [

@@ -9,13 +9,23 @@ it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, masks, occupancy
+from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, masks, memory, occupancy
 from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
 
 #: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
-#: occupancy, the CPU side, communication, the backward, then the attention ledger and the stalls.
+#: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
+#: attention calls' memory traffic.
 FINDINGS = FindingRegistry(
-    [*forward.RULES, *masks.RULES, *occupancy.RULES, *cpu.RULES, *comm.RULES, *backward.RULES, *ledger.RULES]
+    [
+        *forward.RULES,
+        *masks.RULES,
+        *occupancy.RULES,
+        *cpu.RULES,
+        *comm.RULES,
+        *backward.RULES,
+        *ledger.RULES,
+        *memory.RULES,
+    ]
 )
 #: The ids, a stable JSON contract, in the order the findings are emitted.
 FINDING_IDS = FINDINGS.ids()

@@ -8,6 +8,10 @@ Three recognisers, in this order, each skipping the ops an earlier one claimed:
    Triton and other plugin kernels, see `names`), outside any SDPA op. The call is the outermost op
    around it below any compiled-graph container (`CONTAINER_PREFIXES`), or the kernel alone when
    it was launched under no op; its backend comes from `KERNEL_BACKENDS`, else the rule's backend.
+   Several kernels can be one call (`_continues`): a fused-attention reduction, pointwise or combine
+   kernel (split-KV flex decoding's merge of the partial outputs) joins the call of the latest template
+   kernel of the same backend in the same compiled graph; launched under no op (a CUDA graph replay),
+   a combine or reduction kernel joins the op-less call just before it (flash's split-KV combine).
 3. eager: among the ops of one level, a batched matmul, then a softmax, then a batched matmul,
    with at most `MAX_OPS_BEFORE_SOFTMAX` launching ops between the first two (scale, mask, casts)
    and `MAX_OPS_AFTER_SOFTMAX` between the last two (cast back, dropout). The call covers all of
@@ -62,6 +66,10 @@ KERNEL_BACKENDS = {
 }
 #: Ops that only wrap compiled code: a call found inside one is never widened to it.
 CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
+#: A compiled template kernel (FlexAttention's) and the Inductor kernels after it in the same graph that
+#: finish the same call: split-KV decoding's reduction over the partial outputs (`_kernel_calls`).
+TEMPLATE_PREFIX = "triton_tem_"
+CONTINUATION_PREFIXES = ("triton_per_", "triton_red_", "triton_poi_")
 MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
 BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
 MAX_OPS_BEFORE_SOFTMAX = 6
@@ -86,10 +94,13 @@ def op_role(name: str) -> str | None:
 
 
 def kernel_backend(name: str) -> str | None:
-    """The backend of a fused-attention kernel outside SDPA (see `KERNEL_BACKENDS`); None for any other."""
+    """The backend of a fused-attention kernel outside SDPA (see `KERNEL_BACKENDS`; SDPA's FlashAttention
+    kernels, `pytorch_flash::`, are "flash"); None for any other."""
     expl = explain_kernel(name)
     if expl.family != "fused-attention":
         return None
+    if "pytorch_flash::" in name:  # SDPA's own copy of FlashAttention-2 (e.g. replayed from a CUDA graph)
+        return "flash"
     return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
 
 
@@ -171,6 +182,13 @@ def _sdpa_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[C
     return calls
 
 
+def _continues(name: str) -> bool:
+    """Whether a fused-attention kernel (its short name) finishes the call of the one before it: a
+    split-KV combine (flash's `flash_fwd_splitkv_combine_kernel`) or an Inductor reduction or pointwise
+    kernel after a template (compiled flex decoding's merge of the partial outputs)."""
+    return "combine" in name or name.startswith(CONTINUATION_PREFIXES)
+
+
 def _anchor(tree: OpTree, op: int) -> int:
     """The outermost op around `op` below any container (`op` itself when its parent is one)."""
     while (parent := tree.parent(op)) >= 0 and tree.role(parent) != "container":
@@ -183,7 +201,7 @@ def _kernel_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list
     dev, rt = trace.device, trace.runtime
     fused, dev_name = names.fused, dev.name
     by_anchor: dict[int, str] = {}
-    calls = []
+    calls: list[Call] = []
     for op, events in list(tree.direct.items()):
         if op >= 0 and in_call[tree.pos[op]]:
             continue
@@ -191,19 +209,33 @@ def _kernel_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list
             backend = fused.get(dev_name[e])
             if backend is None or dev.kind[e] != KERNEL:
                 continue
-            if op < 0:  # launched under no op: the kernel alone is the call
+            if op < 0:  # launched under no op (a CUDA graph replay): the kernel alone is the call...
+                name = short_kernel_name(trace.names[dev_name[e]])
+                last = calls[-1] if calls else None
+                if last is not None and last.first < 0 and last.backend == backend and _continues(name):
+                    last.events.append(e)  # ...but a combine or reduction kernel finishes the call before it
+                    continue
                 launch = tree.fwd.device_launch.get(e)
                 start = rt.ts[launch] if launch is not None else dev.ts[e]
-                calls.append(Call(short_kernel_name(trace.names[dev_name[e]]), backend, [e], start=start))
+                calls.append(Call(name, backend, [e], start=start))
                 continue
             anchor = _anchor(tree, op)
             if anchor not in by_anchor and not in_call[tree.pos[anchor]]:
                 by_anchor[anchor] = backend
+    template: dict[int, Call] = {}  # container -> its latest template call (the call a reduction joins)
     for anchor, backend in by_anchor.items():
         ops = _mark(tree, in_call, anchor)
-        calls.append(
-            Call(tree.name(anchor), backend, tree.events(anchor), ops, anchor, anchor, trace.cpu_ops.ts[anchor])
-        )
+        parent, name = tree.parent(anchor), tree.name(anchor)
+        before = template.get(parent) if parent >= 0 and tree.role(parent) == "container" else None
+        if before is not None and before.backend == backend and _continues(name):
+            before.events += tree.events(anchor)  # a split-KV reduction: part of the template's call
+            before.ops += ops
+            before.last = anchor
+            continue
+        call = Call(name, backend, tree.events(anchor), ops, anchor, anchor, trace.cpu_ops.ts[anchor])
+        calls.append(call)
+        if name.startswith(TEMPLATE_PREFIX):
+            template[parent] = call
     return calls
 
 

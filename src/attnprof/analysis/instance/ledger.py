@@ -15,11 +15,21 @@ same calls.
     kernel_time_us         device time of the calls' work (kernels, and memcpys/memsets launched
                            inside them), forward and backward phase together
     backward_kernel_time_us  the backward phase's part of it (null without backward work)
-    gpu_time_pct           kernel_time_us over the instance's GPU time (first device event to last)
+    gpu_time_pct           the calls' busy time (their work's intervals merged: kernels that overlap,
+                           e.g. in a CUDA graph, count once) over the instance's GPU time (first
+                           device event to last); never above 100
     overhead_us            the overhead items' time together
-    calls                  [{op, backend, phase, kernels, time_us, forward_call}]: phase "forward" or
-                           "backward"; forward_call is a backward call's forward call (its index in
-                           calls), null when no forward call links to it
+    bytes_per_forward      the bytes the forward calls must move (Q, K, V, O and a dense mask, from
+                           the recorded shapes: see `bandwidth`); null when a call's shapes are unknown
+    achieved_gbps          bytes_per_forward over the forward calls' device time, GB/s
+    pct_of_read_bandwidth  achieved_gbps in percent of the read bandwidth (null without one)
+    read_bandwidth_source  which figure the percentages use: "datasheet H200 4800 GB/s", or the
+                           achieved figure when it beats the datasheet's (never a percentage above 100)
+    calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
+                           pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
+                           forward_call is a backward call's forward call (its index in calls), null
+                           when no forward call links to it; bytes (and its rates) null for backward
+                           calls and calls without recorded shapes
     overhead               [{kind, ops, count_per_forward, time_us}]: ops are the op chains that
                            launched its work, commonest first
 """
@@ -32,12 +42,15 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from attnprof.analysis.hardware import Datasheet
+from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
 from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OVERHEAD_KINDS, Overhead, overhead_ledger, overhead_units
 from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median, median_count
 
 _time_us = attrgetter("time_us")
@@ -54,6 +67,7 @@ class CallFacts:
     kernel_ids: tuple[int, ...]
     time_us: float
     forward_call: int | None = None
+    traffic: Traffic | None = None  # what a forward call moves and computes, from its recorded shapes
     names: Sequence[str] = field(default=(), compare=False, repr=False)
     #: An SDPA call's `Input type` (record_shapes; () without), and the name ids and device time of
     #: its work outside the backend it dispatched to (a mask converted to the backend's form). Not
@@ -69,6 +83,16 @@ class CallFacts:
         if self.op != SDPA_OP or len(self.input_types) < 4:
             return None
         return self.input_types[3] if self.input_types[3] not in ("", "Scalar") else None
+
+    @property
+    def achieved_gbps(self) -> float | None:
+        """The call's bytes over its device time, GB/s; None without bytes or time."""
+        return gbps(self.traffic.bytes, self.time_us) if self.traffic else None
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte moved (arithmetic intensity); None without recorded shapes."""
+        return self.traffic.flops / self.traffic.bytes if self.traffic and self.traffic.bytes else None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -91,6 +115,7 @@ class ForwardLedger:
     gpu_time_us: float | None
     forward_count: int = 0  # how many of the calls are forward calls
     masks: list[MaskBuild] = field(default_factory=list)  # the masks built outside the calls (see masks)
+    busy_us: float | None = None  # the calls' work intervals merged; None: kernel_time_us (no overlap)
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -114,12 +139,38 @@ class ForwardLedger:
 
     @property
     def gpu_time_pct(self) -> float | None:
-        """kernel_time_us over the instance's GPU time, in percent; None without GPU time."""
-        return _share_pct(self.kernel_time_us, self.gpu_time_us)
+        """The calls' busy time over the instance's GPU time, in percent; None without GPU time."""
+        busy = self.kernel_time_us if self.busy_us is None else self.busy_us
+        return _share_pct(busy, self.gpu_time_us)
 
 
-def _share_pct(kernel_time_us: float, gpu_time_us: float | None) -> float | None:
-    return 100.0 * kernel_time_us / gpu_time_us if gpu_time_us else None
+def _share_pct(busy_us: float, gpu_time_us: float | None) -> float | None:
+    """`busy_us` in percent of `gpu_time_us`, at most 100: the merged intervals of the calls' work lie
+    inside the instance's span of device work, and what rounding carries past it is clipped."""
+    return min(100.0, 100.0 * busy_us / gpu_time_us) if gpu_time_us else None
+
+
+def gbps(nbytes: int, time_us: float) -> float | None:
+    """`nbytes` moved in `time_us`, in GB/s (10^9 bytes per second); None without time."""
+    return nbytes / time_us / 1e3 if time_us > 0 else None
+
+
+def _busy_us(trace: ParsedTrace, calls: list[Call]) -> float | None:
+    """The union of the calls' device intervals, or None when none overlaps another (then the plain
+    sum, `kernel_time_us`, is that union)."""
+    dev = trace.device
+    spans = sorted((dev.ts[e], dev.ts[e] + dev.dur[e]) for c in calls for e in c.events)
+    busy, overlap, end = 0.0, False, float("-inf")
+    for start, stop in spans:
+        if start < end:
+            overlap = True
+            if stop > end:
+                busy += stop - end
+                end = stop
+        else:
+            busy += stop - start
+            end = stop
+    return busy if overlap else None
 
 
 def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
@@ -133,6 +184,7 @@ def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
         kernel_ids=tuple(map(dev.name.__getitem__, events)),
         time_us=sum(map(dev.dur.__getitem__, events)),
         forward_call=call.forward_call,
+        traffic=_traffic(trace, call),
         names=trace.names,
     )
     if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
@@ -157,6 +209,12 @@ def sdpa_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -
     facts.prep_time_us = sum(map(dev.dur.__getitem__, prep))
 
 
+def _traffic(trace: ParsedTrace, call: Call) -> Traffic | None:
+    if call.phase != "forward":
+        return None
+    return eager_traffic(trace, call.first, call.last) if call.backend == "eager" else call_traffic(trace, call.first)
+
+
 def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
     """The attention calls and overhead of one instance whose device work was traced (`tree`: its
     ops, with the roles of `index.ledger`): its forward calls, placed from those of its shape
@@ -167,9 +225,10 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     backward, unclaimed = backward_calls(tree, names, calls)
     units = overhead_units(tree, calls, found.in_call)
     overhead = overhead_ledger(tree, units, unclaimed)
-    facts = [_facts(tree, names, c) for c in calls + backward]
+    every = calls + backward
+    facts = [_facts(tree, names, c) for c in every]
     masks = mask_builds(tree, names, calls, units, found.in_call)
-    return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks)
+    return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
 
 
 @dataclass
@@ -184,6 +243,65 @@ class AttentionLedger:
     overhead_us: float
     calls: list[CallFacts] = field(default_factory=list)
     overhead: list[dict[str, Any]] = field(default_factory=list)
+    #: The read bandwidth the percentages use (GB/s) and what it is (`read_bandwidth`); None: unknown.
+    read_bandwidth_gbps: float | None = None
+    read_bandwidth_source: str | None = None
+    datasheet: Datasheet | None = None  # the GPU's datasheet peaks, when known
+
+    @property
+    def forward_calls(self) -> list[CallFacts]:
+        """The listed forward calls."""
+        return [c for c in self.calls if c.phase == "forward"]
+
+    @property
+    def bytes_per_forward(self) -> int | None:
+        """The bytes the forward calls move; None when a forward call's shapes are unknown (or none)."""
+        traffic = [c.traffic for c in self.forward_calls]
+        known = [t.bytes for t in traffic if t is not None]
+        return sum(known) if known and len(known) == len(traffic) else None
+
+    @property
+    def achieved_gbps(self) -> float | None:
+        """bytes_per_forward over the forward calls' device time, GB/s."""
+        nbytes = self.bytes_per_forward
+        return None if nbytes is None else gbps(nbytes, sum(c.time_us for c in self.forward_calls))
+
+    def pct_of_read_bandwidth(self, achieved: float | None) -> float | None:
+        """`achieved` (GB/s) in percent of the read bandwidth; None when either is unknown."""
+        ref = self.read_bandwidth_gbps
+        return None if achieved is None or not ref else min(100.0, 100.0 * achieved / ref)
+
+    def read_bandwidth(self, sheet: Datasheet | None, gpu: str | None, shapes_recorded: bool = True) -> list[str]:
+        """Take `sheet` (the GPU's datasheet, None when unknown) as the reference of the percentages;
+        when a call's achieved figure beats it, the highest achieved figure is the reference instead.
+        Returns the notes to tell (bytes without shapes, an unknown GPU, a figure above the datasheet);
+        `shapes_recorded`: whether the trace has any `Input Dims`."""
+        self.datasheet = sheet
+        forward = self.forward_calls
+        if not forward:
+            return []
+        unknown = [c for c in forward if c.traffic is None]
+        if unknown and not shapes_recorded:
+            return [
+                "attention bytes and GB/s need the calls' shapes: profile with record_shapes=True "
+                "(a call replayed from a CUDA graph has no op, so no shapes)"
+            ]
+        if unknown:
+            ops = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in unknown))
+            return [f"attention bytes and GB/s are null: the recorded inputs of {ops} are not Q, K and V"]
+        if sheet is None:
+            return [f"no datasheet bandwidth for GPU {gpu!r}: attention's % of read bandwidth is null"]
+        achieved = [g for g in (self.achieved_gbps, *(c.achieved_gbps for c in forward)) if g is not None]
+        best = max(achieved, default=0.0)
+        if best <= sheet.bandwidth_gbps:
+            self.read_bandwidth_gbps, self.read_bandwidth_source = sheet.bandwidth_gbps, sheet.bandwidth_source
+            return []
+        self.read_bandwidth_gbps = best
+        self.read_bandwidth_source = f"achieved {best:.0f} GB/s, above the {sheet.bandwidth_source}"
+        return [
+            f"attention achieved {best:.0f} GB/s, above the {sheet.bandwidth_source} (data served from "
+            "cache, or bytes counted that were not read): its percentages use the achieved figure"
+        ]
 
     @property
     def backends_text(self) -> str:
@@ -196,13 +314,20 @@ class AttentionLedger:
         def r(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
+        def r2(value: float | None) -> float | None:
+            return None if value is None else round(value, 2)
+
         return {
             "calls_per_forward": self.calls_per_forward,
             "backends": dict(self.backends),
             "kernel_time_us": r(self.kernel_time_us),
             "backward_kernel_time_us": r(self.backward_kernel_time_us),
-            "gpu_time_pct": None if self.gpu_time_pct is None else round(self.gpu_time_pct, 2),
+            "gpu_time_pct": r2(self.gpu_time_pct),
             "overhead_us": r(self.overhead_us),
+            "bytes_per_forward": self.bytes_per_forward,
+            "achieved_gbps": r(self.achieved_gbps),
+            "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(self.achieved_gbps)),
+            "read_bandwidth_source": self.read_bandwidth_source,
             "calls": [
                 {
                     "op": c.op,
@@ -210,6 +335,9 @@ class AttentionLedger:
                     "phase": c.phase,
                     "kernels": list(c.kernels),
                     "time_us": r(c.time_us),
+                    "bytes": c.traffic.bytes if c.traffic else None,
+                    "achieved_gbps": r(c.achieved_gbps),
+                    "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(c.achieved_gbps)),
                     "forward_call": c.forward_call,
                 }
                 for c in self.calls
@@ -223,8 +351,7 @@ def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
     per_call = median_count([ledger.forward_count for ledger in ledgers])
     calls = _typical_calls(ledgers, per_call)
     kernel_times = [ledger.kernel_time_us for ledger in ledgers]
-    shares = map(_share_pct, kernel_times, [ledger.gpu_time_us for ledger in ledgers])
-    pcts = [p for p in shares if p is not None]
+    pcts = [p for ledger in ledgers if (p := ledger.gpu_time_pct) is not None]
     has_backward = any(len(ledger.calls) > ledger.forward_count for ledger in ledgers)
     return AttentionLedger(
         calls_per_forward=per_call,
@@ -252,6 +379,7 @@ def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFact
             c.kernel_ids,
             median([s.calls[i].time_us for s in same]),
             c.forward_call,
+            c.traffic,
             c.names,
             c.input_types,
             c.prep_ids,

@@ -43,6 +43,8 @@ class TableBuilder:
         self.input_types: list[tuple[str, ...]] = []
         self.input_type_ids: dict[tuple[str, ...], int] = {}
         self.raw_input_type_ids: dict[bytes, int] = {}  # the JSON text of an `Input type` -> its index
+        self.input_dims: list[bytes] = []  # the distinct `Input Dims`, as JSON text
+        self.input_dims_ids: dict[bytes, int] = {}
         self.kernel_info_table = decoding.KernelInfos()
         self.kernel_infos: list[KernelInfo] = self.kernel_info_table.items
         self.cpu_ops = CpuTable()
@@ -143,6 +145,7 @@ class TableBuilder:
             "name": [self._name(n) for n in other.names],
             "thread": [self._thread(*t) for t in other.threads],
             "input_types": [self._input_types(t) for t in other.input_types],
+            "input_dims": [_intern(self.input_dims, self.input_dims_ids, d) for d in other.input_dims],
             "info": [self.kernel_info_table.add(i) for i in other.kernel_infos],
         }
         for key, index in list(remap.items()):
@@ -161,7 +164,8 @@ class TableBuilder:
 
     def finish(self, label: str, read_notes: tuple[str, ...] = ()) -> ParsedTrace:
         """The tables as a ParsedTrace named `label` (`read_notes`: see ParsedTrace)."""
-        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name not in ("source", "read_notes")}
+        skipped = ("source", "read_notes")
+        kept = {f.name: getattr(self, f.name) for f in fields(ParsedTrace) if f.name not in skipped}
         return ParsedTrace(**kept, source=label, read_notes=read_notes)
 
 
@@ -192,9 +196,11 @@ def _row_writers(builder: TableBuilder) -> tuple[_RowWriter, ...]:
 def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
     """Cpu ops (`builder` interns their input types) or user annotations (None: they have no input
     types, sequence number or forward thread)."""
-    name, thread, ts, dur, ext, types, seq, fwd_tid = _appenders(table)
+    name, thread, ts, dur, ext, types, seq, fwd_tid, dims = _appenders(table)
     if builder is not None:
         raw_type_ids, raw_input_types = builder.raw_input_type_ids, builder._raw_input_types
+        dims_list, dims_ids = builder.input_dims, builder.input_dims_ids
+    no_raw = decoding.NO_RAW
 
     def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
         name(nid)
@@ -206,6 +212,7 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
             types(-1)
             seq(-1)
             fwd_tid(-1)
+            dims(-1)
             return
         raw = bytes(args.input_type)
         index = raw_type_ids.get(raw)
@@ -213,6 +220,13 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
         sequence, forward_tid = args.seq, args.fwd_tid
         seq(sequence if sequence.__class__ is int else -1)
         fwd_tid(forward_tid if forward_tid.__class__ is int else -1)
+        raw_dims = args.input_dims
+        if raw_dims is no_raw:  # no record_shapes: no bytes made
+            dims(-1)
+        else:
+            key = bytes(raw_dims)
+            index = dims_ids.get(key)
+            dims(index if index is not None else _intern(dims_list, dims_ids, key))
 
     return write
 

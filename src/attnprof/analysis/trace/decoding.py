@@ -1,10 +1,11 @@
 """The msgspec schema of a trace event: the one place that says which fields attnprof reads.
 
 Each event of `traceEvents` is decoded into a `Record` holding only the fields the trace tables
-use; every other field (`Input Dims`, `Input Strides`, `Concrete Inputs`, flow ids, ...) is
+use; every other field (`Input Strides`, `Concrete Inputs`, flow ids, ...) is
 skipped by msgspec without building a Python object. Most bytes of a Kineto trace are such
 fields. `Input type` is kept as raw JSON bytes (`msgspec.Raw`): the same few lists repeat on
-every op, so they are interned by their bytes and decoded once each.
+every op, so they are interned by their bytes and decoded once each; `Input Dims` likewise, kept as
+its bytes and decoded only for the ops that need shapes (`instance.bandwidth`).
 
 What Kineto writes (checked against traces from torch 2.11 on an H200, and the Kineto source):
 `cpu_op` and `user_annotation` ranges on CPU threads with `args["External id"]` (and
@@ -33,6 +34,8 @@ import msgspec
 #: The value of a field the event does not have.
 ABSENT: Any = msgspec.UNSET
 _NO_INPUT_TYPE = msgspec.Raw(b"null")
+#: The value of a raw field (`Input type`, `Input Dims`) the event does not have: this very object.
+NO_RAW: msgspec.Raw = _NO_INPUT_TYPE
 _f = msgspec.field
 _Number = int | float | str | None  # pid and tid: numbers, or text in some exporters
 
@@ -92,6 +95,7 @@ class CommonArgs(msgspec.Struct, gc=False):
 
     ext: Any = _f(name="External id", default=ABSENT)
     input_type: msgspec.Raw = _f(name="Input type", default=_NO_INPUT_TYPE)
+    input_dims: msgspec.Raw = _f(name="Input Dims", default=_NO_INPUT_TYPE)  # interned by its bytes, decoded on use
     device: Any = ABSENT
     stream: Any = ABSENT
     corr: Any = _f(name="correlation", default=ABSENT)
@@ -319,7 +323,8 @@ def record_from_object(event: Any) -> Record | None:
             for name, key in zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True)
             if key in args
         }
-        if "input_type" in values:
-            values["input_type"] = _raw_json(values["input_type"])
+        for raw in ("input_type", "input_dims"):
+            if raw in values:
+                values[raw] = _raw_json(values[raw])
         fields["args"] = Args(**values)
     return Record(**fields)

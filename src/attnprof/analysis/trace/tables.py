@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnprof.analysis.trace.decoding import KernelInfo
+from attnprof.analysis.trace.decoding import KernelInfo, input_type_value
 
 
 class _Table:
@@ -31,6 +31,7 @@ class CpuTable(_Table):
     input_types: array = field(default_factory=lambda: array("i"))  # index into ParsedTrace.input_types; -1
     seq: array = field(default_factory=lambda: array("q"))  # autograd `Sequence number`; -1
     fwd_tid: array = field(default_factory=lambda: array("q"))  # `Fwd thread id` (> 0: a backward op); -1
+    input_dims: array = field(default_factory=lambda: array("i"))  # index into ParsedTrace.input_dims; -1
 
 
 @dataclass(slots=True)
@@ -99,6 +100,16 @@ class ParsedTrace:
     #: fell back to one process, with the worker's traceback if it failed (`parallel`). Not part
     #: of the trace's contents: `attnprof --debug analyze` shows them.
     read_notes: tuple[str, ...] = ()
+    #: The distinct `Input Dims` (record_shapes) as their JSON text; `input_dims_of` decodes one.
+    input_dims: list[bytes] = field(default_factory=list)
+
+    def input_dims_of(self, op: int) -> list[Any] | None:
+        """The `Input Dims` of cpu op `op` (a list with one entry per input), or None when not recorded."""
+        index = self.cpu_ops.input_dims[op]
+        if index < 0:
+            return None
+        value = input_type_value(self.input_dims[index])
+        return value if isinstance(value, list) else None
 
     def device_properties_for(self, device: int) -> dict[str, Any] | None:
         """The `deviceProperties` entry of a device id, or the only entry, or None."""

@@ -12,7 +12,11 @@ inside record_function("step"):
 - decode-<backend>.json.gz: one query token against a KV cache of 8192, 16 sequences, 32 query heads and
   8 KV heads (GQA), head dim 128, for each SDPA backend pinned with sdpa_kernel (enable_gqa=True; where
   a backend refuses it, the K/V heads repeated first: decode-<backend>-repeat-kv) and compiled flex;
-- sdpa-math-bf16.json.gz: SDPA pinned to its math backend at 2x32x1024x128 bf16.
+- sdpa-math-bf16.json.gz: SDPA pinned to its math backend at 2x32x1024x128 bf16;
+- decode-flash-graph.json.gz: decode-flash's SDPA call captured once in a CUDA graph, each step a replay
+  (the kernels run under no op, so no shapes);
+- decode-flex-split.json.gz: compiled flex at 1 sequence, 8 heads (no GQA), 65,536 cached keys, which
+  Inductor splits over the keys: a template kernel and two reduction kernels.
 
 Not a test: pytest does not collect it.
 """
@@ -138,10 +142,36 @@ def decode() -> None:
     print(f"read probe (sum of 2 GiB): {2 * 1024**3 / read_us / 1e3:.0f} GB/s")
 
 
+def replayed() -> None:
+    """decode-flash-graph and decode-flex-split (see the module docstring)."""
+    batch, heads, kv_heads, kv_len, dim = 16, 32, 8, 8192, 128
+    q = torch.randn(batch, heads, 1, dim, device=DEV, dtype=BF16)
+    k, v = (torch.randn(batch, kv_heads, kv_len, dim, device=DEV, dtype=BF16) for _ in range(2))
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            flash()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash()
+    capture("decode-flash-graph", graph.replay)
+    q1 = torch.randn(1, 8, 1, dim, device=DEV, dtype=BF16)
+    k1, v1 = (torch.randn(1, 8, 65536, dim, device=DEV, dtype=BF16) for _ in range(2))
+    flex = torch.compile(flex_attention)
+    capture("decode-flex-split", lambda: flex(q1, k1, v1))
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
-    for part in (masks, decode):
+    for part in (masks, decode, replayed):
         try:
             part()
         except Exception as exc:  # one part's failure must not lose the other's traces
