@@ -76,7 +76,10 @@ def test_score_mods() -> None:
 @pytest.mark.parametrize(
     "data,message",
     [
-        ({"shapes": [SHAPE | {"mask": {"sliding_window": 65}}]}, "shapes.0: sliding_window 65 is larger than kv_len 64"),
+        (
+            {"shapes": [SHAPE | {"mask": {"sliding_window": 65}}]},
+            "shapes.0: sliding_window 65 is larger than kv_len 64",
+        ),
         ({"shapes": [SHAPE | {"mask": {"documents": 5}}]}, "shapes.0: 5 documents do not divide kv_len 64"),
         ({"shapes": [SHAPE | {"mask": {"prefix": 99}}]}, "shapes.0: prefix 99 is longer than kv_len 64"),
         ({"shapes": [SHAPE | {"q_len": 65}]}, "shapes.0: q_len (65) must not exceed kv_len (64)"),
@@ -84,7 +87,10 @@ def test_score_mods() -> None:
         ({"shapes": [SHAPE | {"mask": {"slidingwindow": 4}}]}, "did you mean sliding_window?"),
         ({"shapes": [SHAPE | {"mask": {"documents": 0}}]}, "documents must be a positive integer (got 0)"),
         ({"shapes": [SHAPE | {"mask": "prefix"}]}, "mask prefix needs a size: {prefix: N}"),
-        ({"score_mod": "softcapp", "shapes": [SHAPE]}, "score_mod: unknown score_mod 'softcapp'; did you mean softcap?"),
+        (
+            {"score_mod": "softcapp", "shapes": [SHAPE]},
+            "score_mod: unknown score_mod 'softcapp'; did you mean softcap?",
+        ),
         ({"score_mod": {"softcap": -1}, "shapes": [SHAPE]}, "softcap must be a positive number (got -1)"),
         ({"mask": {"sliding_window": 128}, "shapes": [SHAPE]}, "shapes.0: sliding_window 128 is larger than kv_len 64"),
         ({"shapes": [{"batch": 1, "heads": 1, "head_dim": 8}]}, "seq is required"),
@@ -98,7 +104,12 @@ def test_sweep_axes_for_masks_score_mods_and_lengths() -> None:
     config = parse_config(
         {
             "shapes": [{"batch": 1, "heads": 2, "head_dim": 16}],
-            "sweep": {"q_len": [1], "kv_len": [64, 128], "mask": ["causal", {"sliding_window": 32}], "score_mod": [None, "alibi"]},
+            "sweep": {
+                "q_len": [1],
+                "kv_len": [64, 128],
+                "mask": ["causal", {"sliding_window": 32}],
+                "score_mod": [None, "alibi"],
+            },
         }
     )
     points, left_out = sweep_specs(config, "cpu")
@@ -121,8 +132,17 @@ def test_sweep_leaves_out_a_window_too_large() -> None:
 
 def test_rows_written_before_masks_keep_their_keys() -> None:
     spec = RunSpec("cuda:0", "bf16", 1, 2, 64, 16, None, True, "fwd")
-    old_row = {"device": "cuda:1", "dtype": "bf16", "batch": 1, "heads": 2, "kv_heads": 2, "seq": 64,
-               "head_dim": 16, "causal": True, "mode": "fwd"}
+    old_row = {
+        "device": "cuda:1",
+        "dtype": "bf16",
+        "batch": 1,
+        "heads": 2,
+        "kv_heads": 2,
+        "seq": 64,
+        "head_dim": 16,
+        "causal": True,
+        "mode": "fwd",
+    }
     assert row_cell_key(old_row) == spec.cell_key
     new_row = old_row | {"mask": "causal", "score_mod": None, "q_len": 64, "kv_len": 64}
     assert row_cell_key(new_row) == spec.cell_key

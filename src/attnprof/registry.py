@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
-from attnprof.masks import PLAIN_KINDS, Mask, parse_mask, parse_score_mod, score_mod_kind, score_mod_label
+from attnprof.masks import (
+    MASK_KINDS,
+    PLAIN_KINDS,
+    SCORE_MODS,
+    Mask,
+    parse_mask,
+    parse_score_mod,
+    score_mod_kind,
+    score_mod_label,
+)
 
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -183,6 +192,10 @@ class Variant:
     collective: bool = False
     output_rows: RowsFn | None = None
     repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
+    masks: frozenset[str] = frozenset(PLAIN_KINDS)  # mask kinds it runs (attnprof.masks.MASK_KINDS)
+    score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
+    dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
+    unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -196,6 +209,25 @@ class Variant:
         unknown = set(self.dtypes) - set(DTYPES)
         if unknown:
             raise ValueError(f"variant {self.name}: unknown dtypes {sorted(unknown)}")
+        unknown = (set(self.masks) | set(self.dense_masks)) - set(MASK_KINDS) | set(self.score_mods) - set(SCORE_MODS)
+        if unknown:
+            raise ValueError(f"variant {self.name}: unknown masks or score mods {sorted(unknown)}")
+
+    def takes_dense_mask(self, spec: RunSpec) -> bool:
+        """True when this variant reads the spec's mask as a dense tensor (for `bytes_moved`)."""
+        return spec.mask_kind in self.dense_masks
+
+    def masking_reason(self, spec: RunSpec) -> str | None:
+        """Why this variant cannot run the spec's mask, score mod or lengths, or None."""
+        if spec.mask_kind not in self.masks:
+            return f"mask {spec.mask_kind} not supported by {self.name} (it runs {', '.join(sorted(self.masks))})"
+        kind = spec.score_mod_kind
+        if kind is not None and kind not in self.score_mods:
+            takes = ", ".join(sorted(self.score_mods)) or "none"
+            return f"score_mod {kind} not supported by {self.name} (it applies {takes})"
+        if not self.unequal_lengths and spec.n_queries != spec.n_keys:
+            return f"q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {self.name}"
+        return None
 
     def unavailable_reason(self, spec: RunSpec) -> str | None:
         """Why this variant cannot run `spec`, or None when it can."""
@@ -207,6 +239,8 @@ class Variant:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
         if spec.backward and not self.has_backward:
             return NO_BACKWARD
+        if reason := self.masking_reason(spec):
+            return reason
         if self.check is not None:
             try:
                 return self.check(spec)

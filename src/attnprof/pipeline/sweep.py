@@ -38,7 +38,8 @@ Key = tuple[Any, ...]
 
 def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
     """The sweep's points on the resolved `device`: each configured shape with every combination of
-    the shape axes (q_len, kv_len, mask and score_mod among them), crossed with the dtype, causal and mode axes (or the config's own values).
+    the shape axes (q_len, kv_len, mask and score_mod among them), crossed with the dtype, causal and
+    mode axes (or the config's own values).
     Returns them, without repeats, and why combinations that make no valid shape were left out."""
     axes = config.sweep.axes() if config.sweep else {}
     shape_axes = {name: values for name, values in axes.items() if name in Shape.model_fields}
