@@ -101,7 +101,8 @@ def test_backward_flops_follow_the_tritonbench_convention():
 def test_flops_convention_states_the_factor_and_the_pairs():
     from attnprof.analysis.roofline import flops_convention
 
-    assert flops_convention(spec()) == "fwd = 4·B·H·D × Sq·Skv (exact pairs; backward factor of tritonbench / flash-attention)"
+    assert flops_convention(spec()) == (
+        "fwd = 4·B·H·D × Sq·Skv (exact pairs; backward factor of tritonbench / flash-attention)")
     assert flops_convention(spec(mode="bwd", causal=True)) == (
         "bwd = 2.5 × fwd; fwd = 4·B·H·D × the 36 (query, key) pairs causal keeps "
         "(exact pairs; backward factor of tritonbench / flash-attention)")
