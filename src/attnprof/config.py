@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -59,6 +60,11 @@ def score_mod_text(value: Any) -> str | None:
     return parse_score_mod(value)
 
 
+#: A mask or score mod field: any config form in, the canonical text kept (`attnprof.masks`).
+MaskText = Annotated[str | None, BeforeValidator(mask_text)]
+ScoreModText = Annotated[str | None, BeforeValidator(score_mod_text)]
+
+
 def _mask_problem(mask: str, q_len: int, kv_len: int) -> str | None:
     return parse_mask(mask).problem(q_len, kv_len)
 
@@ -75,18 +81,8 @@ class Shape(_Strict):
     kv_heads: int | None = Field(default=None, gt=0)
     q_len: int | None = Field(default=None, gt=0)
     kv_len: int | None = Field(default=None, gt=0)
-    mask: str | None = None
-    score_mod: str | None = None
-
-    @field_validator("mask", mode="before")
-    @classmethod
-    def _mask_form(cls, value: Any) -> str | None:
-        return mask_text(value)
-
-    @field_validator("score_mod", mode="before")
-    @classmethod
-    def _score_mod_form(cls, value: Any) -> str | None:
-        return score_mod_text(value)
+    mask: MaskText = None
+    score_mod: ScoreModText = None
 
     @model_validator(mode="after")
     def _gqa_divides(self) -> "Shape":
@@ -209,21 +205,11 @@ class Sweep(_Strict):
     head_dim: Annotated[list[Annotated[int, Field(gt=0, le=512)]], Field(min_length=1)] | None = None
     q_len: Annotated[list[Positive], Field(min_length=1)] | None = None
     kv_len: Annotated[list[Positive], Field(min_length=1)] | None = None
-    mask: Annotated[list[str], Field(min_length=1)] | None = None
-    score_mod: Annotated[list[str | None], Field(min_length=1)] | None = None
+    mask: Annotated[list[MaskText], Field(min_length=1)] | None = None
+    score_mod: Annotated[list[ScoreModText], Field(min_length=1)] | None = None
     dtype: Annotated[list[Literal["bf16", "fp16", "fp32"]], Field(min_length=1)] | None = None
     causal: Annotated[list[bool], Field(min_length=1)] | None = None
     mode: Annotated[list[Mode], Field(min_length=1)] | None = None
-
-    @field_validator("mask", mode="before")
-    @classmethod
-    def _mask_forms(cls, value: Any) -> Any:
-        return [mask_text(v) for v in value] if isinstance(value, list) else value
-
-    @field_validator("score_mod", mode="before")
-    @classmethod
-    def _score_mod_forms(cls, value: Any) -> Any:
-        return [score_mod_text(v) for v in value] if isinstance(value, list) else value
 
     @field_validator("*")
     @classmethod
@@ -246,8 +232,8 @@ class Config(_Strict):
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
-    mask: str | None = None  # the shapes' default; a plain one (causal, none) is read into `causal`
-    score_mod: str | None = None
+    mask: MaskText = None  # the shapes' default; a plain one (causal, none) is read into `causal`
+    score_mod: ScoreModText = None
     modes: list[Mode] = Field(default_factory=lambda: list[Mode](["fwd"]), min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     exclude: list[Exclusion] = Field(default_factory=list)
@@ -292,16 +278,6 @@ class Config(_Strict):
         if "causal" in data and data["causal"] is not None and data["causal"] != wanted:
             raise PydanticCustomError("mask_causal", f"mask {text} contradicts causal: {data['causal']}")
         return {**{k: v for k, v in data.items() if k != "mask"}, "causal": wanted}
-
-    @field_validator("mask", mode="before")
-    @classmethod
-    def _mask_form(cls, value: Any) -> str | None:
-        return mask_text(value)
-
-    @field_validator("score_mod", mode="before")
-    @classmethod
-    def _score_mod_form(cls, value: Any) -> str | None:
-        return score_mod_text(value)
 
     @model_validator(mode="after")
     def _default_mask_fits(self) -> "Config":

@@ -1,5 +1,5 @@
 """Attention masks and score mods by name: their canonical text, which (query, key) pairs a mask
-keeps, and how many. Imports nothing of attnprof but the errors; torch only inside `dense_mask`.
+keeps, and how many. Imports nothing of attnprof; torch only inside `dense_mask` and `alibi_slopes`.
 
 A mask is text (a `RunSpec` field, a results column): `causal`, `none`, `sliding_window:W`,
 `documents:N` or `prefix:P`. Queries are the last `q_len` of `kv_len` positions (bottom-right
@@ -21,8 +21,6 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from typing import Any
-
-from attnprof.errors import ConfigError
 
 MASK_KINDS = ("causal", "none", "sliding_window", "documents", "prefix")
 SIZED_KINDS = ("sliding_window", "documents", "prefix")  # the kinds that carry a size
@@ -186,14 +184,6 @@ def _unknown(what: str, name: str, known: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(known)}"
     return f"unknown {what} {name!r}{hint}"
-
-
-def check_mask_text(text: str) -> Mask:
-    """`parse_mask` for text that must already be valid (a RunSpec's); ConfigError otherwise."""
-    try:
-        return parse_mask(text)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def dense_mask(mask: Mask, q_len: int, kv_len: int, device: Any = "cpu") -> Any:
