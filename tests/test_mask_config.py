@@ -148,3 +148,17 @@ def test_rows_written_before_masks_keep_their_keys() -> None:
     assert row_cell_key(new_row) == spec.cell_key
     decode = RunSpec("cuda", "bf16", 1, 2, 64, 16, mask="sliding_window:8", q_len=1)
     assert row_cell_key(new_row | {"mask": "sliding_window:8", "causal": False, "q_len": 1}) == decode.cell_key
+
+
+def test_tables_name_a_sized_mask_masked() -> None:
+    from attnprof.report.tables import cell_label
+
+    row = {"shape": "1x2x64x16 sw8", "dtype": "fp32", "causal": False, "mask": "sliding_window:8", "mode": "fwd"}
+    assert cell_label(row) == "1x2x64x16 sw8 fp32 masked fwd"
+    assert cell_label({"shape": "1x2x64x16", "dtype": "fp32", "causal": True}) == "1x2x64x16 fp32 causal fwd"
+    assert cell_label({"shape": "1x2x64x16", "dtype": "fp32", "causal": False, "mask": "none"}).endswith("full fwd")
+
+
+def test_shape_label_shows_its_own_mask() -> None:
+    config = parse_config({"shapes": [SHAPE | {"mask": {"prefix": 4}, "score_mod": "alibi"}]})
+    assert config.shapes[0].label == "1x2x64x16 prefix4 alibi"

@@ -138,7 +138,7 @@ class Shape(_Strict):
 
     @property
     def label(self) -> str:
-        """The shape part of `RunSpec.shape_label` (no mask or score mod)."""
+        """`RunSpec.shape_label` of this shape with its own mask and score mod (not the config's defaults)."""
         return self.spec("cpu", "fp32", False, "fwd").shape_label
 
 
