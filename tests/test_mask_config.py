@@ -162,3 +162,34 @@ def test_tables_name_a_sized_mask_masked() -> None:
 def test_shape_label_shows_its_own_mask() -> None:
     config = parse_config({"shapes": [SHAPE | {"mask": {"prefix": 4}, "score_mod": "alibi"}]})
     assert config.shapes[0].label == "1x2x64x16 prefix4 alibi"
+
+
+@pytest.mark.parametrize("q_len", [None, 1])
+def test_an_earlier_rows_oom_skips_the_longer_cells_of_its_chain(q_len) -> None:
+    from attnprof.pipeline.sweep import OomRule
+    from attnprof.registry import Variant
+
+    small = RunSpec("cpu", "fp32", 1, 2, 64, 16, q_len=q_len, mask="sliding_window:8")
+    row = {
+        "variant": "v",
+        "device": "cpu",
+        "dtype": "fp32",
+        "batch": 1,
+        "heads": 2,
+        "kv_heads": 2,
+        "seq": 64,
+        "head_dim": 16,
+        "causal": False,
+        "mode": "fwd",
+        "mask": "sliding_window:8",
+        "score_mod": None,
+        "q_len": small.n_queries,
+        "kv_len": 64,
+        "status": "failed",
+        "reason": "out of memory: CUDA out of memory",
+    }
+    rule = OomRule()
+    rule.note_row(row)
+    variant = Variant("v", "v", forward=lambda *a: None)
+    longer = RunSpec("cpu", "fp32", 1, 2, 128, 16, q_len=q_len, mask="sliding_window:8")
+    assert rule.skip_reason(variant, longer) == "OOM at smaller size (seq 64)"

@@ -122,7 +122,8 @@ class OomRule:
 
     def note_row(self, row: dict[str, Any]) -> None:
         """Take a row of an earlier run (`--resume`) into account."""
-        chain = (row.get("variant"), *row_cell_key(row | {"seq": 0}))
+        square = {name: None for name in ("q_len", "kv_len") if row.get(name) == row.get("seq")}
+        chain = (row.get("variant"), *row_cell_key(row | square | {"seq": 0}))  # as chain_key: lengths = seq drop
         self._note(chain, row.get("seq") or 0, str(row.get("status", "")), row.get("reason"))
 
     def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:
