@@ -58,6 +58,16 @@ def test_flops_count_every_kept_pair(mask, q_len, kv_len) -> None:
     ) == 3.5 * attention_flops(spec)
 
 
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("q_len,kv_len", LENGTHS)
+def test_no_query_row_is_fully_masked(mask, q_len, kv_len) -> None:
+    from attnprof.masks import dense_mask, parse_mask
+
+    spec = RunSpec("cpu", "bf16", 1, 1, kv_len, 16, mask=mask, causal=mask == "causal", q_len=q_len)
+    empty = int((~dense_mask(parse_mask(mask), q_len, kv_len).any(dim=-1)).sum())
+    assert spec.fully_masked_rows == empty == 0
+
+
 def test_causal_is_exact_not_half() -> None:
     spec = RunSpec("cpu", "bf16", 1, 1, 8, 4)
     assert attention_flops(spec) == 4 * 4 * 36  # 8·9/2 pairs, not 32
@@ -122,15 +132,13 @@ def test_the_reference_applies_the_mask() -> None:
 
 
 def test_fully_masked_rows_are_zeros() -> None:
+    """More queries than keys (which configs refuse): bottom-right causal leaves the first rows no key."""
     from attnprof.profiling.correctness import reference_attention
 
-    q = torch.randn(1, 1, 4, 8)
-    k = torch.randn(1, 1, 4, 8)
-    ref = reference_attention(q, k, k, False, q_rows=None, mask=None)
-    assert torch.isfinite(ref).all()
-    # top-left causal on 4 queries with 3 keys cannot be asked for; a query row that keeps no key is zeros
-    scores_mask = reference_attention(q[:, :, :1], k[:, :, :1], k[:, :, :1], True, score_mod="softcap:1")
-    assert torch.isfinite(scores_mask).all()
+    q, k, v = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8)
+    ref = reference_attention(q, k, v, True)
+    assert torch.equal(ref[0, 0, :2], torch.zeros(2, 8, dtype=torch.float64))
+    assert torch.isfinite(ref).all() and ref[0, 0, 2:].abs().sum() > 0
 
 
 @pytest.mark.parametrize(

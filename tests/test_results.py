@@ -65,7 +65,7 @@ def test_a_skipped_cell_has_no_numbers_and_says_why() -> None:
     measured = [k for k in CSV_FIELDS if k not in {"variant", "source", "shape", "batch", "heads", "kv_heads", "seq",
                                                    "head_dim", "dtype", "device", "causal", "mode", "status", "reason",
                                                    "findings", "mask", "score_mod", "q_len", "kv_len",
-                                                   "causal_alignment"}]
+                                                   "causal_alignment", "fully_masked_rows"}]
     assert all(row[k] is None for k in measured), {k: row[k] for k in measured if row[k] is not None}
     assert row["findings"] == ""
 

@@ -11,7 +11,8 @@ alignment): query row i sits at position p = i + kv_len − q_len, and keeps key
 - `documents:N`: j ≤ p in the same one of N equal documents (kv_len / N positions each);
 - `prefix:P`: j ≤ p or j < P (the first P positions are seen by every query: prefix-LM).
 
-Every query keeps at least its own position, so no row is fully masked (q_len ≤ kv_len).
+Every query keeps at least its own position, so no row is fully masked (q_len ≤ kv_len); rows say so
+(`fully_masked_rows`, counted by `Mask.empty_rows`).
 A score mod is None, `softcap:C` (scores → C·tanh(scores / C)) or `alibi` (minus slope_h · (p − j),
 slopes 2^(−8(h+1)/H) for query head h of H).
 """
@@ -19,6 +20,7 @@ slopes 2^(−8(h+1)/H) for query head h of H).
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +71,11 @@ class Mask:
             return p % (kv_len // self.size) + 1
         return max(p + 1, self.size)  # prefix
 
+    def empty_rows(self, q_len: int, kv_len: int) -> int:
+        """Query rows that keep no key (the float64 reference gives them zeros): counted row by row
+        (O(q_len)); 0 for every mask here, since each query keeps its own position."""
+        return _empty_rows(self, q_len, kv_len)
+
     def pairs(self, q_len: int, kv_len: int) -> int:
         """The exact number of kept (query, key) pairs of one head: a closed form per kind."""
         offset = kv_len - q_len
@@ -85,6 +92,12 @@ class Mask:
         # prefix: max(p + 1, P) = (p + 1) + max(0, P − p − 1)
         below = _shortfall(offset + q_len, self.size) - _shortfall(offset, self.size)
         return _capped_sum(offset + q_len, None) - _capped_sum(offset, None) + below
+
+
+@functools.lru_cache(maxsize=256)
+def _empty_rows(mask: Mask, q_len: int, kv_len: int) -> int:
+    """`Mask.empty_rows`, remembered per (mask, q_len, kv_len): every row of a results file asks."""
+    return sum(1 for p in range(kv_len - q_len, kv_len) if mask.keys_of_row(p, kv_len) <= 0)
 
 
 def _capped_sum(n: int, cap: int | None) -> int:

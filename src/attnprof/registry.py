@@ -99,6 +99,11 @@ class RunSpec:
         return self.kv_len or self.seq
 
     @property
+    def fully_masked_rows(self) -> int:
+        """Query rows whose every key the mask hides (`Mask.empty_rows`; the reference gives them zeros)."""
+        return self.mask_spec.empty_rows(self.n_queries, self.n_keys)
+
+    @property
     def causal_alignment(self) -> str | None:
         """`bottom-right` (the queries are the last n_queries of n_keys positions) for every mask but
         `none`, which has no alignment (None)."""

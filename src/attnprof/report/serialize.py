@@ -108,6 +108,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("q_len", lambda r: r.spec.n_queries),
     ("kv_len", lambda r: r.spec.n_keys),
     ("causal_alignment", lambda r: r.spec.causal_alignment),
+    ("fully_masked_rows", lambda r: r.spec.fully_masked_rows),
     ("dense_mask", lambda r: r.dense_mask),
     ("status", _status),
     ("reason", lambda r: r.reason),
