@@ -178,3 +178,19 @@ def test_flex_builds_block_masks_and_score_mods_that_match_on_cpu() -> None:
         pytest.skip(flex.unavailable_reason(spec))
     check = run("flex", spec)
     assert check.passed, check.reason
+
+
+@pytest.mark.parametrize("name", ["naive", "sdpa-math"])
+def test_gradients_match_the_masked_reference(name) -> None:
+    from attnprof.profiling.gradcheck import check_grads
+
+    score_mod = "alibi" if name == "naive" else None
+    spec = RunSpec("cpu", "fp32", 1, 4, 32, 16, 2, mask="documents:4", score_mod=score_mod, q_len=9, mode="bwd")
+    variant = VARIANTS[name]
+    q, k, v = (t.requires_grad_(True) for t in make_inputs(spec, 0))
+    out = variant.forward(q, k, v, spec.causal, variant.setup(spec))
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    check = check_grads(grads, q, k, v, grad_out, causal=False, dtype="fp32", mask=spec.mask, score_mod=score_mod)
+    assert check.passed, check.reason
+    assert not check_grads(grads, q, k, v, grad_out, causal=False, dtype="fp32").passed  # the mask matters
