@@ -64,7 +64,8 @@ def test_a_skipped_cell_has_no_numbers_and_says_why() -> None:
     assert row["status"] == "skipped: needs CUDA" and row["reason"] == "needs CUDA"
     measured = [k for k in CSV_FIELDS if k not in {"variant", "source", "shape", "batch", "heads", "kv_heads", "seq",
                                                    "head_dim", "dtype", "device", "causal", "mode", "status", "reason",
-                                                   "findings"}]
+                                                   "findings", "mask", "score_mod", "q_len", "kv_len",
+                                                   "causal_alignment", "fully_masked_rows"}]
     assert all(row[k] is None for k in measured), {k: row[k] for k in measured if row[k] is not None}
     assert row["findings"] == ""
 

@@ -12,7 +12,7 @@ def spec(**kw):
 
 def test_flops_full_and_causal():
     assert attention_flops(spec()) == 4 * 2 * 4 * 8 * 8 * 16
-    assert attention_flops(spec(causal=True)) == 4 * 2 * 4 * 8 * 8 * 16 / 2
+    assert attention_flops(spec(causal=True)) == 4 * 2 * 4 * (8 * 9 // 2) * 16  # exact pairs, not S²/2
 
 
 def test_gqa_does_not_change_flops():
@@ -76,7 +76,7 @@ def test_achieved_rejects_nonpositive_time():
 def test_achieved_for_uses_tflops_and_gbps_units():
     s = RunSpec("cuda", "bf16", 4, 16, 8192, 128, causal=True)
     flops = attention_flops(s)
-    assert flops == pytest.approx(4 * 4 * 16 * 8192 ** 2 * 128 / 2)
+    assert flops == 4 * 4 * 16 * (8192 * 8193 // 2) * 128
     a = achieved_for(s, seconds=flops / 500e12, peak_tflops=800.0, peak_gbps=4300.0)
     assert a["tflops"] == pytest.approx(500.0)
     assert a["pct_of_peak"] == pytest.approx(62.5)
@@ -95,15 +95,17 @@ def test_backward_flops_follow_the_tritonbench_convention():
     assert step_flops(spec()) == forward
     assert step_flops(spec(mode="bwd")) == 2.5 * forward
     assert step_flops(spec(mode="fwd+bwd")) == 3.5 * forward
-    assert step_flops(spec(mode="fwd+bwd", causal=True)) == 3.5 * forward / 2
+    assert step_flops(spec(mode="fwd+bwd", causal=True)) == 3.5 * 4 * 2 * 4 * (8 * 9 // 2) * 16
 
 
-def test_flops_convention_states_the_factor_and_the_causal_halving():
+def test_flops_convention_states_the_factor_and_the_pairs():
     from attnprof.analysis.roofline import flops_convention
 
-    assert flops_convention(spec()) == "fwd = 4·B·H·Sq·Skv·D (tritonbench / flash-attention convention)"
+    assert flops_convention(spec()) == (
+        "fwd = 4·B·H·D × Sq·Skv (exact pairs; backward factor of tritonbench / flash-attention)")
     assert flops_convention(spec(mode="bwd", causal=True)) == (
-        "bwd = 2.5 × fwd; fwd = 4·B·H·Sq·Skv·D / 2 (causal) (tritonbench / flash-attention convention)")
+        "bwd = 2.5 × fwd; fwd = 4·B·H·D × the 36 (query, key) pairs causal keeps "
+        "(exact pairs; backward factor of tritonbench / flash-attention)")
     assert flops_convention(spec(mode="fwd+bwd")).startswith("fwd+bwd = 3.5 × fwd; ")
 
 

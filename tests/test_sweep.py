@@ -272,12 +272,13 @@ def test_the_eta_fits_each_variant_by_flops() -> None:
     assert fit([(1.0, 2.0), (1.0, 4.0)]) == (3.0, 0.0)  # one cost: the mean time
     assert fit([(1.0, 1.0), (2.0, 10.0)])[0] == 0.0  # no negative fixed cost
     eta = Eta()
-    assert eta.remaining([("a", RunSpec("cpu", "fp32", 1, 1, 64, 16))]) is None
-    small, large = RunSpec("cpu", "fp32", 1, 1, 64, 16), RunSpec("cpu", "fp32", 1, 1, 128, 16)
+    first = RunSpec("cpu", "fp32", 1, 1, 64, 16, causal=False)
+    assert eta.remaining([("a", first)]) is None
+    small, large = first, RunSpec("cpu", "fp32", 1, 1, 128, 16, causal=False)
     eta.add("slow", small, 1.0)
-    eta.add("slow", large, 4.0)  # 4x the FLOPs: a = 0, 4x the time
+    eta.add("slow", large, 4.0)  # 4x the FLOPs (no mask: exactly S²): a = 0, 4x the time
     eta.add("fast", small, 0.5)
-    assert eta.remaining([("slow", RunSpec("cpu", "fp32", 1, 1, 256, 16))]) == pytest.approx(16.0)
+    assert eta.remaining([("slow", RunSpec("cpu", "fp32", 1, 1, 256, 16, causal=False))]) == pytest.approx(16.0)
     assert eta.remaining([("fast", large)]) == pytest.approx(0.5)  # one cost so far: its mean
     assert eta.remaining([("new", large)]) == pytest.approx(eta.remaining([("slow", large)]), rel=0.5)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -21,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
+from attnprof.masks import PLAIN_KINDS, parse_mask, parse_score_mod
 from attnprof.registry import DEFAULT_REGION, MODES, RunSpec
 
 Mode = Literal["fwd", "bwd", "fwd+bwd"]
@@ -48,32 +50,96 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def mask_text(value: Any) -> str | None:
+    """A config's mask (`causal`, `none`, `{sliding_window: W}`, ...) as its canonical text; None stays None."""
+    return None if value is None else parse_mask(value).text
+
+
+def score_mod_text(value: Any) -> str | None:
+    """A config's score mod (null, `{softcap: C}`, `alibi`) as its canonical text or None."""
+    return parse_score_mod(value)
+
+
+#: A mask or score mod field: any config form in, the canonical text kept (`attnprof.masks`).
+MaskText = Annotated[str | None, BeforeValidator(mask_text)]
+ScoreModText = Annotated[str | None, BeforeValidator(score_mod_text)]
+
+
+def _mask_problem(mask: str, q_len: int, kv_len: int) -> str | None:
+    return parse_mask(mask).problem(q_len, kv_len)
+
+
 class Shape(_Strict):
-    """One attention shape: q is [batch, heads, seq, head_dim]; k and v have kv_heads heads."""
+    """One attention shape: q is [batch, heads, q_len, head_dim]; k and v have kv_heads heads and kv_len
+    positions. q_len and kv_len default to seq; seq may be left out when kv_len is given (decode:
+    `{q_len: 1, kv_len: 16384}`). `mask` and `score_mod`, when set, replace the config's for this shape."""
 
     batch: int = Field(gt=0)
     heads: int = Field(gt=0)
-    seq: int = Field(gt=0)
+    seq: int | None = Field(default=None, gt=0)
     head_dim: int = Field(gt=0, le=512)
     kv_heads: int | None = Field(default=None, gt=0)
+    q_len: int | None = Field(default=None, gt=0)
+    kv_len: int | None = Field(default=None, gt=0)
+    mask: MaskText = None
+    score_mod: ScoreModText = None
 
     @model_validator(mode="after")
     def _gqa_divides(self) -> "Shape":
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.seq is None and self.kv_len is None:
+            raise ValueError("seq is required (or kv_len, with q_len for decode)")
+        if self.q_len_in_force > self.kv_len_in_force:
+            raise ValueError(f"q_len ({self.q_len_in_force}) must not exceed kv_len ({self.kv_len_in_force})")
+        if self.mask is not None and (problem := _mask_problem(self.mask, self.q_len_in_force, self.kv_len_in_force)):
+            raise ValueError(problem)
         return self
 
-    def spec(self, device: str, dtype: str, causal: bool, mode: str) -> RunSpec:
-        """The cell spec of this shape on `device` with `dtype`, masking and mode."""
-        return RunSpec(device, dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads, causal, mode)
+    @property
+    def seq_in_force(self) -> int:
+        """`seq`, else `kv_len` (a decode shape that gives only q_len and kv_len)."""
+        return self.seq if self.seq is not None else int(self.kv_len or 0)
+
+    @property
+    def q_len_in_force(self) -> int:
+        """`q_len`, else the sequence length."""
+        return self.q_len or self.seq_in_force
+
+    @property
+    def kv_len_in_force(self) -> int:
+        """`kv_len`, else the sequence length."""
+        return self.kv_len or self.seq_in_force
+
+    def spec(
+        self, device: str, dtype: str, causal: bool, mode: str, mask: str | None = None, score_mod: str | None = None
+    ) -> RunSpec:
+        """The cell spec of this shape on `device` with `dtype`, masking and mode. `mask` and `score_mod`
+        are the config's defaults, used where the shape sets none; a plain mask (`causal`, `none`) sets
+        `causal`."""
+        chosen = self.mask or mask
+        if chosen in PLAIN_KINDS:
+            causal, chosen = chosen == "causal", None
+        return RunSpec(
+            device,
+            dtype,
+            self.batch,
+            self.heads,
+            self.seq_in_force,
+            self.head_dim,
+            self.kv_heads,
+            causal,
+            mode,
+            mask=chosen,
+            score_mod=self.score_mod or score_mod,
+            q_len=self.q_len,
+            kv_len=self.kv_len,
+        )
 
     @property
     def label(self) -> str:
-        """`BxHxSxD`, plus `/kvN` for grouped-query attention."""
-        text = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
-        if self.kv_heads is not None and self.kv_heads != self.heads:
-            text += f"/kv{self.kv_heads}"
-        return text
+        """`RunSpec.shape_label` of this shape with its own mask and score mod (not the config's defaults)."""
+        return self.spec("cpu", "fp32", False, "fwd").shape_label
 
 
 class Schedule(_Strict):
@@ -128,7 +194,8 @@ class Sweep(_Strict):
 
     A shape axis replaces that field in every configured shape (a shape may then leave it out);
     `dtype`, `causal` and `mode` replace the config's `dtype`, `causal` and `modes`. A `kv_heads`
-    value of null means as many as `heads`.
+    value of null means as many as `heads`. `q_len`, `kv_len`, `mask` and `score_mod` replace those
+    of every shape (`score_mod` null: none).
     """
 
     batch: Annotated[list[Positive], Field(min_length=1)] | None = None
@@ -136,6 +203,10 @@ class Sweep(_Strict):
     kv_heads: Annotated[list[Positive | None], Field(min_length=1)] | None = None
     seq: Annotated[list[Positive], Field(min_length=1)] | None = None
     head_dim: Annotated[list[Annotated[int, Field(gt=0, le=512)]], Field(min_length=1)] | None = None
+    q_len: Annotated[list[Positive], Field(min_length=1)] | None = None
+    kv_len: Annotated[list[Positive], Field(min_length=1)] | None = None
+    mask: Annotated[list[MaskText], Field(min_length=1)] | None = None
+    score_mod: Annotated[list[ScoreModText], Field(min_length=1)] | None = None
     dtype: Annotated[list[Literal["bf16", "fp16", "fp32"]], Field(min_length=1)] | None = None
     causal: Annotated[list[bool], Field(min_length=1)] | None = None
     mode: Annotated[list[Mode], Field(min_length=1)] | None = None
@@ -161,6 +232,8 @@ class Config(_Strict):
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
+    mask: MaskText = None  # the shapes' default; a plain one (causal, none) is read into `causal`
+    score_mod: ScoreModText = None
     modes: list[Mode] = Field(default_factory=lambda: list[Mode](["fwd"]), min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     exclude: list[Exclusion] = Field(default_factory=list)
@@ -180,10 +253,42 @@ class Config(_Strict):
         if not isinstance(sweep, dict):
             return data
         fill = {k: v[0] for k, v in sweep.items() if k in REQUIRED_SHAPE_FIELDS and isinstance(v, list) and v}
+        kv_axis = sweep.get("kv_len")
+        if isinstance(kv_axis, list) and kv_axis:
+            fill.setdefault("kv_len", kv_axis[0])  # a shape given neither seq nor kv_len (decode sweeps)
         shapes = data.get("shapes", [{}] if fill else None)
         if not fill or not isinstance(shapes, list):
             return data
-        return {**data, "shapes": [fill | s if isinstance(s, dict) else s for s in shapes]}
+        return {**data, "shapes": [_filled(fill, s) for s in shapes]}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_mask_is_causal(cls, data: Any) -> Any:
+        """`mask: causal` and `mask: none` are `causal: true` and `false` (so `--causal` overrides
+        them); a `causal` that contradicts them is an error."""
+        if not isinstance(data, dict) or data.get("mask") is None:
+            return data
+        try:
+            text = mask_text(data["mask"])
+        except ValueError:
+            return data  # the field validator reports it
+        if text not in PLAIN_KINDS:
+            return data
+        wanted = text == "causal"
+        if "causal" in data and data["causal"] is not None and data["causal"] != wanted:
+            raise PydanticCustomError("mask_causal", f"mask {text} contradicts causal: {data['causal']}")
+        return {**{k: v for k, v in data.items() if k != "mask"}, "causal": wanted}
+
+    @model_validator(mode="after")
+    def _default_mask_fits(self) -> "Config":
+        if self.mask is None:
+            return self
+        for i, shape in enumerate(self.shapes):
+            if shape.mask is None and (
+                problem := _mask_problem(self.mask, shape.q_len_in_force, shape.kv_len_in_force)
+            ):
+                raise ValueError(f"shapes.{i}: {problem}")
+        return self
 
     @field_validator("device")
     @classmethod
@@ -213,6 +318,19 @@ class Config(_Strict):
     def exclusions(self, device: str) -> list[Exclusion]:
         """The `exclude` entries in force on the resolved `device`."""
         return [entry for entry in self.exclude if entry.applies_to(device)]
+
+
+def _filled(fill: dict[str, Any], shape: Any) -> Any:
+    """A shape mapping with the sweep's first values where it lacks a required field; kv_len only
+    when it gives neither seq nor kv_len, and seq then not at all (the shape is a decode one)."""
+    if not isinstance(shape, dict):
+        return shape
+    fill = dict(fill)
+    if "seq" in shape or "kv_len" in shape:
+        fill.pop("kv_len", None)
+    elif "kv_len" in fill:
+        fill.pop("seq", None)
+    return fill | shape
 
 
 class MeasureOptions(_Strict):

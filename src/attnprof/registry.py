@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
+from attnprof.masks import (
+    MASK_KINDS,
+    PLAIN_KINDS,
+    SCORE_MODS,
+    Mask,
+    parse_mask,
+    parse_score_mod,
+    score_mod_kind,
+    score_mod_label,
+)
 
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -24,7 +34,17 @@ NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One cell to run: the device, dtype and attention shape a variant is asked to handle."""
+    """One cell to run: the device, dtype and attention shape a variant is asked to handle.
+
+    Masking: `causal` chooses between the plain masks (`causal`, `none`); `mask` set to a sized mask
+    (`sliding_window:W`, `documents:N`, `prefix:P`, see `attnprof.masks`) overrides it, and `causal` is
+    then False (it means "plain causal": what `is_causal` may express). After construction `mask` is
+    always the canonical text. `score_mod` is None, `softcap:C` or `alibi`.
+
+    Lengths: `q_len` queries against `kv_len` keys, each `seq` when None; a value equal to `seq` is
+    stored as None, so `replace(spec, seq=...)` moves a square shape whole. `n_queries` and `n_keys`
+    give the lengths in force. Causal masks are bottom-right aligned (the queries are the last tokens).
+    """
 
     device: str
     dtype: str
@@ -35,10 +55,59 @@ class RunSpec:
     kv_heads: int | None = None
     causal: bool = True
     mode: str = "fwd"
+    mask: str | None = None
+    score_mod: str | None = None
+    q_len: int | None = None
+    kv_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        mask = parse_mask(self.mask) if self.mask is not None else None
+        if mask is None or mask.kind in PLAIN_KINDS:
+            mask = Mask("causal" if self.causal else "none")
+        object.__setattr__(self, "mask", mask.text)
+        object.__setattr__(self, "causal", mask.kind == "causal")
+        object.__setattr__(self, "score_mod", parse_score_mod(self.score_mod))
+        for name in ("q_len", "kv_len"):
+            if getattr(self, name) == self.seq:
+                object.__setattr__(self, name, None)
+
+    @property
+    def mask_spec(self) -> Mask:
+        """The mask as a `Mask` (kind and size)."""
+        return parse_mask(self.mask)
+
+    @property
+    def mask_kind(self) -> str:
+        """`causal`, `none`, `sliding_window`, `documents` or `prefix`."""
+        return self.mask_spec.kind
+
+    @property
+    def score_mod_kind(self) -> str | None:
+        """`softcap`, `alibi` or None."""
+        return score_mod_kind(self.score_mod)
+
+    @property
+    def n_queries(self) -> int:
+        """Query positions: `q_len`, else `seq`."""
+        return self.q_len or self.seq
+
+    @property
+    def n_keys(self) -> int:
+        """Key/value positions: `kv_len`, else `seq`."""
+        return self.kv_len or self.seq
+
+    @property
+    def fully_masked_rows(self) -> int:
+        """Query rows whose every key the mask hides (`Mask.empty_rows`; the reference gives them zeros)."""
+        return self.mask_spec.empty_rows(self.n_queries, self.n_keys)
+
+    @property
+    def causal_alignment(self) -> str | None:
+        """`bottom-right` (the queries are the last n_queries of n_keys positions) for every mask but
+        `none`, which has no alignment (None)."""
+        return None if self.mask == "none" else "bottom-right"
 
     @property
     def backward(self) -> bool:
@@ -57,11 +126,16 @@ class RunSpec:
 
     @property
     def shape_label(self) -> str:
-        """`BxHxSxD`, with `/KV` appended when key/value heads differ (GQA)."""
-        label = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
+        """`BxHxSxD`, with `/kvN` appended when key/value heads differ (GQA); S is `Q/KV` when the query
+        and key lengths differ from seq (`8x32x1/16384x128/kv8`); a sized mask and a score mod follow
+        after a space (`4x16x4096x64 sw256`, `... doc8 softcap30`)."""
+        same = self.n_queries == self.n_keys
+        lengths = str(self.n_queries) if same else f"{self.n_queries}/{self.n_keys}"
+        label = f"{self.batch}x{self.heads}x{lengths}x{self.head_dim}"
         if self.n_kv_heads != self.heads:
             label += f"/kv{self.n_kv_heads}"
-        return label
+        extras = [text for text in (self.mask_spec.label, score_mod_label(self.score_mod)) if text]
+        return " ".join([label, *extras])
 
     @property
     def cell_key(self) -> tuple[Any, ...]:
@@ -77,6 +151,10 @@ class RunSpec:
             self.head_dim,
             self.causal,
             self.mode,
+            self.mask,
+            self.score_mod,
+            self.q_len,
+            self.kv_len,
         )
 
     @property
@@ -119,6 +197,10 @@ class Variant:
     collective: bool = False
     output_rows: RowsFn | None = None
     repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
+    masks: frozenset[str] = frozenset(PLAIN_KINDS)  # mask kinds it runs (attnprof.masks.MASK_KINDS)
+    score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
+    dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
+    unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +214,25 @@ class Variant:
         unknown = set(self.dtypes) - set(DTYPES)
         if unknown:
             raise ValueError(f"variant {self.name}: unknown dtypes {sorted(unknown)}")
+        unknown = (set(self.masks) | set(self.dense_masks)) - set(MASK_KINDS) | set(self.score_mods) - set(SCORE_MODS)
+        if unknown:
+            raise ValueError(f"variant {self.name}: unknown masks or score mods {sorted(unknown)}")
+
+    def takes_dense_mask(self, spec: RunSpec) -> bool:
+        """True when this variant reads the spec's mask as a dense tensor (for `bytes_moved`)."""
+        return spec.mask_kind in self.dense_masks
+
+    def masking_reason(self, spec: RunSpec) -> str | None:
+        """Why this variant cannot run the spec's mask, score mod or lengths, or None."""
+        if spec.mask_kind not in self.masks:
+            return f"mask {spec.mask_kind} not supported by {self.name} (it runs {', '.join(sorted(self.masks))})"
+        kind = spec.score_mod_kind
+        if kind is not None and kind not in self.score_mods:
+            takes = ", ".join(sorted(self.score_mods)) or "none"
+            return f"score_mod {kind} not supported by {self.name} (it applies {takes})"
+        if not self.unequal_lengths and spec.n_queries != spec.n_keys:
+            return f"q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {self.name}"
+        return None
 
     def unavailable_reason(self, spec: RunSpec) -> str | None:
         """Why this variant cannot run `spec`, or None when it can."""
@@ -143,6 +244,8 @@ class Variant:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
         if spec.backward and not self.has_backward:
             return NO_BACKWARD
+        if reason := self.masking_reason(spec):
+            return reason
         if self.check is not None:
             try:
                 return self.check(spec)

@@ -36,6 +36,7 @@ class Throughput:
     achieved_gbps: float
     bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
     pct_of_peak_note: str | None = None
+    bytes_moved: float | None = None  # what achieved_gbps divides by (analysis.roofline.bytes_moved)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class CellResult:
     grad_check: GradCheck | None = None
     memory_mib: float | None = None
     nan_on_fully_masked: bool | None = None
+    dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
     clock: ClockWindow | None = None
     throughput: Throughput | None = None
     analysis: TraceAnalysis | None = None

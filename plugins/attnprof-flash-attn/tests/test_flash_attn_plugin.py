@@ -293,3 +293,11 @@ def test_backward_support_follows_the_interface_and_the_gpu():
         "no backward: FA4 (flash_attn.cute) has a backward kernel for compute capability 9.x or 10.x only (got 8.6)")
     assert fa.backward_missing(fa2, spec(mode="bwd"), (8, 0)) is None
     assert fa.backward_missing(fa3, spec(mode="fwd+bwd"), (9, 0)) is None
+
+
+def test_declares_plain_masks_only():
+    """Causal and none, square: a sized mask, a score mod or decode is a skipped cell, never run unmasked."""
+    variant = fa.make_variant()
+    assert variant.masks == {"causal", "none"} and not variant.score_mods and not variant.unequal_lengths
+    assert variant.masking_reason(spec(mask="sliding_window:4")).startswith("mask sliding_window not supported")
+    assert "not supported" in variant.masking_reason(spec(q_len=1))

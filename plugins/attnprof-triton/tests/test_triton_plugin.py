@@ -395,3 +395,11 @@ def test_the_backward_is_declared_and_runs_where_the_forward_does(no_triton):
     for mode in ("bwd", "fwd+bwd"):  # no "no backward": the same reasons as the forward
         assert variant.unavailable_reason(spec(mode=mode)) == variant.unavailable_reason(spec())
 
+
+
+def test_declares_plain_masks_only():
+    """Causal and none, square: a sized mask, a score mod or decode is a skipped cell, never run unmasked."""
+    variant = attnprof_triton.make_variant()
+    assert variant.masks == {"causal", "none"} and not variant.score_mods and not variant.unequal_lengths
+    assert variant.masking_reason(spec(mask="documents:4")).startswith("mask documents not supported")
+    assert "score_mod softcap not supported" in variant.masking_reason(spec(score_mod="softcap:30"))

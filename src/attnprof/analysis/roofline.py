@@ -6,8 +6,14 @@ computes the masked half of a causal score matrix anyway gets no credit for it.
 
 The step is the spec's mode. FLOPs follow the convention of tritonbench and flash-attention's
 benchmarks, so figures compare across tools: backward = 2.5 × forward (five matmuls against the
-forward's two; the recomputation of P is not counted), forward + backward = 3.5 × forward, the
-causal halving applying to each. `flops_convention(spec)` states it in the results.
+forward's two; the recomputation of P is not counted), forward + backward = 3.5 × forward. The forward
+counts exactly the (query, key) pairs the mask keeps (`attnprof.masks`: causal S(S+1)/2 rather than the
+usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike), each 4·D FLOPs.
+`flops_convention(spec)` states it in the results.
+
+`bytes_moved(spec, dense_mask)` is what the step must move: q, k, v, the output (and in the backward
+their gradients, `MODE_TENSORS`) once each, plus the mask once per pass when the variant takes it as a
+dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
 """
 
 from __future__ import annotations
@@ -24,14 +30,18 @@ MODE_FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 MODE_TENSORS = {"fwd": (2, 2), "bwd": (4, 4), "fwd+bwd": (6, 6)}
 
 
+def attention_pairs(spec: RunSpec) -> int:
+    """The (query, key) pairs one head keeps under the spec's mask (`Mask.pairs`), exactly."""
+    return spec.mask_spec.pairs(spec.n_queries, spec.n_keys)
+
+
 def attention_flops(spec: RunSpec) -> float:
-    """Forward FLOPs: 4·B·H·S_q·S_kv·D (QKᵀ and PV, a multiply-add being 2), halved when causal.
+    """Forward FLOPs: 4·B·H·D per kept (query, key) pair (QKᵀ and PV, a multiply-add being 2).
 
     H is the number of query heads; grouped-query attention (fewer key/value heads) does
-    not change the count. Softmax and scaling are left out, as is usual.
+    not change the count. Softmax, scaling and score mods are left out, as is usual.
     """
-    flops = 4.0 * spec.batch * spec.heads * spec.seq * spec.seq * spec.head_dim
-    return flops / 2.0 if spec.causal else flops
+    return 4.0 * spec.batch * spec.heads * spec.head_dim * attention_pairs(spec)
 
 
 def step_flops(spec: RunSpec) -> float:
@@ -42,10 +52,11 @@ def step_flops(spec: RunSpec) -> float:
 
 def flops_convention(spec: RunSpec) -> str:
     """How the spec's FLOPs were counted, in words, for the results (`flops_convention`)."""
-    forward = "fwd = 4·B·H·Sq·Skv·D" + (" / 2 (causal)" if spec.causal else "")
+    pairs = "Sq·Skv" if spec.mask == "none" else f"the {attention_pairs(spec)} (query, key) pairs {spec.mask} keeps"
+    forward = f"fwd = 4·B·H·D × {pairs}"
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
-    return f"{scaled}{forward} (tritonbench / flash-attention convention)"
+    return f"{scaled}{forward} (exact pairs; backward factor of tritonbench / flash-attention)"
 
 
 def min_bytes(spec: RunSpec) -> float:
@@ -60,10 +71,25 @@ def min_bytes(spec: RunSpec) -> float:
         size = ELEMENT_BYTES[spec.dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {spec.dtype!r}; expected one of {', '.join(ELEMENT_BYTES)}") from None
-    per_head = spec.batch * spec.seq * spec.head_dim
     q_like, kv_like = MODE_TENSORS[spec.mode]
-    elements = q_like * spec.heads * per_head + kv_like * spec.n_kv_heads * per_head
+    per_head = spec.batch * spec.head_dim
+    elements = q_like * spec.heads * per_head * spec.n_queries + kv_like * spec.n_kv_heads * per_head * spec.n_keys
     return float(elements * size)
+
+
+#: Passes over the mask of each mode: the forward reads it, the backward reads it again.
+MODE_MASK_PASSES = {"fwd": 1, "bwd": 1, "fwd+bwd": 2}
+
+
+def mask_bytes(spec: RunSpec, dense_mask: bool) -> float:
+    """Bytes of the mask each pass reads: a dense [q_len, kv_len] bool tensor (1 byte each) when the
+    variant takes the mask as one (`Variant.takes_dense_mask`), else 0 (is_causal, block masks, none)."""
+    return float(spec.n_queries * spec.n_keys) if dense_mask else 0.0
+
+
+def bytes_moved(spec: RunSpec, dense_mask: bool = False) -> float:
+    """`min_bytes` plus the dense mask once per pass (`MODE_MASK_PASSES`) when the variant takes one."""
+    return min_bytes(spec) + MODE_MASK_PASSES[spec.mode] * mask_bytes(spec, dense_mask)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
@@ -110,11 +136,14 @@ def achieved(
     }
 
 
-def achieved_for(spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None) -> dict[str, Any]:
-    """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s."""
+def achieved_for(
+    spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None, dense_mask: bool = False
+) -> dict[str, Any]:
+    """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s, the
+    bytes being `bytes_moved(spec, dense_mask)`."""
     return achieved(
         step_flops(spec),
-        min_bytes(spec),
+        bytes_moved(spec, dense_mask),
         seconds,
         peak_tflops * 1e12 if peak_tflops else None,
         peak_gbps * 1e9 if peak_gbps else None,

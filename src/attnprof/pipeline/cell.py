@@ -106,6 +106,7 @@ def run_cell(
     if reason:
         result.status, result.reason = "skipped", reason
         return result
+    result.dense_mask = variant.takes_dense_mask(spec)
     with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
         try:
             _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir), agree)
@@ -207,11 +208,22 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     out = output.out if spec.backward else output
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     rows = variant.output_rows(spec) if variant.output_rows is not None else None
-    result.check = correctness.check_against_reference(out, q, k, v, spec.causal, spec.dtype, rows)
+    result.check = correctness.check_against_reference(
+        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod
+    )
     if spec.backward:
         q_in, k_in, v_in = step.inputs
         result.grad_check = check_grads(
-            output.grads, q_in, k_in, v_in, step.grad_out, causal=spec.causal, dtype=spec.dtype, layout=variant.layout
+            output.grads,
+            q_in,
+            k_in,
+            v_in,
+            step.grad_out,
+            causal=spec.causal,
+            dtype=spec.dtype,
+            layout=variant.layout,
+            mask=spec.mask,
+            score_mod=spec.score_mod,
         )
 
 
@@ -256,17 +268,19 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> Non
     result.backend = dispatched_backend(result.analysis)
     latency_us = result.latency_us
     if ceiling is not None and latency_us:
-        result.throughput = cell_throughput(result.variant, result.spec, latency_us, ceiling)
+        result.throughput = cell_throughput(result.variant, result.spec, latency_us, ceiling, bool(result.dense_mask))
 
 
-def cell_throughput(variant: str, spec: RunSpec, latency_us: float, ceiling: RunCeiling) -> Throughput:
+def cell_throughput(
+    variant: str, spec: RunSpec, latency_us: float, ceiling: RunCeiling, dense_mask: bool = False
+) -> Throughput:
     """`throughput` against the run's ceiling; when the cell exceeds it, the ceiling is measured again
     (once per run) and the throughput computed against the fresh one."""
-    rates = throughput(spec, latency_us, ceiling.current)
+    rates = throughput(spec, latency_us, ceiling.current, dense_mask)
     if exceeds(rates):
         why = f"{variant} at {spec.cell_label} reached {rates.tflops:.3g} TFLOP/s"
         if ceiling.measure_again(why):
-            rates = throughput(spec, latency_us, ceiling.current)
+            rates = throughput(spec, latency_us, ceiling.current, dense_mask)
     return rates
 
 
@@ -275,16 +289,17 @@ def exceeds(rates: Throughput) -> bool:
     return rates.peak_tflops is not None and rates.tflops > rates.peak_tflops
 
 
-def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling) -> Throughput:
+def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: bool = False) -> Throughput:
     """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency.
 
     Without a ceiling (source "none"), or when the latency beats the ceiling (over 100% is
     impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
-    an exceeded ceiling gives no `bound` either.
+    an exceeded ceiling gives no `bound` either. `dense_mask`: the variant read the mask as a dense
+    tensor, which `bytes_moved` counts.
     """
-    from attnprof.analysis.roofline import achieved_for
+    from attnprof.analysis.roofline import achieved_for, bytes_moved
 
-    rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps)
+    rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps, dense_mask)
     pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
     if ceiling.tflops is not None and rates["tflops"] > ceiling.tflops:
         pct = bound = None
@@ -299,6 +314,7 @@ def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling) -> Throughput
         achieved_gbps=rates["achieved_gbps"],
         bound=bound,
         pct_of_peak_note=note,
+        bytes_moved=bytes_moved(spec, dense_mask),
     )
 
 
@@ -307,7 +323,7 @@ def rethroughput(results: list[CellResult], ceiling: Ceiling) -> None:
     so all cells of a run share one ceiling."""
     for result in results:
         if result.throughput is not None and (latency_us := result.latency_us):
-            result.throughput = throughput(result.spec, latency_us, ceiling)
+            result.throughput = throughput(result.spec, latency_us, ceiling, bool(result.dense_mask))
 
 
 def _warm_up(forward: Any, spec: RunSpec, prepare: Any = None, calls: int = 3) -> None:

@@ -117,7 +117,11 @@ def resolve_config(config: Config, device: str) -> Config:
 def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
-    return [shape.spec(device, config.dtype, config.causal, mode) for shape in config.shapes for mode in config.modes]
+    return [
+        shape.spec(device, config.dtype, config.causal, mode, config.mask, config.score_mod)
+        for shape in config.shapes
+        for mode in config.modes
+    ]
 
 
 def plan_cells(config: Config, variants: list[Variant], device: str) -> list[Cell]:

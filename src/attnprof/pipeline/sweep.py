@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from attnprof.config import Config, Shape
 from attnprof.errors import ConfigError
+from attnprof.masks import parse_mask
 from attnprof.pipeline.cell import ran_out_of_memory
 from attnprof.pipeline.run import Cell
 from attnprof.registry import RunSpec, Variant
@@ -37,7 +38,8 @@ Key = tuple[Any, ...]
 
 def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
     """The sweep's points on the resolved `device`: each configured shape with every combination of
-    the shape axes, crossed with the dtype, causal and mode axes (or the config's own values).
+    the shape axes (q_len, kv_len, mask and score_mod among them), crossed with the dtype, causal and
+    mode axes (or the config's own values).
     Returns them, without repeats, and why combinations that make no valid shape were left out."""
     axes = config.sweep.axes() if config.sweep else {}
     shape_axes = {name: values for name, values in axes.items() if name in Shape.model_fields}
@@ -50,8 +52,13 @@ def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
             except ValidationError as exc:
                 left_out.append(exc.errors()[0]["msg"].removeprefix("Value error, "))
                 continue
+            if shape.mask is None and config.mask is not None:
+                problem = parse_mask(config.mask).problem(shape.q_len_in_force, shape.kv_len_in_force)
+                if problem:
+                    left_out.append(problem)
+                    continue
             specs += [
-                shape.spec(device, dtype, causal, mode)
+                shape.spec(device, dtype, causal, mode, config.mask, config.score_mod)
                 for dtype, causal, mode in itertools.product(
                     axes.get("dtype", [config.dtype]),
                     axes.get("causal", [config.causal]),
@@ -115,7 +122,8 @@ class OomRule:
 
     def note_row(self, row: dict[str, Any]) -> None:
         """Take a row of an earlier run (`--resume`) into account."""
-        chain = (row.get("variant"), *row_cell_key(row | {"seq": 0}))
+        square = {name: None for name in ("q_len", "kv_len") if row.get(name) == row.get("seq")}
+        chain = (row.get("variant"), *row_cell_key(row | square | {"seq": 0}))  # as chain_key: lengths = seq drop
         self._note(chain, row.get("seq") or 0, str(row.get("status", "")), row.get("reason"))
 
     def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:

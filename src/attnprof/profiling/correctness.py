@@ -64,16 +64,32 @@ def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
 
 
 def reference_attention(
-    q: Any, k: Any, v: Any, causal: bool, *, q_rows: Any = None, device: Any = "cpu", differentiable: bool = False
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: bool,
+    *,
+    q_rows: Any = None,
+    device: Any = "cpu",
+    differentiable: bool = False,
+    mask: str | None = None,
+    score_mod: str | None = None,
+    head_ids: Sequence[int] | None = None,
+    total_heads: int | None = None,
 ) -> Any:
-    """Softmax(q·kᵀ/√D)·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
+    """Softmax(mask(score_mod(q·kᵀ/√D)))·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
     GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
-    Causal masking is top-left aligned (query i sees keys 0..i). `q_rows` (1-D indices)
-    computes only those query rows, each against all the keys it may see. `differentiable`
-    keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
+    `mask` (attnprof.masks text; None: `causal` or none) is bottom-right aligned: the S_q queries
+    are the last of the S_kv positions. `score_mod` (softcap:C, alibi) applies before the mask; ALiBi's
+    slopes follow the absolute query heads `head_ids` of `total_heads` (default: all, in order). A
+    query row whose every key is masked gives zeros (none of attnprof's masks has one). `q_rows`
+    (1-D indices) computes only those query rows, each against all the keys it may see.
+    `differentiable` keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
     """
     import torch
+
+    from attnprof.masks import Mask, alibi_slopes, dense_mask, parse_mask, softcap_value
 
     q, k, v = (t if differentiable else t.detach() for t in (q, k, v))
     q, k, v = (t.to(device=device, dtype=torch.float64) for t in (q, k, v))
@@ -83,15 +99,27 @@ def reference_attention(
     if kv_heads != heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
-    positions = torch.arange(q.shape[2], device=q.device)
+    q_len, kv_len = q.shape[2], k.shape[2]
+    positions = torch.arange(q_len, device=q.device)
     if q_rows is not None:
         positions = torch.as_tensor(q_rows, device=q.device, dtype=torch.long)
         q = q.index_select(2, positions)
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:
-        keys = torch.arange(k.shape[2], device=q.device)
-        scores = scores.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    cap = softcap_value(score_mod)
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap)
+    if score_mod == "alibi":
+        ids = torch.as_tensor(list(head_ids) if head_ids is not None else range(heads), device=q.device)
+        slopes = alibi_slopes(total_heads or heads, q.device).to(torch.float64).index_select(0, ids)
+        distance = (positions[:, None] + (kv_len - q_len) - torch.arange(kv_len, device=q.device)[None, :]).double()
+        scores = scores - slopes[:, None, None] * distance[None]
+    chosen = parse_mask(mask) if mask is not None else Mask("causal" if causal else "none")
+    if chosen.kind != "none":
+        keep = dense_mask(chosen, q_len, kv_len, q.device).index_select(0, positions)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    weights = torch.where(torch.isnan(weights), torch.zeros_like(weights), weights)  # fully masked rows: zeros
+    return torch.matmul(weights, v)
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -165,8 +193,11 @@ def check_variant_output(
     layout: str = "bhsd",
     limit: int = FULL_REFERENCE_LIMIT,
     rows: Sequence[int] | None = None,
+    mask: str | None = None,
+    score_mod: str | None = None,
 ) -> Check:
-    """Check a variant's output against the float64 reference; q, k, v and out in `layout`.
+    """Check a variant's output against the float64 reference (the same `mask` and `score_mod`, see
+    `reference_attention`); q, k, v and out in `layout`.
 
     `rows` (a sequence shard, see `Variant.output_rows`) are the global query positions that the
     output's sequence dimension holds, in order; None: all of them. NaN/Inf are looked for in the
@@ -189,7 +220,8 @@ def check_variant_output(
     subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
         q_rows = None if rows is None else torch.tensor(positions, device=q.device)
-        return check_output(out, reference_attention(q, k, v, causal, q_rows=q_rows), dtype, scope=shard or "full")
+        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod)
+        return check_output(out, ref, dtype, scope=shard or "full")
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
     h_idx = torch.tensor(subset["heads"], device=q.device)
@@ -200,7 +232,18 @@ def check_variant_output(
     ks = k.index_select(0, b_idx).index_select(1, kv_idx)
     vs = v.index_select(0, b_idx).index_select(1, kv_idx)
     global_rows = torch.tensor([positions[i] for i in subset["rows"]], device=q.device)
-    ref = reference_attention(qs, ks, vs, causal, q_rows=global_rows, device=q.device)
+    ref = reference_attention(
+        qs,
+        ks,
+        vs,
+        causal,
+        q_rows=global_rows,
+        device=q.device,
+        mask=mask,
+        score_mod=score_mod,
+        head_ids=subset["heads"],
+        total_heads=heads,
+    )
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, local)
     scope = (
         f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
@@ -210,10 +253,21 @@ def check_variant_output(
 
 
 def check_against_reference(
-    out: Any, q: Any, k: Any, v: Any, causal: bool, dtype: str, rows: Sequence[int] | None = None
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: bool,
+    dtype: str,
+    rows: Sequence[int] | None = None,
+    mask: str | None = None,
+    score_mod: str | None = None,
 ) -> Check:
-    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows` as there."""
-    return check_variant_output(out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows)
+    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask` and
+    `score_mod` as there."""
+    return check_variant_output(
+        out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows, mask=mask, score_mod=score_mod
+    )
 
 
 def accepts_attn_mask(variant: Variant) -> bool:

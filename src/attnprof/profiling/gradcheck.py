@@ -77,20 +77,34 @@ def grad_subset(
     return {"batches": batches, "kv_heads": _spaced(kv_heads, count)}
 
 
-def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool, limit: int | None = None) -> tuple[Any, ...]:
+def reference_grads(
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    causal: bool,
+    limit: int | None = None,
+    mask: str | None = None,
+    score_mod: str | None = None,
+    head_ids: list[int] | None = None,
+    total_heads: int | None = None,
+) -> tuple[Any, ...]:
     """(dq, dk, dv) of float64 attention on [B, H, S, D] inputs (K/V with H or fewer heads, GQA),
     against `grad_out`, on their device. With `limit`, the query heads go through in chunks of at
     most `limit` scores (at least one head each), and each key/value head's dk and dv add up over its
     group's chunks: the same gradients, with the float64 graph of one chunk alive at a time (one head
-    at S=32k is 8 GiB of scores)."""
+    at S=32k is 8 GiB of scores). `mask`, `score_mod` and `head_ids` (the query heads' absolute indices,
+    for ALiBi) as in `reference_attention`."""
     import torch
 
     batch, heads, seq, _ = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
     per_head = batch * seq * k.shape[2]
+    ids = head_ids if head_ids is not None else list(range(heads))
+    score = {"mask": mask, "score_mod": score_mod, "total_heads": total_heads or heads}
     if limit is None or heads * per_head <= limit:
-        return _reference_grads(q, k, v, grad_out, causal)
+        return _reference_grads(q, k, v, grad_out, causal, score | {"head_ids": ids})
     chunk = max(1, min(group, limit // per_head))
     dq = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
@@ -98,20 +112,21 @@ def reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool, limit: 
     for j in range(kv_heads):
         for first in range(j * group, (j + 1) * group, chunk):
             h = slice(first, min(first + chunk, (j + 1) * group))
-            dq_h, dk_j, dv_j = _reference_grads(q[:, h], k[:, j : j + 1], v[:, j : j + 1], grad_out[:, h], causal)
+            part = score | {"head_ids": ids[h]}
+            dq_h, dk_j, dv_j = _reference_grads(q[:, h], k[:, j : j + 1], v[:, j : j + 1], grad_out[:, h], causal, part)
             dq[:, h] = dq_h
             dk[:, j : j + 1] += dk_j
             dv[:, j : j + 1] += dv_j
     return dq, dk, dv
 
 
-def _reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool) -> tuple[Any, ...]:
+def _reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool, score: dict[str, Any]) -> tuple[Any, ...]:
     import torch
 
     leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
     with torch.enable_grad():
         q64, k64, v64 = leaves
-        out = reference_attention(q64, k64, v64, causal, device=q.device, differentiable=True)
+        out = reference_attention(q64, k64, v64, causal, device=q.device, differentiable=True, **score)
         return torch.autograd.grad(out, leaves, grad_out.detach().to(torch.float64))
 
 
@@ -126,6 +141,8 @@ def check_grads(
     dtype: str,
     layout: str = "bhsd",
     limit: int = GRAD_REFERENCE_LIMIT,
+    mask: str | None = None,
+    score_mod: str | None = None,
 ) -> GradCheck:
     """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`
     (all in `layout`); the slice of the module docstring above `limit` scores."""
@@ -145,11 +162,13 @@ def check_grads(
     kv_heads = k.shape[1]
     subset = grad_subset(batch, heads, kv_heads, seq, limit=limit)
     scope = "full"
+    head_ids = list(range(heads))
     if subset is not None:
         group = heads // kv_heads
         b_idx = torch.tensor(subset["batches"], device=q.device)
         kv_idx = torch.tensor(subset["kv_heads"], device=q.device)
-        h_idx = torch.tensor([h * group + g for h in subset["kv_heads"] for g in range(group)], device=q.device)
+        head_ids = [h * group + g for h in subset["kv_heads"] for g in range(group)]
+        h_idx = torch.tensor(head_ids, device=q.device)
         pick_q = lambda t: t.index_select(0, b_idx).index_select(1, h_idx)  # noqa: E731
         pick_kv = lambda t: t.index_select(0, b_idx).index_select(1, kv_idx)  # noqa: E731
         q, grad_out = pick_q(q), pick_q(grad_out)
@@ -159,7 +178,9 @@ def check_grads(
             f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
             f"({len(h_idx)} of {heads} query heads), all rows"
         )
-    refs = reference_grads(q, k, v, grad_out, causal, limit=limit)
+    refs = reference_grads(
+        q, k, v, grad_out, causal, limit=limit, mask=mask, score_mod=score_mod, head_ids=head_ids, total_heads=heads
+    )
     errors: dict[str, float | None] = {
         name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=True)
     }

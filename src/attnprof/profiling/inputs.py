@@ -29,7 +29,8 @@ def resolve_torch_device(requested: str) -> str:
 
 
 def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:
-    """Seeded standard-normal q, k, v for `spec`, in `bhsd` ([B, H, S, D]) or `bshd` layout.
+    """Seeded standard-normal q, k, v for `spec`, in `bhsd` ([B, H, S, D]) or `bshd` layout; q has
+    `n_queries` positions, k and v `n_keys`.
 
     The values do not depend on the layout: `bshd` tensors are the `bhsd` ones transposed
     and made contiguous, so every variant sees the same numbers.
@@ -39,9 +40,9 @@ def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, An
     generator = torch.Generator(device=spec.device).manual_seed(seed)
     dtype = torch_dtype(spec.dtype)
     shapes = [
-        (spec.batch, spec.heads, spec.seq, spec.head_dim),
-        (spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim),
-        (spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim),
+        (spec.batch, spec.heads, spec.n_queries, spec.head_dim),
+        (spec.batch, spec.n_kv_heads, spec.n_keys, spec.head_dim),
+        (spec.batch, spec.n_kv_heads, spec.n_keys, spec.head_dim),
     ]
     tensors = []
     for shape in shapes:

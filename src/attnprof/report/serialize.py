@@ -103,6 +103,13 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("device", lambda r: r.spec.device),
     ("causal", lambda r: r.spec.causal),
     ("mode", lambda r: r.spec.mode),
+    ("mask", lambda r: r.spec.mask),
+    ("score_mod", lambda r: r.spec.score_mod),
+    ("q_len", lambda r: r.spec.n_queries),
+    ("kv_len", lambda r: r.spec.n_keys),
+    ("causal_alignment", lambda r: r.spec.causal_alignment),
+    ("fully_masked_rows", lambda r: r.spec.fully_masked_rows),
+    ("dense_mask", lambda r: r.dense_mask),
     ("status", _status),
     ("reason", lambda r: r.reason),
     ("forwards", _analysis("forwards")),
@@ -138,6 +145,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("pct_of_peak", _throughput("pct_of_peak")),
     ("pct_of_peak_note", _throughput("pct_of_peak_note")),
     ("peak_tflops", _throughput("peak_tflops")),
+    ("bytes_moved", _throughput("bytes_moved")),
     ("achieved_gbps", _throughput("achieved_gbps")),
     ("bound", _throughput("bound")),
     ("peak_memory_mib", lambda r: r.memory_mib),
@@ -195,7 +203,18 @@ def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
         row.get("head_dim"),
         row.get("causal"),
         row.get("mode") or "fwd",
+        row.get("mask") or ("causal" if row.get("causal") else "none"),
+        row.get("score_mod") or None,
+        _unless_seq(row, "q_len"),
+        _unless_seq(row, "kv_len"),
     )
+
+
+def _unless_seq(row: dict[str, Any], name: str) -> Any:
+    """A row's q_len or kv_len as `RunSpec` keeps it: None when missing (rows written before decode
+    existed) or equal to seq."""
+    value = row.get(name)
+    return None if value in (None, "") or value == row.get("seq") else value
 
 
 def row_finding_ids(row: dict[str, Any]) -> list[str]:

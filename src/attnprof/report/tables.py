@@ -260,10 +260,11 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
 
 
 def cell_label(row: dict[str, Any]) -> str:
-    """`8x16x1024x64 bf16 causal fwd+bwd`: shape, dtype, masking and mode of a row."""
-    return (
-        f"{row.get('shape')} {row.get('dtype')} {'causal' if row.get('causal') else 'full'} {row.get('mode') or 'fwd'}"
-    )
+    """`8x16x1024x64 bf16 causal fwd+bwd`: shape, dtype, masking and mode of a row. A sized mask is in the
+    shape (`4x16x4096x64 sw256`), so its masking word is `masked`."""
+    sized = row.get("mask") not in (None, "", "causal", "none")
+    masking = "masked" if sized else "causal" if row.get("causal") else "full"
+    return f"{row.get('shape')} {row.get('dtype')} {masking} {row.get('mode') or 'fwd'}"
 
 
 def cell_title(row: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from attnprof import devices
+from attnprof.masks import MASK_KINDS, SCORE_MODS, Mask, alibi_slopes, softcap_value
 from attnprof.registry import RunSpec, Variant
-from attnprof.variants.handwritten import build_causal_mask, inplace_forward
+from attnprof.variants.handwritten import HANDWRITTEN_MASKING, build_state, inplace_forward
 
 
 def fresh_compile_state() -> None:
@@ -23,8 +24,48 @@ def fresh_compile_state() -> None:
     torch._dynamo.reset()
 
 
-def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-    return q_idx >= kv_idx
+def mask_mod(mask: Mask, q_len: int, kv_len: int) -> Any:
+    """FlexAttention's mask_mod of `mask` (attnprof.masks' rules, bottom-right aligned); None for none."""
+    offset = kv_len - q_len
+    size = mask.size or 0
+    length = kv_len // size if mask.kind == "documents" else 0
+
+    def causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return q_idx + offset >= kv_idx
+
+    def sliding_window(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx + offset >= kv_idx) & (q_idx + offset - kv_idx < size)
+
+    def documents(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx + offset >= kv_idx) & ((q_idx + offset) // length == kv_idx // length)
+
+    def prefix(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx + offset >= kv_idx) | (kv_idx < size)
+
+    mods = {"causal": causal, "sliding_window": sliding_window, "documents": documents, "prefix": prefix}
+    return mods.get(mask.kind)
+
+
+def score_mod_fn(spec: RunSpec) -> Any:
+    """FlexAttention's score_mod of the spec's score mod (softcap, ALiBi), or None."""
+    import torch
+
+    cap = softcap_value(spec.score_mod)
+    if cap is not None:
+
+        def softcap(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return cap * torch.tanh(score / cap)
+
+        return softcap
+    if spec.score_mod == "alibi":
+        slopes = alibi_slopes(spec.heads, spec.device)
+        offset = spec.n_keys - spec.n_queries
+
+        def alibi(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return score - slopes[h] * (q_idx + offset - kv_idx)
+
+        return alibi
+    return None
 
 
 # Checks read versions and find modules without importing torch, so `attnprof list` stays fast.
@@ -54,24 +95,28 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
 
     fresh_compile_state()
     block_mask = None
-    if spec.causal:
-        block_mask = create_block_mask(_causal, B=None, H=None, Q_LEN=spec.seq, KV_LEN=spec.seq, device=spec.device)
+    mod = mask_mod(spec.mask_spec, spec.n_queries, spec.n_keys)
+    if mod is not None:
+        block_mask = create_block_mask(
+            mod, B=None, H=None, Q_LEN=spec.n_queries, KV_LEN=spec.n_keys, device=spec.device
+        )
     return {
         "fn": torch.compile(flex_attention, dynamic=False),
         "block_mask": block_mask,
+        "score_mod": score_mod_fn(spec),
         "gqa": spec.n_kv_heads != spec.heads,
     }
 
 
 def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:
-    return state["fn"](q, k, v, block_mask=state["block_mask"], enable_gqa=state["gqa"])
+    return state["fn"](q, k, v, score_mod=state["score_mod"], block_mask=state["block_mask"], enable_gqa=state["gqa"])
 
 
 def _compiled_setup(spec: RunSpec) -> dict[str, Any]:
     import torch
 
     fresh_compile_state()
-    return {"fn": torch.compile(inplace_forward, dynamic=False), "mask": build_causal_mask(spec)}
+    return {"fn": torch.compile(inplace_forward, dynamic=False), "mask": build_state(spec)}
 
 
 def _compiled_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:
@@ -83,10 +128,13 @@ def variants() -> list[Variant]:
     return [
         Variant(
             name="flex",
-            description="torch.compile'd FlexAttention with a causal block mask",
+            description="torch.compile'd FlexAttention with the mask as a block mask, score mods as score_mod",
             forward=_flex_forward,
             setup=_flex_setup,
             check=_flex_check,
+            masks=frozenset(MASK_KINDS),
+            score_mods=frozenset(SCORE_MODS),
+            unequal_lengths=True,
         ),
         Variant(
             name="compiled",
@@ -94,6 +142,7 @@ def variants() -> list[Variant]:
             forward=_compiled_forward,
             setup=_compiled_setup,
             check=_compile_check,
+            **HANDWRITTEN_MASKING,
             # its compiled backward mutates what the forward saved: run again on the same graph it gives
             # NaN or "modified by an inplace operation", so `bwd` runs a fresh forward before each one
             repeatable_backward=False,

@@ -3,18 +3,62 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
+from attnprof.masks import MASK_KINDS, SCORE_MODS, alibi_slopes, dense_mask, softcap_value
 from attnprof.registry import RunSpec, Variant
 
 
+class ScoreState(NamedTuple):
+    """What setup builds once for a score mod: the hidden positions, ALiBi's bias, the softcap."""
+
+    hide: Any  # bool [q_len, kv_len], True = hide; None: no mask
+    bias: Any  # float [heads, q_len, kv_len] added to the scores (ALiBi); None: none
+    softcap: float | None
+
+
 def build_causal_mask(spec: RunSpec) -> Any:
-    """The boolean [seq, seq] mask that is True above the diagonal (positions to hide)."""
+    """The boolean [q_len, kv_len] mask that is True where the spec's mask hides a key (above the
+    diagonal when causal, bottom-right aligned); None without a mask."""
+    if spec.mask == "none":
+        return None
+    return ~dense_mask(spec.mask_spec, spec.n_queries, spec.n_keys, spec.device)
+
+
+def build_state(spec: RunSpec) -> Any:
+    """The mask of `build_causal_mask`, or a `ScoreState` with a score mod."""
+    hide = build_causal_mask(spec)
+    if spec.score_mod is None:
+        return hide
+    return ScoreState(hide, alibi_bias(spec), softcap_value(spec.score_mod))
+
+
+def alibi_bias(spec: RunSpec) -> Any:
+    """ALiBi's [heads, q_len, kv_len] bias −slope_h·(p − j) (p the query's position), or None."""
     import torch
 
-    if not spec.causal:
+    if spec.score_mod != "alibi":
         return None
-    return torch.ones(spec.seq, spec.seq, dtype=torch.bool, device=spec.device).triu_(1)
+    p = torch.arange(spec.n_queries, device=spec.device)[:, None] + (spec.n_keys - spec.n_queries)
+    j = torch.arange(spec.n_keys, device=spec.device)[None, :]
+    slopes = alibi_slopes(spec.heads, spec.device)
+    return -(slopes[:, None, None] * (p - j)[None].float()).to(torch.float32)
+
+
+def _parts(state: Any) -> tuple[Any, Any, float | None]:
+    if isinstance(state, ScoreState):
+        return state.hide, state.bias, state.softcap
+    return state, None, None
+
+
+def _score_mod(scores: Any, bias: Any, softcap: float | None) -> Any:
+    import torch
+
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    return scores
 
 
 def expand_kv(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
@@ -32,11 +76,12 @@ def naive_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: A
     """
     import torch
 
+    hide, bias, softcap = _parts(state)
     k, v = expand_kv(q, k, v)
     scores = torch.matmul(q, k.transpose(-2, -1))
-    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
-    if state is not None:
-        scores = scores.masked_fill(state, float("-inf"))
+    scores = _score_mod(scores * (1.0 / math.sqrt(q.shape[-1])), bias, softcap)
+    if hide is not None:
+        scores = scores.masked_fill(hide, float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -47,15 +92,25 @@ def inplace_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask:
     """In-place masking with `masked_fill_`: no copy of the scores."""
     import torch
 
+    hide, bias, softcap = _parts(state)
     k, v = expand_kv(q, k, v)
     scores = torch.matmul(q, k.transpose(-2, -1))
-    scores = torch.mul(scores, 1.0 / math.sqrt(q.shape[-1]))
-    if state is not None:
-        scores.masked_fill_(state, float("-inf"))
+    scores = _score_mod(torch.mul(scores, 1.0 / math.sqrt(q.shape[-1])), bias, softcap)
+    if hide is not None:
+        scores.masked_fill_(hide, float("-inf"))
     if attn_mask is not None:
         scores.masked_fill_(~attn_mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, v)
+
+
+#: Every mask, as a dense tensor built in setup (causal too), every score mod, decode.
+HANDWRITTEN_MASKING: dict[str, Any] = {
+    "masks": frozenset(MASK_KINDS),
+    "dense_masks": frozenset(MASK_KINDS) - {"none"},
+    "score_mods": frozenset(SCORE_MODS),
+    "unequal_lengths": True,
+}
 
 
 def variants() -> list[Variant]:
@@ -65,12 +120,14 @@ def variants() -> list[Variant]:
             name="naive",
             description="hand-written matmul, scale, out-of-place masked_fill, softmax, matmul; mask built once",
             forward=naive_forward,
-            setup=build_causal_mask,
+            setup=build_state,
+            **HANDWRITTEN_MASKING,
         ),
         Variant(
             name="inplace",
             description="like naive, but masks in place with masked_fill_",
             forward=inplace_forward,
-            setup=build_causal_mask,
+            setup=build_state,
+            **HANDWRITTEN_MASKING,
         ),
     ]

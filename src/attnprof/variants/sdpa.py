@@ -9,6 +9,7 @@ from typing import Any
 
 from attnprof import devices
 from attnprof.errors import VariantUnavailableError
+from attnprof.masks import MASK_KINDS, PLAIN_KINDS, SIZED_KINDS, dense_mask
 from attnprof.registry import RunSpec, Variant
 
 # backend key -> (SDPBackend member name, devices it exists on)
@@ -70,6 +71,31 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, attn_mask: Any = None) -> Any:
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal and attn_mask is None, **extra)
 
 
+def sdpa_setup(spec: RunSpec) -> Any:
+    """The `attn_mask` built once per cell: a dense [q_len, kv_len] bool tensor for a sized mask,
+    torch's lower-right CausalBias for causal with q_len < kv_len (no tensor), None otherwise
+    (plain causal goes as is_causal, none as no mask)."""
+    if spec.mask_kind in SIZED_KINDS:
+        return dense_mask(spec.mask_spec, spec.n_queries, spec.n_keys, spec.device)
+    if spec.causal and spec.n_queries != spec.n_keys:
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(spec.n_queries, spec.n_keys)
+    return None
+
+
+#: The backends that take a dense attn_mask run every mask; flash and cuDNN only the plain ones.
+DENSE_BACKENDS = ("math", "efficient")
+
+
+def _masking(dense: bool) -> dict[str, Any]:
+    return {
+        "masks": frozenset(MASK_KINDS if dense else PLAIN_KINDS),
+        "dense_masks": frozenset(SIZED_KINDS if dense else ()),
+        "unequal_lengths": True,
+    }
+
+
 def pinned_forward(backend: str) -> Callable[..., Any]:
     """A forward that runs SDPA with only `backend` enabled."""
     member = BACKENDS[backend][0]
@@ -77,6 +103,7 @@ def pinned_forward(backend: str) -> Callable[..., Any]:
     def forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        attn_mask = state if attn_mask is None else attn_mask
         try:
             with sdpa_kernel(getattr(SDPBackend, member)):
                 return _sdpa(q, k, v, causal, attn_mask)
@@ -158,7 +185,7 @@ _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*")
 
 def dispatched_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
     """SDPA with every backend enabled: PyTorch picks one."""
-    return _sdpa(q, k, v, causal, attn_mask)
+    return _sdpa(q, k, v, causal, state if attn_mask is None else attn_mask)
 
 
 def variants() -> list[Variant]:
@@ -170,6 +197,8 @@ def variants() -> list[Variant]:
             forward=pinned_forward(key),
             devices=devices,
             check=CHECKS.get(key),
+            setup=sdpa_setup,
+            **_masking(key in DENSE_BACKENDS),
         )
         for key, (_, devices) in BACKENDS.items()
     ]
@@ -177,5 +206,7 @@ def variants() -> list[Variant]:
         name="sdpa",
         description="F.scaled_dot_product_attention with no backend pinned; reports the backend it chose",
         forward=dispatched_forward,
+        setup=sdpa_setup,
+        **_masking(True),
     )
     return [dispatched, *pinned]

@@ -199,6 +199,10 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bshd",
         has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
+        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
+        masks=frozenset({"causal", "none"}),
+        score_mods=frozenset(),
+        unequal_lengths=False,
     )
 
 

@@ -101,6 +101,10 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bhsd",
         has_backward=True,  # `_backward.py`: dQ, dK, dV kernels of our own
+        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
+        masks=frozenset({"causal", "none"}),
+        score_mods=frozenset(),
+        unequal_lengths=False,
     )
 
 
