@@ -201,6 +201,9 @@ class Variant:
     score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
     dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
     unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
+    #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
+    #: `backend-fallback` would call its choice a fallback); its cells leave them out.
+    by_design: frozenset[str] = frozenset()
     load_error: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

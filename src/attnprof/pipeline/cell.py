@@ -110,7 +110,7 @@ def run_cell(
     with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
         try:
             _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir), agree)
-            _analyse(result, config.region, ceiling)
+            _analyse(result, config.region, ceiling, variant.by_design)
             if result.check is not None and not result.check.passed:
                 raise VariantFailure(result.check.reason or "output does not match the float64 reference")
             if result.grad_check is not None and not result.grad_check.passed:
@@ -254,8 +254,9 @@ def _time(
         result.retimed += 1
 
 
-def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> None:
-    """The trace analysis, the backend it shows, and the throughput of the latency."""
+def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_design: frozenset[str]) -> None:
+    """The trace analysis (less the findings that only restate what the variant is, `by_design`), the
+    backend it shows, and the throughput of the latency."""
     from attnprof.analysis import analyze_trace, dispatched_backend
 
     if result.trace_path is None:
@@ -265,6 +266,8 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> Non
             result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.spec.dtype)
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
+    if by_design:
+        result.analysis.findings = [f for f in result.analysis.findings if f.id not in by_design]
     result.backend = dispatched_backend(result.analysis)
     latency_us = result.latency_us
     if ceiling is not None and latency_us:

@@ -198,6 +198,7 @@ def variants() -> list[Variant]:
             devices=devices,
             check=CHECKS.get(key),
             setup=sdpa_setup,
+            by_design=frozenset({"backend-fallback"}) if key == "math" else frozenset(),
             **_masking(key in DENSE_BACKENDS),
         )
         for key, (_, devices) in BACKENDS.items()
