@@ -194,3 +194,21 @@ def test_gradients_match_the_masked_reference(name) -> None:
     check = check_grads(grads, q, k, v, grad_out, causal=False, dtype="fp32", mask=spec.mask, score_mod=score_mod)
     assert check.passed, check.reason
     assert not check_grads(grads, q, k, v, grad_out, causal=False, dtype="fp32").passed  # the mask matters
+
+
+def test_sdpa_decode_of_one_token_needs_no_mask_and_sees_the_whole_cache():
+    """One query token, causal bottom-right: every key is visible, so SDPA gets no mask (cuDNN and math
+    would build a dense one from a CausalBias) and not is_causal (top-left: only key 0)."""
+    import torch
+
+    from attnprof.variants.sdpa import dispatched_forward, sdpa_setup
+
+    spec = RunSpec("cpu", "fp32", 2, 4, 64, 16, 2, q_len=1)
+    assert sdpa_setup(spec) is None
+    q = torch.randn(2, 4, 1, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 64, 16, dtype=torch.float64) for _ in range(2))
+    out = dispatched_forward(q, k, v, spec.causal, sdpa_setup(spec))
+    k_all, v_all = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    want = torch.softmax(q @ k_all.transpose(-1, -2) / 16**0.5, dim=-1) @ v_all
+    torch.testing.assert_close(out, want)
+    assert sdpa_setup(RunSpec("cpu", "fp32", 2, 4, 64, 16, 2, q_len=4)) is not None  # a chunk keeps its bias

@@ -68,16 +68,20 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, attn_mask: Any = None) -> Any:
     extra: dict[str, Any] = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if attn_mask is not None:
         extra["attn_mask"] = attn_mask
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal and attn_mask is None, **extra)
+    # causal without a mask: square (is_causal's top-left alignment is then right) or one query
+    # token, which sees every key when aligned bottom-right
+    is_causal = causal and attn_mask is None and q.shape[-2] == k.shape[-2]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **extra)
 
 
 def sdpa_setup(spec: RunSpec) -> Any:
     """The `attn_mask` built once per cell: a dense [q_len, kv_len] bool tensor for a sized mask,
-    torch's lower-right CausalBias for causal with q_len < kv_len (no tensor), None otherwise
-    (plain causal goes as is_causal, none as no mask)."""
+    torch's lower-right CausalBias for causal with 1 < q_len < kv_len (no tensor), None otherwise
+    (plain causal goes as is_causal, none as no mask; one query token, as in decode, sees the whole
+    cache, so it needs no mask: cuDNN and math would build a dense one from the CausalBias)."""
     if spec.mask_kind in SIZED_KINDS:
         return dense_mask(spec.mask_spec, spec.n_queries, spec.n_keys, spec.device)
-    if spec.causal and spec.n_queries != spec.n_keys:
+    if spec.causal and 1 < spec.n_queries < spec.n_keys:
         from torch.nn.attention.bias import causal_lower_right
 
         return causal_lower_right(spec.n_queries, spec.n_keys)
