@@ -105,6 +105,22 @@ class CellResult:
         """The median latency outside the profiler, or None when not timed."""
         return self.timing.median_us if self.timing else None
 
+    @property
+    def kernel_tflops(self) -> float | None:
+        """The step's FLOPs (those of `throughput.tflops`) over the attention calls' device time per step
+        in the trace, TFLOP/s (`analysis.roofline.kernel_tflops`); None without an analysis, device time
+        or attention call. `throughput.tflops` is by latency, which includes host launch time."""
+        from attnprof.analysis.roofline import kernel_tflops
+
+        return kernel_tflops(self.spec, self.analysis.attention) if self.analysis is not None else None
+
+    @property
+    def kernel_pct_of_peak(self) -> float | None:
+        """`kernel_tflops` in percent of the ceiling `throughput` used; None without either, and, as for
+        `throughput.pct_of_peak`, when the kernels beat the ceiling (over 100% is impossible)."""
+        rate, peak = self.kernel_tflops, self.throughput.peak_tflops if self.throughput else None
+        return None if rate is None or not peak or rate > peak else 100.0 * rate / peak
+
 
 SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
 

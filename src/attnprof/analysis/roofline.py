@@ -11,6 +11,10 @@ counts exactly the (query, key) pairs the mask keeps (`attnprof.masks`: causal S
 usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike), each 4·D FLOPs.
 `flops_convention(spec)` states it in the results.
 
+`kernel_tflops(spec, attention)` is the same FLOPs over the attention calls' device time per step in the
+trace (the ledger's `kernel_time_us`), rather than over the latency, which at small shapes is mostly
+host launch time.
+
 `bytes_moved(spec, dense_mask)` is what the step must move: q, k, v, the output (and in the backward
 their gradients, `MODE_TENSORS`) once each, plus the mask once per pass when the variant takes it as a
 dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
@@ -18,9 +22,12 @@ dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.registry import RunSpec
+
+if TYPE_CHECKING:
+    from attnprof.analysis.instance.ledger import AttentionLedger
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: FLOPs of each mode as a multiple of the forward's (tritonbench, flash-attention benchmarks).
@@ -57,6 +64,22 @@ def flops_convention(spec: RunSpec) -> str:
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
     return f"{scaled}{forward} (exact pairs; backward factor of tritonbench / flash-attention)"
+
+
+def kernel_tflops(spec: RunSpec, attention: AttentionLedger | None) -> float | None:
+    """`step_flops` over the attention calls' device time per step (`attention.kernel_time_us`), TFLOP/s.
+
+    The ledger's time is already of the spec's mode: its calls are those of the profiled step, the
+    forward's in fwd, the backward's in bwd (the forward ran outside the region), both in fwd+bwd
+    (`backward_kernel_time_us` is the backward's part of it, not an addition). None without device
+    time (a CPU trace) or without an attention call, and in the backward modes when no backward work
+    was attributed (the time would then be the forward's alone, against the step's FLOPs).
+    """
+    if attention is None or not attention.calls or not attention.kernel_time_us > 0:
+        return None
+    if spec.backward and not attention.backward_kernel_time_us:
+        return None
+    return step_flops(spec) / (attention.kernel_time_us * 1e-6) / 1e12
 
 
 def min_bytes(spec: RunSpec) -> float:

@@ -67,6 +67,18 @@ def _flops_convention(r: CellResult) -> str | None:
     return flops_convention(r.spec) if r.throughput is not None else None
 
 
+#: What each TFLOP/s figure divides the FLOPs by.
+TFLOPS_CONVENTION = (
+    "tflops: FLOPs / latency (host launch time included); "
+    "kernel_tflops: FLOPs / the attention calls' device time per step in the trace"
+)
+
+
+def _tflops_convention(r: CellResult) -> str | None:
+    """Which time `tflops` and `kernel_tflops` divide by; None when the row has neither figure."""
+    return TFLOPS_CONVENTION if r.throughput is not None or r.kernel_tflops is not None else None
+
+
 def _comm(attr: str) -> Callable[[CellResult], Any]:
     return lambda r: getattr(r.analysis.comm, attr) if r.analysis is not None and r.analysis.comm else None
 
@@ -142,7 +154,10 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("retimed", lambda r: r.retimed if r.timing is not None else None),
     ("timing_method", _timing("method")),
     ("tflops", _throughput("tflops")),
+    ("kernel_tflops", lambda r: r.kernel_tflops),
+    ("tflops_convention", _tflops_convention),
     ("pct_of_peak", _throughput("pct_of_peak")),
+    ("kernel_pct_of_peak", lambda r: r.kernel_pct_of_peak),
     ("pct_of_peak_note", _throughput("pct_of_peak_note")),
     ("peak_tflops", _throughput("peak_tflops")),
     ("bytes_moved", _throughput("bytes_moved")),

@@ -37,14 +37,15 @@ LIST_COLUMNS = (
 SHAPE_COLUMNS = (
     Column("variant", narrow=16),
     Column("status", wide=36),
-    Column("kernels/fwd", drop=6),
-    Column("GPU µs", drop=7),
-    Column("CPU µs", drop=4),
+    Column("kernels/fwd", drop=7),
+    Column("GPU µs", drop=8),
+    Column("CPU µs", drop=5),
     Column("latency µs ± IQR", narrow=17),
-    Column("TFLOP/s", drop=3),
+    Column("TFLOP/s (latency)", drop=3),
+    Column("TFLOP/s (kernels)", drop=4),
     Column("% peak", drop=2),
     Column("peak MiB", drop=1),
-    Column("rel err", drop=5),
+    Column("rel err", drop=6),
     Column("speed-up"),
     Column("findings", narrow=30, wide=40),
 )
@@ -130,6 +131,14 @@ def _throughput(row: dict[str, Any]) -> str:
     return f"{fmt_number(row.get('tflops'))} ({fmt_number(row.get('pct_of_peak'))}%)"
 
 
+def _kernel_throughput(row: dict[str, Any]) -> str:
+    """TFLOP/s by the attention calls' device time, with its % of the measured peak when there is one."""
+    if row.get("kernel_tflops") is None:
+        return "n/a"
+    pct = row.get("kernel_pct_of_peak")
+    return fmt_number(row["kernel_tflops"]) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+
+
 def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
@@ -162,7 +171,7 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
     for row in rows:
         status = row["status"] if full else _status_word(row)
         if row["status"] != "ok" and row.get("forwards") is None:
-            body.append([variant_label(row, rows), status] + ["" for _ in range(10)])
+            body.append([variant_label(row, rows), status] + ["" for _ in SHAPE_COLUMNS[2:]])
             continue
         body.append(
             [
@@ -173,6 +182,7 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
                 fmt_number(row.get("cpu_time_us")),
                 latency_text(row),
                 fmt_number(row.get("tflops")),
+                fmt_number(row.get("kernel_tflops")),
                 fmt_number(row.get("pct_of_peak")),
                 fmt_number(row.get("peak_memory_mib")),
                 _error(row.get("rel_error")),
@@ -329,7 +339,8 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("timing method", row.get("timing_method") or "n/a"),
         ("SM clock while timed", _clock(row)),
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
-        ("TFLOP/s (% of measured peak)", _throughput(row)),
+        ("TFLOP/s by latency (% of measured peak)", _throughput(row)),
+        ("TFLOP/s by kernel time (% of peak)", _kernel_throughput(row)),
         ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
