@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from attnprof.analysis.roofline import bytes_moved, step_flops
 from attnprof.pipeline.resume import attach_row_speedups, kept_rows, ordered_rows, still_to_run
-from attnprof.pipeline.sharding import CELL_OVERHEAD_S, cell_cost, cell_flops, cell_name, split_cells
+from attnprof.pipeline.sharding import (
+    CALLS_PER_CELL,
+    CELL_OVERHEAD_S,
+    NOMINAL_BANDWIDTH,
+    NOMINAL_FLOP_RATE,
+    call_seconds,
+    cell_cost,
+    cell_name,
+    split_cells,
+)
 from attnprof.registry import RunSpec, Variant
 from attnprof.report.results_file import ResultsFile
 
@@ -24,14 +34,86 @@ def variant(name: str, collective: bool = False) -> Variant:
     return Variant(name, "test", lambda q, k, v, causal, state: q, collective=collective)
 
 
+def previous_cost(s: RunSpec) -> float:
+    """The estimate before masks and decode: 4·B·H·S²·D (the square of `seq`), halved when causal."""
+    flops = 4.0 * s.batch * s.heads * s.seq * s.seq * s.head_dim * (0.5 if s.causal else 1.0)
+    flops *= {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[s.mode]
+    return CELL_OVERHEAD_S + CALLS_PER_CELL * flops / NOMINAL_FLOP_RATE[(s.device_type, s.dtype)]
+
+
+def decode(kv_len: int = 131072, **kw) -> RunSpec:
+    """One query against `kv_len` cached keys (configs/decode-h200.yaml's shape)."""
+    return spec(kv_len, **({"batch": 8, "heads": 32, "kv_heads": 8, "head_dim": 128, "q_len": 1} | kw))
+
+
 def test_cost_grows_with_the_square_of_the_sequence_and_keeps_an_overhead() -> None:
-    assert cell_flops(spec(2048)) == 4 * cell_flops(spec(1024))
-    assert cell_flops(spec(1024, causal=False)) == 2 * cell_flops(spec(1024))
-    assert cell_flops(spec(1024, mode="bwd")) == 2.5 * cell_flops(spec(1024))
-    assert cell_flops(spec(1024, mode="fwd+bwd")) == 3.5 * cell_flops(spec(1024))
+    # The FLOPs are roofline's exact ones: no mask is exactly S², causal S(S+1)/2 (no longer S²/2, so
+    # doubling S is 4x only to within 1/S: approx here, where the S²-estimate was exact).
+    assert step_flops(spec(2048, causal=False)) == 4 * step_flops(spec(1024, causal=False))
+    assert step_flops(spec(2048)) == pytest.approx(4 * step_flops(spec(1024)), rel=1e-3)
     assert cell_cost(spec(16)) == pytest.approx(CELL_OVERHEAD_S, rel=1e-3)  # tiny cells still cost their start-up
     long, short = cell_cost(spec(65536)) - CELL_OVERHEAD_S, cell_cost(spec(32768)) - CELL_OVERHEAD_S
-    assert long == pytest.approx(4 * short)
+    assert long == pytest.approx(4 * short, rel=1e-4)
+    # The mode scales a compute-bound cell's work as it scales its FLOPs.
+    work = call_seconds(spec(8192))
+    assert call_seconds(spec(8192, mode="bwd")) == pytest.approx(2.5 * work)
+    assert call_seconds(spec(8192, mode="fwd+bwd")) == pytest.approx(3.5 * work)
+
+
+def test_a_prefill_cell_costs_what_the_previous_estimate_said() -> None:
+    # Square prefill is compute-bound: the cost is its FLOPs at the nominal rate, as before (causal to
+    # within (S+1)/S, the exact diagonal; no mask exactly), in every mode and on the CPU too.
+    for s in (spec(4096), spec(32768, batch=4, heads=16, head_dim=128), spec(8192, mode="fwd+bwd")):
+        assert call_seconds(s) == step_flops(s) / NOMINAL_FLOP_RATE[("cuda", "bf16")]
+        assert cell_cost(s) == pytest.approx(previous_cost(s), rel=1e-3)
+    assert cell_cost(spec(4096, causal=False)) == pytest.approx(previous_cost(spec(4096, causal=False)), rel=1e-12)
+    cpu = RunSpec("cpu", "fp32", 1, 4, 1024, 64)
+    assert cell_cost(cpu) == pytest.approx(previous_cost(cpu), rel=1e-3)
+
+
+def test_a_decode_cell_is_costed_by_the_cache_it_reads_not_as_a_prefill() -> None:
+    one, prefill = decode(), decode(q_len=None)  # the same shape, 131072 queries instead of one
+    assert call_seconds(one) == bytes_moved(one) / NOMINAL_BANDWIDTH["cuda"]  # memory-bound: its bytes
+    assert step_flops(one) / NOMINAL_FLOP_RATE[("cuda", "bf16")] < call_seconds(one) / 10
+    assert call_seconds(one) < call_seconds(prefill) / 1000
+    assert cell_cost(one) < cell_cost(prefill) / 50  # 2.07 s, mostly the start-up, against 152 s
+    assert previous_cost(one) == pytest.approx(cell_cost(prefill), rel=1e-3)  # the S² estimate: that prefill
+    # It grows with the cache (linearly, past the start-up), and GQA's fewer K/V heads read less.
+    assert call_seconds(decode(131072)) == pytest.approx(8 * call_seconds(decode(16384)), rel=1e-3)
+    assert call_seconds(decode(kv_heads=32)) == pytest.approx(4 * call_seconds(decode(kv_heads=8)), rel=1e-3)
+    assert call_seconds(prefill) == call_seconds(decode(q_len=None, kv_heads=32))  # compute-bound: no change
+
+
+def test_a_masked_cell_costs_the_pairs_its_mask_keeps() -> None:
+    shape = {"heads": 32, "kv_heads": 8, "head_dim": 128}
+    causal, none = spec(131072, **shape), spec(131072, causal=False, **shape)
+    window = spec(131072, mask="sliding_window:4096", **shape)
+    assert cell_cost(window) < cell_cost(causal) / 5  # ~4096 keys a query against ~65536
+    assert cell_cost(window) < previous_cost(window) / 10  # which took it for unmasked (causal False)
+    documents = spec(131072, mask="documents:8", **shape)
+    assert cell_cost(documents) < cell_cost(causal) / 4
+    assert cell_cost(causal) < cell_cost(none) < previous_cost(none) * 1.001
+
+
+def test_a_mixed_plan_of_prefill_and_decode_is_balanced() -> None:
+    # Four long causal prefills and three 128k decodes over two ranks. The yardstick is each cell's
+    # roofline at the rates measured on the H200 (docs/validation.md: ~560 TFLOP/s fused, 4.5 TB/s read),
+    # not the nominal ones the split uses.
+    specs = [spec(131072, heads=32, kv_heads=8, head_dim=128, batch=1) for _ in range(4)] + [decode()] * 3
+    keys = [f"prefill{i}" for i in range(4)] + [f"decode{i}" for i in range(3)]
+
+    def measured(s: RunSpec) -> float:
+        return CELL_OVERHEAD_S + CALLS_PER_CELL * max(step_flops(s) / 560e12, bytes_moved(s) / 4.5e12)
+
+    ideal = sum(measured(s) for s in specs) / 2
+
+    def max_load(costs: list[float]) -> float:
+        return max(sum(measured(specs[i]) for i in shard) for shard in split_cells(keys, costs, 2).shards)
+
+    before = max_load([previous_cost(s) for s in specs])  # decodes first, 2 vs 1: then every prefill on one rank
+    after = max_load([cell_cost(s) for s in specs])  # two prefills a rank, the decodes spread
+    assert before > 1.8 * ideal
+    assert after < 1.05 * ideal
 
 
 def test_the_device_index_does_not_change_a_cell_or_its_cost() -> None:

@@ -283,6 +283,23 @@ def test_the_eta_fits_each_variant_by_flops() -> None:
     assert eta.remaining([("new", large)]) == pytest.approx(eta.remaining([("slow", large)]), rel=0.5)
 
 
+def test_the_eta_fits_on_the_split_s_cost_so_a_decode_cell_is_costed_by_its_bytes() -> None:
+    # A variant's prefill cells (compute-bound) fix its rate; a decode cell still to come (one query
+    # against 128k keys, memory-bound) is then estimated by the cache it reads (`call_seconds`, the
+    # sharding cost), not by its FLOPs, which would take it for ~15x quicker.
+    from attnprof.analysis.roofline import step_flops
+    from attnprof.pipeline.sharding import NOMINAL_FLOP_RATE, call_seconds
+
+    eta = Eta()
+    for seq in (4096, 8192):
+        prefill = RunSpec("cuda", "bf16", 1, 32, seq, 128, kv_heads=8)
+        eta.add("v", prefill, 1.0 + 40 * call_seconds(prefill))
+    decode = RunSpec("cuda", "bf16", 8, 32, 131072, 128, kv_heads=8, q_len=1)
+    assert eta.remaining([("v", decode)]) == pytest.approx(1.0 + 40 * call_seconds(decode))
+    by_flops = 1.0 + 40 * step_flops(decode) / NOMINAL_FLOP_RATE[("cuda", "bf16")]
+    assert eta.remaining([("v", decode)]) - 1.0 > 10 * (by_flops - 1.0)
+
+
 def test_the_clock_is_read_while_sampling_without_moving_the_writer(monkeypatch) -> None:
     from attnprof.profiling.clocks import ClockSampler
 

@@ -1,10 +1,12 @@
 """The time a sweep has left, from the wall time of the cells it has finished.
 
 A cell's wall time is a fixed cost (setup, profiler, analysis; compilation for torch.compile'd
-variants) plus a part that grows with the work: the step's FLOPs (`analysis.roofline.step_flops`,
-B·H·S²·D scaled by mode and causal masking). Each variant's cells are fitted as
-`seconds = a + b · FLOPs` by least squares (a, b >= 0); a variant with no finished cell yet uses
-the fit over all cells. Only cells that ran count: a skipped cell takes no time and says nothing.
+variants) plus a part that grows with the work: the step's nominal seconds per call
+(`pipeline.sharding.call_seconds`, the cost the ranks' split uses: the roofline bound of the step's
+exact FLOPs, by mask and mode, and its bytes, so a decode cell grows with the cache it reads). Each
+variant's cells are fitted as `seconds = a + b · work` by least squares (a, b >= 0); a variant with no
+finished cell yet uses the fit over all cells. Only cells that ran count: a skipped cell takes no time
+and says nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from attnprof.pipeline.sharding import call_seconds
 from attnprof.registry import RunSpec, Variant
 
 if TYPE_CHECKING:
@@ -21,12 +24,12 @@ if TYPE_CHECKING:
 #: estimate yet).
 TimeLeft = Callable[[int, "CellResult", float], float | None]
 
-Point = tuple[float, float]  # (FLOPs, seconds)
+Point = tuple[float, float]  # (work: nominal seconds per call, seconds)
 
 
 def fit(points: Sequence[Point]) -> Point:
-    """(a, b) of `seconds = a + b · flops` by least squares, both clamped at zero; with a single
-    distinct FLOP count, the mean time as `a`."""
+    """(a, b) of `seconds = a + b · work` by least squares, both clamped at zero; with a single
+    distinct work, the mean time as `a`."""
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
@@ -48,14 +51,10 @@ class Eta:
 
     def add(self, variant: str, spec: RunSpec, seconds: float) -> None:
         """Record a cell that ran (not one that was skipped)."""
-        from attnprof.analysis.roofline import step_flops
-
-        self._points.setdefault(variant, []).append((step_flops(spec), seconds))
+        self._points.setdefault(variant, []).append((call_seconds(spec), seconds))
 
     def remaining(self, cells: Iterable[tuple[str, RunSpec]]) -> float | None:
         """Estimated seconds for `cells` (variant name, spec); None before any cell has run."""
-        from attnprof.analysis.roofline import step_flops
-
         pooled = [p for points in self._points.values() for p in points]
         if not pooled:
             return None
@@ -64,7 +63,7 @@ class Eta:
         total = 0.0
         for name, spec in cells:
             a, b = fits.get(name, overall)
-            total += a + b * step_flops(spec)
+            total += a + b * call_seconds(spec)
         return total
 
 

@@ -1,13 +1,21 @@
 """Which rank runs which cell: a deterministic split balanced by estimated cost, not by count.
 
 A cell's estimated cost is seconds: a fixed start-up per cell (inputs, warm-up, profiler, analysis,
-whatever the shape) plus the forwards it runs at an assumed rate:
+whatever the shape) plus the calls it makes, each at the roofline of nominal rates:
 
-    cost = CELL_OVERHEAD_S + CALLS_PER_CELL · FLOPs / rate(device type, dtype)
-    FLOPs = 4 · B · H · S² · D  × (0.5 causal)  × mode factor (fwd 1, bwd 2.5, fwd+bwd 3.5)
+    cost = CELL_OVERHEAD_S + CALLS_PER_CELL · call_seconds
+    call_seconds = max(FLOPs / NOMINAL_FLOP_RATE, bytes / NOMINAL_BANDWIDTH)
 
-so a sequence twice as long costs four times the work, and a thousand tiny cells still cost their
-start-up. The split is the longest-processing-time rule: cells by cost, most expensive first (ties
+with FLOPs and bytes what the cell's step really does (`analysis.roofline`): `step_flops` counts the
+(query, key) pairs its mask keeps (causal, sliding window, documents, prefix, decode's one query against
+the cache), 4·B·H·D each, × the mode's factor (fwd 1, bwd 2.5, fwd+bwd 3.5); `bytes_moved` is q, k, v
+and the output (and their gradients in the backward) once each, k and v with their own (GQA) heads (a
+dense mask a variant may build is left out: the cost knows the cell, not the variant). So a prefill cell
+is costed by its FLOPs (twice the sequence, four times the work) and a decode cell (one query against a
+long cache, memory-bound) by the cache it reads, not as the square of its length; and a thousand tiny
+cells still cost their start-up. `pipeline.eta` fits a sweep's time left on the same `call_seconds`.
+
+The split is the longest-processing-time rule: cells by cost, most expensive first (ties
 by their key, so every rank computes the same split), each to the rank with the least estimated
 work so far (ties: the lower rank). Each rank runs its cells in the plan's order.
 
@@ -21,13 +29,16 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from attnprof.analysis.roofline import bytes_moved, step_flops
 from attnprof.registry import RunSpec
 
 CELL_OVERHEAD_S = 2.0
 CALLS_PER_CELL = 40  # cold call, warm-up, the timed repetitions' floor, profiled steps, memory
-MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
-#: Assumed attention FLOP/s, by device type and dtype: only the ratio to CELL_OVERHEAD_S matters.
-RATE = {
+#: Nominal attention FLOP/s and memory bandwidth (bytes/s): only ratios matter, not the absolute rates.
+#: FLOP rate over bandwidth puts the ridge between memory- and compute-bound cells (CUDA: 120 FLOP/byte,
+#: near what an H200 reaches, ~560 TFLOP/s fused attention against ~4.5 TB/s read in docs/validation.md;
+#: an H100's is alike), and both against CELL_OVERHEAD_S weigh the work beside the start-up.
+NOMINAL_FLOP_RATE = {
     ("cuda", "bf16"): 300e12,
     ("cuda", "fp16"): 300e12,
     ("cuda", "fp32"): 40e12,
@@ -35,18 +46,21 @@ RATE = {
     ("cpu", "fp16"): 20e9,
     ("cpu", "fp32"): 100e9,
 }
+NOMINAL_BANDWIDTH = {"cuda": 2.5e12, "cpu": 20e9}
 
 
-def cell_flops(spec: RunSpec) -> float:
-    """Attention FLOPs of one call of the cell's step (forward 4·B·H·S²·D, halved when causal, × mode factor)."""
-    flops = 4.0 * spec.batch * spec.heads * spec.seq * spec.seq * spec.head_dim
-    return flops * (0.5 if spec.causal else 1.0) * MODE_FACTOR[spec.mode]
+def call_seconds(spec: RunSpec) -> float:
+    """Nominal seconds of one call of the cell's step: the roofline bound of its FLOPs and bytes
+    (`analysis.roofline.step_flops`, `bytes_moved`) at `NOMINAL_FLOP_RATE` and `NOMINAL_BANDWIDTH`.
+    A relative work measure: compute-bound cells go by FLOPs, memory-bound ones (decode) by bytes."""
+    flop_rate = NOMINAL_FLOP_RATE.get((spec.device_type, spec.dtype), NOMINAL_FLOP_RATE[("cpu", "fp32")])
+    bandwidth = NOMINAL_BANDWIDTH.get(spec.device_type, NOMINAL_BANDWIDTH["cpu"])
+    return max(step_flops(spec) / flop_rate, bytes_moved(spec) / bandwidth)
 
 
 def cell_cost(spec: RunSpec) -> float:
     """Estimated seconds for one cell (see the module docstring)."""
-    rate = RATE.get((spec.device_type, spec.dtype), RATE[("cpu", "fp32")])
-    return CELL_OVERHEAD_S + CALLS_PER_CELL * cell_flops(spec) / rate
+    return CELL_OVERHEAD_S + CALLS_PER_CELL * call_seconds(spec)
 
 
 @dataclass(frozen=True)
