@@ -145,6 +145,9 @@ class Call:
     start: float = 0.0  # CPU time of its first op or launch: orders the calls
     phase: str = "forward"
     forward_call: int | None = None  # backward calls: the index of the forward call they belong to
+    #: The positions in `events` of an SDPA call's work outside the backend op it dispatched to (a
+    #: mask turned into the backend's bias); found once per shape (`sdpa_prep`), None: not looked for.
+    prep: tuple[int, ...] | None = None
 
 
 def _mark(tree: OpTree, in_call: list[bool], op: int) -> list[int]:
@@ -324,7 +327,25 @@ def shape_calls(tree: OpTree, names: LedgerNames) -> ShapeCalls:
         calls += _kernel_calls(tree, names, in_call)
     if "softmax" in roles:
         calls += _eager_calls(tree, names, in_call)
-    return ShapeCalls([CallAt.of(tree, c) for c in calls], in_call)
+    return ShapeCalls([CallAt.of(tree, c, sdpa_prep(tree, names, c)) for c in calls], in_call)
+
+
+def sdpa_prep(tree: OpTree, names: LedgerNames, call: Call) -> tuple[int, ...]:
+    """The positions in `call.events` of an SDPA call's work outside the backend op it dispatched to
+    (for a dense mask: the kernels that turn it into the backend's additive bias); () for another call,
+    or where all its work ran inside that op."""
+    ops = tree.trace.cpu_ops
+    if call.first < 0 or names.role.get(ops.name[call.first]) != "sdpa":
+        return ()
+    backend_ops = names.sdpa_backend
+    dispatch = next((o for o in call.ops if ops.name[o] in backend_ops), -1)
+    if dispatch < 0 or dispatch == call.first:
+        return ()
+    inside = tree.events(dispatch)
+    if len(inside) == len(call.events):
+        return ()
+    inside_set = set(inside)
+    return tuple(i for i, e in enumerate(call.events) if e not in inside_set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,10 +358,11 @@ class CallAt:
     ops: tuple[int, ...]
     first: int
     last: int
+    prep: tuple[int, ...] = ()  # see Call.prep
 
     @classmethod
-    def of(cls, tree: OpTree, call: Call) -> CallAt:
-        """The positions of a call found in `tree`."""
+    def of(cls, tree: OpTree, call: Call, prep: tuple[int, ...] = ()) -> CallAt:
+        """The positions of a call found in `tree` (`prep`: see `Call.prep`)."""
         at_event = {e: i for i, e in enumerate(tree.fwd.device)}
         pos = tree.pos
         return cls(
@@ -350,6 +372,7 @@ class CallAt:
             tuple(map(pos.__getitem__, call.ops)),
             pos[call.first] if call.first >= 0 else -1,
             pos[call.last] if call.last >= 0 else -1,
+            prep,
         )
 
     def place(self, tree: OpTree) -> Call:
@@ -364,7 +387,8 @@ class CallAt:
             launch = fwd.device_launch.get(events[0])
             start = trace.runtime.ts[launch] if launch is not None else trace.device.ts[events[0]]
         ops = list(map(order.__getitem__, self.ops))
-        return Call(self.op, self.backend, events, ops, first, order[self.last] if self.last >= 0 else -1, start)
+        last = order[self.last] if self.last >= 0 else -1
+        return Call(self.op, self.backend, events, ops, first, last, start, prep=self.prep)
 
 
 def backward_calls(tree: OpTree, names: LedgerNames, calls: list[Call]) -> tuple[list[Call], dict[int, list[int]]]:

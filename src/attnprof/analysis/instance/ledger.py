@@ -43,8 +43,8 @@ from operator import attrgetter
 from typing import Any
 
 from attnprof.analysis.hardware import Datasheet
-from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
-from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls
+from attnprof.analysis.instance.bandwidth import Traffic
+from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls, sdpa_prep
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
@@ -159,7 +159,19 @@ def _busy_us(trace: ParsedTrace, calls: list[Call]) -> float | None:
     """The union of the calls' device intervals, or None when none overlaps another (then the plain
     sum, `kernel_time_us`, is that union)."""
     dev = trace.device
-    spans = sorted((dev.ts[e], dev.ts[e] + dev.dur[e]) for c in calls for e in c.events)
+    ts, dur = dev.ts, dev.dur
+    end = float("-inf")
+    for c in calls:  # the common case: the calls' work in launch order, one after another
+        for e in c.events:
+            if ts[e] < end:
+                break
+            end = ts[e] + dur[e]
+        else:
+            continue
+        break
+    else:
+        return None
+    spans = sorted((ts[e], ts[e] + dur[e]) for c in calls for e in c.events)
     busy, overlap, end = 0.0, False, float("-inf")
     for start, stop in spans:
         if start < end:
@@ -173,8 +185,8 @@ def _busy_us(trace: ParsedTrace, calls: list[Call]) -> float | None:
     return busy if overlap else None
 
 
-def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
-    trace = tree.trace
+def _facts(tree: OpTree, index: TraceIndex, call: Call) -> CallFacts:
+    trace, names = tree.trace, index.ledger
     dev = trace.device
     events = call.events
     facts = CallFacts(
@@ -184,7 +196,7 @@ def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
         kernel_ids=tuple(map(dev.name.__getitem__, events)),
         time_us=sum(map(dev.dur.__getitem__, events)),
         forward_call=call.forward_call,
-        traffic=_traffic(trace, call),
+        traffic=index.traffic(call),
         names=trace.names,
     )
     if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
@@ -194,25 +206,16 @@ def _facts(tree: OpTree, names: LedgerNames, call: Call) -> CallFacts:
 
 def sdpa_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -> None:
     """Fill an SDPA call's input types and the work it ran outside the backend op it dispatched to
-    (for a dense mask: the kernels that turn it into the backend's additive bias)."""
+    (for a dense mask: the kernels that turn it into the backend's additive bias; `calls.sdpa_prep`,
+    found once per shape for the forward calls)."""
     trace = tree.trace
-    ops = trace.cpu_ops
-    types = ops.input_types[call.first]
+    types = trace.cpu_ops.input_types[call.first]
     facts.input_types = trace.input_types[types] if types >= 0 else ()
-    dispatch = next((o for o in call.ops if ops.name[o] in names.sdpa_backend), -1)
-    if dispatch < 0 or dispatch == call.first:
-        return
-    inside = set(tree.events(dispatch))
-    prep = [e for e in call.events if e not in inside]
-    dev = trace.device
-    facts.prep_ids = tuple(map(dev.name.__getitem__, prep))
-    facts.prep_time_us = sum(map(dev.dur.__getitem__, prep))
-
-
-def _traffic(trace: ParsedTrace, call: Call) -> Traffic | None:
-    if call.phase != "forward":
-        return None
-    return eager_traffic(trace, call.first, call.last) if call.backend == "eager" else call_traffic(trace, call.first)
+    prep_at = call.prep if call.prep is not None else sdpa_prep(tree, names, call)
+    if prep_at:
+        dev, events = trace.device, call.events
+        facts.prep_ids = tuple(dev.name[events[i]] for i in prep_at)
+        facts.prep_time_us = sum(dev.dur[events[i]] for i in prep_at)
 
 
 def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
@@ -226,7 +229,7 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     units = overhead_units(tree, calls, found.in_call)
     overhead = overhead_ledger(tree, units, unclaimed)
     every = calls + backward
-    facts = [_facts(tree, names, c) for c in every]
+    facts = [_facts(tree, index, c) for c in every]
     masks = mask_builds(tree, names, calls, units, found.in_call)
     return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
 

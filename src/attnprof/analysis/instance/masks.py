@@ -51,6 +51,8 @@ def mask_builds(
     if not calls:
         return []
     runs = _vmapped_runs(tree, names.vmapped, in_call) if names.vmapped else []
+    if not runs and all(u.kind != "mask-build" for u in units):
+        return []
     inside = {op for run in runs for root in run for op in tree.subtree(root)}
     compiled = [u.root for u in units if u.kind == "mask-build" and tree.role(u.root) == "container"]
     dense = [
