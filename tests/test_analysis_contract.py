@@ -12,15 +12,16 @@ from attnprof.analysis import TraceAnalysis, analyze_trace, dispatched_backend, 
 TOP_LEVEL = {"region", "forwards", "kernels_per_forward", "memcpy_per_forward", "memset_per_forward", "gpu_time_us",
              "gpu_annotation_time_us", "kernel_time_us", "cpu_time_us", "self_device_time_total_us", "launch_apis",
              "transposes_per_forward", "cpu_ops_per_forward", "kernels", "findings", "spread", "device",
-             "input_dtype", "annotation_mismatches", "notes", "region_choice", "phases", "attention", "comm"}
+             "input_dtype", "annotation_mismatches", "notes", "region_choice", "phases", "attention", "comm",
+             "top_cpu_ops"}
 PHASE_FIELDS = {"kernels", "memcpy", "memset", "kernel_time_us", "gpu_time_us"}
 KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_forward", "time_us", "grid", "block",
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                  "achieved_occupancy_pct", "theoretical_occupancy_pct", "occupancy_limiter", "occupancy_arithmetic",
                  "occupancy_note", "tensor_cores", "launch_api"}
-ATTENTION_FIELDS = {"calls_per_forward", "backends", "kernel_time_us", "backward_kernel_time_us", "gpu_time_pct",
-                    "overhead_us", "bytes_per_forward", "achieved_gbps", "pct_of_read_bandwidth",
-                    "read_bandwidth_source", "calls", "overhead"}
+ATTENTION_FIELDS = {"time_base", "calls_per_forward", "backends", "kernel_time_us", "backward_kernel_time_us",
+                    "gpu_time_pct", "cpu_time_pct", "overhead_us", "bytes_per_forward", "achieved_gbps",
+                    "pct_of_read_bandwidth", "read_bandwidth_source", "calls", "overhead"}
 CALL_FIELDS = {"op", "backend", "phase", "kernels", "time_us", "bytes", "achieved_gbps", "pct_of_read_bandwidth",
                "forward_call"}
 

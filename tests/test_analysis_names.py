@@ -122,6 +122,101 @@ def test_triton_parts():
     assert "pointwise" in parts["poi"]
 
 
+# ---------------------------------------------------------------- Hopper and Blackwell libraries
+
+#: cuBLAS's Hopper xmma naming (warpgroup MMA): not in our traces, written as cuBLAS 12 names them.
+XMMA_SM90 = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cgasize1x2x1_warpgroupsize2x1x1_"
+             "execute_segment_k_off_kernel__5x_cublas")
+#: The CUTLASS library's 3.x naming (cutlass_library's procedural_name), as a trace shows it.
+CUTLASS3X = ("void cutlass::device_kernel<cutlass3x_sm90_tensorop_s64x128x16gemm_bf16_bf16_f32_bf16_bf16_128x128x64_"
+             "1x2x1_0_tnn_align8_warpspecialized_cooperative_epi_tma>(cutlass3x_sm90_tensorop_s64x128x16gemm_bf16_"
+             "bf16_f32_bf16_bf16_128x128x64_1x2x1_0_tnn_align8_warpspecialized_cooperative_epi_tma::Params)")
+#: Real names from tests/data/h200 (cuBLASLt's bf16 GEMMs and ATen's elementwise kernels on the H200).
+NVJET = "nvjet_sm90_tst_128x192_64x5_4x1_v_bz_coopB_NTN"
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+       "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+COPY = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
+        "{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, "
+        "4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, "
+        "at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::"
+        "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()"
+        "() const::{lambda(float)#1}, std::array<char*, 2ul>, TrivialOffsetCalculator<1, unsigned int>, "
+        "TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, "
+        "at::native::memory::StoreWithCast<1>)")
+
+
+def test_hopper_xmma_gemm_is_on_tensor_cores_with_its_types_layout_and_tile():
+    expl = explain_kernel(XMMA_SM90)
+    assert (expl.rule, expl.family, expl.tensor_cores) == ("xmma-gemm-hopper", "gemm", True)
+    parts = dict(expl.parts)
+    assert "wgmma" in parts["2x1x1"] and "warpgroup" in parts["2x1x1"]
+    assert parts["bf16bf16_bf16f32_f32"].endswith(
+        "inputs bfloat16, output bfloat16, accumulated in float32, alpha/beta in float32")
+    assert parts["tn"].startswith("operand layouts tn") and parts["n"] == "output layout n"
+    assert parts["128x256x64"] == "tile 128x256x64" and "cluster 1x2x1" in parts["1x2x1"]
+    assert "Hopper" in parts["sm90"]
+
+
+def test_nvjet_types_tile_stages_and_cluster():
+    parts = _parts(NVJET)
+    assert parts["tst"] == "types tst: inputs bfloat16, accumulated in float32, output bfloat16"
+    assert parts["128x192"].startswith("output tile 128x192") and parts["64"] == "K step 64 per pipeline stage"
+    assert parts["5"].startswith("5 pipeline stages") and parts["4x1"] == "thread-block cluster 4x1"
+    assert "not decoded" in parts["bz"] and "not decoded" in parts["coopB"]  # never a guess
+    assert parts["NTN"].startswith("layouts NTN")
+    assert _parts("nvjet_sm90_qqs_128x128_64x4_1x1_h_bz_NNT")["qqs"] == "types qqs: not decoded"
+
+
+def test_cutlass3x_names_decode_every_field():
+    expl = explain_kernel(CUTLASS3X)
+    assert (expl.rule, expl.family, expl.tensor_cores) == ("cutlass3x", "gemm", True)
+    assert expl.short_name.startswith("cutlass3x_sm90_tensorop_")
+    parts = dict(expl.parts)
+    assert parts["bf16_bf16_f32_bf16_bf16"].endswith("A bfloat16, B bfloat16, accumulator float32, C bfloat16, "
+                                                      "D bfloat16")
+    assert parts["128x128x64"].startswith("tile 128x128x64") and parts["1x2x1"] == "thread-block cluster 1x2x1"
+    assert parts["tnn"].startswith("layouts tnn") and parts["8"] == "operands aligned to 8 elements"
+    assert parts["warpspecialized_cooperative"] == "kernel schedule: warpspecialized cooperative"
+    assert "float32" in parts["s"] and "TMA" in parts["tma"]
+    blackwell = explain_kernel("cutlass3x_sm100_tensorop_gemm_f16_f16_f32_void_f16_256x128x64_2x1x1_0_ntn_align8_1sm")
+    assert blackwell.tensor_cores is True and "Blackwell" in dict(blackwell.parts)["sm100"]
+    assert "C none" in dict(blackwell.parts)["f16_f16_f32_void_f16"]
+
+
+def test_aten_elementwise_template_arguments_are_explained():
+    parts = _parts(ADD)
+    assert parts["4"] == "template argument 4: elements per vectorized load and store"
+    assert parts["CUDAFunctor_add"] == "the op: CUDAFunctor_add" and parts["float"] == "computed in float"
+    assert parts["3"] == "3 tensors (outputs and inputs)"
+    loop = _parts(MASKED_FILL)
+    assert "threads per block" in loop["128"] and "elements per thread" in loop["4"]
+    assert "no casts" in loop["gpu_kernel_impl_nocast"] and loop["masked_fill_kernel"] == "the op: masked_fill_kernel"
+    copy = _parts(COPY)
+    assert copy["direct_copy_kernel_cuda"] == "the op: direct_copy_kernel_cuda" and "(float)" in copy["float"]
+    assert "elements per thread" in copy["4"] and "contiguous" in copy["TrivialOffsetCalculator"]
+    assert explain_kernel(COPY).family == "elementwise" and explain_kernel(COPY).tensor_cores is False
+
+
+def test_the_gemms_and_elementwise_kernels_of_the_h200_traces_say_whether_they_use_tensor_cores():
+    """Every GEMM of the real traces says yes or no for tensor cores (nvjet: yes), and every ATen elementwise
+    kernel is elementwise, without tensor cores."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    names = set()
+    for path in (Path(__file__).parent / "data" / "h200").rglob("*.json.gz"):
+        with gzip.open(path, "rt") as fh:
+            names |= {e["name"] for e in json.load(fh)["traceEvents"] if e.get("cat") == "kernel"}
+    decoded = [explain_kernel(n) for n in sorted(names)]
+    assert len(decoded) > 100
+    gemms = [e for e in decoded if e.family == "gemm"]
+    assert all(e.tensor_cores is not None for e in gemms)
+    assert all(e.tensor_cores for e in decoded if e.name.startswith("nvjet_"))
+    assert all(e.family == "elementwise" and e.tensor_cores is False for e in decoded
+               if "elementwise_kernel" in e.name and "elementwise_kernel_with_index" not in e.name)
+
+
 @pytest.mark.parametrize("name", ["some_random_kernel_xyz", "void my_ns::my_kernel<int>(int)", "", "gemm"])
 def test_unknown_is_never_a_guess(name):
     expl = explain_kernel(name)

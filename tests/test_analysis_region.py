@@ -11,7 +11,7 @@ from tracegen import GEMM_BF16, MUL, REAL_TRACES, SOFTMAX, TraceBuilder
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.attribution.attribute import find_forwards
-from attnprof.analysis.attribution.regions import choose_region
+from attnprof.analysis.attribution.regions import WHOLE_TRACE, choose_region
 from attnprof.errors import TraceError
 
 
@@ -87,15 +87,23 @@ def test_attnprof_region_wins_over_other_annotations():
     assert named.to_dict() | {"region_choice": analysis.region_choice} == analysis.to_dict()
 
 
-def test_nothing_to_choose_is_a_one_line_error():
+def test_a_trace_without_annotations_is_one_window_with_a_note():
     b = TraceBuilder()
-    with b.op("aten::mul"):
-        b.kernel(MUL)
+    for _ in range(2):
+        with b.op("aten::mul"):
+            b.kernel(MUL)
+    analysis = analyze_trace(b.to_dict())
+    assert analysis.region == WHOLE_TRACE and analysis.forwards == 1
+    assert analysis.kernels_per_forward == 2  # both launches, correlated as in any forward
+    assert analysis.region_choice.startswith("no --region: the trace has no record_function annotations")
+    assert "analysed as one window" in analysis.region_choice
+    assert any(n.startswith("no annotations: one window over thread") for n in analysis.notes)
+
+
+def test_a_trace_without_any_op_is_a_one_line_error():
     with pytest.raises(TraceError) as info:
-        analyze_trace(b.to_dict())
-    assert info.value.message == ("no --region and nothing to choose: the trace has no record_function "
-                                  "annotations and no ProfilerStep#N ranges")
-    assert "record_function" in info.value.hint and "prof.step()" in info.value.hint
+        analyze_trace(TraceBuilder().to_dict())
+    assert "\n" not in info.value.message
 
 
 def test_several_user_annotations_without_steps_is_an_error_naming_them():
@@ -261,14 +269,15 @@ def test_cli_missing_region_is_a_one_line_error_with_the_accepted_strings(cli, p
         "hint: pass one of these with --region: 'ProfilerStep#*', 'model', 'attention', 'softmax_block'"]
 
 
-def test_cli_nothing_to_choose(cli, tmp_path):
+def test_cli_analyses_a_trace_without_annotations_as_one_window(cli, tmp_path):
     b = TraceBuilder()
     with b.op("aten::mul"):
         b.kernel(MUL)
     path = b.write(tmp_path / "bare.json.gz")
     result = cli("analyze", str(path))
-    assert result.exit_code == 4 and "Traceback" not in result.output
-    assert result.stderr.startswith("error: no --region and nothing to choose")
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert result.stderr.startswith("no --region: the trace has no record_function annotations")
+    assert "region '(whole trace)', 1 forward(s)" in result.stdout
 
 
 def test_cli_help_documents_patterns_and_the_default(cli):

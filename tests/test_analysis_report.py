@@ -118,12 +118,17 @@ def test_the_attention_ledger_shows_calls_share_and_overhead():
     assert "### Attention per forward" in markdown and "| attention call" in markdown
 
 
-def test_no_ledger_without_device_events():
+def test_without_device_events_the_ledger_says_cpu_time_and_the_top_ops_follow():
     b = TraceBuilder()
     for _ in range(2):
         with b.step(), b.region(), b.op("aten::scaled_dot_product_attention"):
             b.advance(5.0)
-    assert "Attention per forward" not in render_analysis(analyze_trace(b.to_dict()), "table")
+    text = render_analysis(analyze_trace(b.to_dict()), "table", 120)
+    assert "Attention per forward" in text and "their CPU time" in text and "their device time" not in text
+    assert "overhead around them" not in text  # not measured on a CPU
+    assert "Top 1 ops by self CPU time per forward" in text
+    row = next(line for line in text.splitlines() if line.startswith("aten::scaled_dot_product_attention "))
+    assert row.split()[1] == "1"  # one call per forward
 
 
 def test_tables_count_per_step_when_the_instances_run_a_backward():

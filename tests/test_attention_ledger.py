@@ -309,14 +309,28 @@ def test_bf16_is_read_from_kernel_names_without_record_shapes():
     assert analysis.input_dtype == "bf16"  # bfloat16_copy_kernel_cuda and c10::BFloat16 in the names
 
 
-def test_a_cpu_only_trace_has_no_ledger():
+def test_a_cpu_only_trace_has_a_ledger_timed_on_the_cpu_that_the_findings_skip():
     b = TraceBuilder()
     for _ in range(3):
         with b.step(), b.region(), b.op("aten::scaled_dot_product_attention"):
             b.advance(10.0)
     analysis = analyze_trace(b.to_dict())
-    assert analysis.attention is None and analysis.to_dict()["attention"] is None
+    ledger = analysis.to_dict()["attention"]
+    assert ledger["time_base"] == "cpu" and ledger["calls_per_forward"] == 1
+    op_us = ledger["calls"][0]["time_us"]  # the SDPA op's own duration on the CPU
+    assert op_us >= 10.0 and ledger["kernel_time_us"] == op_us and ledger["calls"][0]["kernels"] == []
+    assert ledger["gpu_time_pct"] is None and ledger["overhead_us"] is None
+    assert ledger["cpu_time_pct"] == round(100 * op_us / analysis.cpu_time_us, 2)
+    assert ledger["pct_of_read_bandwidth"] is None and not analysis.notes[1:]  # no bandwidth note on a CPU
     assert not {"host-sync", "gpu-idle", "attention-overhead"} & set(analysis.finding_ids)
+
+
+def test_a_cpu_only_trace_without_attention_has_no_ledger():
+    b = TraceBuilder()
+    for _ in range(3):
+        with b.step(), b.region(), b.op("aten::mul"):
+            b.advance(10.0)
+    assert analyze_trace(b.to_dict()).to_dict()["attention"] is None
 
 
 def test_instances_of_one_shape_each_get_their_own_calls_and_times():

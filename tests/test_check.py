@@ -106,10 +106,11 @@ def test_a_failed_row_is_a_miss() -> None:
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"naive": {"kernels": 5}}, "naive.kernels: unknown field; valid fields: findings, variant, source"),
+        ({"naive": {"kernels": 5}}, "naive.kernels: unknown field; did you mean "),
+        ({"naive": {"latency": 5}}, "naive.latency: unknown field; did you mean latency_us"),
         (
             {"naive": {"findings": {"has": ["hidden-memcopy"]}}},
-            "unknown finding hidden-memcopy; known findings: hidden-memcpy",
+            "unknown finding hidden-memcopy; did you mean hidden-memcpy?",
         ),
         ({"naive": {"findings": {"maybe": ["cpu-bound"]}}}, "naive.findings.maybe: unknown key"),
         ({"naive": {"pct_of_peak": {"min": 5, "max": 1}}}, "naive.pct_of_peak: min 5 is above max 1"),

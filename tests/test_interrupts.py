@@ -175,4 +175,4 @@ def test_sigint_at_several_moments_exits_130_keeping_only_finished_cells(write_c
         cells = [(r["variant"], r["shape"]) for r in document["results"]]
         assert cells == PLAN[:len(cells)] and len(cells) < len(PLAN)
         assert all(r["status"] == "ok" for r in document["results"])
-        assert f"interrupted: keeping the {len(cells)} finished cell(s)" in stderr
+        assert f"interrupted: keeping the {len(cells)} finished cell(s); --resume {results.parent} goes on" in stderr

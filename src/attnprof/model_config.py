@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from attnprof.config import Schedule, device_name, nonempty, read_yaml, validate_mapping
+from attnprof.config import FieldNames, Schedule, device_name, nonempty, read_yaml, validate_mapping
 
 ModelMode = Literal["fwd", "fwd+bwd"]
 DEFAULT_MODEL_REGION = "model_forward"  # the record_function name around each forward of the model
@@ -123,9 +123,10 @@ def load_model_config(path: str | Path) -> ModelConfig:
     return validate_mapping(ModelConfig, read_yaml(path), str(path))
 
 
-def apply_model_overrides(config: ModelConfig, **overrides: Any) -> ModelConfig:
+def apply_model_overrides(config: ModelConfig, names: FieldNames | None = None, **overrides: Any) -> ModelConfig:
     """A copy of `config` with the non-None overrides applied and validated again. Giving `hf` drops the
-    config's factory and giving `factory` drops its hf and hf_config, so the command line can switch source."""
+    config's factory and giving `factory` drops its hf and hf_config, so the command line can switch source.
+    `names` says where the user typed each field (`config.FieldNames`), for the errors."""
     changed = {key: value for key, value in overrides.items() if value is not None}
     if not changed:
         return config
@@ -137,4 +138,5 @@ def apply_model_overrides(config: ModelConfig, **overrides: Any) -> ModelConfig:
     if "implementations" in changed and data.get("baseline") not in changed["implementations"]:
         data["baseline"] = None
     data.update(changed)
-    return validate_mapping(ModelConfig, data, "command-line options")
+    given = {key: name for key, name in (names or {}).items() if key[0] in changed}
+    return validate_mapping(ModelConfig, data, "command-line options", given)

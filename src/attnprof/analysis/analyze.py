@@ -5,7 +5,8 @@
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
-    input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention, comm
+    input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention, comm,
+    top_cpu_ops
 
 `region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
 named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
@@ -16,7 +17,10 @@ medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance,
 counts hold both phases together (see `analysis.backward` for which backward work is counted).
 `comm` is the communication per forward (`analysis.comm.CommStats.to_dict`), null when the trace
 shows none.
-`attention` is the attention ledger (see `analysis.ledger`; null for a CPU-only trace). `input_dtype`
+`attention` is the attention ledger (see `analysis.ledger`; in a CPU-only trace its calls are timed on
+the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is, for a CPU-only trace, the op names
+with the most self CPU time per forward (see `analysis.instance.cpu_ops`; null with device activity).
+A trace without annotations is analysed as one window (`region` "(whole trace)"). `input_dtype`
 comes from the dtype hint, else an `Input type` (record_shapes), else the kernels' names (see
 `kernel_dtype`).
 """
@@ -36,6 +40,7 @@ from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.hardware import datasheet
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
+from attnprof.analysis.instance.cpu_ops import CpuOpStats, top_cpu_ops
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.kernels import kernel_stats
 from attnprof.analysis.instance.ledger import AttentionLedger, summarize
@@ -84,7 +89,8 @@ class TraceAnalysis:
     region_choice: str | None = None  # why this region, when the caller named none
     phases: dict[str, dict[str, Any]] | None = None  # see the module docstring
     comm: CommStats | None = None  # communication kernels or c10d ops per forward; None without any
-    attention: AttentionLedger | None = None  # the attention ledger (None for a CPU-only trace)
+    attention: AttentionLedger | None = None  # the attention ledger (see the module docstring)
+    top_cpu_ops: list[CpuOpStats] | None = None  # a CPU-only trace's ops by self CPU time
 
     @property
     def finding_ids(self) -> list[str]:
@@ -131,6 +137,7 @@ class TraceAnalysis:
             },
             "comm": None if self.comm is None else self.comm.to_dict(),
             "attention": None if self.attention is None else self.attention.to_dict(),
+            "top_cpu_ops": None if self.top_cpu_ops is None else [op.to_dict() for op in self.top_cpu_ops],
         }
 
 
@@ -212,6 +219,17 @@ def analyze_trace(
         return _analyze(source, region, dtype)
 
 
+def _ledger(per_forward: list[ForwardMetrics], traced: bool) -> AttentionLedger | None:
+    """The attention ledger over the instances: of their device work, or in a CPU-only trace of the
+    calls timed on the CPU (None when no instance of a CPU-only trace has an attention call)."""
+    if traced:
+        return summarize([m.attention for m in per_forward if m.attention])
+    cpu = [m.cpu_attention for m in per_forward if m.cpu_attention is not None]
+    if not any(ledger.calls for ledger in cpu):
+        return None
+    return summarize(cpu)
+
+
 def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None, dtype: str | None) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
@@ -242,7 +260,7 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             gpu_time_us=analysis.gpu_time_us,
             cpu_work_us=median([m.cpu_work_us for m in per_forward]),
             comm=analysis.comm,
-            attention=analysis.attention,
+            attention=analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None,
             unit=instance_unit(analysis.phases),
         )
     )
@@ -310,7 +328,10 @@ def _summary(
         region_choice=region_choice,
         phases=_phases(per_forward),
         comm=comm_stats(attribution),
-        attention=summarize([m.attention for m in per_forward if m.attention]) if traced else None,
+        attention=_ledger(per_forward, traced),
+        top_cpu_ops=None
+        if traced
+        else top_cpu_ops(trace, [m.op_times or {} for m in per_forward], [m.cpu_time_us for m in per_forward]),
     )
     if not traced:
         analysis.notes.append("no GPU activity in the trace (CPU-only profile): GPU fields are null")

@@ -162,7 +162,52 @@ def _format(kind: str | None, value: str) -> str:
     if kind == "ops":
         ops = [op for op in value.split("_") if op]
         return "fused ops: " + ", ".join(ops) if ops else "no op names in the kernel name"
+    if kind == "words":
+        return " ".join(word for word in value.split("_") if word) or value
+    if kind == "nvjet-types":
+        return _nvjet_types(value)
+    if kind == "xmma-types":
+        return _xmma_types(value)
+    if kind == "cutlass-types":
+        return _cutlass_types(value)
     return value
+
+
+#: nvjet's one-letter element types, as seen in cuBLASLt's names (bf16 GEMMs run `tst` on the H200).
+NVJET_TYPES = {"h": "float16", "s": "float32", "t": "bfloat16", "d": "float64"}
+
+
+def _nvjet_types(value: str) -> str:
+    """`tst`: A and B, then the accumulator, then the output (letters not in NVJET_TYPES: not decoded)."""
+    if len(value) != 3 or any(ch not in NVJET_TYPES for ch in value):
+        return "not decoded"
+    a, acc, out = (NVJET_TYPES[ch] for ch in value)
+    return f"inputs {a}, accumulated in {acc}, output {out}"
+
+
+def _dtype_list(token: str) -> list[str]:
+    return [DTYPE_NAMES.get(t, t) for t in _DTYPE_TOKEN.findall(token)]
+
+
+def _xmma_types(value: str) -> str:
+    """`bf16bf16_bf16f32_f32`: A and B, then the output and the accumulator, then the epilogue's scale type."""
+    groups = [_dtype_list(part) for part in value.split("_")]
+    if len(groups) != 3 or len(groups[0]) != 2 or len(groups[1]) != 2 or len(groups[2]) != 1:
+        return _format("dtype", value)
+    (a, b), (out, acc), (scale,) = groups
+    inputs = a if a == b else f"{a} and {b}"
+    return f"inputs {inputs}, output {out}, accumulated in {acc}, alpha/beta in {scale}"
+
+
+def _cutlass_types(value: str) -> str:
+    """`bf16_bf16_f32_bf16_bf16_`: the element types of A, B, the accumulator, C and D (`void`: no C)."""
+    names = [p for p in value.split("_") if p]
+    if len(names) != 5:
+        return _format("dtype", value)
+    labels = ("A", "B", "accumulator", "C", "D")
+    return ", ".join(
+        f"{label} {DTYPE_NAMES.get(n, 'none' if n == 'void' else n)}" for label, n in zip(labels, names, strict=True)
+    )
 
 
 def _explain_with(name: str, rule_set: tuple[_Rule, ...]) -> KernelExplanation:

@@ -72,10 +72,11 @@ def kernel_tflops(spec: RunSpec, attention: AttentionLedger | None) -> float | N
     The ledger's time is already of the spec's mode: its calls are those of the profiled step, the
     forward's in fwd, the backward's in bwd (the forward ran outside the region), both in fwd+bwd
     (`backward_kernel_time_us` is the backward's part of it, not an addition). None without device
-    time (a CPU trace) or without an attention call, and in the backward modes when no backward work
-    was attributed (the time would then be the forward's alone, against the step's FLOPs).
+    time (a CPU trace: its ledger is timed on the CPU) or without an attention call, and in the backward
+    modes when no backward work was attributed (the time would then be the forward's alone, against the
+    step's FLOPs).
     """
-    if attention is None or not attention.calls or not attention.kernel_time_us > 0:
+    if attention is None or attention.time_base != "device" or not attention.calls or not attention.kernel_time_us > 0:
         return None
     if spec.backward and not attention.backward_kernel_time_us:
         return None

@@ -160,5 +160,26 @@ def main_options(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Output cut short by its reader (`attnprof --help | head -1`) ends
+    quietly with exit 0, as in the commands (`common.reader_gone`), where click would exit 1."""
+    try:
+        app()
+    except SystemExit as done:
+        if done.code == 1 and _broken_pipe(done):
+            from attnprof.cli.common import reader_gone
+
+            try:
+                reader_gone()
+            except typer.Exit:
+                raise SystemExit(0) from None
+        raise
+
+
+def _broken_pipe(error: BaseException) -> bool:
+    """True when a BrokenPipeError is among the exceptions that led to `error`."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, BrokenPipeError):
+            return True
+        seen = seen.__context__
+    return False

@@ -149,9 +149,27 @@ def fail(message: str, hint: str | None = None, code: int = 1, as_json: bool = F
     raise typer.Exit(code)
 
 
+def reader_gone() -> None:
+    """Stop quietly with exit 0 because the reader of our output closed its pipe (`attnprof list | head -1`):
+    what it read is all it wanted. stdout and stderr go to /dev/null, so that the interpreter's last flush
+    of what is still buffered cannot complain either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        raise typer.Exit(0) from None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (AttributeError, OSError, ValueError):  # no real descriptor (a test runner's stream)
+            pass
+    os.close(devnull)
+    raise typer.Exit(0)
+
+
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn attnprof errors into one-line messages; anything else too, unless --debug. Ctrl-C at any
-    moment of the command ends it with exit 130, even when something swallowed the KeyboardInterrupt."""
+    moment of the command ends it with exit 130, even when something swallowed the KeyboardInterrupt.
+    A closed output pipe ends it quietly with exit 0 (`reader_gone`)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -169,12 +187,17 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 return result
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:
+            reader_gone()
         except AttnprofError as exc:
             if STATE.debug:
                 raise
             fail(exc.message, exc.hint, exc.exit_code, as_json)
         except KeyboardInterrupt:
-            fail("interrupted", code=130, as_json=as_json)
+            try:
+                fail("interrupted", code=130, as_json=as_json)
+            except BrokenPipeError:
+                raise typer.Exit(130) from None
         except Exception as exc:
             if STATE.debug:
                 raise

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,9 +117,16 @@ class CellProgress:
             self.progress.update(self.task, left=self.left)
         self.progress.advance(self.task)
         if not result.ok:
-            note(f"{self.prefix}  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
+            self.say(f"{self.prefix}  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
         if STATE.debug:
-            note_captured(result)
+            note_captured(result, self.say)
+
+    def say(self, text: str) -> None:
+        """A note on stderr while the cells run: above the bar on a terminal (never on its line)."""
+        if self.terminal:
+            self.progress.console.print(text, markup=False, highlight=False, emoji=False)
+        else:
+            note(text)
 
 
 @contextmanager
@@ -149,19 +156,33 @@ def rank_prefix() -> str:
 
 class StderrWatcher:
     """The engine's `Watcher` on stderr: each ceiling (after `[rank R]` under torchrun), the cells'
-    progress (`cell_progress`), and the cells that still beat a ceiling measured again."""
+    progress (`cell_progress`), and the cells that still beat a ceiling measured again. A ceiling
+    started while the bar shows is said above it (`CellProgress.say`)."""
+
+    def __init__(self) -> None:
+        self.shown: CellProgress | None = None
 
     def ceiling(self, ceiling: RunCeiling) -> None:
         """Say which ceiling the run uses."""
-        note(rank_prefix() + ceiling_note(ceiling))
+        text = rank_prefix() + ceiling_note(ceiling)
+        if self.shown is not None:
+            self.shown.say(text)
+        else:
+            note(text)
 
     def ceiling_replaced(self, ceiling: RunCeiling, beaten: list[str]) -> None:
         """Say the ceiling was beaten and measured again."""
         note(ceiling_note(ceiling, beaten))
 
-    def cells(self, total: int, time_left: TimeLeft | None) -> AbstractContextManager[CellProgress]:
+    @contextmanager
+    def cells(self, total: int, time_left: TimeLeft | None) -> Iterator[CellProgress]:
         """The progress display."""
-        return cell_progress(total, time_left)
+        with cell_progress(total, time_left) as shown:
+            self.shown = shown
+            try:
+                yield shown
+            finally:
+                self.shown = None
 
 
 def execute(job: Job) -> tuple[RunOutcome, int]:
@@ -200,13 +221,13 @@ def resumed_rows(
     return resumed.rows
 
 
-def note_captured(result: CellResult) -> None:
+def note_captured(result: CellResult, say: Callable[[str], None] = note) -> None:
     """With --debug: the profiler's native stderr and the Python warnings captured during a cell."""
     where = f"  {result.variant} @ {result.spec.cell_label}"
     for line in result.native_stderr:
-        note(f"{where}: profiler stderr: {line}")
+        say(f"{where}: profiler stderr: {line}")
     for line in result.warnings:
-        note(f"{where}: warning: {line}")
+        say(f"{where}: warning: {line}")
 
 
 def note_outputs(outcome: RunOutcome[Any]) -> None:

@@ -134,7 +134,25 @@ def _config(
     else:
         cfg = validate_mapping(ModelConfig, {"hf": hf} if hf else {"factory": factory}, "command-line options")
     timing = None if min_time is None else cfg.timing.model_dump() | {"min_time_s": min_time}
-    return apply_model_overrides(cfg, hf=hf, factory=factory, timing=timing, **overrides)
+    return apply_model_overrides(cfg, MODEL_OPTIONS, hf=hf, factory=factory, timing=timing, **overrides)
+
+
+#: Where the user typed each model config field an option sets (`config.FieldNames`), for the errors.
+MODEL_OPTIONS = {
+    ("hf",): "--hf",
+    ("factory",): "--model",
+    ("implementations",): "--attn",
+    ("baseline",): "--baseline",
+    ("seq",): "--seq",
+    ("batch",): "--batch",
+    ("modes",): "--mode",
+    ("device",): "--device",
+    ("dtype",): "--dtype",
+    ("region",): "--region",
+    ("seed",): "--seed",
+    ("timing", "min_time_s"): "--min-time",
+    ("output_dir",): "--output-dir",
+}
 
 
 def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[ModelResult]:

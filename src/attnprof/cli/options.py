@@ -83,6 +83,18 @@ MEASURE_OPTIONS: dict[str, Any] = {
             "--clocks/--no-clocks", help="Sample the GPU's SM clock with nvidia-smi while timing (CUDA only)."
         ),
     ],
+    "record_shapes": Annotated[
+        bool,
+        typer.Option(
+            "--record-shapes",
+            help="Record each op's input shapes and types in the trace (the analysis then gives the attention "
+            "calls' bytes and GB/s; run's key_averages table groups by input shape).",
+        ),
+    ],
+    "with_stack": Annotated[
+        bool,
+        typer.Option("--with-stack", help="Record the Python stack of each op in the trace (a larger trace)."),
+    ],
 }
 
 
@@ -107,9 +119,11 @@ ResumeOpt = Annotated[
 #: The variant selection of `compare`, `sweep` and `check` (`shared_options(select=True)`), also config overrides.
 SELECT_OPTIONS: dict[str, Any] = {
     "variants": _patterns(
-        "--variants", "Include pattern, e.g. 'sdpa-*' (repeatable; replaces the config's variants and exclude)."
+        "--variants",
+        "Include pattern, e.g. 'sdpa-*' (repeatable or comma-separated: naive,sdpa-math; replaces the config's "
+        "variants and exclude).",
     ),
-    "exclude": _patterns("--exclude", "Exclude pattern (repeatable; overrides the config)."),
+    "exclude": _patterns("--exclude", "Exclude pattern (repeatable or comma-separated; overrides the config)."),
     "baseline": Annotated[str | None, typer.Option(help="Variant the speed-ups are relative to.", show_default=False)],
 }
 
@@ -145,7 +159,7 @@ def shared_options(command: Callable[..., Any] | None = None, *, select: bool = 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         overrides = {name: kwargs.pop(name) for name in config_options}
-        measure = MeasureOptions(**{name: kwargs.pop(name) for name in MEASURE_OPTIONS})
+        measure = measure_options({name: kwargs.pop(name) for name in MEASURE_OPTIONS})
         return command(*args, overrides=overrides, measure=measure, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
@@ -153,16 +167,44 @@ def shared_options(command: Callable[..., Any] | None = None, *, select: bool = 
     return wrapper
 
 
+#: The option of each MeasureOptions field whose name differs from `--field` (`measure_options`' errors).
+_MEASURE_FLAGS = {"min_time_s": "--min-time"}
+
+
+def measure_options(values: dict[str, Any]) -> MeasureOptions:
+    """The MeasureOptions of the flags given; ConfigError (exit 2) naming the option of a bad value
+    (`--min-time must be > 0 (got 0.0)`)."""
+    from pydantic import ValidationError
+
+    from attnprof.config import validation_error
+
+    try:
+        return MeasureOptions(**values)
+    except ValidationError as exc:
+        names: dict[tuple[str, ...], str] = {
+            (name,): _MEASURE_FLAGS.get(name, "--" + name.replace("_", "-")) for name in values
+        }
+        raise validation_error(exc, "command-line options", MeasureOptions, names) from None
+
+
 def exclude_given(overrides: dict[str, Any]) -> bool:
     """True when the command line chose the exclusions: --exclude, or --variants (which replaces them)."""
     return bool(overrides.get("variants")) or overrides.get("exclude") is not None
+
+
+def split_patterns(given: list[str] | None) -> list[str]:
+    """Repeated pattern options with each comma-separated list split: `--variants naive,sdpa-math
+    --variants flex` is three patterns (a name never holds a comma)."""
+    return [part.strip() for value in given or [] for part in value.split(",") if part.strip()]
 
 
 def config_changes(overrides: dict[str, Any]) -> dict[str, Any]:
     """`build_config` keyword arguments from the shared overrides: plain fields, `shape` and `schedule`.
     --variants replaces the config's include and exclude lists together."""
     plain = {k: v for k, v in overrides.items() if k not in SHAPE_FIELDS + SCHEDULE_FIELDS + ("mode",)}
-    plain["variants"] = overrides.get("variants") or None
+    plain["variants"] = split_patterns(overrides.get("variants")) or None
+    if overrides.get("exclude") is not None:
+        plain["exclude"] = split_patterns(overrides["exclude"])
     if plain["variants"] and overrides.get("exclude") is None:
         plain["exclude"] = []
     if overrides.get("mode") is not None:

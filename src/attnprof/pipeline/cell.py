@@ -180,6 +180,8 @@ def _measure(
                 config.region,
                 trace_dir / trace_file_name(variant.name, spec),
                 prepare=step.prepare,
+                record_shapes=measure.record_shapes,
+                with_stack=measure.with_stack,
             )
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s

@@ -113,6 +113,8 @@ def profile_forward(
     trace_path: Path,
     row_limit: int = 15,
     prepare: Callable[[], Any] | None = None,
+    record_shapes: bool = False,
+    with_stack: bool = False,
 ) -> ProfileRun:
     """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
     schedule, each call in a `region` range. `spec` is the cell's RunSpec or just the device it runs on
@@ -123,6 +125,8 @@ def profile_forward(
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
     `prepare`, when given, runs before each call, outside the region (the step's untimed forward).
+    `record_shapes` and `with_stack` are torch.profiler's options of those names; with shapes, the
+    key_averages table is grouped by input shape.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -140,6 +144,8 @@ def profile_forward(
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
         prof = profile(
             activities=activities,
+            record_shapes=record_shapes,
+            with_stack=with_stack,
             schedule=torch.profiler.schedule(
                 wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
             ),
@@ -157,7 +163,7 @@ def profile_forward(
     started = time.perf_counter()
     with native.capture():
         trace_path = create_new(trace_path, lambda path: prof.export_chrome_trace(str(path)), numbered=True)
-        events = prof.key_averages()
+        events = prof.key_averages(group_by_input_shape=record_shapes)
     table = events.table(sort_by=_sort_key(events, device_type), row_limit=row_limit)
     export_s = time.perf_counter() - started
     return ProfileRun(trace_path, table, output, export_s, native.lines())

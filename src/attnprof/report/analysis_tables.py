@@ -3,7 +3,8 @@
 `render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
 the forward/backward phases (only with backward work), the attention ledger (its calls and the
-overhead around them), a per-kernel table and the findings.
+overhead around them), a per-kernel table (for a CPU-only trace, the top ops by self CPU time instead)
+and the findings.
 Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
 "unreported"; tensor cores read yes / no / ?. `width` None (`--wide`, and always for markdown)
 gives the full tables; a number fits every line of the table style to it: kernel names are cut
@@ -44,11 +45,16 @@ def _megabytes(value: Any) -> str:
     return "" if value is None else f"{value / 1e6:,.1f}"
 
 
+def _gbps(gbps: float) -> str:
+    """GB/s: whole above 100 ("4,359"), else three significant digits ("0.848", as on a CPU)."""
+    return f"{gbps:,.0f}" if gbps >= 100 else f"{gbps:.3g}"
+
+
 def _rate(gbps: Any, pct: Any) -> str:
     """ "4,359 (90.8%)": GB/s and its % of the read bandwidth; "" without a rate."""
     if gbps is None:
         return ""
-    return f"{gbps:,.0f}" + ("" if pct is None else f" ({pct:g}%)")
+    return _gbps(gbps) + ("" if pct is None else f" ({pct:g}%)")
 
 
 def _tensor_cores(value: Any) -> str:
@@ -96,6 +102,14 @@ CALL_COLUMNS = (
     Column("µs / fwd"),
 )
 BYTES_COLUMNS = (Column("MB / fwd", drop=3), Column("GB/s (% read bw)", drop=4))
+CPU_OP_COLUMNS = (
+    Column("op", narrow=30, cut=True),
+    Column("calls / fwd"),
+    Column("self CPU µs"),
+    Column("self CPU %"),
+    Column("CPU total µs", drop=2),
+    Column("input shapes", narrow=16, drop=1),
+)
 OVERHEAD_COLUMNS = (
     Column("overhead"),
     Column("count / fwd"),
@@ -220,21 +234,27 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
         return []
     backends = ", ".join(f"{b}:{n}" for b, n in (ledger.get("backends") or {}).items())
     u = instance_unit(data)
+    on_cpu = ledger.get("time_base") == "cpu"
     line = f"{fmt_number(ledger.get('calls_per_forward'))} attention call(s) per {u}" + (
         f" ({backends})" if backends else ""
     )
-    line += f"; their device time {fmt_number(ledger.get('kernel_time_us'))} µs per {u}"
+    line += f"; their {'CPU' if on_cpu else 'device'} time {fmt_number(ledger.get('kernel_time_us'))} µs per {u}"
     if ledger.get("gpu_time_pct") is not None:
         line += f", {fmt_number(ledger['gpu_time_pct'])}% of the GPU time"
+    if ledger.get("cpu_time_pct") is not None:
+        line += f", {fmt_number(ledger['cpu_time_pct'])}% of the CPU time"
     if ledger.get("backward_kernel_time_us") is not None:
         line += f" ({fmt_number(ledger['backward_kernel_time_us'])} µs of it in the backward)"
     if ledger.get("bytes_per_forward") is not None:
         line += f"; they move {ledger['bytes_per_forward'] / 1e6:,.1f} MB per {u}"
         if ledger.get("achieved_gbps") is not None:
-            line += f" at {ledger['achieved_gbps']:,.0f} GB/s"
+            line += f" at {_gbps(ledger['achieved_gbps'])} GB/s"
         if ledger.get("pct_of_read_bandwidth") is not None:
             line += f", {ledger['pct_of_read_bandwidth']:g}% of the {ledger.get('read_bandwidth_source')}"
-    line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per {u}."
+    if on_cpu:
+        line += " (a CPU-only trace: times are the calls' ops on the CPU)."
+    else:
+        line += f"; overhead around them {fmt_number(ledger.get('overhead_us'))} µs per {u}."
     parts = [*wrap(line, width)]
     calls = ledger.get("calls") or []
     if calls:
@@ -245,7 +265,7 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
                 c["op"],
                 c["backend"],
                 c["phase"] if c.get("forward_call") is None else f"{c['phase']} of #{c['forward_call'] + 1}",
-                str(len(c["kernels"])),
+                "n/a" if on_cpu else str(len(c["kernels"])),
                 fmt_number(c.get("time_us")),
             ]
             + (
@@ -269,6 +289,27 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
         ]
         parts += ["", table(OVERHEAD_COLUMNS, rows, fmt, width)]
     return parts
+
+
+def cpu_ops_table(data: dict[str, Any], fmt: str, width: int | None = None) -> str | None:
+    """A CPU-only trace's top ops by self CPU time per instance, as key_averages counts them; None without."""
+    ops = data.get("top_cpu_ops")
+    if not ops:
+        return None
+    u = instance_unit(data)
+    columns = (replace(CPU_OP_COLUMNS[0]), replace(CPU_OP_COLUMNS[1], header=f"calls / {u}"), *CPU_OP_COLUMNS[2:])
+    rows = [
+        [
+            _short(op["name"], fmt),
+            fmt_number(op.get("calls_per_forward")),
+            fmt_number(op.get("self_cpu_us")),
+            _pct(None if op.get("self_cpu_pct") is None else round(op["self_cpu_pct"], 1)),
+            fmt_number(op.get("cpu_total_us")),
+            op.get("input_shapes") or "",
+        ]
+        for op in ops
+    ]
+    return table(columns, rows, fmt, width)
 
 
 def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
@@ -345,6 +386,17 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
         parts += ["", heading(f"Kernels per {u}"), "", kernel_table(kernels, fmt, width)]
     elif data.get("kernels_per_forward") is None:
         parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
+        cpu_ops = cpu_ops_table(data, fmt, width)
+        if cpu_ops:
+            top = len(data["top_cpu_ops"])
+            parts += ["", heading(f"Top {top} ops by self CPU time per {u}"), "", cpu_ops]
+            parts += [
+                *wrap(
+                    f"Self CPU: each op's time less its children's; % of the CPU time per {u} (the rest ran "
+                    "between ops: Python, the profiler). CPU total includes the children.",
+                    width,
+                )
+            ]
     comm = comm_table(data, fmt, width)
     if comm:
         parts += ["", heading("Communication"), "", comm]

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from attnprof.config import did_you_mean, yaml_problem
 from attnprof.errors import ExpectationsError
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import Column, limit, table, wrap
@@ -122,7 +123,7 @@ def load_expectations(path: Path) -> Expectations:
     except (OSError, UnicodeDecodeError) as exc:
         raise ExpectationsError(f"cannot read expectations {path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ExpectationsError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ExpectationsError(f"{path}: not valid YAML{yaml_problem(exc)}") from None
     return parse_expectations(data, path)
 
 
@@ -152,14 +153,19 @@ def _parse_field(pattern: str, name: str, value: Any, path: Path) -> list[Expect
             rule = FindingsRule.model_validate(value)
             unknown = [f for f in rule.has + rule.lacks if f not in FINDING_IDS]
             if unknown:
+                near = did_you_mean(unknown[0], FINDING_IDS) if len(unknown) == 1 else ""
                 raise ExpectationsError(
-                    f"{where}: unknown finding {', '.join(unknown)}; known findings: {', '.join(FINDING_IDS)}"
+                    f"{where}: unknown finding {', '.join(unknown)}{near}",
+                    hint=f"attnprof findings lists all {len(FINDING_IDS)}",
                 )
             return [Expectation(pattern, name, "has", f) for f in rule.has] + [
                 Expectation(pattern, name, "lacks", f) for f in rule.lacks
             ]
         if name not in VALID_FIELDS:
-            raise ExpectationsError(f"{where}: unknown field; valid fields: findings, {', '.join(VALID_FIELDS)}")
+            raise ExpectationsError(
+                f"{where}: unknown field{did_you_mean(name, (FINDINGS, *VALID_FIELDS))}",
+                hint=f"a field is findings or one of the {len(VALID_FIELDS)} columns of a results.csv",
+            )
         if isinstance(value, dict):
             return [Expectation(pattern, name, "range", Range.model_validate(value))]
     except ValidationError as exc:

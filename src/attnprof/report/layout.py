@@ -162,13 +162,25 @@ def _render(
     return tabulate(body, headers=headers if any(headers) else (), tablefmt="simple", disable_numparse=True)
 
 
-def _fit(columns: Sequence[Column], rows: list[list[str]], width: int) -> tuple[str, list[int]]:
+def _fit(
+    columns: Sequence[Column], rows: list[list[str]], width: int, keep: list[int] | None = None
+) -> tuple[str, list[int]]:
     """The table fitted to `width`, and the indices of the columns it left out.
 
     When the full table does not fit, its droppable columns that are n/a throughout go; then the
     others in `drop` order until the rest fits at their floors, and the most wanted of those put
-    back while it still fits. When nothing is left to drop, wrapping goes down to LAST_RESORT.
+    back while it still fits (`fitted_columns`). When nothing is left to drop, wrapping goes down to
+    LAST_RESORT. `keep`: the columns to keep, decided for several tables at once (`fitted_columns`).
     """
+    kept = fitted_columns(columns, rows, width) if keep is None else list(keep)
+    fits = _text_width(_render(columns, rows, kept, width)) <= width
+    text = _render(columns, rows, kept, width, last_resort=not fits)
+    return text, [i for i in range(len(columns)) if i not in kept]
+
+
+def fitted_columns(columns: Sequence[Column], rows: list[list[str]], width: int) -> list[int]:
+    """The indices of the columns a table of these rows keeps at `width` (see `_fit`). Given the rows of
+    several tables with these columns, the columns all of them can keep (pass it to `table` as `keep`)."""
 
     def fits(kept: list[int]) -> bool:
         return _text_width(_render(columns, rows, kept, width)) <= width
@@ -187,8 +199,7 @@ def _fit(columns: Sequence[Column], rows: list[list[str]], width: int) -> tuple[
     for i in reversed(dropped[:-1]):
         if fits(sorted(kept + [i])):
             kept = sorted(kept + [i])
-    text = _render(columns, rows, kept, width, last_resort=not fits(kept))
-    return text, [i for i in range(len(columns)) if i not in kept]
+    return kept
 
 
 def limit(width: int | None, fmt: str) -> int | None:
@@ -196,9 +207,16 @@ def limit(width: int | None, fmt: str) -> int | None:
     return width if fmt == "table" else None
 
 
-def table(columns: Sequence[Column], rows: list[list[str]], fmt: str, width: int | None = None) -> str:
+def table(
+    columns: Sequence[Column],
+    rows: list[list[str]],
+    fmt: str,
+    width: int | None = None,
+    keep: list[int] | None = None,
+) -> str:
     """The rows under the columns' headers: in full for markdown or `width=None`, else fitted to `width`
-    with a wrapped note naming the columns left out."""
+    with a wrapped note naming the columns left out. `keep`: the columns to keep, decided for several
+    tables at once so that all of them leave out the same ones (`fitted_columns`)."""
     fit_to = limit(width, fmt)
     if fit_to is None:
         wide = [c.wide for c in columns] if fmt == "table" and any(c.wide for c in columns) else None
@@ -210,7 +228,7 @@ def table(columns: Sequence[Column], rows: list[list[str]], fmt: str, width: int
             maxcolwidths=wide,
             disable_numparse=True,
         )
-    text, dropped = _fit(columns, rows, fit_to)
+    text, dropped = _fit(columns, rows, fit_to, keep)
     notes = []
     empty = [columns[i].header for i in dropped if _is_empty(rows, i)]
     squeezed = [columns[i].header for i in dropped if not _is_empty(rows, i)]

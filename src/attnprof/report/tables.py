@@ -16,6 +16,7 @@ from attnprof.report.layout import (
     Column,
     bullets,
     fit_profiler_table,
+    fitted_columns,
     limit,
     table,
     wrap,
@@ -193,16 +194,17 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
     return body
 
 
-def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None, keep: list[int] | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable."""
+    follow it as bullets. A legend follows when a speed-up is unreliable. `keep`: the columns every
+    shape's table of the output keeps (`compare_report`); None: this table's own fit."""
     width = limit(width, fmt)
     body = shape_rows(rows, full=width is None)
     notes = reason_bullets(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
     columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
-    return "\n".join([table(columns, body, fmt, width)] + (["", *notes] if notes else []))
+    return "\n".join([table(columns, body, fmt, width, keep)] + (["", *notes] if notes else []))
 
 
 def reason_bullets(rows: list[dict[str, Any]], width: int) -> list[str]:
@@ -318,12 +320,18 @@ def compare_groups(entries: list[dict[str, Any]], baseline: str | None) -> list[
 
 
 def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
-    """`attnprof compare`: a titled table per shape, then the at-a-glance table."""
+    """`attnprof compare`: a titled table per shape, then the at-a-glance table. Fitted to a width, the
+    shapes' tables all leave out the same columns: those that the widest of them needs to drop."""
     heading = "###" if fmt == "markdown" else "=="
     width = limit(width, fmt)
+    groups = compare_groups(entries, baseline)
+    keep = None
+    if width is not None:  # one choice of columns for every shape's table, made on all their rows
+        every = [cells for _, rows in groups for cells in shape_rows(rows, full=False)]
+        keep = fitted_columns(per_step(SHAPE_COLUMNS, {e.get("mode") or "fwd" for e in entries}), every, width)
     parts = []
-    for title, rows in compare_groups(entries, baseline):
-        parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
+    for title, rows in groups:
+        parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width, keep)]
     parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
     return "\n".join(parts)
 

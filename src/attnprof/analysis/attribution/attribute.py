@@ -13,7 +13,9 @@ Where the trace has `gpu_user_annotation` ranges for the region (Kineto writes o
 they are matched to the forward (by `External id`, else by overlap) and compared with the
 correlated work; disagreements are counted, never fatal.
 
-Which region: `find_forwards` takes a name or a glob pattern; see `attribution.regions`.
+Which region: `find_forwards` takes a name or a glob pattern; see `attribution.regions`. A trace
+without annotations is one window (`regions.WHOLE_TRACE`): from the first to the last op of its
+busiest thread (the one whose outermost ops take the most time).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from itertools import compress
 from attnprof.analysis.attribution.backward import attach_backward
 from attnprof.analysis.attribution.forward import Attribution, Forward, launch_name_ids
 from attnprof.analysis.attribution.gpu_annotations import attach_gpu_annotations
-from attnprof.analysis.attribution.regions import STEP_PREFIX, missing_region_error, resolve_region
+from attnprof.analysis.attribution.regions import STEP_PREFIX, WHOLE_TRACE, missing_region_error, resolve_region
 from attnprof.analysis.attribution.timeline import Timelines, subtrees_and_innermost
 from attnprof.analysis.base import EPS
 from attnprof.analysis.trace.tables import CpuTable, ParsedTrace
@@ -39,23 +41,26 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     Raises TraceError when the region is missing or none of its ranges lies in a profiled step.
     """
     name_ids = resolve_region(trace, region)
-    table = trace.annotations
-    region_rows = [i for i, n in enumerate(table.name) if n in name_ids] if name_ids else []
-    if not region_rows and name_ids:  # older traces: record_function written as a cpu_op
-        table = trace.cpu_ops
-        region_rows = [i for i, n in enumerate(table.name) if n in name_ids]
-    if not region_rows:
-        raise missing_region_error(trace, region)
-
-    outer = _in_steps(trace, table, _outermost(table, region_rows), name_ids, region)
-    outer.sort(key=lambda i: table.ts[i])
-
-    forwards = [
-        Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
-        for i in outer
-    ]
-    notes: list[str] = []
     timelines = Timelines(trace)
+    notes: list[str] = []
+    if region == WHOLE_TRACE and not name_ids:
+        forwards = [_whole_trace(trace, timelines, notes)]
+        table = trace.cpu_ops
+        region_rows = []
+    else:
+        table = trace.annotations
+        region_rows = [i for i, n in enumerate(table.name) if n in name_ids] if name_ids else []
+        if not region_rows and name_ids:  # older traces: record_function written as a cpu_op
+            table = trace.cpu_ops
+            region_rows = [i for i, n in enumerate(table.name) if n in name_ids]
+        if not region_rows:
+            raise missing_region_error(trace, region)
+        outer = _in_steps(trace, table, _outermost(table, region_rows), name_ids, region)
+        outer.sort(key=lambda i: table.ts[i])
+        forwards = [
+            Forward(thread=table.thread[i], start=table.ts[i], end=table.ts[i] + table.dur[i], ext=table.ext[i])
+            for i in outer
+        ]
     launch_ids = launch_name_ids(trace)
     skip = set(region_rows) if table is trace.cpu_ops else set()
     _attach_ops_and_calls(trace, forwards, timelines, launch_ids, skip, notes)
@@ -73,6 +78,34 @@ def find_forwards(trace: ParsedTrace, region: str) -> Attribution:
     return Attribution(
         trace=trace, forwards=forwards, device_traced=device_traced, has_gpu_annotations=has_gann, notes=notes
     )
+
+
+def _whole_trace(trace: ParsedTrace, timelines: Timelines, notes: list[str]) -> Forward:
+    """One window over the busiest thread of a trace without annotations: the thread whose outermost
+    ops take the most time, from its first op's start to its last op's end. Raises TraceError when the
+    trace has no CPU op."""
+    busiest, best = -1, -1.0
+    for thread in sorted(set(trace.cpu_ops.thread)):
+        line = timelines.ops(thread)
+        busy, end = 0.0, float("-inf")
+        for start, stop in zip(line.starts, line.ends, strict=True):
+            if start >= end - EPS:  # an outermost op: nothing open around it
+                busy += stop - start
+                end = stop
+        if busy > best:
+            busiest, best = thread, busy
+    if busiest < 0:
+        raise TraceError("the trace has no CPU ops and no record_function annotations: nothing to analyse")
+    line = timelines.ops(busiest)
+    start, end = line.starts[0], max(line.ends)
+    pid, tid = trace.threads[busiest]
+    others = len(set(trace.cpu_ops.thread)) - 1
+    notes.append(
+        f"no annotations: one window over thread {tid} (pid {pid}), its {len(line.rows)} ops from the first to "
+        f"the last ({end - start:,.0f} µs)"
+        + (f"; {others} other thread(s) left out but for backward work linked to it" if others else "")
+    )
+    return Forward(thread=busiest, start=start, end=end, ext=-1)
 
 
 def _outermost(table: CpuTable, rows: list[int]) -> list[int]:

@@ -3,7 +3,8 @@ choice made when the user named none.
 
 A string that is exactly a name in the trace selects that name; otherwise a string with `*`, `?` or `[`
 selects every name it matches (fnmatch, case-sensitive), so `ProfilerStep#*` makes each profiler step one
-forward. `choose_region` picks a region when the user named none.
+forward. `choose_region` picks a region when the user named none; a trace with no annotation and no
+profiler step is analysed as one window (`WHOLE_TRACE`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from attnprof.registry import DEFAULT_REGION
 
 STEP_PREFIX = "ProfilerStep#"
 STEP_FAMILY = "ProfilerStep#*"  # the --region that makes each profiler step one forward
+#: The region of a trace without annotations or profiler steps: one window over its busiest thread.
+WHOLE_TRACE = "(whole trace)"
 _GLOB_CHARS = frozenset("*?[")
 _LISTED = 5  # names an error or note lists before "and N more"
 
@@ -57,8 +60,9 @@ def choose_region(trace: ParsedTrace) -> tuple[str, str]:
     """The region to analyse when none was named, and why (one line, for the user).
 
     attnprof's own region when the trace has it; else the one user annotation (ignoring
-    `ProfilerStep#N`) when there is exactly one name; else the profiler steps. Raises TraceError
-    when the trace has none of these.
+    `ProfilerStep#N`) when there is exactly one name; else the profiler steps; else, when the trace
+    has no annotation at all, the whole trace as one window (`WHOLE_TRACE`). Raises TraceError when
+    there are several user annotations and no steps.
     """
     counts = region_counts(trace)
     names = trace.names
@@ -80,9 +84,10 @@ def choose_region(trace: ParsedTrace) -> tuple[str, str]:
             f"({_listed(users)}) and no ProfilerStep#N ranges",
             hint=f"pass one of these with --region: {_listed(users)}",
         )
-    raise TraceError(
-        "no --region and nothing to choose: the trace has no record_function annotations and no ProfilerStep#N ranges",
-        hint="wrap each forward in torch.profiler.record_function(NAME), or call prof.step() after each",
+    return WHOLE_TRACE, (
+        "no --region: the trace has no record_function annotations and no ProfilerStep#N ranges, so it is "
+        "analysed as one window (wrap each forward in record_function(NAME), or call prof.step() after each, "
+        "for per-forward figures)"
     )
 
 

@@ -1,10 +1,15 @@
 """Find every attention call in one region instance: its backend, its device work and its time.
 
-Three recognisers, in this order, each skipping the ops an earlier one claimed:
+Four recognisers, in this order, each skipping the ops an earlier one claimed:
 
 1. SDPA: an outermost `aten::scaled_dot_product_attention` (or a backend op called directly);
-   the backend is the dispatch op inside it (`SDPA_BACKEND_OPS`), else its kernels' backend.
-2. fused kernels: a kernel whose name rule is a fused-attention one (FlexAttention, FlashAttention,
+   the backend is the dispatch op inside it (`SDPA_BACKEND_OPS`: on the CPU `math` or the CPU flash
+   kernel), else its kernels' backend.
+2. PyTorch's fused modules (`MODULE_OPS`): `aten::_native_multi_head_attention` (nn.MultiheadAttention's
+   fast path: the QKV and output projections with the attention between them, backend "native-mha"),
+   and `aten::_transformer_encoder_layer_fwd` (nn.TransformerEncoderLayer's fast path, backend
+   "encoder-layer") where no attention op inside it was recorded. An op holding an SDPA call is not one.
+3. fused kernels: a kernel whose name rule is a fused-attention one (FlexAttention, FlashAttention,
    Triton and other plugin kernels, see `names`), outside any SDPA op. The call is the outermost op
    around it below any compiled-graph container (`CONTAINER_PREFIXES`), or the kernel alone when
    it was launched under no op; its backend comes from `KERNEL_BACKENDS`, else the rule's backend.
@@ -12,13 +17,15 @@ Three recognisers, in this order, each skipping the ops an earlier one claimed:
    kernel (split-KV flex decoding's merge of the partial outputs) joins the call of the latest template
    kernel of the same backend in the same compiled graph; launched under no op (a CUDA graph replay),
    a combine or reduction kernel joins the op-less call just before it (flash's split-KV combine).
-3. eager: among the ops of one level, a batched matmul, then a softmax, then a batched matmul,
+4. eager: among the ops of one level, a batched matmul, then a softmax, then a batched matmul,
    with at most `MAX_OPS_BEFORE_SOFTMAX` launching ops between the first two (scale, mask, casts)
-   and `MAX_OPS_AFTER_SOFTMAX` between the last two (cast back, dropout). The call covers all of
+   and `MAX_OPS_AFTER_SOFTMAX` between the last two (cast back, dropout); in a CPU-only trace every
+   op counts as launching (each one runs on the CPU). The call covers all of
    them: matmuls, scaling, masking, softmax and its casts. Compiled graphs match too (an Inductor
    softmax kernel's op has "softmax" in its name).
 
-A call's device work is every kernel, memcpy and memset launched inside its ops. Backward work (a
+A call's device work is every kernel, memcpy and memset launched inside its ops; a CPU-only trace has
+none, and its calls are timed by their ops on the CPU (`ledger.cpu_forward_ledger`). Backward work (a
 training step) is linked to the call whose op carries the backward op's sequence number; a backward
 op linked to nothing in a call (e.g. only to a compiled graph around it, or to a forward outside the
 region) still counts when it ran fused-attention kernels: those kernels form a backward call of their
@@ -55,6 +62,12 @@ _BACKWARD_BACKEND_OPS = {
     "aten::_efficient_attention_backward": "efficient",
     "aten::_cudnn_attention_backward": "cudnn",
 }
+#: PyTorch's fused attention modules, by op: their backend and their role (see `op_role`), in the
+#: order they are looked for (a multi-head attention op inside an encoder layer op is the call).
+MODULE_OPS = {
+    "aten::_native_multi_head_attention": ("native-mha", "mha"),
+    "aten::_transformer_encoder_layer_fwd": ("encoder-layer", "encoder"),
+}
 #: Backend of a fused-attention kernel found outside an SDPA op, by its name rule's id.
 KERNEL_BACKENDS = {
     "flex-attention": "flex",
@@ -81,9 +94,13 @@ VMAPPED = "Vmapped"
 
 
 def op_role(name: str) -> str | None:
-    """The role of an op, by its name: "sdpa", "matmul", "softmax", "container", or None for any other."""
+    """The role of an op, by its name: "sdpa", "mha", "encoder" (`MODULE_OPS`), "matmul", "softmax",
+    "container", or None for any other."""
     if name == SDPA_OP or name in SDPA_BACKEND_OPS:
         return "sdpa"
+    module = MODULE_OPS.get(name)
+    if module is not None:
+        return module[1]
     if name in MATMUL_OPS:
         return "matmul"
     if "softmax" in name and "log_softmax" not in name and "backward" not in name:
@@ -185,6 +202,21 @@ def _sdpa_calls(tree: OpTree, names: LedgerNames, in_call: list[bool]) -> list[C
     return calls
 
 
+def _module_calls(tree: OpTree, in_call: list[bool]) -> list[Call]:
+    """The outermost ops of PyTorch's fused attention modules (`MODULE_OPS`) that hold no call found so
+    far, each one call."""
+    calls, ts = [], tree.trace.cpu_ops.ts
+    for backend, role in MODULE_OPS.values():
+        for i in _free_positions(tree, role, in_call):
+            if any(in_call[i : tree.end[i]]):  # an SDPA call (or the module's own attention op) inside
+                continue
+            op = tree.order[i]
+            ops = _mark(tree, in_call, op)
+            calls.append(Call(tree.name(op), backend, tree.events(op), ops, op, op, ts[op]))
+    calls.sort(key=lambda c: c.start)
+    return calls
+
+
 def _continues(name: str) -> bool:
     """Whether a fused-attention kernel (its short name) finishes the call of the one before it: a
     split-KV combine (flash's `flash_fwd_splitkv_combine_kernel`) or an Inductor reduction or pointwise
@@ -260,7 +292,7 @@ def _matmul_beside(
         if in_call[tree.pos[op]]:
             return None
         role = tree.role(op)
-        launched = tree.launched(op)
+        launched = tree.worked(op)
         if role == "matmul" and launched:
             return k if _batched(tree, names, op) else None
         if role == "softmax":
@@ -323,6 +355,8 @@ def shape_calls(tree: OpTree, names: LedgerNames) -> ShapeCalls:
     in_call = [False] * len(tree.order)
     roles = tree.roles
     calls = _sdpa_calls(tree, names, in_call) if "sdpa" in roles else []
+    if "mha" in roles or "encoder" in roles:
+        calls += _module_calls(tree, in_call)
     if names.fused and not names.fused.keys().isdisjoint(map(tree.trace.device.name.__getitem__, tree.fwd.device)):
         calls += _kernel_calls(tree, names, in_call)
     if "softmax" in roles:

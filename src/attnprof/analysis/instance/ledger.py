@@ -3,30 +3,40 @@ summarised over the instances.
 
 Per instance (`forward_ledger`): the calls that `attention` finds, with their kernels and time, the
 overhead that `attention_overhead` finds, and the masks it builds outside its calls (`masks`; like an
-SDPA call's input types, read by the findings and not in the JSON). Over the instances (`summarize`):
+SDPA call's input types, read by the findings and not in the JSON). A CPU-only trace has no device work:
+its calls are timed on the CPU instead (`cpu_forward_ledger`), and the findings do not read that ledger.
+Over the instances (`summarize`):
 counts are low medians, times medians; the calls listed are those of the first instance that has the
 median number of calls, each with the median time of its position over the instances that ran the
 same calls.
 
 `AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
 
+    time_base              what the times measure: "device" (the calls' device work), or "cpu" in a
+                           CPU-only trace (the calls' ops on the CPU: from the first op's start to
+                           the last op's end, a backward call the total of its autograd ops)
     calls_per_forward      forward attention calls per instance
-    backends               the listed forward calls by backend, e.g. {"cudnn": 2}
+    backends               the listed forward calls by backend, e.g. {"cudnn": 2}; on the CPU also
+                           "native-mha" and "encoder-layer" (see `calls`)
     kernel_time_us         device time of the calls' work (kernels, and memcpys/memsets launched
-                           inside them), forward and backward phase together
+                           inside them), forward and backward phase together; with time_base "cpu",
+                           the calls' CPU time
     backward_kernel_time_us  the backward phase's part of it (null without backward work)
     gpu_time_pct           the calls' busy time (their work's intervals merged: kernels that overlap,
                            e.g. in a CUDA graph, count once) over the instance's GPU time (first
-                           device event to last); never above 100
-    overhead_us            the overhead items' time together
+                           device event to last); never above 100; null on the CPU
+    cpu_time_pct           time_base "cpu": the calls' CPU time over the instance's CPU time (its
+                           region's wall time); null with device time
+    overhead_us            the overhead items' time together (null on the CPU: not measured there)
     bytes_per_forward      the bytes the forward calls must move (Q, K, V, O and a dense mask, from
                            the recorded shapes: see `bandwidth`); null when a call's shapes are unknown
-    achieved_gbps          bytes_per_forward over the forward calls' device time, GB/s
+    achieved_gbps          bytes_per_forward over the forward calls' time (device, or CPU), GB/s
     pct_of_read_bandwidth  achieved_gbps in percent of the read bandwidth (null without one)
     read_bandwidth_source  which figure the percentages use: "datasheet H200 4800 GB/s", or the
                            achieved figure when it beats the datasheet's (never a percentage above 100)
     calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
-                           pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
+                           pct_of_read_bandwidth, forward_call}]: kernels are [] on the CPU;
+                           phase "forward" or "backward";
                            forward_call is a backward call's forward call (its index in calls), null
                            when no forward call links to it; bytes (and its rates) null for backward
                            calls and calls without recorded shapes
@@ -44,7 +54,15 @@ from typing import Any
 
 from attnprof.analysis.hardware import Datasheet
 from attnprof.analysis.instance.bandwidth import Traffic
-from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls, sdpa_prep
+from attnprof.analysis.instance.calls import (
+    ENGINE_PREFIX,
+    SDPA_OP,
+    Call,
+    LedgerNames,
+    backward_calls,
+    find_calls,
+    sdpa_prep,
+)
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
@@ -116,6 +134,12 @@ class ForwardLedger:
     forward_count: int = 0  # how many of the calls are forward calls
     masks: list[MaskBuild] = field(default_factory=list)  # the masks built outside the calls (see masks)
     busy_us: float | None = None  # the calls' work intervals merged; None: kernel_time_us (no overlap)
+    cpu_time_us: float | None = None  # a CPU-only trace's instance: its CPU time (the calls are timed on it)
+
+    @property
+    def on_cpu(self) -> bool:
+        """True for the ledger of a CPU-only trace (`cpu_forward_ledger`)."""
+        return self.cpu_time_us is not None
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -134,8 +158,15 @@ class ForwardLedger:
 
     @property
     def overhead_us(self) -> float:
-        """The overhead items' time together."""
+        """The overhead items' time together (none on the CPU: not measured there)."""
         return sum(map(_time_us, self.overhead.values()))
+
+    @property
+    def cpu_time_pct(self) -> float | None:
+        """On the CPU: the calls' CPU time over the instance's, in percent (at most 100); else None."""
+        if not self.cpu_time_us:
+            return None
+        return min(100.0, 100.0 * self.kernel_time_us / self.cpu_time_us)
 
     @property
     def gpu_time_pct(self) -> float | None:
@@ -234,6 +265,60 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
 
 
+def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
+    """The attention calls of one instance of a CPU-only trace, timed by their ops on the CPU: a forward
+    call from its first op's start to its last op's end, its backward work as the total time of the
+    outermost autograd ops linked to its ops by sequence number. No overhead (it is device work)."""
+    trace = tree.trace
+    ops = trace.cpu_ops
+    calls = find_calls(tree, index.shape_calls(tree))
+    facts = []
+    for call in calls:
+        fact = CallFacts(
+            op=call.op,
+            backend=call.backend,
+            phase="forward",
+            kernel_ids=(),
+            time_us=ops.dur[call.first]
+            if call.first == call.last
+            else ops.ts[call.last] + ops.dur[call.last] - ops.ts[call.first],
+            traffic=index.traffic(call),
+            names=trace.names,
+        )
+        if index.ledger.role.get(ops.name[call.first]) == "sdpa":
+            types = ops.input_types[call.first]
+            fact.input_types = trace.input_types[types] if types >= 0 else ()
+        facts.append(fact)
+    facts += _cpu_backward(tree, calls)
+    return ForwardLedger(facts, {}, None, len(calls), cpu_time_us=tree.fwd.cpu_time_us)
+
+
+def _cpu_backward(tree: OpTree, calls: list[Call]) -> list[CallFacts]:
+    """The backward calls of a CPU-only instance: its outermost backward ops linked (by sequence number) to
+    an op of a forward call, timed by their CPU time, one call per forward call."""
+    fwd, trace = tree.fwd, tree.trace
+    if not fwd.backward_tops or not calls:
+        return []
+    ops, names = trace.cpu_ops, trace.names
+    # the latest forward op with each number (on the CPU the backward may run on the region's thread)
+    seq_op = {ops.seq[o]: o for o in tree.order if ops.seq[o] >= 0 and ops.fwd_tid[o] <= 0}
+    call_of = {o: k for k, c in enumerate(calls) for o in c.ops}
+    time: dict[int, float] = {}
+    labels: dict[int, list[str]] = {}
+    for top in fwd.backward_tops:
+        linked = seq_op.get(ops.seq[top]) if ops.seq[top] >= 0 else None
+        k = call_of.get(linked) if linked is not None else None
+        if k is None:
+            continue
+        time[k] = time.get(k, 0.0) + ops.dur[top]
+        label = names[ops.name[top]].removeprefix(ENGINE_PREFIX)
+        if label not in labels.setdefault(k, []):
+            labels[k].append(label)
+    return [
+        CallFacts(", ".join(labels[k]), calls[k].backend, "backward", (), time[k], k, names=names) for k in sorted(time)
+    ]
+
+
 @dataclass
 class AttentionLedger:
     """The ledger over all instances (see the module docstring)."""
@@ -243,13 +328,15 @@ class AttentionLedger:
     kernel_time_us: float
     backward_kernel_time_us: float | None
     gpu_time_pct: float | None
-    overhead_us: float
+    overhead_us: float  # in the JSON null with time_base "cpu" (not measured there)
     calls: list[CallFacts] = field(default_factory=list)
     overhead: list[dict[str, Any]] = field(default_factory=list)
     #: The read bandwidth the percentages use (GB/s) and what it is (`read_bandwidth`); None: unknown.
     read_bandwidth_gbps: float | None = None
     read_bandwidth_source: str | None = None
     datasheet: Datasheet | None = None  # the GPU's datasheet peaks, when known
+    time_base: str = "device"  # "cpu": a CPU-only trace's ledger, its times CPU time
+    cpu_time_pct: float | None = None  # time_base "cpu": the calls' share of the instance's CPU time
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -281,7 +368,7 @@ class AttentionLedger:
         `shapes_recorded`: whether the trace has any `Input Dims`."""
         self.datasheet = sheet
         forward = self.forward_calls
-        if not forward:
+        if not forward or self.time_base == "cpu":  # a CPU has no read bandwidth to compare with
             return []
         unknown = [c for c in forward if c.traffic is None]
         if unknown and not shapes_recorded:
@@ -321,12 +408,14 @@ class AttentionLedger:
             return None if value is None else round(value, 2)
 
         return {
+            "time_base": self.time_base,
             "calls_per_forward": self.calls_per_forward,
             "backends": dict(self.backends),
             "kernel_time_us": r(self.kernel_time_us),
             "backward_kernel_time_us": r(self.backward_kernel_time_us),
             "gpu_time_pct": r2(self.gpu_time_pct),
-            "overhead_us": r(self.overhead_us),
+            "cpu_time_pct": r2(self.cpu_time_pct),
+            "overhead_us": None if self.time_base == "cpu" else r(self.overhead_us),
             "bytes_per_forward": self.bytes_per_forward,
             "achieved_gbps": r(self.achieved_gbps),
             "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(self.achieved_gbps)),
@@ -355,6 +444,7 @@ def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
     calls = _typical_calls(ledgers, per_call)
     kernel_times = [ledger.kernel_time_us for ledger in ledgers]
     pcts = [p for ledger in ledgers if (p := ledger.gpu_time_pct) is not None]
+    cpu_pcts = [p for ledger in ledgers if (p := ledger.cpu_time_pct) is not None]
     has_backward = any(len(ledger.calls) > ledger.forward_count for ledger in ledgers)
     return AttentionLedger(
         calls_per_forward=per_call,
@@ -365,6 +455,8 @@ def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:
         overhead_us=median([ledger.overhead_us for ledger in ledgers]),
         calls=calls,
         overhead=_overhead_items(ledgers),
+        time_base="cpu" if all(ledger.on_cpu for ledger in ledgers) else "device",
+        cpu_time_pct=median(cpu_pcts) if cpu_pcts else None,
     )
 
 

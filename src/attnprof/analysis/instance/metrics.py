@@ -17,10 +17,11 @@ from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
 from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY, MEMSET
+from attnprof.analysis.instance.cpu_ops import OpTimes, op_times
 from attnprof.analysis.instance.index import MASK_OPS as MASK_OPS
 from attnprof.analysis.instance.index import SAFE_SOFTMAX as SAFE_SOFTMAX
 from attnprof.analysis.instance.index import OpFacts, TraceIndex, is_dtod
-from attnprof.analysis.instance.ledger import ForwardLedger, forward_ledger
+from attnprof.analysis.instance.ledger import ForwardLedger, cpu_forward_ledger, forward_ledger
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.phases import (
     PhaseMetrics,
@@ -107,6 +108,8 @@ class ForwardMetrics:
     backward_outside_region: bool = False  # some backward op ran after the region ended
     backward_roles: dict[str, list[Work]] = field(default_factory=dict)  # see phases.backward_roles
     attention: ForwardLedger | None = None  # attention calls and overhead (see ledger)
+    cpu_attention: ForwardLedger | None = None  # a CPU-only trace's calls, timed on the CPU (findings skip it)
+    op_times: dict[int, OpTimes] | None = None  # a CPU-only trace: each op name's calls and CPU time (cpu_ops)
     stalls: Stalls | None = None  # host syncs and device idle time (see stalls)
 
 
@@ -227,6 +230,10 @@ def forward_metrics(attribution: Attribution, fwd: Forward, index: TraceIndex) -
         _op_device_metrics(metrics, tree, facts, transposes, mask_roots)
         metrics.attention = forward_ledger(tree, index, metrics.gpu_time_us)
         metrics.stalls = forward_stalls(trace, fwd, tree.roots, index.device_end, index.sync_calls)
+    else:
+        metrics.op_times = op_times(trace, fwd)
+        if any(facts.roles):
+            metrics.cpu_attention = cpu_forward_ledger(OpTree(trace, fwd, facts.roles, key), index)
     return metrics
 
 

@@ -25,6 +25,7 @@ class OpTree:
 
     def __init__(self, trace: ParsedTrace, fwd: Forward, roles: Sequence[str | None], op_names: Sequence[int]) -> None:
         self.trace, self.fwd = trace, fwd
+        self.cpu_only = len(trace.device) == 0
         order = self.order = fwd.ops
         n = len(order)
         rows = order if isinstance(order, range) else None  # consecutive table rows
@@ -152,6 +153,11 @@ class OpTree:
     def launched(self, op: int) -> bool:
         """True when `op` or an op inside it launched device work."""
         return self._launched[self.pos[op]]
+
+    def worked(self, op: int) -> bool:
+        """True when `op` did work: launched device work (`launched`), or in a CPU-only trace, always
+        (every op runs on the CPU)."""
+        return self.cpu_only or self._launched[self.pos[op]]
 
     def chain(self, root: int, op: int) -> str:
         """The op names from `root` down to `op`, joined by " → "."""
