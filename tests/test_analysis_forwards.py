@@ -235,8 +235,11 @@ def test_trace_without_annotations_says_so():
     b = TraceBuilder()
     with b.op("aten::mul"):
         b.kernel(MUL)
-    with pytest.raises(TraceError, match="no record_function annotations"):
-        analyze_trace(b.to_dict())
+    with pytest.raises(TraceError, match="no record_function annotations"):  # a region it cannot have
+        analyze_trace(b.to_dict(), region="attnprof")
+    whole = analyze_trace(b.to_dict())  # no region named: the trace as one window, said in a note
+    assert whole.forwards == 1 and whole.kernels_per_forward == 1
+    assert "no record_function annotations" in (whole.region_choice or "")
 
 
 def test_region_outside_every_profiler_step_is_an_error():

@@ -135,14 +135,16 @@ CUTLASS3X = ("void cutlass::device_kernel<cutlass3x_sm90_tensorop_s64x128x16gemm
 NVJET = "nvjet_sm90_tst_128x192_64x5_4x1_v_bz_coopB_NTN"
 ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
        "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
-COPY = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
-        "{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, "
-        "4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, "
-        "at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::"
-        "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()"
-        "() const::{lambda(float)#1}, std::array<char*, 2ul>, TrivialOffsetCalculator<1, unsigned int>, "
-        "TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, "
-        "at::native::memory::StoreWithCast<1>)")
+COPY = "".join([
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::",
+    "{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, ",
+    "std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, ",
+    "TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, ",
+    "at::native::memory::StoreWithCast<1> >(int, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::",
+    "{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, ",
+    "std::array<char*, 2ul>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, ",
+    "at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1>)",
+])
 
 
 def test_hopper_xmma_gemm_is_on_tensor_cores_with_its_types_layout_and_tile():

@@ -40,7 +40,8 @@ def regions(trace: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     steps = [e for e in trace if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     found = [e for e in trace if e.get("cat") == "user_annotation" and e["name"] == name]
     if steps:
-        found = [r for r in found if any(s["ts"] <= r["ts"] and r["ts"] + r["dur"] <= s["ts"] + s["dur"] for s in steps)]
+        spans = [(s["ts"], s["ts"] + s["dur"]) for s in steps]
+        found = [r for r in found if any(lo <= r["ts"] and r["ts"] + r["dur"] <= hi for lo, hi in spans)]
     return sorted(found, key=lambda e: e["ts"])
 
 

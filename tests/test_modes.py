@@ -225,7 +225,7 @@ def test_a_bad_mode_is_one_line_and_no_traceback(cli, write_config) -> None:
     result = cli("run", str(write_config()), "-v", "naive", "--mode", "backward")
     assert result.exit_code != 0
     assert "Traceback" not in result.output
-    assert "modes.0: Input should be 'fwd', 'bwd' or 'fwd+bwd'" in result.output
+    assert result.stderr == "error: --mode must be 'fwd', 'bwd' or 'fwd+bwd' (got 'backward')\n"  # as typed
 
 
 def test_tables_title_the_mode(cli, write_config) -> None:

@@ -41,11 +41,7 @@ def _backends(text: Any) -> str:
 
 def _overhead(ledger: Any) -> str:
     """Each overhead entry of the ledger: `kind ×count/fwd time µs`."""
-    if (
-        not isinstance(ledger, dict)
-        or not isinstance(ledger.get("overhead"), list)
-        or ledger.get("overhead_us") is None
-    ):
+    if not isinstance(ledger, dict) or not isinstance(ledger.get("overhead"), list) or ledger.get("time_base") == "cpu":
         return "n/a"  # no ledger, or one timed on the CPU (no overhead measured there)
     parts = [
         f"{item.get('kind')} ×{fmt_count(item.get('count_per_forward'))} {fmt_number(item.get('time_us'))} µs"

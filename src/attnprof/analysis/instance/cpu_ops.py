@@ -59,20 +59,27 @@ def op_times(trace: ParsedTrace, fwd: Forward) -> dict[int, OpTimes]:
     """The `OpTimes` of one instance's ops, by name id."""
     ops = trace.cpu_ops
     dur, name, dims = ops.dur, ops.name, ops.input_dims
-    parent = fwd.op_parent
-    own = {op: dur[op] for op in fwd.ops}
-    for op in fwd.ops:
-        up = parent.get(op, -1)
-        if up in own:
-            own[up] -= dur[op]
+    order = list(fwd.ops)
+    total = [dur[op] for op in order]
+    own = list(total)
+    if fwd.op_tree is not None and len(fwd.op_tree[0]) == len(order):  # each op's parent by position
+        for i, up in enumerate(fwd.op_tree[0]):
+            if up >= 0:
+                own[up] -= total[i]
+    else:
+        at = {op: i for i, op in enumerate(order)}
+        for i, op in enumerate(order):
+            up = at.get(fwd.op_parent.get(op, -1), -1)
+            if up >= 0:
+                own[up] -= total[i]
     found: dict[int, OpTimes] = {}
-    for op in fwd.ops:
+    for i, op in enumerate(order):
         times = found.get(name[op])
         if times is None:
             times = found[name[op]] = OpTimes()
         times.calls += 1
-        times.self_us += max(0.0, own[op])
-        times.total_us += dur[op]
+        times.self_us += max(0.0, own[i])
+        times.total_us += total[i]
         if dims[op] >= 0:
             if times.dims is None:
                 times.dims = Counter()

@@ -5,16 +5,16 @@ Per instance (`forward_ledger`): the calls that `attention` finds, with their ke
 overhead that `attention_overhead` finds, and the masks it builds outside its calls (`masks`; like an
 SDPA call's input types, read by the findings and not in the JSON). A CPU-only trace has no device work:
 its calls are timed on the CPU instead (`cpu_forward_ledger`), and the findings do not read that ledger.
-Over the instances (`summarize`):
-counts are low medians, times medians; the calls listed are those of the first instance that has the
-median number of calls, each with the median time of its position over the instances that ran the
-same calls.
+Over the instances (`summarize`): counts are low medians, times medians; the calls listed are those of
+the first instance that has the median number of calls, each with the median time of its position over
+the instances that ran the same calls.
 
 `AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
 
     time_base              what the times measure: "device" (the calls' device work), or "cpu" in a
-                           CPU-only trace (the calls' ops on the CPU: from the first op's start to
-                           the last op's end, a backward call the total of its autograd ops)
+                           CPU-only trace (the calls' ops on the CPU: a single op's duration, else
+                           from the first op's start to the last op's end; a backward call the total
+                           of its autograd ops)
     calls_per_forward      forward attention calls per instance
     backends               the listed forward calls by backend, e.g. {"cudnn": 2}; on the CPU also
                            "native-mha" and "encoder-layer" (see `calls`)
@@ -35,11 +35,11 @@ same calls.
     read_bandwidth_source  which figure the percentages use: "datasheet H200 4800 GB/s", or the
                            achieved figure when it beats the datasheet's (never a percentage above 100)
     calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
-                           pct_of_read_bandwidth, forward_call}]: kernels are [] on the CPU;
-                           phase "forward" or "backward";
-                           forward_call is a backward call's forward call (its index in calls), null
-                           when no forward call links to it; bytes (and its rates) null for backward
-                           calls and calls without recorded shapes
+                           pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
+                           kernels [] on the CPU; forward_call is a backward call's forward call (its
+                           index in calls), null when no forward call links to it; bytes (and its
+                           rates) null for backward calls, calls without recorded shapes and the
+                           fused modules' calls (their inputs are hidden states, not Q, K and V)
     overhead               [{kind, ops, count_per_forward, time_us}]: ops are the op chains that
                            launched its work, commonest first
 """
