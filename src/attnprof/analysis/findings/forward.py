@@ -71,7 +71,7 @@ def _fp32_gemms(ctx: FindingContext) -> list[KernelStats]:
 
 def _fp32_excess(ctx: FindingContext) -> float | None:
     """The FP32 GEMMs' device time per instance less the time their FLOPs (from the recorded shapes)
-    take at the measured matmul ceiling of the inputs' dtype; None without shapes or a measured ceiling."""
+    take at the measured matmul ceiling of the inputs' dtype; not measured without shapes or a measured ceiling."""
     gemms = _fp32_gemms(ctx)
     if not ctx.ceiling_tflops or not gemms or any(k.flops_per_forward is None for k in gemms):
         return None

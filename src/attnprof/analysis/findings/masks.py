@@ -58,7 +58,7 @@ def _counted(names: list[str]) -> str:
 
 def _conversion_time(ctx: FindingContext) -> float | None:
     """The device time per instance of the kernels that convert the dense masks to the backend's form
-    (None where no call converted one: the larger cost, every masked block computed, is not measured)."""
+    (not measured where no call converted one: the larger cost, every masked block computed, is not measured)."""
     per = [
         [c for c in (m.attention.calls if m.attention is not None else []) if _dense_mask(c)] for m in ctx.per_forward
     ]
@@ -199,7 +199,7 @@ def _input_dtype(call: CallFacts, ctx: FindingContext) -> tuple[str | None, str 
 
 def _fallback_excess(ctx: FindingContext) -> float | None:
     """The math calls' device time per instance beyond their roofline bound: the larger of their FLOPs
-    at the measured matmul ceiling and their bytes at the read bandwidth (None without recorded shapes
+    at the measured matmul ceiling and their bytes at the read bandwidth (not measured without recorded shapes
     or a measured ceiling)."""
     ledger = ctx.attention
     if ledger is None or not ctx.ceiling_tflops:
