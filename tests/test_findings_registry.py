@@ -98,8 +98,8 @@ def test_the_decorator_registers_one_object_whose_match_wraps_the_sentence():
 
     assert isinstance(two, Rule) and list(registry) == [two]
     assert two.paragraph == "First line, second line."
-    assert two.match(_context()) == Finding("two-lines", "forward said.")
-    assert registry.build(_context()) == [Finding("two-lines", "forward said.")]
+    assert two.match(_context()) == Finding("two-lines", "forward said.", "info")
+    assert registry.build(_context()) == [Finding("two-lines", "forward said.", "info")]
     assert _rule().match(_context()) is None and FINDINGS.build(_context()) == []
 
 
@@ -168,9 +168,12 @@ def test_json(cli):
     assert listed.exit_code == 0
     assert json.loads(listed.output) == {"findings": [rule.to_dict() for rule in FINDINGS]}
     one = json.loads(cli("findings", "cpu-bound", "-f", "json").output)
-    assert one == {"id": "cpu-bound", "severity": "problem", "summary": FINDINGS.get("cpu-bound").summary} | {
-        "paragraph": FINDINGS.get("cpu-bound").paragraph
+    rule = FINDINGS.get("cpu-bound")
+    assert one == {"id": "cpu-bound", "severity": "problem", "summary": rule.summary} | {
+        "paragraph": rule.paragraph, "impact": rule.impact_text
     }
+    assert "less the GPU's busy time" in one["impact"]
+    assert json.loads(cli("findings", "single-fused-kernel", "-f", "json").output)["impact"] is None
     wrong = cli("findings", "cpu-bund", "-f", "json")
     assert wrong.exit_code == 2 and json.loads(wrong.stdout)["error"].startswith("unknown finding 'cpu-bund'")
 
@@ -178,7 +181,9 @@ def test_json(cli):
 def test_markdown_of_one_finding(cli):
     result = cli("findings", "hidden-memcpy", "--format", "markdown")
     rule = FINDINGS.get("hidden-memcpy")
-    assert result.output == f"## hidden-memcpy\n\n**problem**: {rule.summary}\n\n{rule.paragraph}\n"
+    assert result.output == (
+        f"## hidden-memcpy\n\n**problem**: {rule.summary}\n\n{rule.paragraph}\n\n**Impact**: {rule.impact_text}\n"
+    )
 
 
 def test_docs_findings_md_is_generated_from_the_registry(cli):

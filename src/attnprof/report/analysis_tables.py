@@ -333,7 +333,7 @@ def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = 
     if not findings:
         return "No findings." if fmt == "table" else "_No findings._"
     if fmt == "markdown":
-        return "\n".join(finding_line(f, unit, "- ").replace(f"[{f['id']}]", f"**`{f['id']}`**", 1) for f in findings)
+        return "\n".join("- " + finding_line(f, unit).replace(f"[{f['id']}]", f"**`{f['id']}`**", 1) for f in findings)
     width = limit(width, fmt)
     listed = shown(findings, width)
     note = left_out([{"findings": findings}], width)

@@ -75,9 +75,10 @@ def impact_text(finding: dict[str, Any], unit: str) -> str | None:
 
 
 def finding_line(finding: dict[str, Any], unit: str, lead: str = "") -> str:
-    """`[id] message (impact: ...)` as a bullet's text."""
+    """A bullet's text: `[id] message`, or `lead [id]: message` naming its cell, then `Impact: ...` where measured."""
     cost = impact_text(finding, unit)
-    return f"{lead}[{finding['id']}] {finding['message']}" + (f" Impact: {cost}." if cost else "")
+    text = f"{lead} [{finding['id']}]: " if lead else f"[{finding['id']}] "
+    return text + finding["message"] + (f" Impact: {cost}." if cost else "")
 
 
 @dataclass(frozen=True)

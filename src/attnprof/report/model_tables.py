@@ -109,9 +109,7 @@ def model_table(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int 
         ran = row["status"] == "ok" or row.get("forwards") is not None
         body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
     notes = reason_bullets(rows, width) if width is not None else []
-    messages = [
-        finding_line(f, unit_of(r), f"{_cell(r)} ") for r in rows for f in shown(r.get("findings") or [], width)
-    ]
+    messages = [finding_line(f, unit_of(r), _cell(r)) for r in rows for f in shown(r.get("findings") or [], width)]
     if messages:
         notes.append(bullets(messages, width))
     notes += left_out(rows, width)

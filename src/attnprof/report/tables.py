@@ -265,7 +265,7 @@ def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = No
         return table(per_step(GLANCE_COLUMNS, modes), body, fmt)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
-        finding_line(f, unit_of(e), f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''} ")
+        finding_line(f, unit_of(e), f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''}")
         for e in results
         for f in shown(e.get("findings") or [], width)
     ]
