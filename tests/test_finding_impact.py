@@ -62,6 +62,7 @@ def test_fp32_gemms_cost_their_time_beyond_their_flops_at_the_measured_ceiling()
     analysis = analyze_trace(path, ceiling_tflops=CEILING)
     gemms = [k for k in analysis.kernels if k.family == "gemm" and k.tensor_cores is False]
     assert len(gemms) == 2 and all(k.flops_per_forward == 2 * 2 * 32 * 1024 * 1024 * 128 for k in gemms)
+    assert all(k.flops_per_forward is None for k in analysis.kernels if k not in gemms)
     at_ceiling = sum(k.flops_per_forward for k in gemms) / (CEILING * 1e12) * 1e6
     expected = sum(k.time_us for k in gemms) - at_ceiling
     assert analysis.finding("fp32-cuda-cores").impact_us == pytest.approx(expected)

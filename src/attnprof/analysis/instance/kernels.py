@@ -66,9 +66,10 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
             stats.launch_api = apis[nid].most_common(1)[0][0]
         if nid in chains:
             stats.launch_ops = [c for c, _ in chains[nid].most_common()]
-        if nid in flops and None not in flops[nid]:
-            per_forward = flops[nid] + [0] * (n_fwd - len(flops[nid]))
-            stats.flops_per_forward = median(per_forward)
+        if nid in flops:
+            known = [float(f) for f in flops[nid] if f is not None]
+            if len(known) == len(flops[nid]):  # shapes recorded for every launch of it
+                stats.flops_per_forward = median(known + [0.0] * (n_fwd - len(known)))
         if nid in infos:
             device = dev.device[e]
             if device not in limits_cache:
