@@ -27,7 +27,10 @@ class Throughput:
     """Achieved rates of one latency against the device's measured ceilings.
 
     `pct_of_peak` is None when there is no ceiling or the latency beat it; `pct_of_peak_note`
-    then says why in one line.
+    then says why in one line. `pct_of_read_bandwidth` is achieved_gbps over the measured read
+    bandwidth (`peak_read_gbps`), or over achieved_gbps itself when that is higher (100, and
+    `read_bandwidth_note` says so); `bound` compares the arithmetic intensity with the ridge point,
+    the matmul ceiling over the read bandwidth.
     """
 
     tflops: float
@@ -37,6 +40,9 @@ class Throughput:
     bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
     pct_of_peak_note: str | None = None
     bytes_moved: float | None = None  # what achieved_gbps divides by (analysis.roofline.bytes_moved)
+    pct_of_read_bandwidth: float | None = None  # never above 100; None without a read ceiling
+    peak_read_gbps: float | None = None  # the measured read bandwidth (profiling.ceiling), GB/s
+    read_bandwidth_note: str | None = None  # set when achieved_gbps beat the measured read bandwidth
 
 
 @dataclass(frozen=True)

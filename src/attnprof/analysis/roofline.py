@@ -18,6 +18,10 @@ host launch time.
 `bytes_moved(spec, dense_mask)` is what the step must move: q, k, v, the output (and in the backward
 their gradients, `MODE_TENSORS`) once each, plus the mask once per pass when the variant takes it as a
 dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
+
+`achieved` puts a step against the peaks: the matmul ceiling and the read bandwidth (measured on the
+machine, `profiling.ceiling`), the ridge point being their ratio; a rate above a peak replaces it, so
+no percentage is above 100.
 """
 
 from __future__ import annotations
@@ -121,53 +125,65 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
 
 
 def achieved(
-    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_bandwidth: float | None
+    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_read: float | None
 ) -> dict[str, Any]:
     """Achieved TFLOP/s and GB/s for `flops` and `bytes_moved` done in `seconds`, as a dict.
 
-    Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved
-    FLOP/s over the compute peak), `pct_of_bandwidth` (achieved bytes/s over the bandwidth
-    peak), `pct_of_roofline` (achieved FLOP/s over the attainable min(peak_flops,
-    intensity · peak_bandwidth)), `ridge` (FLOP/byte) and `bound`. Percentages, `ridge` and
-    `bound` are None when the peak they need is unknown.
+    Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved FLOP/s over
+    the compute peak), `pct_of_read_bandwidth` (achieved bytes/s over the read bandwidth),
+    `pct_of_roofline` (achieved FLOP/s over the attainable min(peak_flops, intensity · read
+    bandwidth)), `ridge` (FLOP/byte), `bound`, and `peak_beaten` / `read_beaten`: the achieved
+    FLOP/s or bytes/s is above the peak given. A beaten peak is no peak: the achieved figure takes
+    its place, so no percentage is above 100 (the caller says so). Percentages, `ridge` and `bound`
+    are None when the peak they need is unknown.
 
-    Units: `peak_flops` in FLOP/s and `peak_bandwidth` in bytes/s (a `Ceiling` holds TFLOP/s
-    and GB/s: multiply by 1e12 and 1e9). `bound` is 'compute' when the arithmetic intensity
-    (flops / bytes) is at or above the ridge point peak_flops / peak_bandwidth, else 'memory'.
+    Units: `peak_flops` in FLOP/s and `peak_read` in bytes/s (a `Ceiling` holds TFLOP/s and GB/s:
+    multiply by 1e12 and 1e9). `bound` is 'compute' when the arithmetic intensity (flops / bytes) is
+    at or above the ridge point peak_flops / peak_read (the matmul ceiling over the read bandwidth),
+    else 'memory'.
     """
     if not seconds > 0:
         raise ValueError(f"seconds must be positive, got {seconds!r}")
     flop_rate = flops / seconds
     byte_rate = bytes_moved / seconds
     intensity = arithmetic_intensity(flops, bytes_moved)
-    pct_peak = 100.0 * flop_rate / peak_flops if peak_flops else None
-    pct_bw = 100.0 * byte_rate / peak_bandwidth if peak_bandwidth else None
+    top_flops = max(peak_flops, flop_rate) if peak_flops else None
+    top_read = max(peak_read, byte_rate) if peak_read else None
+    pct_peak = _pct(flop_rate, top_flops)
+    pct_read = _pct(byte_rate, top_read)
     ridge = bound = pct_roof = None
-    if peak_flops and peak_bandwidth:
-        ridge = peak_flops / peak_bandwidth
+    if top_flops and top_read:
+        ridge = top_flops / top_read
         bound = "compute" if intensity >= ridge else "memory"
-        pct_roof = 100.0 * flop_rate / min(peak_flops, intensity * peak_bandwidth)
+        pct_roof = _pct(flop_rate, min(top_flops, intensity * top_read))
     return {
         "tflops": flop_rate / 1e12,
         "achieved_gbps": byte_rate / 1e9,
         "intensity": intensity,
         "pct_of_peak": pct_peak,
-        "pct_of_bandwidth": pct_bw,
+        "pct_of_read_bandwidth": pct_read,
         "pct_of_roofline": pct_roof,
         "ridge": ridge,
         "bound": bound,
+        "peak_beaten": bool(peak_flops) and flop_rate > (peak_flops or 0.0),
+        "read_beaten": bool(peak_read) and byte_rate > (peak_read or 0.0),
     }
 
 
+def _pct(rate: float, peak: float | None) -> float | None:
+    """`rate` in percent of `peak` (at least the rate, but for rounding: capped at 100); None without a peak."""
+    return min(100.0, 100.0 * (rate / peak)) if peak else None
+
+
 def achieved_for(
-    spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None, dense_mask: bool = False
+    spec: RunSpec, seconds: float, peak_tflops: float | None, read_gbps: float | None, dense_mask: bool = False
 ) -> dict[str, Any]:
-    """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s, the
-    bytes being `bytes_moved(spec, dense_mask)`."""
+    """`achieved` for one step of the spec's mode taking `seconds`, with the matmul peak in TFLOP/s and the
+    read bandwidth in GB/s, the bytes being `bytes_moved(spec, dense_mask)`."""
     return achieved(
         step_flops(spec),
         bytes_moved(spec, dense_mask),
         seconds,
         peak_tflops * 1e12 if peak_tflops else None,
-        peak_gbps * 1e9 if peak_gbps else None,
+        read_gbps * 1e9 if read_gbps else None,
     )

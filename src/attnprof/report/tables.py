@@ -141,6 +141,15 @@ def _kernel_throughput(row: dict[str, Any]) -> str:
     return fmt_number(row["kernel_tflops"]) + ("" if pct is None else f" ({fmt_number(pct)}%)")
 
 
+def _bandwidth(row: dict[str, Any]) -> str:
+    """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
+    note when the achieved figure beat the read bandwidth."""
+    pct = row.get("pct_of_read_bandwidth")
+    text = fmt_number(row.get("achieved_gbps")) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+    text += f", {row.get('bound') or 'n/a'}"
+    return text + (f" ({row['read_bandwidth_note']})" if row.get("read_bandwidth_note") else "")
+
+
 def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
@@ -351,7 +360,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
         ("TFLOP/s by latency (% of measured peak)", _throughput(row)),
         ("TFLOP/s by kernel time (% of peak)", _kernel_throughput(row)),
-        ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
+        ("achieved GB/s (% of read bandwidth), bound", _bandwidth(row)),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
