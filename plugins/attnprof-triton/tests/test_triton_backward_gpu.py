@@ -73,10 +73,16 @@ def test_gpu_backward_cell_runs(tmp_path, mode):
 ], ids=lambda c: str(c))
 @pytest.mark.parametrize("mask", ["sliding_window:1", "sliding_window:100", "documents:4", "prefix:129", "causal",
                                   "none"])
-def test_gpu_masked_backward_matches_float64_autograd(batch, heads, kv_heads, q_len, kv_len, head_dim, dtype, mask):
-    """Our dQ, dK, dV kernels under every mask and decode-like lengths, against masked float64 autograd."""
+def test_gpu_masked_backward_matches_float64_autograd(monkeypatch, batch, heads, kv_heads, q_len, kv_len, head_dim,
+                                                     dtype, mask):
+    """Our dQ, dK, dV kernels under every mask and decode-like lengths, against masked float64 autograd (the
+    forward at its default configuration: no search per case)."""
+    from attnprof_triton import _kernel
+
     from attnprof.profiling.gradcheck import check_grads
     from attnprof.profiling.steps import build_step
+
+    monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "0")
 
     rs = RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=kv_len, q_len=q_len, head_dim=head_dim,
                  kv_heads=kv_heads, mask=mask, causal=mask == "causal", mode="fwd+bwd")
