@@ -1,5 +1,6 @@
 """A pinned SDPA backend that refuses its inputs: the skip reason is one line, the pinned backend's
-own reasons from torch's warnings, each its first sentence (the text simulated on CPU as torch 2.11 gives it on CUDA)."""
+own reasons from torch's warnings, each its first sentence (the text simulated on CPU as torch 2.11
+gives it on CUDA)."""
 
 from __future__ import annotations
 

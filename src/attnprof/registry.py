@@ -163,10 +163,22 @@ class RunSpec:
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
 
 
+@dataclass(frozen=True)
+class ExecutedPairs:
+    """The (query, key) pairs a block-sparse kernel computes, summed over batch and query heads: every
+    pair inside the tiles it visits, each tile cut at q_len and kv_len (the padding past them is not
+    counted). `forward` is the forward's; `backward` the backward's, None when it visits the forward's
+    tiles. `analysis.roofline.executed_flops` turns them into FLOPs by the convention of `flops`."""
+
+    forward: int
+    backward: int | None = None
+
+
 ForwardFn = Callable[..., Any]
 CheckFn = Callable[[RunSpec], "str | None"]
 SetupFn = Callable[[RunSpec], Any]
 RowsFn = Callable[[RunSpec], Sequence[int]]
+ExecutedFn = Callable[[RunSpec, Any], "ExecutedPairs | None"]
 
 
 @dataclass
@@ -177,6 +189,10 @@ class Variant:
     (`bhsd` = [batch, heads, seq, head_dim], or `bshd`) and returns the output in
     the same layout. `state` is what `setup(spec)` returned (None without setup);
     setup runs once per cell, outside every timed and profiled region.
+
+    A block-sparse variant may say what its kernel computes: `executed_pairs(spec, state)`, called once
+    after setup with its state, returns the `ExecutedPairs` of the tiles it visits (None: unknown);
+    rows then carry `executed_flops` beside the useful `flops`.
 
     A `collective` variant runs one forward across every process of a torchrun group: all
     ranks run its cell together (never split across them), and `output_rows(spec)` names the
@@ -201,6 +217,7 @@ class Variant:
     score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
     dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
     unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
+    executed_pairs: ExecutedFn | None = None  # block-sparse kernels: the pairs their tiles compute
     #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
     by_design: frozenset[str] = frozenset()

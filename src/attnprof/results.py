@@ -80,6 +80,7 @@ class CellResult:
     memory_mib: float | None = None
     nan_on_fully_masked: bool | None = None
     dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
+    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
     clock: ClockWindow | None = None
     throughput: Throughput | None = None
     analysis: TraceAnalysis | None = None

@@ -11,6 +11,11 @@ counts exactly the (query, key) pairs the mask keeps (`attnprof.masks`: causal S
 usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike), each 4·D FLOPs.
 `flops_convention(spec)` states it in the results.
 
+`executed_flops(spec, pairs)` is what a block-sparse kernel computes rather than what the mask keeps:
+the same 4·D per pair and mode factors, over every pair inside the tiles the kernel visits (a variant's
+`executed_pairs`: a flex BlockMask's full and partial blocks, triton-flash's key-block ranges), each tile
+cut at q_len and kv_len; it is never below `step_flops`, and the gap is the masked work inside the tiles.
+
 `kernel_tflops(spec, attention)` is the same FLOPs over the attention calls' device time per step in the
 trace (the ledger's `kernel_time_us`), rather than over the latency, which at small shapes is mostly
 host launch time.
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnprof.registry import RunSpec
+from attnprof.registry import ExecutedPairs, RunSpec
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger import AttentionLedger
@@ -68,6 +73,24 @@ def flops_convention(spec: RunSpec) -> str:
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
     return f"{scaled}{forward} (exact pairs; backward factor of tritonbench / flash-attention)"
+
+
+def executed_flops(spec: RunSpec, pairs: ExecutedPairs) -> float:
+    """FLOPs of the spec's mode over the pairs a kernel computes (`ExecutedPairs`, summed over batch and
+    query heads): 4·D per forward pair, 2.5 × 4·D per backward pair (the backward's own tiles when it has
+    them, else the forward's); fwd+bwd is both."""
+    per_pair = 4.0 * spec.head_dim
+    backward = pairs.forward if pairs.backward is None else pairs.backward
+    forward_part = per_pair * pairs.forward if spec.mode != "bwd" else 0.0
+    backward_part = MODE_FLOPS_FACTOR["bwd"] * per_pair * backward if spec.backward else 0.0
+    return forward_part + backward_part
+
+
+#: How `executed_flops` is counted, appended to `flops_convention` on rows that carry it.
+EXECUTED_CONVENTION = (
+    "executed_flops: the same per pair over every (query, key) pair inside the tiles the kernel visits "
+    "(block-sparse kernels; tiles cut at q_len and kv_len)"
+)
 
 
 def kernel_tflops(spec: RunSpec, attention: AttentionLedger | None) -> float | None:

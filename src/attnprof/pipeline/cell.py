@@ -159,6 +159,12 @@ def _measure(
     if variant.setup is not None:
         with phase(result, "setup"), guard("setup", variant):
             state = variant.setup(spec)
+    if variant.executed_pairs is not None:
+        from attnprof.analysis.roofline import executed_flops
+
+        with phase(result, "setup"), guard("executed_pairs", variant):
+            pairs = variant.executed_pairs(spec, state)
+        result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
 
     def forward(q: Any, k: Any, v: Any) -> Any:
         return variant.forward(q, k, v, spec.causal, state)

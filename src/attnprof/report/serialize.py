@@ -60,11 +60,27 @@ def _scope(r: CellResult) -> str | None:
     return f"output: {r.check.scope}; gradients: {r.grad_check.scope}"
 
 
-def _flops_convention(r: CellResult) -> str | None:
-    """How the row's FLOPs (`tflops`) were counted; None when there is no FLOP figure."""
-    from attnprof.analysis.roofline import flops_convention
+def _has_flops(r: CellResult) -> bool:
+    """True when the row carries a FLOP figure: a throughput, or a kernel's executed FLOPs."""
+    return r.throughput is not None or r.executed_flops is not None
 
-    return flops_convention(r.spec) if r.throughput is not None else None
+
+def _flops(r: CellResult) -> float | None:
+    """The step's useful FLOPs (`analysis.roofline.step_flops`); None when the row has no FLOP figure."""
+    from attnprof.analysis.roofline import step_flops
+
+    return step_flops(r.spec) if _has_flops(r) else None
+
+
+def _flops_convention(r: CellResult) -> str | None:
+    """How the row's FLOPs (`flops`, `tflops`, and `executed_flops` where present) were counted; None when
+    there is no FLOP figure."""
+    from attnprof.analysis.roofline import EXECUTED_CONVENTION, flops_convention
+
+    if not _has_flops(r):
+        return None
+    text = flops_convention(r.spec)
+    return text if r.executed_flops is None else f"{text}; {EXECUTED_CONVENTION}"
 
 
 #: What each TFLOP/s figure divides the FLOPs by.
@@ -153,6 +169,8 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("unstable", _timing("unstable")),
     ("retimed", lambda r: r.retimed if r.timing is not None else None),
     ("timing_method", _timing("method")),
+    ("flops", _flops),
+    ("executed_flops", lambda r: r.executed_flops),
     ("tflops", _throughput("tflops")),
     ("kernel_tflops", lambda r: r.kernel_tflops),
     ("tflops_convention", _tflops_convention),

@@ -46,6 +46,7 @@ SHAPE_COLUMNS = (
     Column("TFLOP/s (latency)", drop=3),
     Column("TFLOP/s (kernels)", drop=4),
     Column("% peak", drop=2),
+    Column("executed/useful FLOPs", drop=0),
     Column("peak MiB", drop=1),
     Column("rel err", drop=6),
     Column("speed-up"),
@@ -195,6 +196,7 @@ def shape_rows(rows: list[dict[str, Any]], full: bool, problems_only: bool = Fal
                 fmt_number(row.get("tflops")),
                 fmt_number(row.get("kernel_tflops")),
                 fmt_number(row.get("pct_of_peak")),
+                executed_text(row),
                 fmt_number(row.get("peak_memory_mib")),
                 _error(row.get("rel_error")),
                 speedup_text(row),
@@ -202,6 +204,12 @@ def shape_rows(rows: list[dict[str, Any]], full: bool, problems_only: bool = Fal
             ]
         )
     return body
+
+
+def executed_text(row: dict[str, Any]) -> str:
+    """A block-sparse kernel's executed FLOPs over the useful ones (`1.37×`); n/a for a dense variant."""
+    executed, useful = row.get("executed_flops"), row.get("flops")
+    return f"{executed / useful:.2f}×" if executed is not None and useful else "n/a"
 
 
 def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
@@ -361,6 +369,7 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("TFLOP/s by latency (% of measured peak)", _throughput(row)),
         ("TFLOP/s by kernel time (% of peak)", _kernel_throughput(row)),
         ("achieved GB/s (% of read bandwidth), bound", _bandwidth(row)),
+        ("FLOPs useful, executed by the kernel's tiles", _flops_text(row)),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
@@ -369,6 +378,16 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
         items.insert(2, ("kernels per step: forward + backward", _phase_split(row)))
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
+
+
+def _flops_text(row: dict[str, Any]) -> str:
+    """The step's useful FLOPs, and a block-sparse kernel's executed ones with their ratio."""
+    useful = row.get("flops")
+    if useful is None:
+        return "n/a"
+    if row.get("executed_flops") is None:
+        return f"{useful:.3g}, n/a (the variant does not report its tiles)"
+    return f"{useful:.3g}, {row['executed_flops']:.3g} ({executed_text(row)})"
 
 
 def run_report(

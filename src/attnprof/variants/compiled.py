@@ -6,7 +6,7 @@ from typing import Any
 
 from attnprof import devices
 from attnprof.masks import MASK_KINDS, SCORE_MODS, Mask, alibi_slopes, softcap_value
-from attnprof.registry import RunSpec, Variant
+from attnprof.registry import ExecutedPairs, RunSpec, Variant
 from attnprof.variants.handwritten import HANDWRITTEN_MASKING, build_state, inplace_forward
 
 
@@ -112,6 +112,37 @@ def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -
     return state["fn"](q, k, v, score_mod=state["score_mod"], block_mask=state["block_mask"], enable_gqa=state["gqa"])
 
 
+def block_mask_pairs(block_mask: Any, batch: int, heads: int, q_len: int, kv_len: int) -> int:
+    """The (query, key) pairs FlexAttention computes under `block_mask`, summed over batch and query heads:
+    every pair of its full and partial blocks (BLOCK_SIZE each), cut at q_len and kv_len. None (no mask):
+    every pair. A mask made with B or H None (size 1) holds for every batch or head alike."""
+    import torch
+
+    if block_mask is None:
+        return batch * heads * q_len * kv_len
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    lists = [(block_mask.kv_num_blocks, block_mask.kv_indices)]
+    if block_mask.full_kv_num_blocks is not None:
+        lists.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+    total = 0
+    for counts, indices in lists:
+        counts, indices = counts.to("cpu", torch.int64), indices.to("cpu", torch.int64)
+        starts = indices * kv_block
+        cols = (kv_len - starts).clamp(min=0, max=kv_block)  # keys of each listed block, cut at kv_len
+        listed = torch.arange(indices.shape[-1]) < counts[..., None]  # the first counts[...] entries are real
+        per_q_block = (cols * listed).sum(-1)  # [b, h, q blocks]
+        q_starts = torch.arange(per_q_block.shape[-1]) * q_block
+        rows = (q_len - q_starts).clamp(min=0, max=q_block)
+        b, h = per_q_block.shape[:2]
+        total += int((per_q_block * rows).sum()) * (batch // b) * (heads // h)
+    return total
+
+
+def _flex_executed_pairs(spec: RunSpec, state: dict[str, Any]) -> ExecutedPairs:
+    """The pairs of the block mask's non-empty blocks; the backward walks the same blocks (transposed)."""
+    return ExecutedPairs(block_mask_pairs(state["block_mask"], spec.batch, spec.heads, spec.n_queries, spec.n_keys))
+
+
 def _compiled_setup(spec: RunSpec) -> dict[str, Any]:
     import torch
 
@@ -135,6 +166,7 @@ def variants() -> list[Variant]:
             masks=frozenset(MASK_KINDS),
             score_mods=frozenset(SCORE_MODS),
             unequal_lengths=True,
+            executed_pairs=_flex_executed_pairs,
         ),
         Variant(
             name="compiled",

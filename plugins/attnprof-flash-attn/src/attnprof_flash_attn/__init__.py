@@ -9,13 +9,20 @@ Three interfaces are tried, newest first, and the first that imports is used:
 All three take and return [batch, seq, heads, head_dim] tensors, so the variant declares
 `layout="bshd"` and attnprof prepares its inputs in that layout outside the timed region.
 Nothing is imported when this module is: the lookup happens in check() or setup().
+
+Masks beyond causal, where the installed interface has them (read from its signature, `FEATURES`):
+a sliding window of W keys is `window_size=(W - 1, 0)` with `causal=True` (the W keys up to and
+including the query's own position, bottom-right aligned as attnprof's); `softcap: C` is
+`softcap=C`; N equal documents go through `flash_attn_varlen_func` with `cu_seqlens` at every
+document's start (batch × N sequences of kv_len / N tokens, causal inside each).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof import RunSpec, Variant
@@ -113,27 +120,139 @@ def find_interface(refresh: bool = False) -> Found | str:
 
 
 @dataclass
+class Varlen:
+    """A documents mask as flash_attn_varlen_func takes it: the function, the documents' boundaries
+    (`cu_seqlens`, int32 on the device: every document's first token over the flattened batch, and
+    the total) and their length."""
+
+    func: Callable[..., Any]
+    cu_seqlens: Any
+    length: int
+
+
+@dataclass
 class FlashState:
-    """What setup leaves for forward: the function to call and which interface it is."""
+    """What setup leaves for forward: the function to call, which interface it is, and the cell's masking:
+    `masking` the keyword arguments beyond causal (window_size, softcap), `causal` what causal is then
+    (None: as forward is told), `varlen` the documents' call (None: flash_attn_func)."""
 
     func: Callable[..., Any]
     label: str
+    masking: dict[str, Any] = field(default_factory=dict)
+    causal: bool | None = None
+    varlen: Varlen | None = None
 
 
-def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool) -> Any:
-    out = func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
+#: The FA2 release that added each masking feature attnprof uses (FA3 and FA4 have them all).
+FA2_ADDED = {"window_size": "2.3", "softcap": "2.6", "flash_attn_varlen_func": "2.0"}
+
+
+def _unwrap(out: Any) -> Any:
     # FA4 (and some FA3 releases) return (out, softmax_lse).
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, **masking: Any) -> Any:
+    return _unwrap(func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **masking))
+
+
+def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
+    """The documents: [B, S, H, D] flattened to [B·S, H, D] (a view), one sequence per document, causal."""
+    batch, seq = q.shape[:2]
+    out = varlen.func(
+        q.reshape(batch * seq, *q.shape[2:]),
+        k.reshape(batch * seq, *k.shape[2:]),
+        v.reshape(batch * seq, *v.shape[2:]),
+        cu_seqlens_q=varlen.cu_seqlens,
+        cu_seqlens_k=varlen.cu_seqlens,
+        max_seqlen_q=varlen.length,
+        max_seqlen_k=varlen.length,
+        softmax_scale=q.shape[-1] ** -0.5,
+        causal=True,
+        **masking,
+    )
+    return _unwrap(out).view(q.shape)
+
+
 def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = None) -> Any:
-    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D]."""
+    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D], under the
+    state's mask when setup gave one."""
     if state is None:
         found = find_interface()
         if isinstance(found, str):
             raise RuntimeError(found)
         state = FlashState(found.func, found.label)
-    return _call(state.func, q, k, v, causal)
+    if state.varlen is not None:
+        return _call_varlen(state.varlen, q, k, v, **state.masking)
+    return _call(state.func, q, k, v, causal if state.causal is None else state.causal, **state.masking)
+
+
+def _has(found: Found, function: str, parameter: str | None) -> bool:
+    """Whether the interface's module has `function` and, when named, that `function` takes `parameter`."""
+    func = found.func if function == "flash_attn_func" else getattr(_module(found), function, None)
+    if func is None:
+        return False
+    if parameter is None:
+        return True
+    try:
+        return parameter in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # no signature to read: do not guess
+        return False
+
+
+def _module(found: Found) -> Any:
+    return importlib.import_module(found.interface.module)
+
+
+def masking_needs(spec: RunSpec) -> list[tuple[str, str, str | None]]:
+    """What the spec's mask and score mod need of the interface: (what for, function, parameter or None)."""
+    documents = spec.mask_kind == "documents"
+    needs: list[tuple[str, str, str | None]] = []
+    if spec.mask_kind == "sliding_window":
+        needs.append(("sliding_window", "flash_attn_func", "window_size"))
+    if documents:
+        needs.append(("documents", "flash_attn_varlen_func", None))
+    if spec.score_mod_kind == "softcap":
+        needs.append(("softcap", "flash_attn_varlen_func" if documents else "flash_attn_func", "softcap"))
+    return needs
+
+
+def masking_missing(found: Found, spec: RunSpec) -> str | None:
+    """Why the installed interface cannot run the spec's mask or score mod, or None (also for causal and none)."""
+    for what, function, parameter in masking_needs(spec):
+        if not _has(found, function, parameter):
+            needed = f"{function}({parameter}=...)" if parameter else function
+            added = FA2_ADDED[parameter or function]
+            return f"{what} needs {needed}, which {found.label} lacks (flash-attn {added} added it)"
+    if spec.mask_kind == "documents" and spec.n_queries != spec.n_keys:
+        return f"documents with q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {VARIANT_NAME}"
+    return None
+
+
+def masking_state(found: Found, spec: RunSpec) -> FlashState:
+    """The state that runs the spec's mask and score mod through `found` (check `masking_missing` first):
+    tensors (a documents mask's cu_seqlens) are made on the spec's device, here in setup."""
+    from attnprof.masks import softcap_value
+
+    masking: dict[str, Any] = {}
+    cap = softcap_value(spec.score_mod)
+    if cap is not None:
+        masking["softcap"] = cap
+    mask = spec.mask_spec
+    if mask.kind == "sliding_window":
+        assert mask.size is not None
+        masking["window_size"] = (mask.size - 1, 0)  # keys p - (W - 1) .. p: the W up to its own position
+        return FlashState(found.func, found.label, masking, causal=True)
+    if mask.kind == "documents":
+        import torch
+
+        assert mask.size is not None
+        length = spec.n_keys // mask.size
+        total = spec.batch * spec.n_keys
+        cu_seqlens = torch.arange(0, total + 1, length, dtype=torch.int32, device=spec.device)
+        varlen = Varlen(_module(found).flash_attn_varlen_func, cu_seqlens, length)
+        return FlashState(found.func, found.label, masking, causal=True, varlen=varlen)
+    return FlashState(found.func, found.label, masking)
 
 
 def check(spec: RunSpec) -> str | None:
@@ -154,8 +273,9 @@ def check(spec: RunSpec) -> str | None:
         if major < found.interface.min_capability:
             return (f"{found.label} needs compute capability {found.interface.min_capability}.0 "
                     f"or newer (got {major}.{minor})")
-        return backward_missing(found.interface, spec, (major, minor))
-    return None
+        if reason := backward_missing(found.interface, spec, (major, minor)):
+            return reason
+    return masking_missing(found, spec)
 
 
 def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int, int]) -> str | None:
@@ -176,14 +296,17 @@ def setup(spec: RunSpec) -> FlashState:
     found = find_interface()
     if isinstance(found, str):
         raise RuntimeError(found)
+    if reason := masking_missing(found, spec):
+        raise RuntimeError(reason)
+    state = masking_state(found, spec)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
     q = torch.randn(spec.batch, spec.seq, spec.heads, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.seq, spec.n_kv_heads, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    _call(found.func, q, k, v, spec.causal)
+    forward(q, k, v, spec.causal, state)
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)
-    return FlashState(found.func, found.label)
+    return state
 
 
 def make_variant() -> Variant:
@@ -199,9 +322,9 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bshd",
         has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
-        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
-        masks=frozenset({"causal", "none"}),
-        score_mods=frozenset(),
+        # window_size, varlen documents and softcap where the installed interface has them (`check` says)
+        masks=frozenset({"causal", "none", "sliding_window", "documents"}),
+        score_mods=frozenset({"softcap"}),
         unequal_lengths=False,
     )
 
