@@ -9,21 +9,32 @@ Three interfaces are tried, newest first, and the first that imports is used:
 All three take and return [batch, seq, heads, head_dim] tensors, so the variant declares
 `layout="bshd"` and attnprof prepares its inputs in that layout outside the timed region.
 Nothing is imported when this module is: the lookup happens in check() or setup().
+
+A paged KV cache (`kv_cache: {page_size: N}`) goes through FA2's `flash_attn.flash_attn_with_kvcache`
+when the installed one takes a `block_table` (flash-attn >= 2.5; `find_kvcache`): `prepare_inputs`
+lays k and v out in a [pages, page_size, kv_heads, head_dim] pool by attnprof's seeded shuffled page
+table, outside the timed region, and the forward passes the pool, the int32 block table and the
+cache lengths. FA2 needs page_size divisible by 256. Queries are the last q_len positions (causal
+bottom-right), so paged cells may be decode.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from attnprof import RunSpec, Variant
+from attnprof.kv_cache import paged_pool, shuffled_page_table
 
 __version__ = "0.1.0"
 
 VARIANT_NAME = "flash-attn"
 BASE_DESCRIPTION = "FlashAttention library (FA4 CuTe DSL, FA3 or FA2, whichever is installed)"
+KVCACHE_LABEL = "FA2 (flash_attn.flash_attn_with_kvcache)"
+FA2_PAGE_MULTIPLE = 256  # FA2's paged kernel: "Paged KV cache block size must be divisible by 256"
 
 
 @dataclass(frozen=True)
@@ -112,12 +123,45 @@ def find_interface(refresh: bool = False) -> Found | str:
     return _found
 
 
+def find_kvcache() -> Callable[..., Any] | str:
+    """FA2's `flash_attn.flash_attn_with_kvcache` when it takes a `block_table` (a paged KV cache), or a
+    one-line reason why not. Not cached: the import is, by Python."""
+    why = "a paged KV cache in flash-attn needs FA2's flash_attn.flash_attn_with_kvcache with block_table"
+    try:
+        func = getattr(importlib.import_module("flash_attn"), "flash_attn_with_kvcache", None)
+    except Exception as exc:
+        return f"{why}: {_first_line(exc)}"
+    if func is None:
+        return f"{why}: the installed flash_attn has no flash_attn_with_kvcache"
+    try:
+        takes_table = "block_table" in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a compiled function without a signature
+        takes_table = False
+    if not takes_table:
+        return f"{why}: the installed one takes no block_table (flash-attn >= 2.5 does)"
+    return func
+
+
+@dataclass
+class PagedCache:
+    """A paged cell's cache, built by `prepare_inputs` outside the timed region: the k and v page pools
+    [pages, page_size, kv_heads, head_dim], the int32 block table [batch, kv_len / page_size] and the
+    int32 cache lengths [batch] (every sequence holds kv_len keys)."""
+
+    k_cache: Any
+    v_cache: Any
+    block_table: Any
+    cache_seqlens: Any
+
+
 @dataclass
 class FlashState:
-    """What setup leaves for forward: the function to call and which interface it is."""
+    """What setup leaves for forward: the function to call and which interface it is; for a paged cell,
+    `flash_attn_with_kvcache` and (after `prepare_inputs`) its cache."""
 
     func: Callable[..., Any]
     label: str
+    paged: PagedCache | None = None
 
 
 def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -126,13 +170,28 @@ def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool) -> Any
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _call_paged(func: Callable[..., Any], q: Any, cache: PagedCache, causal: bool) -> Any:
+    return func(
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache_seqlens=cache.cache_seqlens,
+        block_table=cache.block_table,
+        softmax_scale=q.shape[-1] ** -0.5,
+        causal=causal,
+    )
+
+
 def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = None) -> Any:
-    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D]."""
+    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D]. A paged
+    cell's state holds its cache, which the forward reads instead of k and v."""
     if state is None:
         found = find_interface()
         if isinstance(found, str):
             raise RuntimeError(found)
         state = FlashState(found.func, found.label)
+    if state.paged is not None:
+        return _call_paged(state.func, q, state.paged, causal)
     return _call(state.func, q, k, v, causal)
 
 
@@ -145,6 +204,11 @@ def check(spec: RunSpec) -> str | None:
         return f"head_dim must be a multiple of 8 up to 256 (got {spec.head_dim})"
     if spec.heads % spec.n_kv_heads:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
+    if spec.page_size is not None and (reason := paged_reason(spec)):
+        return reason
+    if spec.page_size is None and spec.n_queries != spec.n_keys:
+        lengths = f"q_len {spec.n_queries} != kv_len {spec.n_keys}"
+        return f"{lengths} not supported by {VARIANT_NAME} without a paged KV cache"
     if spec.device_type == "cuda":
         import torch
 
@@ -169,10 +233,27 @@ def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int,
             f"(got {capability[0]}.{capability[1]})")
 
 
+def paged_reason(spec: RunSpec) -> str | None:
+    """Why the installed FlashAttention cannot read the spec's paged cache (`find_kvcache`, FA2's page
+    size rule), or None."""
+    found = find_kvcache()
+    if isinstance(found, str):
+        return found
+    if spec.page_size is not None and spec.page_size % FA2_PAGE_MULTIPLE:
+        return f"{KVCACHE_LABEL} needs page_size divisible by {FA2_PAGE_MULTIPLE} (got {spec.page_size})"
+    return None
+
+
 def setup(spec: RunSpec) -> FlashState:
-    """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds)."""
+    """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds). A paged cell
+    finds `flash_attn_with_kvcache` instead and calls nothing: its cache is built in `prepare_inputs`."""
     import torch
 
+    if spec.page_size is not None:
+        kvcache = find_kvcache()
+        if isinstance(kvcache, str):
+            raise RuntimeError(kvcache)
+        return FlashState(kvcache, KVCACHE_LABEL)
     found = find_interface()
     if isinstance(found, str):
         raise RuntimeError(found)
@@ -184,6 +265,21 @@ def setup(spec: RunSpec) -> FlashState:
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)
     return FlashState(found.func, found.label)
+
+
+def prepare_inputs(spec: RunSpec, state: FlashState, q: Any, k: Any, v: Any, seed: int) -> FlashState:
+    """For a paged cell: k and v ([B, S, H_kv, D]) laid out in page pools by attnprof's seeded shuffled
+    page table (`attnprof.kv_cache`), with the int32 block table and cache lengths; any other cell's
+    state as it is."""
+    if spec.page_size is None:
+        return state
+    import torch
+
+    table = shuffled_page_table(spec.batch, spec.n_keys, spec.page_size, seed, k.device)
+    k_cache, v_cache = (paged_pool(t.transpose(1, 2), table, spec.page_size) for t in (k, v))
+    seqlens = torch.full((spec.batch,), spec.n_keys, dtype=torch.int32, device=k.device)
+    state.paged = PagedCache(k_cache, v_cache, table.to(torch.int32), seqlens)
+    return state
 
 
 def make_variant() -> Variant:
@@ -199,10 +295,13 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bshd",
         has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
-        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
+        # plain causal (is_causal) and no mask only, no score mods; q_len < kv_len only over a paged
+        # cache (flash_attn_with_kvcache, causal bottom-right; `check` refuses it otherwise)
         masks=frozenset({"causal", "none"}),
         score_mods=frozenset(),
-        unequal_lengths=False,
+        unequal_lengths=True,
+        paged_kv=True,
+        prepare_inputs=prepare_inputs,
     )
 
 
