@@ -43,7 +43,7 @@ def test_masks_cpu_runs_every_mask_and_skips_what_a_variant_lacks(cli, tmp_path:
 
 def test_decode_cpu_runs_one_query_against_the_cache(cli, tmp_path: Path) -> None:
     rows = compare(cli, "decode-cpu.yaml", tmp_path)
-    for variant in ("naive", "sdpa", "sdpa-math", "sdpa-flash"):
+    for variant in ("naive", "sdpa", "sdpa-math", "sdpa-flash", "flex"):
         row = rows[(variant, "4x8x1/1024x64/kv2")]
         assert row["status"] == "ok", row["status"]
         assert (row["q_len"], row["kv_len"], row["seq"]) == (1, 1024, 1024)
@@ -52,9 +52,29 @@ def test_decode_cpu_runs_one_query_against_the_cache(cli, tmp_path: Path) -> Non
         assert row["bytes_moved"] == (2 * 4 * 8 * 1 * 64 + 2 * 4 * 2 * 1024 * 64) * 4 + mask
     assert rows[("sdpa", "4x8x16/1024x64/kv2")]["status"] == "ok"
     assert rows[("naive", "4x8x1/1024x64/kv2 sw256")]["status"] == "ok"
+    # the paged cache: flex reads it (its output against the reference of the logical K/V), the others skip it
+    paged = rows[("flex", "4x8x1/1024x64/kv2 paged64")]
+    assert paged["status"] == "ok", paged["status"]
+    assert paged["page_size"] == 64 and paged["rel_error"] < 1e-5
+    contiguous = rows[("flex", "4x8x1/1024x64/kv2")]
+    assert contiguous["page_size"] is None
+    assert paged["bytes_moved"] == contiguous["bytes_moved"] + 4 * (1024 // 64) * 4  # the int32 page table
+    for variant in ("naive", "inplace", "sdpa", "sdpa-math", "sdpa-flash"):
+        row = rows[(variant, "4x8x1/1024x64/kv2 paged64")]
+        assert row["status"] == f"skipped: paged KV cache not supported by {variant} (use flex)"
 
 
 @pytest.mark.parametrize("name", ["masks-h200", "decode-h200"])
 def test_h200_configs_validate(name: str) -> None:
     config = load_config(REPO / "configs" / f"{name}.yaml")
     assert config.device == "cuda" and cell_specs(config, "cuda")
+
+
+def test_decode_h200_has_a_paged_shape_flex_can_read() -> None:
+    from attnprof.plugins import load_variants
+
+    specs = cell_specs(load_config(REPO / "configs" / "decode-h200.yaml"), "cuda")
+    (paged,) = [spec for spec in specs if spec.page_size is not None]
+    assert paged.shape_label == "32x32x1/4096x128/kv8 paged64"
+    flex = load_variants(no_plugins=True).registry.get("flex")
+    assert flex.masking_reason(paged) is None and flex.check(paged) in (None, "torch.compile on CUDA needs triton")

@@ -402,10 +402,10 @@ def _expected(rs):
 def test_declares_windows_documents_and_softcap():
     variant = fa.make_variant()
     assert variant.masks == {"causal", "none", "sliding_window", "documents"}
-    assert variant.score_mods == {"softcap"} and not variant.unequal_lengths
+    # q_len < kv_len passes the declaration: `check` allows it over a paged cache only
+    assert variant.score_mods == {"softcap"} and variant.unequal_lengths and variant.paged_kv
     assert variant.masking_reason(spec(mask="prefix:4")).startswith("mask prefix not supported by flash-attn")
     assert variant.masking_reason(spec(score_mod="alibi")).startswith("score_mod alibi not supported by flash-attn")
-    assert "not supported" in variant.masking_reason(spec(q_len=1))
 
 
 @pytest.mark.parametrize("window", [1, 7, 40])
@@ -470,7 +470,7 @@ def test_fa4_takes_the_same_arguments_and_returns_a_tuple(fake_release):
         (FA2_2_6, FA2_2_3, dict(mask="documents:2", score_mod="softcap:30"),
          "softcap needs flash_attn_varlen_func(softcap=...), which FA2 (flash_attn) lacks (flash-attn 2.6 added it)"),
         (FA2_2_6, FA2_2_6, dict(mask="documents:2", q_len=20),
-         "documents with q_len 20 != kv_len 40 not supported by flash-attn"),
+         "q_len 20 != kv_len 40 not supported by flash-attn without a paged KV cache"),
     ],
 )
 def test_what_the_installed_release_lacks_is_a_skip_with_the_release_that_added_it(fake_release, params, varlen,
@@ -529,3 +529,114 @@ def test_gpu_masks_match_float64(overrides, mode):
 def _expected_on(rs, device):
     q, k, v = make_inputs(rs, seed=0)
     return reference_attention(q, k, v, rs.causal, mask=rs.mask, score_mod=rs.score_mod, device=device)
+def test_decode_without_a_paged_cache_is_refused(fake_flash):
+    """q_len < kv_len runs over a paged cache only: without one it is a skipped cell."""
+    fake_flash("fa2")
+    variant = fa.make_variant()
+    assert variant.paged_kv
+    assert variant.check(spec(q_len=1)) == (
+        "q_len 1 != kv_len 40 not supported by flash-attn without a paged KV cache")
+
+
+# --- a paged KV cache through flash_attn_with_kvcache, with a stand-in FA2 -------------
+
+PAGED = dict(device="cpu", dtype="bf16", batch=2, heads=4, kv_heads=2, seq=512, head_dim=32, q_len=3, page_size=256)
+
+
+def _fake_kvcache(calls: list):
+    """A stand-in FA2 flash_attn_with_kvcache with FA2's signature: gathers each sequence's pages by the
+    block table and attends with SDPA, causal bottom-right, in float64."""
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                                cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                                return_softmax_lse=False):
+        calls.append(dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+                          block_table=block_table, softmax_scale=softmax_scale, causal=causal))
+        batch, q_len, heads, _ = q.shape
+        out = []
+        for b in range(batch):
+            n = int(cache_seqlens[b])
+            keys = k_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1).double()  # [H_kv, n, D]
+            values = v_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1).double()
+            group = heads // keys.shape[0]
+            keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+            keep = torch.arange(q_len)[:, None] + (n - q_len) >= torch.arange(n)[None, :]
+            scores = q[b].transpose(0, 1).double() @ keys.transpose(-1, -2) * softmax_scale
+            if causal:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            out.append((scores.softmax(-1) @ values).transpose(0, 1))
+        return torch.stack(out).to(q.dtype)
+
+    return flash_attn_with_kvcache
+
+
+@pytest.fixture
+def fake_kvcache(fake_flash, monkeypatch):
+    """FA2 stand-in with flash_attn_with_kvcache; returns the list of its calls."""
+    fake_flash("fa2")
+    calls: list = []
+    monkeypatch.setattr(sys.modules["flash_attn"], "flash_attn_with_kvcache", _fake_kvcache(calls), raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_paged_decode_calls_flash_attn_with_kvcache(fake_kvcache, causal):
+    from attnprof.kv_cache import shuffled_page_table
+    from attnprof.profiling.correctness import reference_attention
+
+    variant = fa.make_variant()
+    rs = RunSpec(**PAGED, causal=causal)
+    assert rs.shape_label == "2x4x3/512x32/kv2 paged256"
+    assert variant.check(rs) is None
+    state = variant.setup(rs)
+    assert state.label == fa.KVCACHE_LABEL and state.paged is None
+    q, k, v = make_inputs(rs, seed=5, layout="bshd")
+    state = variant.prepare_inputs(rs, state, q, k, v, 5)
+    out = variant.forward(q, k, v, causal, state)
+    (call,) = fake_kvcache  # no warm-up call in setup
+    assert call["q"] is q and call["k"] is None and call["v"] is None  # nothing appended to the cache
+    assert call["k_cache"].shape == call["v_cache"].shape == (2 * 2, 256, 2, 32)  # [pages, page, H_kv, D]
+    table = call["block_table"]
+    assert table.dtype == torch.int32 and table.shape == (2, 2)
+    assert torch.equal(table.long(), shuffled_page_table(2, 512, 256, 5))
+    assert sorted(table.flatten().tolist()) == [0, 1, 2, 3]
+    assert call["cache_seqlens"].dtype == torch.int32 and call["cache_seqlens"].tolist() == [512, 512]
+    assert call["causal"] is causal and call["softmax_scale"] == 32 ** -0.5
+    # page table[b, i] holds positions i·256 ... of sequence b
+    assert torch.equal(call["k_cache"][table[1, 1].long()], k[1, 256:512])
+    qr, kr, vr = make_inputs(rs, seed=5)
+    ref = reference_attention(qr, kr, vr, causal, mask="causal" if causal else "none")
+    torch.testing.assert_close(to_bhsd(out, "bshd").double(), ref, atol=2e-2, rtol=0)
+
+
+def test_paged_reasons(fake_flash, monkeypatch):
+    variant = fa.make_variant()
+    fake_flash("fa2")  # flash_attn_func only: an FA2 before flash_attn_with_kvcache
+    why = "a paged KV cache in flash-attn needs FA2's flash_attn.flash_attn_with_kvcache with block_table"
+    assert variant.check(RunSpec(**PAGED)) == f"{why}: the installed flash_attn has no flash_attn_with_kvcache"
+
+    def no_table(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(sys.modules["flash_attn"], "flash_attn_with_kvcache", no_table, raising=False)
+    assert variant.check(RunSpec(**PAGED)) == f"{why}: the installed one takes no block_table (flash-attn >= 2.5 does)"
+    monkeypatch.setattr(sys.modules["flash_attn"], "flash_attn_with_kvcache", _fake_kvcache([]))
+    assert variant.check(RunSpec(**PAGED | {"page_size": 64})) == (
+        "FA2 (flash_attn.flash_attn_with_kvcache) needs page_size divisible by 256 (got 64)")
+    assert variant.unavailable_reason(RunSpec(**PAGED | {"device": "cuda"}, mode="bwd")) == (
+        "no backward (a paged KV cache is timed forward only)")
+
+
+def test_paged_reason_without_flash_attn(no_flash_attn):
+    assert fa.find_kvcache() == ("a paged KV cache in flash-attn needs FA2's flash_attn.flash_attn_with_kvcache "
+                                 "with block_table: No module named 'flash_attn'")
+
+
+def test_unpaged_state_is_left_alone(fake_flash):
+    fake_flash("fa2")
+    variant = fa.make_variant()
+    rs = spec()
+    state = variant.setup(rs)
+    assert variant.prepare_inputs(rs, state, None, None, None, 0) is state and state.paged is None

@@ -22,7 +22,8 @@ host launch time.
 
 `bytes_moved(spec, dense_mask)` is what the step must move: q, k, v, the output (and in the backward
 their gradients, `MODE_TENSORS`) once each, plus the mask once per pass when the variant takes it as a
-dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
+dense [q_len, kv_len] bool tensor, plus a paged KV cache's page table once (one int32 per page of each
+sequence, `page_table_bytes`); achieved GB/s is computed from it. A paged cache changes no FLOPs.
 
 `achieved` puts a step against the peaks: the matmul ceiling and the read bandwidth (measured on the
 machine, `profiling.ceiling`), the ridge point being their ratio; a rate above a peak replaces it, so
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from attnprof.kv_cache import PAGE_TABLE_ENTRY_BYTES, page_table_entries
 from attnprof.registry import ExecutedPairs, RunSpec
 
 if TYPE_CHECKING:
@@ -137,9 +139,19 @@ def mask_bytes(spec: RunSpec, dense_mask: bool) -> float:
     return float(spec.n_queries * spec.n_keys) if dense_mask else 0.0
 
 
+def page_table_bytes(spec: RunSpec) -> float:
+    """Bytes of a paged cell's page table, read once: B · kv_len / page_size int32 physical page indices
+    (flash-attn's block_table; flex reads its block mask's kv_indices, the same int32 per page, and the
+    page-to-logical map only at partial blocks). 0 when the cache is not paged."""
+    if spec.page_size is None:
+        return 0.0
+    return float(page_table_entries(spec.batch, spec.n_keys, spec.page_size) * PAGE_TABLE_ENTRY_BYTES)
+
+
 def bytes_moved(spec: RunSpec, dense_mask: bool = False) -> float:
-    """`min_bytes` plus the dense mask once per pass (`MODE_MASK_PASSES`) when the variant takes one."""
-    return min_bytes(spec) + MODE_MASK_PASSES[spec.mode] * mask_bytes(spec, dense_mask)
+    """`min_bytes` plus the dense mask once per pass (`MODE_MASK_PASSES`) when the variant takes one,
+    plus a paged cache's page table (`page_table_bytes`)."""
+    return min_bytes(spec) + MODE_MASK_PASSES[spec.mode] * mask_bytes(spec, dense_mask) + page_table_bytes(spec)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:

@@ -143,8 +143,9 @@ def _measure(
     trace_dir: Path,
     agree: Callable[[int], int] | None = None,
 ) -> None:
-    """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
-    What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
+    """Everything that runs the variant: its setup and input layout (`prepare_inputs`), timing, the
+    profiled loop, correctness, memory, masking. What is timed and profiled is the step of the spec's
+    mode (`profiling.steps`)."""
     import torch
 
     from attnprof.profiling import correctness, memory
@@ -165,6 +166,9 @@ def _measure(
         with phase(result, "setup"), guard("executed_pairs", variant):
             pairs = variant.executed_pairs(spec, state)
         result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
+    if variant.prepare_inputs is not None:  # its own layout of k and v (a paged pool), built untimed
+        with phase(result, "setup"), guard("input preparation", variant), torch.no_grad():
+            state = variant.prepare_inputs(spec, state, q, k, v, config.seed)
 
     def forward(q: Any, k: Any, v: Any) -> Any:
         return variant.forward(q, k, v, spec.causal, state)

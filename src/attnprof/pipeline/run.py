@@ -118,7 +118,7 @@ def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
     return [
-        shape.spec(device, config.dtype, config.causal, mode, config.mask, config.score_mod)
+        shape.spec(device, config.dtype, config.causal, mode, config.mask, config.score_mod, config.kv_cache)
         for shape in config.shapes
         for mode in config.modes
     ]

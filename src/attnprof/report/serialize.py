@@ -135,6 +135,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("score_mod", lambda r: r.spec.score_mod),
     ("q_len", lambda r: r.spec.n_queries),
     ("kv_len", lambda r: r.spec.n_keys),
+    ("page_size", lambda r: r.spec.page_size),
     ("causal_alignment", lambda r: r.spec.causal_alignment),
     ("fully_masked_rows", lambda r: r.spec.fully_masked_rows),
     ("dense_mask", lambda r: r.dense_mask),
@@ -243,6 +244,7 @@ def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
         row.get("score_mod") or None,
         _unless_seq(row, "q_len"),
         _unless_seq(row, "kv_len"),
+        row.get("page_size") or None,
     )
 
 
