@@ -6,7 +6,7 @@ into JSON and CSV rows at the edge. A missing measurement is None, never 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +37,27 @@ class Throughput:
     bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
     pct_of_peak_note: str | None = None
     bytes_moved: float | None = None  # what achieved_gbps divides by (analysis.roofline.bytes_moved)
+
+
+@dataclass(frozen=True)
+class MaskAlternative:
+    """The way to give a dense-mask cell its mask without the dense tensor, and what it measured: `kind`
+    `is_causal` (SDPA told the mask is causal) or `block-mask` (FlexAttention's BlockMask), run by
+    `variant` at the cell labelled `cell`. `source` is `this run` (a cell of the same run) or `measured
+    for comparison` (timed after the dense cell, outside its profiled region). `latency_us` is None when
+    it did not run, and `reason` says why; `speedup` is the dense cell's latency over it."""
+
+    kind: str
+    variant: str
+    cell: str
+    source: str
+    latency_us: float | None = None
+    speedup: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, JSON-ready."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,7 @@ class CellResult:
     warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
+    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
 
     @property
     def ok(self) -> bool:

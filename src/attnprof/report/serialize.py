@@ -262,6 +262,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     entry["comm"] = analysis.get("comm")
+    entry["mask_alternatives"] = [a.to_dict() for a in result.mask_alternatives]
     return entry
 
 
