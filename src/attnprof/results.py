@@ -247,6 +247,8 @@ class ModelResult:
     kv_heads: int | None = None
     head_dim: int | None = None
     causal: bool | None = None
+    mask: str | None = None  # the mask every attention implementation ran (None: the model's own, unknown)
+    score_mod: str | None = None
     timing: Timing | None = None
     analysis: TraceAnalysis | None = None
     memory_mib: float | None = None
@@ -272,13 +274,25 @@ class ModelResult:
 
     @property
     def shape(self) -> str | None:
-        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA), when the model states its
-        heads; `BxS` otherwise; None for a factory model whose inputs the factory chose."""
+        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA, then a sized mask and a score
+        mod: `... sw64 softcap30`), when the model states its heads; `BxS` otherwise; None for a factory model
+        whose inputs the factory chose."""
         if self.seq is None:
             return None
         if self.heads is None or self.head_dim is None:
             return f"{self.batch}x{self.seq}"
-        spec = RunSpec("cpu", self.dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads)
+        spec = RunSpec(
+            "cpu",
+            self.dtype,
+            self.batch,
+            self.heads,
+            self.seq,
+            self.head_dim,
+            self.kv_heads,
+            causal=self.causal is not False,
+            mask=self.mask,
+            score_mod=self.score_mod,
+        )
         return spec.shape_label
 
     @property
