@@ -33,7 +33,6 @@ from attnprof.results import CellResult, MaskAlternative
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
-    from attnprof.pipeline.run import Cell
 
 DENSE_MASK = "dense-mask"  # the finding whose message names the alternative
 IS_CAUSAL = "is_causal"
@@ -93,7 +92,7 @@ class Alternatives:
     """The alternatives a run's dense cells must time themselves: those its plan (every rank's cells,
     the resumed ones too) does not hold."""
 
-    def __init__(self, cells: list[Cell]) -> None:
+    def __init__(self, cells: list[tuple[Variant, RunSpec]]) -> None:
         self.planned = {(variant.name, spec.cell_key) for variant, spec in cells}
 
     def missing(self, result: CellResult) -> list[Wanted]:
