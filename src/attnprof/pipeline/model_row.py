@@ -93,6 +93,9 @@ def _measure(
     result.seq = built.seq
     for name in ("heads", "kv_heads", "head_dim", "causal"):  # as the model states them (None: it does not)
         setattr(result, name, getattr(built.shape, name))
+    result.mask = config.mask or ("causal" if built.shape.causal else None)
+    result.causal = result.causal if config.mask is None else config.mask == "causal"
+    result.score_mod = config.score_mod
     with phase(result, "timing"), guard(stage, variant):
         started = time.time()
         options = timing.TimingOptions(**config.timing.model_dump())

@@ -68,12 +68,18 @@ def _seq(row: dict[str, Any], modes: int) -> str:
 
 
 def model_title(rows: list[dict[str, Any]], baseline: str) -> str:
-    """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`."""
+    """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`, with the mask
+    and score mod after the dtype when the config set them (`..., bf16, mask sliding_window:256, fwd ...`)."""
     first = rows[0]
     params = next((r["params"] for r in rows if r.get("params") is not None), None)
     modes = ", ".join(dict.fromkeys(r["mode"] for r in rows))
+    masking = "".join(
+        f", {name} {value}"
+        for name in ("mask", "score_mod")
+        if (value := next((r.get(name) for r in rows if r.get(name) is not None), None)) not in (None, "causal")
+    )
     return (
-        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}, "
+        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}{masking}, "
         f"{modes} on {first['device']}; speed-ups and logits vs {baseline}"
     )
 

@@ -285,6 +285,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     entry["comm"] = analysis.get("comm")
+    entry["mask_alternatives"] = [a.to_dict() for a in result.mask_alternatives]
     return entry
 
 
@@ -352,7 +353,7 @@ def _shared(*names: str) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
 MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     *((name, attrgetter(name)) for name in ("variant", "implementation", "source", "model", "params", "batch")),
     *((name, attrgetter(name)) for name in ("shape", "seq", "heads", "kv_heads", "head_dim", "dtype", "device")),
-    *((name, attrgetter(name)) for name in ("causal", "mode")),
+    *((name, attrgetter(name)) for name in ("causal", "mask", "score_mod", "mode")),
     *_shared("status", "reason", "latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method"),
     *_shared("speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward", "memcpy_per_forward"),
     *_shared("memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us", "peak_memory_mib"),

@@ -81,9 +81,11 @@ def _conversion_time(ctx: FindingContext) -> float | None:
     block, so a causal or sliding-window mask given densely does the full L x S work where is_causal=True
     skips about half (flash cannot take a mask at all, so SDPA also loses that backend). The message names
     each call, the mask's type where record_shapes recorded it, the conversion's device time and kernels,
-    and the attention's own time beside it. Pass is_causal=True for a causal mask; for other structured masks
-    (sliding window, documents, prefix) use FlexAttention with a BlockMask built once per shape
-    (create_block_mask), which skips the empty blocks.
+    and the attention's own time beside it; in run and compare, also the measured latency of the alternative
+    at the same shape (is_causal for a mask that keeps exactly the causal pairs, FlexAttention's BlockMask
+    otherwise), from a cell of the same run or timed for comparison. Pass is_causal=True for a causal mask;
+    for other structured masks (sliding window, documents, prefix) use FlexAttention with a BlockMask built
+    once per shape (create_block_mask), which skips the empty blocks.
     """,
     impact=_conversion_time,
 )
