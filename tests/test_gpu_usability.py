@@ -1,5 +1,5 @@
 """On a CUDA GPU: the traces users have (no annotations; nn.TransformerEncoder's fast path), the kernel names
-cuBLAS, cuBLASLt and ATen give on this GPU decoded by `explain`, and `compare --record-shapes`.
+cuBLAS, cuBLASLt and ATen give on this GPU decoded by `explain`, and `compare --record-shapes --with-stack`.
 Run on the device with `python -m pytest -m gpu tests/test_gpu_usability.py -s` (-s prints the names).
 """
 
@@ -91,11 +91,12 @@ def test_hopper_library_kernel_names_decode(capsys) -> None:
 
 def test_compare_record_shapes_gives_the_attention_bytes(cli, tmp_path: Path) -> None:
     result = cli("compare", "--device", "cuda", "--dtype", "bf16", "--batch", "2", "--heads", "8", "--seq", "1024",
-                 "--head-dim", "64", "--variants", "sdpa-flash,sdpa-math", "--record-shapes", "--min-time", "0.05",
+                 "--head-dim", "64", "--variants", "sdpa-flash,sdpa-math", "--record-shapes", "--with-stack",
+                 "--min-time", "0.05",
                  "-o", str(tmp_path), "--format", "json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["measure"]["record_shapes"] is True
+    assert document["measure"]["record_shapes"] is True and document["measure"]["with_stack"] is True
     for row in document["results"]:
         analysis = analyze_trace(row["trace"])
         ledger = analysis.to_dict()["attention"]

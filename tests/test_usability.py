@@ -1,7 +1,7 @@
 """The small things that add up: a closed pipe ends quietly, errors name what the user typed, unknown keys
 and fields get the nearest names, YAML errors say where, `--variants a,b` is two names, a run's tables
 leave out the same columns, notes never land on the progress bar's line, and `run`/`compare` record
-shapes and stacks on request."""
+stacks on request and shapes unless told not to."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_bad_check_field_gets_the_nearest_names_not_all_of_them(cli, tmp_path)
     first, hint = result.stderr.splitlines()
     assert first.startswith(f"error: {expectations}: naive.latency: unknown field; did you mean latency_us")
     assert first.count(",") <= 2  # at most three names, not the 90-odd columns
-    assert hint.startswith("hint: a field is findings or one of the ") and "columns of a results.csv" in hint
+    assert hint.startswith("hint: a field is findings, faster_than, where or one of the ") and "results.csv" in hint
 
 
 @pytest.mark.parametrize("command", ["compare", "check"])
@@ -156,7 +156,14 @@ def test_comma_separated_patterns_are_several_names() -> None:
 def test_compare_runs_both_of_a_comma_separated_pair(cli, write_config, tmp_path) -> None:
     result = cli("compare", str(write_config()), "--variants", "naive,sdpa-math", "--no-timing", "--format", "json")
     assert result.exit_code == 0, result.output
-    assert [row["variant"] for row in json.loads(result.stdout)["results"]] == ["naive", "sdpa-math"]
+    rows = json.loads(result.stdout)["results"]
+    assert [row["variant"] for row in rows] == ["naive", "sdpa-math"]
+    # a CPU cell's ledger is timed on the CPU: its calls and time, but no GPU share, overhead or kernel TFLOP/s
+    assert [row["attention_backends"] for row in rows] == ["eager:1", "math:1"]
+    for row in rows:
+        assert row["attention_time_us"] > 0 and row["attention_calls_per_forward"] == 1
+        assert row["attention_gpu_pct"] is None and row["attention_overhead_us"] is None
+        assert row["kernel_tflops"] is None
 
 
 # ---------------------------------------------------------------- one run, one set of columns
@@ -214,12 +221,10 @@ def test_without_a_bar_the_ceiling_is_a_plain_note(monkeypatch, capsys) -> None:
 # ---------------------------------------------------------------- --record-shapes and --with-stack
 
 
-def test_run_records_shapes_and_stacks_on_request(cli, write_config, tmp_path) -> None:
+def test_run_records_stacks_on_request_and_shapes_by_default(cli, write_config, tmp_path) -> None:
     out = tmp_path / "out"
-    result = cli("run", str(write_config()), "--variant", "sdpa-math", "--no-timing", "--record-shapes",
-                 "--with-stack", "-o", str(out), "--wide")
+    result = cli("run", str(write_config()), "--variant", "sdpa-math", "--no-timing", "--with-stack", "-o", str(out))
     assert result.exit_code == 0, result.output
-    assert "Input Shapes" in result.stdout  # key_averages grouped by input shape
     [results] = out.glob("*-run/results.json")
     measure = json.loads(results.read_text())["measure"]
     assert measure["record_shapes"] is True and measure["with_stack"] is True
@@ -236,13 +241,14 @@ def test_run_records_shapes_and_stacks_on_request(cli, write_config, tmp_path) -
     assert ledger["calls"][0]["bytes"] == 4 * 1 * 2 * 32 * 16 * 4  # q, k, v, o of 1x2x32x16 in fp32
 
 
-def test_without_the_flags_the_trace_has_no_shapes(cli, write_config, tmp_path) -> None:
+def test_no_record_shapes_gives_a_trace_without_shapes_or_stacks(cli, write_config, tmp_path) -> None:
     out = tmp_path / "out"
-    result = cli("run", str(write_config()), "--variant", "sdpa-math", "--no-timing", "-o", str(out), "--wide")
+    result = cli("run", str(write_config()), "--variant", "sdpa-math", "--no-timing", "--no-record-shapes",
+                 "-o", str(out))
     assert result.exit_code == 0, result.output
-    assert "Input Shapes" not in result.stdout
     [results] = out.glob("*-run/results.json")
-    assert json.loads(results.read_text())["measure"]["record_shapes"] is False
+    measure = json.loads(results.read_text())["measure"]
+    assert measure["record_shapes"] is False and measure["with_stack"] is False
     [trace] = out.glob("*-run/traces/*.json.gz")
     with gzip.open(trace, "rt") as fh:
         events = json.load(fh)["traceEvents"]

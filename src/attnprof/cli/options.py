@@ -86,9 +86,9 @@ MEASURE_OPTIONS: dict[str, Any] = {
     "record_shapes": Annotated[
         bool,
         typer.Option(
-            "--record-shapes",
-            help="Record each op's input shapes and types in the trace (the analysis then gives the attention "
-            "calls' bytes and GB/s; run's key_averages table groups by input shape).",
+            "--record-shapes/--no-record-shapes",
+            help="Record each op's input shapes and types in the trace (on by default: the analysis reads the "
+            "attention calls' bytes and GB/s and the mask's type from them; off: a smaller trace without them).",
         ),
     ],
     "with_stack": Annotated[

@@ -113,20 +113,20 @@ def profile_forward(
     trace_path: Path,
     row_limit: int = 15,
     prepare: Callable[[], Any] | None = None,
-    record_shapes: bool = False,
+    record_shapes: bool = True,
     with_stack: bool = False,
 ) -> ProfileRun:
     """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
     schedule, each call in a `region` range. `spec` is the cell's RunSpec or just the device it runs on
     (`attnprof model`, whose step is a whole model's).
 
-    CPU and CUDA activities on a GPU, CPU alone elsewhere. Only the active steps are recorded;
+    CPU and CUDA activities on a GPU, CPU alone elsewhere, by default with the ops' input shapes and types
+    (`record_shapes`: the analysis reads the attention calls' bytes from them) and on request with each op's
+    Python stack (`with_stack`). Only the active steps are recorded;
     the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
     `prepare`, when given, runs before each call, outside the region (the step's untimed forward).
-    `record_shapes` and `with_stack` are torch.profiler's options of those names; with shapes, the
-    key_averages table is grouped by input shape.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -144,7 +144,7 @@ def profile_forward(
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
         prof = profile(
             activities=activities,
-            record_shapes=record_shapes,
+            record_shapes=record_shapes,  # the calls' bytes (achieved GB/s, memory-bound) and the mask's type
             with_stack=with_stack,
             schedule=torch.profiler.schedule(
                 wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
@@ -163,7 +163,7 @@ def profile_forward(
     started = time.perf_counter()
     with native.capture():
         trace_path = create_new(trace_path, lambda path: prof.export_chrome_trace(str(path)), numbered=True)
-        events = prof.key_averages(group_by_input_shape=record_shapes)
+        events = prof.key_averages()
     table = events.table(sort_by=_sort_key(events, device_type), row_limit=row_limit)
     export_s = time.perf_counter() - started
     return ProfileRun(trace_path, table, output, export_s, native.lines())

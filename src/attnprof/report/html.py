@@ -123,7 +123,12 @@ def environment_section(header: dict[str, Any]) -> str:
     ceiling = header.get("ceiling") or {}
     if ceiling:
         items: list[tuple[str, Any]] = [("matmul ceiling", f"{fmt_number(ceiling.get('tflops'))} TFLOP/s")]
-        items += [(key, ceiling[key]) for key in ("method", "source", "measured_at", "reason") if ceiling.get(key)]
+        if ceiling.get("read_gbps") is not None:
+            items.append(("read bandwidth", f"{fmt_number(ceiling['read_gbps'])} GB/s"))
+        if ceiling.get("bandwidth_gbps") is not None:
+            items.append(("copy bandwidth (read + write)", f"{fmt_number(ceiling['bandwidth_gbps'])} GB/s"))
+        keys = ("method", "read_method", "source", "measured_at", "reason")
+        items += [(key, ceiling[key]) for key in keys if ceiling.get(key)]
         parts += ["<h3>Ceiling</h3>", _pairs(items)]
     return "\n".join(parts)
 
