@@ -211,6 +211,7 @@ def test_a_sweep_gets_pivot_tables_and_its_points_folded(tmp_path):
     assert flash[3] == f"{fmt_number(rows['sdpa-flash', 512, 32]['latency_us'])} (6.80x)"
     assert len(tables) == 2 + 6  # the pivots, then one folded table per point
     assert "<details><summary>Every point in full (6 tables)</summary>" in text
+    assert "<details><summary>Every point in full (8 tables)</summary>" in render(SEQS, tmp_path / "s.html", False)
 
 
 def test_findings_are_grouped_by_id_once_per_variant_with_the_cells(tmp_path):

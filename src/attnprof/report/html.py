@@ -314,7 +314,8 @@ def comparison_section(rows: list[dict[str, Any]], baseline: str | None) -> str:
     pivot, groups = sweep_groups(rows)
     swept = pivot is not None and any(len({row.get(pivot) for row in group}) > 1 for group in groups)
     tables = []
-    for title, group in compare_groups(rows, baseline):
+    points = compare_groups(rows, baseline)
+    for title, group in points:
         tables += [f"<h3>{_e(title)}</h3>", _shape_table(group)]
         if any(row.get("speedup_reliable") is False for row in group):
             tables.append(f"<p class='note'>{_e(UNRELIABLE)}</p>")
@@ -329,9 +330,7 @@ def comparison_section(rows: list[dict[str, Any]], baseline: str | None) -> str:
         parts += [f"<h3>{_e(pivot_title(group, pivot, baseline))}</h3>", html_table(pivot_headers, pivot_body)]
     if any(row.get("speedup_reliable") is False for row in rows):
         parts.append(f"<p class='note'>{_e(UNRELIABLE)}</p>")
-    parts.append(
-        f"<details><summary>Every point in full ({len(tables) // 2} tables)</summary>{''.join(tables)}</details>"
-    )
+    parts.append(f"<details><summary>Every point in full ({len(points)} tables)</summary>{''.join(tables)}</details>")
     return "\n".join(parts)
 
 

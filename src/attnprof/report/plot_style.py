@@ -21,10 +21,10 @@ from typing import Any
 SERIES_FIELDS = ("mode", "device", "dtype", "causal", "batch", "heads", "kv_heads", "head_dim")
 LINE_STYLES: dict[str, Any] = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
 MARKERS = "osD^v<>pPX*h"
-#: The widest sideways shift of a series, in octaves of the sequence length (2**0.1: 7%).
+#: The spread of the series' sideways shifts, in octaves of the sequence length: ±0.05 octave, at most ±3.5%.
 DODGE_OCTAVES = 0.1
 DODGE_NOTE = (
-    "points are shifted sideways by up to {pct:.0f}% of the sequence length so that lines that overlap stay "
+    "points are shifted sideways by up to {pct:.1f}% of the sequence length so that lines that overlap stay "
     "apart; the ticks are at the true lengths"
 )
 NOTE_COLOUR = "#444444"

@@ -128,9 +128,6 @@ def bars_figure(rows: list[Row], style: Style) -> Any:
     below the bars with their status."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
-
-    from attnprof.report.tables import cell_label, speedup_text, variant_label
 
     groups = _bar_groups(rows)
     if not groups:
@@ -140,7 +137,7 @@ def bars_figure(rows: list[Row], style: Style) -> Any:
             f"{len(groups)} shape × mode cells, more than {MAX_BAR_PANELS} bar charts; the latency plot draws them"
         )
     columns = 1 if len(groups) == 1 else 2
-    heights = [0.5 + 0.32 * len(group) for group in groups]
+    heights = [0.5 + 0.32 * _bar_rows(group) for group in groups]
     row_heights = [max(heights[i : i + columns]) for i in range(0, len(groups), columns)]
     figure: Any = Figure(
         figsize=(9.0 if columns == 1 else 7.5 * columns, 1.2 + sum(row_heights) + 0.55 * len(row_heights)),
@@ -151,49 +148,72 @@ def bars_figure(rows: list[Row], style: Style) -> Any:
     unstable = False
     for index, group in enumerate(groups):
         ax = figure.add_subplot(grid[index // columns, index % columns])
-        ran = sorted((r for r in group if number(r.get("latency_us"))), key=lambda r: r["latency_us"])
-        idle = [r for r in group if not number(r.get("latency_us"))]
-        labels = [variant_label(r, group) for r in ran + idle]
-        positions = list(range(len(labels)))
-        values = [float(r["latency_us"]) for r in ran]
-        spread = _spread([(0.0, v, r) for v, r in zip(values, ran, strict=True)], "latency_p25_us", "latency_p75_us")
-        bars = ax.barh(
-            positions[: len(ran)],
-            values,
-            xerr=spread,
-            color=[style.colours.get(str(r["variant"]), GUIDE_COLOUR) for r in ran],
-            error_kw={"capsize": 2, "elinewidth": 1, "ecolor": "#333333"},
-            height=0.7,
-        )
-        for bar, row in zip(bars, ran, strict=True):
-            if row.get("unstable"):
-                bar.set_hatch("///")
-                bar.set_edgecolor("white")
-                unstable = True
-        top = max(v + above for v, above in zip(values, spread[1], strict=True))
-        for y, value, row, above in zip(positions[: len(ran)], values, ran, spread[1], strict=True):
-            speedup = speedup_text(row)
-            text = f"{fmt_number(value)} µs" + ("" if speedup == "n/a" else f"  {speedup}")
-            ax.text(value + above + top * 0.015, y, text, va="center", fontsize=8)
-        for y, row in zip(positions[len(ran) :], idle, strict=True):
-            word = str(row.get("status", "")).partition(":")[0] or "no latency"
-            ax.text(top * 0.015, y, word if word != "ok" else "no latency", va="center", fontsize=8, color="#777777")
-        ax.set_yticks(positions, labels, fontsize=9)
-        ax.yaxis.set_major_locator(FixedLocator(positions))
-        ax.set_ylim(len(labels) - 0.5, -0.5)
-        ax.set_xlim(0, top * 1.32)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 5, 10]))
-        ax.xaxis.set_major_formatter(FuncFormatter(tick))
-        ax.grid(True, axis="x", alpha=0.3)
-        ax.set_axisbelow(True)
-        ax.set_title(cell_label(group[0]), fontsize=10)
-        ax.set_xlabel("median latency (µs)", fontsize=9)
+        unstable = _bar_panel(ax, group, style) or unstable
     notes = ["bars: median latency, fastest at the top; whiskers: 25th to 75th percentile; speed-up over the baseline"]
+    if any(not number(r.get("latency_us")) for group in groups for r in group):
+        notes.append("not run: the variants of that cell without a latency, by status")
     if unstable:
         notes.append("hatched: unstable timing (IQR over 10% of the median, also when re-timed)")
     figure.suptitle(PLOTS["bars"] + (f"\n{style.common}" if style.common else ""), fontsize=12)
     figure.supxlabel("\n".join(notes), fontsize=8, color=NOTE_COLOUR, x=0.01, ha="left")
     return figure
+
+
+def _bar_panel(ax: Any, group: list[Row], style: Style) -> bool:
+    """One shape × mode: a bar per variant with a latency, fastest at the top, labelled with the latency
+    and speed-up, and one last row naming the others by status. True when a bar is unstable (hatched)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from attnprof.report.tables import cell_label, speedup_text, variant_label
+
+    ran = sorted((r for r in group if number(r.get("latency_us"))), key=lambda r: r["latency_us"])
+    idle: dict[str, list[str]] = {}
+    for row in group:
+        if not number(row.get("latency_us")):
+            word = str(row.get("status", "")).partition(":")[0]
+            idle.setdefault("no latency" if word in ("", "ok") else word, []).append(variant_label(row, group))
+    values = [float(r["latency_us"]) for r in ran]
+    spread = _spread([(0.0, v, r) for v, r in zip(values, ran, strict=True)], "latency_p25_us", "latency_p75_us")
+    bars = ax.barh(
+        range(len(ran)),
+        values,
+        xerr=spread,
+        color=[style.colours.get(str(r["variant"]), GUIDE_COLOUR) for r in ran],
+        error_kw={"capsize": 2, "elinewidth": 1, "ecolor": "#333333"},
+        height=0.7,
+    )
+    unstable = False
+    for bar, row in zip(bars, ran, strict=True):
+        if row.get("unstable"):
+            bar.set_hatch("///")
+            bar.set_edgecolor("white")
+            unstable = True
+    top = max(v + above for v, above in zip(values, spread[1], strict=True))
+    for y, (value, row, above) in enumerate(zip(values, ran, spread[1], strict=True)):
+        speedup = speedup_text(row)
+        text = f"{fmt_number(value)} µs" + ("" if speedup == "n/a" else f"  {speedup}")
+        ax.text(value + above + top * 0.015, y, text, va="center", fontsize=8)
+    labels = [variant_label(r, group) for r in ran]
+    if idle:
+        text = "; ".join(f"{word}: {', '.join(names)}" for word, names in idle.items())
+        ax.text(top * 0.015, len(ran), text, va="center", fontsize=8, color="#777777")
+        labels.append("not run")
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(0, top * 1.32)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 5, 10]))
+    ax.xaxis.set_major_formatter(FuncFormatter(tick))
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(cell_label(group[0]), fontsize=10)
+    ax.set_xlabel("median latency (µs)", fontsize=9)
+    return unstable
+
+
+def _bar_rows(group: list[Row]) -> int:
+    """The rows of one bar panel: a bar per variant with a latency, and one for all the others."""
+    timed = sum(1 for r in group if number(r.get("latency_us")))
+    return timed + (timed < len(group))
 
 
 def _bar_groups(rows: list[Row]) -> list[list[Row]]:
@@ -219,7 +239,8 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
     notes = []
     if percent:
         _lines(plot.axes[1], percent, style)
-        plot.axes[1].set_ylim(0, 105)
+        highest = max(p[1] for item in percent for p in item.points)
+        plot.axes[1].set_ylim(0, 105 if highest > 50 else highest * 1.3)  # low percentages not squashed
         plot.axes[1].set_ylabel("% of the measured matmul ceiling")
         ceilings = sorted({fmt_number(p[2].get("peak_tflops")) for item in percent for p in item.points})
         notes.append(
