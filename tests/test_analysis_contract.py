@@ -29,7 +29,7 @@ def test_to_dict_field_names_are_the_contract():
     d = analyze_trace(build(fused_forward, backend="cudnn")).to_dict()
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
-    assert all(set(f) == {"id", "message"} for f in d["findings"])
+    assert all(set(f) == {"id", "message", "severity", "impact_us", "impact_pct"} for f in d["findings"])
     assert set(d["phases"]) == {"forward", "backward"}
     assert set(d["phases"]["forward"]) == PHASE_FIELDS
     assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}

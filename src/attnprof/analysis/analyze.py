@@ -197,7 +197,10 @@ def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | No
 
 
 def analyze_trace(
-    source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None, dtype: str | None = None
+    source: str | Path | dict[str, Any] | ParsedTrace,
+    region: str | None = None,
+    dtype: str | None = None,
+    ceiling_tflops: float | None = None,
 ) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
@@ -205,14 +208,18 @@ def analyze_trace(
     record_function name or a glob pattern such as `ProfilerStep#*` (each match is one forward);
     None chooses one (see `choose_region`) and records why in `region_choice`. `dtype`
     (bf16/fp16/fp32) states the inputs' dtype when the trace lacks `Input type` (record_shapes).
+    `ceiling_tflops` is the measured matmul ceiling of that dtype, when the caller has one: findings
+    that price work against it (fp32-cuda-cores, backend-fallback) have no impact without it.
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     with gc_paused():
-        return _analyze(source, region, dtype)
+        return _analyze(source, region, dtype, ceiling_tflops)
 
 
-def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None, dtype: str | None) -> TraceAnalysis:
+def _analyze(
+    source: str | Path | dict[str, Any] | ParsedTrace, region: str | None, dtype: str | None, ceiling: float | None
+) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
     if region is None:
@@ -244,6 +251,7 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             comm=analysis.comm,
             attention=analysis.attention,
             unit=instance_unit(analysis.phases),
+            ceiling_tflops=ceiling,
         )
     )
     return analysis

@@ -60,8 +60,8 @@ def analyze_command(
         if fmt is c.OutputFormat.json:
             text = json.dumps(analysis.to_dict(), indent=2)
         else:
-            from attnprof.report.analysis_tables import render_analysis  # tables only: not needed for JSON
+            from attnprof.report.analysis_tables import analyze_report  # tables only: not needed for JSON
 
-            text = render_analysis(analysis, fmt.value, c.table_width(fmt, wide))
+            text = analyze_report(analysis, fmt.value, c.table_width(fmt, wide))
         del analysis  # freed while the collector is off, so it has none of it to walk when back on
     c.emit(text)

@@ -263,7 +263,10 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_des
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
-            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.spec.dtype)
+            peak = ceiling.current.tflops if ceiling is not None else None
+            result.analysis = analyze_trace(
+                result.trace_path, region=region, dtype=result.spec.dtype, ceiling_tflops=peak
+            )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
     if by_design:

@@ -94,6 +94,21 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
     )
 
 
+def _slow(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
+    """The memory-bound calls below `MEMORY_BOUND_SHARE` of the read bandwidth."""
+    return [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
+
+
+def _bandwidth_lost(ctx: FindingContext) -> float | None:
+    """The slow memory-bound calls' device time per instance less the time their bytes take at the read
+    bandwidth."""
+    ledger = ctx.attention
+    if ledger is None or not ledger.read_bandwidth_gbps:
+        return None
+    ref = ledger.read_bandwidth_gbps
+    return sum(call.time_us - traffic.bytes / ref / 1e3 for call, traffic, _ in _slow(ledger))
+
+
 @RULES.rule(
     "memory-bound",
     severity="problem",
@@ -111,12 +126,13 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
     decode shape, or too few blocks in flight. Profile with record_shapes=True: without shapes there are no
     bytes.
     """,
+    impact=_bandwidth_lost,
 )
 def _memory_bound_slow(ctx: FindingContext) -> str | None:
     ledger = ctx.attention
     if ledger is None:
         return None
-    slow = [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
+    slow = _slow(ledger)
     if not slow:
         return None
     ref = ledger.read_bandwidth_gbps or 0.0

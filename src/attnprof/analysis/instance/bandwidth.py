@@ -126,3 +126,25 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
         if size is not None and isinstance(mask, list) and mask and all(isinstance(d, int) for d in mask):
             total += prod(mask) * size
     return Traffic(total, 2 * (d_qk + d_v) * batch * heads * queries * keys, batch, heads, k[1], queries, keys)
+
+
+#: GEMM ops by name: the position of their first matrix among the inputs (addmm and baddbmm take
+#: the bias first).
+_GEMM_INPUTS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}
+
+
+def gemm_flops(trace: ParsedTrace, op: int) -> int | None:
+    """The FLOPs of the GEMM that op `op` (aten::mm, bmm, addmm, baddbmm) launched, 2·m·k·n per matrix
+    product, from its recorded `Input Dims`; None for another op or without shapes."""
+    if op < 0:
+        return None
+    first = _GEMM_INPUTS.get(trace.names[trace.cpu_ops.name[op]])
+    dims = trace.input_dims_of(op) if first is not None else None
+    if first is None or dims is None or len(dims) < first + 2:
+        return None
+    a, b = dims[first], dims[first + 1]
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and len(a) in (2, 3)):
+        return None
+    if not all(isinstance(d, int) for d in a + b) or a[-1] != b[-2]:
+        return None
+    return 2 * prod(a) * b[-1]
