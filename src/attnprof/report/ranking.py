@@ -1,10 +1,10 @@
-"""Findings ranked by what they cost: each finding dict's severity and impact, read with fallbacks.
+"""Findings ranked by what they cost, for the report and `sweep`: a compact impact text and the order.
 
-A finding dict carries `id` and `message`, and in newer results `severity` (`problem` or `info`),
-`impact_us` (the time per forward or step at stake) and `impact_pct` (that time as a % of the cell's).
-Older results have neither: their severity is the registry's for that id, their impact unknown.
-Ranking puts the largest impact first, findings without an impact after every one with, and at
-equal impact (or none) problems before info.
+A finding dict carries `id` and `message`, `severity` (`problem` or `info`; from the registry for older
+results, see `report.impact.severity`), `impact_us` (the time per forward or step at stake) and
+`impact_pct` (its share of the cell's time). Ranking follows "What to look at" (`report.impact.ranked`):
+the largest share first, then the most µs; findings without an impact after every one with; at equal
+impact (or none) problems before info.
 """
 
 from __future__ import annotations
@@ -12,20 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from attnprof.report.formatting import fmt_number
+from attnprof.report.impact import severity
+
+__all__ = ["INFO", "PROBLEM", "impact_text", "impact_us", "rank_key", "ranked", "row_findings", "severity"]
 
 PROBLEM, INFO = "problem", "info"
-
-
-def severity(finding: dict[str, Any]) -> str:
-    """The finding's own severity, else the registry's for its id; an id the registry does not know is
-    a problem (shown rather than hidden)."""
-    given = finding.get("severity")
-    if given in (PROBLEM, INFO):
-        return str(given)
-    from attnprof.analysis.findings import FINDINGS
-
-    finding_id = str(finding.get("id"))
-    return FINDINGS.get(finding_id).severity if finding_id in FINDINGS else PROBLEM
 
 
 def impact_us(finding: dict[str, Any]) -> float | None:
@@ -43,10 +34,13 @@ def impact_text(finding: dict[str, Any]) -> str:
     return f"{fmt_number(value)} µs" + (f" ({fmt_number(pct)}%)" if isinstance(pct, (int, float)) else "")
 
 
-def rank_key(finding: dict[str, Any]) -> tuple[int, float, int]:
-    """Sorts the largest impact first, then findings without one; at equal impact problems first."""
+def rank_key(finding: dict[str, Any]) -> tuple[bool, float, float, bool]:
+    """Sorts the largest share of the cell's time first, then the most µs, then findings without an
+    impact; at equal impact problems first."""
     value = impact_us(finding)
-    return (value is None, -(value or 0.0), severity(finding) != PROBLEM)
+    pct = finding.get("impact_pct")
+    share = float(pct) if isinstance(pct, (int, float)) and not isinstance(pct, bool) else 0.0
+    return (value is None, -share, -(value or 0.0), severity(finding) != PROBLEM)
 
 
 def ranked(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
