@@ -251,3 +251,30 @@ def test_a_2x_slowdown_of_a_real_cpu_compare_exits_1(cli, tmp_path) -> None:
     verdicts = {r["variant"]: r["verdict"] for r in json.loads(result.stdout)["rows"] if r["new_latency_us"]}
     assert len(verdicts) == len(timed) >= 4
     assert all(v.startswith("slower by ") for v in verdicts.values()), verdicts
+
+
+BUSY_PAIR = Path(__file__).parent / "data" / "results" / "cpu-busy-neighbour"
+
+
+def test_compares_beside_a_busy_neighbour_are_not_judged_rather_than_called_slower(cli) -> None:
+    """Two identical default compares run one after the other while another process kept one of the two cores
+    busy: naive took 60 ms in the first and 0.43 ms in the second. Taking the second as BASE, the spread rule
+    alone called the first a regression."""
+    base_path, new_path = BUSY_PAIR / "second.json", BUSY_PAIR / "first.json"
+    rows = {
+        side: {r["variant"]: r for r in json.loads(path.read_text())["results"] if r.get("latency_us")}
+        for side, path in (("base", base_path), ("new", new_path))
+    }
+    old_rule = [
+        name
+        for name, b in rows["base"].items()
+        if (delta := rows["new"][name]["latency_us"] - b["latency_us"]) > 0.05 * b["latency_us"]
+        and delta > (b["latency_iqr_us"] + rows["new"][name]["latency_iqr_us"]) / 2
+    ]
+    assert old_rule, "the files no longer show what the issue saw"
+    result = cli("diff", str(base_path), str(new_path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    verdicts = {r["variant"]: r["verdict"] for r in document["rows"]}
+    assert all(verdicts[name].startswith("not judged: other processes took ") for name in old_rule), verdicts
+    assert "not judged (timed while other processes held the CPU)" in document["summary"]
