@@ -206,7 +206,7 @@ def measure_cell(variant: Any, spec: Any, peak: Any, rounds: int = 3) -> dict[st
     row["within_5pct"] = all(abs(d) <= TOLERANCE_PCT for d in diffs) if diffs else None
     eager_gap = row["diff_eager_vs_graph_pct"]
     row["launch_bound"] = None if eager_gap is None else eager_gap > TOLERANCE_PCT
-    rates = achieved_for(spec, row["attnprof_us"] * 1e-6, peak.tflops, peak.bandwidth_gbps)
+    rates = achieved_for(spec, row["attnprof_us"] * 1e-6, peak.tflops, peak.read_gbps)
     row["tflops"], row["pct_of_peak"] = rates["tflops"], rates["pct_of_peak"]
     return row
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows)
     print(
         f"mode {args.mode}; bf16 matmul peak {peak.tflops:.0f} TFLOP/s, "
-        f"copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n"
+        f"read {peak.read_gbps or 0:.0f} GB/s, copy {peak.bandwidth_gbps:.0f} GB/s ({peak.source})\n"
     )
     print(table)
     doc = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import pytest
 from tracegen import BF16, FLASH, MUL, TraceBuilder
 
 from attnprof.analysis import analyze_trace
@@ -180,5 +181,10 @@ def test_cpu_bound_leaves_out_the_wait_for_the_engine():
     a = analyze_trace(steps(body))
     for m in a.per_forward:
         assert m.cpu_work_us == m.cpu_time_us - 400.0
-    assert a.cpu_time_us > a.gpu_time_us  # counting the wait, it would read CPU-bound
-    assert a.finding("cpu-bound") is None
+    assert a.cpu_time_us > a.gpu_time_us  # counting the wait, it would read CPU-bound by far
+    # without it the CPU's work still exceeds the 111 us the GPU is busy, by what the wait is not
+    finding = a.finding("cpu-bound")
+    busy = a.per_forward[0].stalls.busy_us
+    assert busy == pytest.approx(111.0)
+    assert finding.impact_us == pytest.approx(a.per_forward[0].cpu_work_us - busy)
+    assert f"({a.per_forward[0].cpu_work_us:,.1f} us: the region's" in finding.message

@@ -20,7 +20,8 @@ KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_f
                  "occupancy_note", "tensor_cores", "launch_api"}
 ATTENTION_FIELDS = {"calls_per_forward", "backends", "kernel_time_us", "backward_kernel_time_us", "gpu_time_pct",
                     "overhead_us", "bytes_per_forward", "achieved_gbps", "pct_of_read_bandwidth",
-                    "read_bandwidth_source", "calls", "overhead"}
+                    "read_bandwidth_gbps", "read_bandwidth_basis", "read_bandwidth_source", "calls",
+                    "overhead"}
 CALL_FIELDS = {"op", "backend", "phase", "kernels", "time_us", "bytes", "achieved_gbps", "pct_of_read_bandwidth",
                "forward_call"}
 
@@ -29,7 +30,7 @@ def test_to_dict_field_names_are_the_contract():
     d = analyze_trace(build(fused_forward, backend="cudnn")).to_dict()
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
-    assert all(set(f) == {"id", "message"} for f in d["findings"])
+    assert all(set(f) == {"id", "message", "severity", "impact_us", "impact_pct"} for f in d["findings"])
     assert set(d["phases"]) == {"forward", "backward"}
     assert set(d["phases"]["forward"]) == PHASE_FIELDS
     assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}

@@ -23,10 +23,10 @@ def fresh(monkeypatch, tmp_path):
     ceiling.forget()
 
 
-def fake_probe(calls, tflops=1.5, gbps=20.0):
+def fake_probe(calls, tflops=1.5, gbps=20.0, read=30.0):
     def probe(device, dtype):
         calls.append((device, dtype))
-        return Ceiling(tflops, gbps, "measured", method=f"fake {dtype}")
+        return Ceiling(tflops, gbps, "measured", method=f"fake {dtype}", read_gbps=read, read_method="fake read")
 
     return probe
 
@@ -76,6 +76,7 @@ def test_round_trip_through_cache_file():
     ceiling.forget()
     second = device_ceiling("cpu", "fp32", probe=never)
     assert (second.tflops, second.bandwidth_gbps, second.method) == (1.5, 20.0, "fake fp32")
+    assert (second.read_gbps, second.read_method) == (30.0, "fake read")
     assert second.source == "cached" and second.reason is None
     assert second.measured_at == first.measured_at and second.measured_on == first.measured_at[:10]
 
@@ -161,7 +162,8 @@ def test_unwritable_cache_is_tolerated(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"tflops": "nonsense"}, {"measured_at": "yesterday"}, {"method": None},
-                                 {"measured_at": "2026-01-01T00:00:00"}])  # the last one has no time zone
+                                 {"measured_at": "2026-01-01T00:00:00"},  # no time zone
+                                 {"read_gbps": 0.0}, {"read_gbps": None}, {"read_method": None}])
 def test_corrupt_or_bad_entries_are_measured_again(bad):
     path = cache_path()
     path.parent.mkdir(parents=True)
@@ -181,6 +183,49 @@ def test_an_old_cache_version_is_measured_again():
     path.write_text(json.dumps({"version": 1, "entries": {f"{device_key('cpu', 'fp32')}|torch x": old}}))
     calls = []
     assert device_ceiling("cpu", "fp32", probe=fake_probe(calls)).tflops == 1.5 and len(calls) == 1
+
+
+def test_a_version_2_entry_without_read_bandwidth_is_measured_again_and_the_file_rewritten():
+    import torch
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    v2 = {"tflops": 2.0, "bandwidth_gbps": 20.0, "method": "old", "measured_at": now,
+          "torch_version": torch.__version__, "driver_version": None}  # fresh and same torch: only the version differs
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 2, "entries": {device_key("cpu", "fp32"): v2}}))
+    calls = []
+    got = device_ceiling("cpu", "fp32", probe=fake_probe(calls, tflops=1.5, read=30.0))
+    assert len(calls) == 1 and (got.tflops, got.read_gbps, got.read_method) == (1.5, 30.0, "fake read")
+    assert got.reason == f"the cache was written by an older attnprof (cache version 2, now {ceiling.CACHE_VERSION})"
+    data = json.loads(path.read_text())
+    assert data["version"] == ceiling.CACHE_VERSION == 3
+    [entry] = data["entries"].values()
+    assert (entry["read_gbps"], entry["read_method"], entry["method"]) == (30.0, "fake read", "fake fp32")
+    ceiling.forget()
+    assert device_ceiling("cpu", "fp32", probe=never).read_gbps == 30.0  # kept: read from the cache now
+
+
+def test_ridge_is_the_matmul_ceiling_over_the_read_bandwidth_not_the_copy():
+    c = Ceiling(tflops=800.0, bandwidth_gbps=8400.0, source="cached", read_gbps=4000.0)
+    assert c.ridge == pytest.approx(200.0)  # 800e12 / 4000e9; the copy's 8400 GB/s plays no part
+    assert Ceiling(800.0, 8400.0, "cached").ridge is None  # no read bandwidth, no ridge
+    assert Ceiling(None, None, "none").ridge is None
+
+
+def test_cached_ceiling_finds_a_gpu_by_name_and_dtype_without_versions(monkeypatch):
+    from attnprof.profiling.ceiling import cached_ceiling
+
+    monkeypatch.setattr(ceiling, "device_key", lambda device, dtype: f"NVIDIA H200|{dtype}")
+    monkeypatch.setattr(ceiling, "software_versions", lambda device: ("2.x", "550.1"))
+    device_ceiling("cuda:0", "bf16", probe=fake_probe([], tflops=750.0, read=4500.0))
+    got = cached_ceiling("NVIDIA H200", "bf16")
+    assert got is not None and (got.tflops, got.read_gbps, got.source) == (750.0, 4500.0, "cached")
+    assert cached_ceiling("NVIDIA H200", "fp16") is None and cached_ceiling("NVIDIA H100 80GB HBM3", "bf16") is None
+    edit_entry(torch_version="0.1", driver_version="1.0")  # versions are not compared: torch is not imported
+    assert cached_ceiling("NVIDIA H200", "bf16") is not None
+    edit_entry(measured_at=(datetime.now(timezone.utc) - timedelta(days=MAX_AGE_DAYS + 1)).isoformat())
+    assert cached_ceiling("NVIDIA H200", "bf16") is None  # too old
 
 
 def test_key_names_device_and_dtype_not_versions():
@@ -210,5 +255,6 @@ def test_run_ceiling_without_a_ceiling_never_measures():
 
 def test_real_cpu_measurement_is_positive_and_labelled():
     c = probe_ceiling("cpu", "fp32")
-    assert c.tflops > 0 and c.bandwidth_gbps > 0
+    assert c.tflops > 0 and c.bandwidth_gbps > 0 and c.read_gbps > 0
     assert c.source == "measured" and "fp32 matmul" in c.method
+    assert c.read_method.startswith("torch.sum over 64 MiB of fp32; median of 10 after 3 warm-ups, perf_counter")

@@ -35,7 +35,7 @@ def verdicts(data: dict, rows: list[dict], tmp_path: Path) -> list[tuple[str, st
 
 def test_expect_blog_is_valid_and_names_the_blog_config() -> None:
     declared = load_expectations(BLOG_EXPECTATIONS)
-    assert declared.config == REPO / "configs" / "a100.yaml" and declared.config.exists()
+    assert declared.configs == (REPO / "configs" / "a100.yaml",) and declared.configs[0].exists()
     patterns = {e.pattern for e in declared.items}
     assert patterns == {"*", "naive", "inplace", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"}
     assert ("naive", "has", "hidden-memcpy") in {(e.pattern, e.kind, e.value) for e in declared.items}
@@ -106,7 +106,10 @@ def test_a_failed_row_is_a_miss() -> None:
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"naive": {"kernels": 5}}, "naive.kernels: unknown field; valid fields: findings, variant, source"),
+        (
+            {"naive": {"kernels": 5}},
+            "naive.kernels: unknown field; valid fields: findings, faster_than, where, variant, source",
+        ),
         (
             {"naive": {"findings": {"has": ["hidden-memcopy"]}}},
             "unknown finding hidden-memcopy; known findings: hidden-memcpy",
@@ -160,3 +163,89 @@ def test_without_results_check_runs_a_compare(cli, write_config, tmp_path) -> No
     assert (miss["variant"], miss["field"], miss["measured"]) == ("naive", "gpu_time_us", "n/a")
     [folder] = (tmp_path / "out").glob("*-check")
     assert document["results"] == str(folder / "results.json")
+
+
+def test_where_lists_findings_any_and_faster_than(tmp_path) -> None:
+    rows = h200_rows(None)
+    data = {
+        "sdpa-flash": [
+            {"where": {"shape": "8x16x1024x64"}, "faster_than": "sdpa-math"},
+            {"where": {"seq": [8192, 16384]}, "faster_than": {"variant": "sdpa-math", "by": 33}},
+        ],
+        "naive": {
+            "where": {"shape": "8x16x1024x64"},
+            "faster_than": "inplace",
+            "findings": {"any": ["hidden-memcpy", "cpu-bound"]},
+        },
+        "sdpa-math": {"where": {"shape": "8x16x1024x64"}, "findings": {"any": ["cpu-bound", "gpu-idle"]}},
+        "flex": {"where": {"shape": "8x16x1024x64"}, "faster_than": "flash-attn"},
+        "sdpa": {"where": {"seq": 3}, "status": "ok"},
+        "sdpa-cudnn": {"where": {"shape": "8x16x1024x64"}, "faster_than": {"variant": "sdpa-flash", "seq": 123}},
+        "triton-flash": {"where": {"shape": "4x16x8192x128"}, "faster_than": {"variant": "flex", "head_dim": 128}},
+    }
+    found = verdicts(data, rows, tmp_path)
+    assert found == [
+        ("held", "sdpa-flash", "faster than sdpa-math", "27.31x: 95.5 us against 2,609 us"),
+        ("missed", "sdpa-flash", "faster than sdpa-math by 33x", "32.71x: 3,346 us against 109,444 us"),
+        ("held", "sdpa-flash", "faster than sdpa-math by 33x", "33.25x: 6,569 us against 218,411 us"),
+        ("missed", "naive", "faster than inplace", "0.88x: 1,062 us against 934.5 us"),
+        ("held", "naive", "any of hidden-memcpy, cpu-bound", "hidden-memcpy"),
+        ("missed", "sdpa-math", "any of cpu-bound, gpu-idle", "none present"),
+        (
+            "not run",
+            "flex",
+            "faster than flash-attn",
+            "flash-attn: skipped: needs flash_attn (FA2/FA3/FA4): No module named 'flash_attn'",
+        ),
+        ("missed", "sdpa", "= ok", "no row of this variant where seq = 3 in the results"),
+        ("missed", "sdpa-cudnn", "faster than sdpa-flash at seq=123", "no sdpa-flash row at this cell, seq=123"),
+        ("held", "triton-flash", "faster than flex at head_dim=128", "1.06x: 2,597 us against 2,765 us"),
+    ]
+
+
+def test_faster_than_changes_the_mask_of_the_cell(tmp_path) -> None:
+    def row(variant: str, mask: str, latency: float, q_len: int = 64) -> dict:
+        causal = mask == "causal"
+        return {"variant": variant, "status": "ok", "latency_us": latency, "device": "cuda:0", "dtype": "bf16",
+                "batch": 1, "heads": 2, "kv_heads": 2, "seq": 64, "head_dim": 16, "mode": "fwd", "causal": causal,
+                "mask": mask, "score_mod": None, "q_len": q_len, "kv_len": 64}  # fmt: skip
+
+    rows = [row("sdpa", "causal", 10.0), row("sdpa", "prefix:1", 30.0), row("sdpa", "causal", 5.0, q_len=1)]
+    data = {"sdpa": {"where": {"mask": "causal", "q_len": 64}, "faster_than": {"variant": "sdpa", "mask": "prefix:1"}}}
+    assert verdicts(data, rows, tmp_path) == [
+        ("held", "sdpa", "faster than sdpa at mask=prefix:1", "3.00x: 10 us against 30 us")
+    ]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"naive": {"where": {"kernels": 1}, "status": "ok"}}, "naive.where.kernels: unknown field"),
+        ({"naive": {"where": {"seq": [[1]]}, "status": "ok"}}, "naive.where.seq: expected a value or a list"),
+        ({"naive": {"where": {"seq": 1}}}, "naive: expected a mapping of fields to expected values"),
+        ({"naive": [{"status": "ok"}, 5]}, "naive[1]: expected a mapping of fields"),
+        ({"naive": {"faster_than": {"by": 2}}}, "naive.faster_than: expected a variant name or {variant"),
+        ({"naive": {"faster_than": {"variant": "x", "by": -1}}}, "naive.faster_than.by: expected a positive number"),
+        (
+            {"naive": {"faster_than": {"variant": "x", "kernels": 1}}},
+            "naive.faster_than.kernels: not a field of the cell",
+        ),
+        ({"naive": {"findings": {"any": ["cpu-bund"]}}}, "unknown finding cpu-bund"),
+    ],
+)
+def test_where_and_faster_than_errors_are_one_line(tmp_path, data, message) -> None:
+    with pytest.raises(ExpectationsError) as info:
+        parse_expectations(data, tmp_path / "e.yaml")
+    assert message in info.value.message and "\n" not in info.value.message
+
+
+def test_without_results_check_runs_a_compare_per_config(cli, write_config, tmp_path) -> None:
+    first = write_config()
+    second = tmp_path / "second.yaml"
+    second.write_text(first.read_text().replace("seq: 32", "seq: 16"))
+    expectations = expect(tmp_path, {"config": [first.name, second.name], "*": {"status": "ok", "forwards": 2}})
+    result = cli("check", str(expectations), "--no-timing", "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert len(document["results"]) == 2 and document["held"] == 2 * 2 * 3
+    assert {c["cell"].split()[0] for c in document["checks"]} == {"1x2x32x16", "1x2x16x16"}

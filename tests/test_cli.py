@@ -291,13 +291,14 @@ def test_the_cached_note_is_printed_only_when_the_cached_figure_was_used(cli, wr
     args = ("run", "--variant", "sdpa-math", "--config", str(write_config()), *FAST)
     first = cli(*args)
     assert first.exit_code == 0, first.output
-    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, measured now \(no cached figure\)$", first.stderr,
-                     re.MULTILINE), first.stderr
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, read bandwidth \S+ GB/s by torch.sum, "
+                     r"measured now \(no cached figure\)$", first.stderr, re.MULTILINE), first.stderr
     assert "cached on" not in first.stderr and "--refresh-ceiling" not in first.stderr
     ceiling.forget()  # a new process
     second = cli(*args)
-    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, cached on \d{4}-\d\d-\d\d "
-                     r"\(--refresh-ceiling measures again\)$", second.stderr, re.MULTILINE), second.stderr
+    assert re.search(r"^fp32 matmul ceiling on cpu: \S+ TFLOP/s, read bandwidth \S+ GB/s by torch.sum, cached "
+                     r"on \d{4}-\d\d-\d\d \(--refresh-ceiling measures again\)$", second.stderr, re.MULTILINE), \
+        second.stderr
     assert "measured now" not in second.stderr
 
 

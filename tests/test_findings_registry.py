@@ -81,6 +81,35 @@ def test_a_rule_is_checked_when_made():
         _rule(paragraph=" ")
 
 
+def test_only_a_problem_has_an_impact_and_it_says_what_it_counts():
+    def counted(ctx: FindingContext) -> float | None:
+        """The time it costs."""
+        return 5.0
+
+    assert _rule(impact=counted).impact_text == "The time it costs."
+    with pytest.raises(ValueError, match="only a problem has an impact"):
+        _rule(severity="info", impact=counted)
+    with pytest.raises(ValueError, match="its docstring says what it counts"):
+        _rule(impact=lambda ctx: 1.0)
+    problems = [rule for rule in FINDINGS if rule.severity == "problem"]
+    assert all(rule.impact is not None and rule.impact_text.endswith(".") for rule in problems)
+
+
+@pytest.mark.parametrize("cost, expected", [(25.0, (25.0, 12.5)), (-3.0, (0.0, 0.0)), (None, (None, None))])
+def test_a_match_carries_the_severity_the_impact_and_its_share_of_the_instance(cost, expected):
+    def counted(ctx: FindingContext) -> float | None:
+        """The time it costs."""
+        return cost
+
+    rule = _rule(evidence=lambda ctx: "said.", impact=counted)
+    ctx = FindingContext(per_forward=[], kernels=[], dtype=None, dtype_source=None, cpu_time_us=150.0,
+                         gpu_time_us=200.0)  # the instance's time: the larger, 200 us
+    found = rule.match(ctx)
+    assert (found.severity, found.impact_us, found.impact_pct) == ("problem", *expected)
+    assert found.to_dict() == {"id": "some-finding", "message": "said.", "severity": "problem",
+                               "impact_us": expected[0], "impact_pct": expected[1]}
+
+
 def test_an_unknown_id_gets_the_closest():
     with pytest.raises(UnknownFindingError, match=r"unknown finding 'gpu-idl'; did you mean gpu-idle") as caught:
         FINDINGS.get("gpu-idl")
@@ -98,8 +127,8 @@ def test_the_decorator_registers_one_object_whose_match_wraps_the_sentence():
 
     assert isinstance(two, Rule) and list(registry) == [two]
     assert two.paragraph == "First line, second line."
-    assert two.match(_context()) == Finding("two-lines", "forward said.")
-    assert registry.build(_context()) == [Finding("two-lines", "forward said.")]
+    assert two.match(_context()) == Finding("two-lines", "forward said.", "info")
+    assert registry.build(_context()) == [Finding("two-lines", "forward said.", "info")]
     assert _rule().match(_context()) is None and FINDINGS.build(_context()) == []
 
 
@@ -168,9 +197,12 @@ def test_json(cli):
     assert listed.exit_code == 0
     assert json.loads(listed.output) == {"findings": [rule.to_dict() for rule in FINDINGS]}
     one = json.loads(cli("findings", "cpu-bound", "-f", "json").output)
-    assert one == {"id": "cpu-bound", "severity": "problem", "summary": FINDINGS.get("cpu-bound").summary} | {
-        "paragraph": FINDINGS.get("cpu-bound").paragraph
+    rule = FINDINGS.get("cpu-bound")
+    assert one == {"id": "cpu-bound", "severity": "problem", "summary": rule.summary} | {
+        "paragraph": rule.paragraph, "impact": rule.impact_text
     }
+    assert "less the GPU's busy time" in one["impact"]
+    assert json.loads(cli("findings", "single-fused-kernel", "-f", "json").output)["impact"] is None
     wrong = cli("findings", "cpu-bund", "-f", "json")
     assert wrong.exit_code == 2 and json.loads(wrong.stdout)["error"].startswith("unknown finding 'cpu-bund'")
 
@@ -178,7 +210,9 @@ def test_json(cli):
 def test_markdown_of_one_finding(cli):
     result = cli("findings", "hidden-memcpy", "--format", "markdown")
     rule = FINDINGS.get("hidden-memcpy")
-    assert result.output == f"## hidden-memcpy\n\n**problem**: {rule.summary}\n\n{rule.paragraph}\n"
+    assert result.output == (
+        f"## hidden-memcpy\n\n**problem**: {rule.summary}\n\n{rule.paragraph}\n\n**Impact**: {rule.impact_text}\n"
+    )
 
 
 def test_docs_findings_md_is_generated_from_the_registry(cli):

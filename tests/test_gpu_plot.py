@@ -1,7 +1,8 @@
-"""On a CUDA GPU: `attnprof compare` at several sequence lengths, then `attnprof plot` draws all five
-plots (peak memory, kernels and GPU time exist only on a GPU) and `attnprof report` embeds them with the
-top kernels and their occupancy. Run on the device with `python -m pytest -m gpu tests/test_gpu_plot.py`;
-with ATTNPROF_PLOT_OUT=DIR the plots and the report are also copied there to look at.
+"""On a CUDA GPU: `attnprof compare` at several sequence lengths, then `attnprof plot` draws all six
+plots (peak memory, kernels and GPU time exist only on a GPU) and `attnprof report` embeds them after its
+headline, with the top kernels and their occupancy. Run on the device with
+`python -m pytest -m gpu tests/test_gpu_plot.py`; with ATTNPROF_PLOT_OUT=DIR the plots and the report are
+also copied there to look at.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def test_every_plot_is_drawn_from_a_gpu_compare(cli, results, tmp_path):
     assert out.exit_code == 0, out.output
     written = [Path(p) for p in out.stdout.split()]
     names = {p.stem for p in written}
-    assert names == {"latency", "throughput", "memory", "kernels", "gpu_vs_cpu"}, out.stderr
+    assert names == {"bars", "latency", "throughput", "memory", "kernels", "gpu_vs_cpu"}, out.stderr
     assert "skipped" not in out.stderr
     keep(written)
 
@@ -75,7 +76,27 @@ def test_report_has_plots_kernels_and_traces(cli, results, tmp_path):
     out = cli("report", str(results), "-o", str(report))
     assert out.exit_code == 0, out.output
     text = report.read_text()
-    assert text.count("data:image/svg+xml;base64,") == 5
+    assert text.count("data:image/svg+xml;base64,") == 6
     assert "flash_fwd_kernel" in text and "achieved occ." in text and "theoretical occ." in text
     assert text.count(".json.gz'>") == 3 * len(SEQS) and "(not found)" not in text
+    keep([report])
+
+
+def test_report_leads_with_the_fastest_and_drops_no_gpu_column(cli, results, tmp_path):
+    """The headline names a fused kernel as the fastest at the longest sequence, the comparison tables keep
+    the GPU columns (measured here), and the environment names the GPU."""
+    from test_html_report import Page
+
+    report = tmp_path / "report.html"
+    assert cli("report", str(results), "-o", str(report)).exit_code == 0
+    page = Page(report.read_text())
+    assert page.sections[:4] == ["headline", "plots", "comparison", "findings"]
+    assert page.sections[-1] == "environment"
+    [headline] = page.tables_in("headline")
+    longest = next(line for line in headline[1:] if line[0].startswith(f"4x16x{SEQS[-1]}x64"))
+    assert longest[1] == "sdpa-flash", headline
+    for table in page.tables_in("comparison"):
+        assert {"kernels/fwd", "GPU µs", "peak MiB", "latency µs ± IQR"} <= set(table[0]), table[0]
+    environment = dict(tuple(row) for row in page.tables_in("environment")[0])
+    assert environment["gpu_name"] and environment["driver_version"]
     keep([report])

@@ -1,5 +1,6 @@
-"""configs/masks-cpu.yaml and configs/decode-cpu.yaml end to end through `attnprof compare` on CPU, and
-the H200 configs validated."""
+"""configs/masks-cpu.yaml and configs/decode-cpu.yaml end to end through `attnprof compare` on CPU (each run
+once for the module), configs/expect-masks-cpu.yaml checked against those two results files, and the H200
+configs and expectations validated."""
 
 from __future__ import annotations
 
@@ -7,22 +8,39 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from attnprof.cli.app import app
+from attnprof.cli.common import STATE
 from attnprof.config import load_config
 from attnprof.pipeline.run import cell_specs
+from attnprof.report.expectations import load_expectations
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("--min-time", "0.02", "--format", "json")
 
 
-def compare(cli, name: str, tmp_path: Path) -> dict[tuple[str, str], dict]:
-    result = cli("compare", str(REPO / "configs" / name), "-o", str(tmp_path), *FAST)
-    assert result.exit_code == 0, result.output
-    return {(r["variant"], r["shape"]): r for r in json.loads(result.stdout)["results"]}
+@pytest.fixture(scope="module")
+def compares(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The results.json of masks-cpu and decode-cpu, each compared once (with its own ceiling cache)."""
+    out = tmp_path_factory.mktemp("mask-configs")
+    found = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNPROF_CACHE_DIR", str(out / "cache"))
+        for name in ("masks-cpu.yaml", "decode-cpu.yaml"):
+            STATE.debug = STATE.no_plugins = False
+            result = CliRunner().invoke(app, ["compare", str(REPO / "configs" / name), "-o", str(out / name), *FAST])
+            assert result.exit_code == 0, result.output
+            found[name] = Path(json.loads(result.stdout)["files"]["results_json"])
+    return found
 
 
-def test_masks_cpu_runs_every_mask_and_skips_what_a_variant_lacks(cli, tmp_path: Path) -> None:
-    rows = compare(cli, "masks-cpu.yaml", tmp_path)
+def compare(compares: dict[str, Path], name: str) -> dict[tuple[str, str], dict]:
+    return {(r["variant"], r["shape"]): r for r in json.loads(compares[name].read_text())["results"]}
+
+
+def test_masks_cpu_runs_every_mask_and_skips_what_a_variant_lacks(compares) -> None:
+    rows = compare(compares, "masks-cpu.yaml")
     for shape in ("1x4x256x64 sw64", "1x4x256x64 doc4", "1x4x256x64 prefix32"):
         for variant in ("naive", "inplace", "sdpa", "sdpa-math"):
             row = rows[(variant, shape)]
@@ -41,9 +59,9 @@ def test_masks_cpu_runs_every_mask_and_skips_what_a_variant_lacks(cli, tmp_path:
     assert sw["bytes_moved"] == 4 * 4 * 256 * 64 * 4 + 256 * 256
 
 
-def test_decode_cpu_runs_one_query_against_the_cache(cli, tmp_path: Path) -> None:
-    rows = compare(cli, "decode-cpu.yaml", tmp_path)
-    for variant in ("naive", "sdpa", "sdpa-math", "sdpa-flash"):
+def test_decode_cpu_runs_one_query_against_the_cache(compares) -> None:
+    rows = compare(compares, "decode-cpu.yaml")
+    for variant in ("naive", "sdpa", "sdpa-math", "sdpa-flash", "flex"):
         row = rows[(variant, "4x8x1/1024x64/kv2")]
         assert row["status"] == "ok", row["status"]
         assert (row["q_len"], row["kv_len"], row["seq"]) == (1, 1024, 1024)
@@ -52,9 +70,48 @@ def test_decode_cpu_runs_one_query_against_the_cache(cli, tmp_path: Path) -> Non
         assert row["bytes_moved"] == (2 * 4 * 8 * 1 * 64 + 2 * 4 * 2 * 1024 * 64) * 4 + mask
     assert rows[("sdpa", "4x8x16/1024x64/kv2")]["status"] == "ok"
     assert rows[("naive", "4x8x1/1024x64/kv2 sw256")]["status"] == "ok"
+    # the paged cache: flex reads it (its output against the reference of the logical K/V), the others skip it
+    paged = rows[("flex", "4x8x1/1024x64/kv2 paged64")]
+    assert paged["status"] == "ok", paged["status"]
+    assert paged["page_size"] == 64 and paged["rel_error"] < 1e-5
+    contiguous = rows[("flex", "4x8x1/1024x64/kv2")]
+    assert contiguous["page_size"] is None
+    assert paged["bytes_moved"] == contiguous["bytes_moved"] + 4 * (1024 // 64) * 4  # the int32 page table
+    for variant in ("naive", "inplace", "sdpa", "sdpa-math", "sdpa-flash"):
+        row = rows[(variant, "4x8x1/1024x64/kv2 paged64")]
+        assert row["status"] == f"skipped: paged KV cache not supported by {variant} (use flex)"
 
 
 @pytest.mark.parametrize("name", ["masks-h200", "decode-h200"])
 def test_h200_configs_validate(name: str) -> None:
     config = load_config(REPO / "configs" / f"{name}.yaml")
     assert config.device == "cuda" and cell_specs(config, "cuda")
+
+
+def test_decode_h200_has_a_paged_shape_flex_can_read() -> None:
+    from attnprof.plugins import load_variants
+
+    specs = cell_specs(load_config(REPO / "configs" / "decode-h200.yaml"), "cuda")
+    (paged,) = [spec for spec in specs if spec.page_size is not None]
+    assert paged.shape_label == "32x32x1/4096x128/kv8 paged64"
+    flex = load_variants(no_plugins=True).registry.get("flex")
+    assert flex.masking_reason(paged) is None and flex.check(paged) in (None, "torch.compile on CUDA needs triton")
+
+
+def test_expect_masks_cpu_holds_on_both_compares(cli, compares) -> None:
+    expectations = REPO / "configs" / "expect-masks-cpu.yaml"
+    assert load_expectations(expectations).configs == tuple(REPO / "configs" / n for n in compares)
+    result = cli("check", str(expectations), *map(str, compares.values()), "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["results"] == [str(path) for path in compares.values()]
+    checked = {(c["field"], c["verdict"]) for c in document["checks"]}
+    assert ("bound", "held") in checked and ("dense_mask", "held") in checked
+    assert document["missed"] == 0 and document["held"] > 40
+
+
+def test_expect_masks_names_both_h200_configs() -> None:
+    declared = load_expectations(REPO / "configs" / "expect-masks.yaml")
+    assert declared.configs == (REPO / "configs" / "masks-h200.yaml", REPO / "configs" / "decode-h200.yaml")
+    kinds = {(e.pattern, e.kind) for e in declared.items}
+    assert {("flex", "faster"), ("sdpa", "faster"), ("sdpa", "has"), ("*", "any")} <= kinds

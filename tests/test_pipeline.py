@@ -69,9 +69,9 @@ def fixed_ceiling(tflops: float | None, dtype: str = "fp32", calls: list | None 
     def probe(device: str, dtype: str) -> Ceiling:
         if calls is not None:
             calls.append(dtype)
-        return Ceiling(fresh_tflops, 10.0, "measured", method="fake")
+        return Ceiling(fresh_tflops, 10.0, "measured", method="fake", read_gbps=20.0, read_method="fake read")
 
-    return RunCeiling("cpu", dtype, Ceiling(tflops, 10.0, "cached", method="fake"), probe=probe)
+    return RunCeiling("cpu", dtype, Ceiling(tflops, 10.0, "cached", method="fake", read_gbps=20.0), probe=probe)
 
 
 def test_a_ceiling_gives_throughput(config) -> None:
@@ -79,6 +79,10 @@ def test_a_ceiling_gives_throughput(config) -> None:
     assert result.throughput is not None and result.throughput.peak_tflops == 1.0
     assert result.throughput.tflops > 0 and result.throughput.bound in {"compute", "memory"}
     assert 0 < result.throughput.pct_of_peak < 100 and result.throughput.pct_of_peak_note is None
+    assert result.throughput.peak_read_gbps == 20.0 and 0 < result.throughput.pct_of_read_bandwidth < 100
+    row = csv_row(result)
+    assert row["pct_of_read_bandwidth"] == result.throughput.pct_of_read_bandwidth and row["peak_read_gbps"] == 20.0
+    assert row["read_bandwidth_note"] is None
 
 
 def test_an_exceeded_ceiling_is_measured_again_once_then_is_na_with_a_reason(config) -> None:

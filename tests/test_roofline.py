@@ -41,11 +41,11 @@ def test_min_bytes_unknown_dtype():
 
 def test_achieved_compute_bound():
     # intensity 1000 FLOP/B, ridge 100 -> compute bound
-    a = achieved(flops=1e12, bytes_moved=1e9, seconds=0.01, peak_flops=200e12, peak_bandwidth=2e12)
+    a = achieved(flops=1e12, bytes_moved=1e9, seconds=0.01, peak_flops=200e12, peak_read=2e12)
     assert a["tflops"] == pytest.approx(100.0)
     assert a["achieved_gbps"] == pytest.approx(100.0)
     assert a["pct_of_peak"] == pytest.approx(50.0)
-    assert a["pct_of_bandwidth"] == pytest.approx(5.0)
+    assert a["pct_of_read_bandwidth"] == pytest.approx(5.0)
     assert a["ridge"] == pytest.approx(100.0)
     assert a["bound"] == "compute"
     assert a["pct_of_roofline"] == pytest.approx(50.0)
@@ -53,11 +53,11 @@ def test_achieved_compute_bound():
 
 def test_achieved_memory_bound():
     # intensity 10 FLOP/B below ridge 100; attainable = 10 * 2e12 = 20 TFLOP/s
-    a = achieved(flops=1e10, bytes_moved=1e9, seconds=1e-3, peak_flops=200e12, peak_bandwidth=2e12)
+    a = achieved(flops=1e10, bytes_moved=1e9, seconds=1e-3, peak_flops=200e12, peak_read=2e12)
     assert a["bound"] == "memory"
     assert a["tflops"] == pytest.approx(10.0)
     assert a["achieved_gbps"] == pytest.approx(1000.0)
-    assert a["pct_of_bandwidth"] == pytest.approx(50.0)
+    assert a["pct_of_read_bandwidth"] == pytest.approx(50.0)
     assert a["pct_of_roofline"] == pytest.approx(50.0)
 
 
@@ -77,7 +77,7 @@ def test_achieved_for_uses_tflops_and_gbps_units():
     s = RunSpec("cuda", "bf16", 4, 16, 8192, 128, causal=True)
     flops = attention_flops(s)
     assert flops == 4 * 4 * 16 * (8192 * 8193 // 2) * 128
-    a = achieved_for(s, seconds=flops / 500e12, peak_tflops=800.0, peak_gbps=4300.0)
+    a = achieved_for(s, seconds=flops / 500e12, peak_tflops=800.0, read_gbps=4300.0)
     assert a["tflops"] == pytest.approx(500.0)
     assert a["pct_of_peak"] == pytest.approx(62.5)
     assert a["bound"] == "compute"  # long-sequence attention is far above the H200 ridge

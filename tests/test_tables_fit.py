@@ -139,7 +139,10 @@ def test_fitted_compare_has_ids_in_the_tables_and_messages_reasons_below(width, 
 
     for entry in entries:
         for finding in entry["findings"]:
-            assert squeezed(f"{entry['variant']} @ {entry['shape']} [{finding['id']}]: {finding['message']}") in flat
+            line = squeezed(f"{entry['variant']} @ {entry['shape']} [{finding['id']}]: {finding['message']}")
+            assert (line in flat) == (finding["severity"] == "problem")  # info findings: --wide, JSON, report
+    info = sum(f["severity"] == "info" for e in entries for f in e["findings"])
+    assert info and squeezed(f"{info} info finding(s) not shown") in flat
     assert squeezed(f"triton-flash-persistent-warp-specialized: failed: {FAILURE}") in flat
     assert "leftout:" in flat and "--wideshowseverycolumn" in flat
     header = next(line for line in text.splitlines() if line.startswith("variant"))

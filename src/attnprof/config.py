@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
+from attnprof.kv_cache import page_size_problem, parse_kv_cache
 from attnprof.masks import PLAIN_KINDS, parse_mask, parse_score_mod
 from attnprof.registry import DEFAULT_REGION, MODES, RunSpec
 
@@ -69,10 +70,32 @@ def _mask_problem(mask: str, q_len: int, kv_len: int) -> str | None:
     return parse_mask(mask).problem(q_len, kv_len)
 
 
+class KvCache(_Strict):
+    """A paged KV cache (`attnprof.kv_cache`): keys and values in pages of `page_size` positions, which
+    must divide kv_len. Unknown keys are errors with a close match."""
+
+    page_size: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parsed(cls, value: Any) -> Any:
+        if isinstance(value, KvCache):
+            return value
+        try:
+            return {"page_size": parse_kv_cache(value)}
+        except ValueError as exc:
+            raise PydanticCustomError("kv_cache", str(exc)) from None
+
+
+def _page_size(kv_cache: KvCache | None) -> int | None:
+    return kv_cache.page_size if kv_cache is not None else None
+
+
 class Shape(_Strict):
     """One attention shape: q is [batch, heads, q_len, head_dim]; k and v have kv_heads heads and kv_len
     positions. q_len and kv_len default to seq; seq may be left out when kv_len is given (decode:
-    `{q_len: 1, kv_len: 16384}`). `mask` and `score_mod`, when set, replace the config's for this shape."""
+    `{q_len: 1, kv_len: 16384}`). `mask`, `score_mod` and `kv_cache`, when set, replace the config's for
+    this shape."""
 
     batch: int = Field(gt=0)
     heads: int = Field(gt=0)
@@ -83,6 +106,7 @@ class Shape(_Strict):
     kv_len: int | None = Field(default=None, gt=0)
     mask: MaskText = None
     score_mod: ScoreModText = None
+    kv_cache: KvCache | None = None
 
     @model_validator(mode="after")
     def _gqa_divides(self) -> "Shape":
@@ -93,6 +117,8 @@ class Shape(_Strict):
         if self.q_len_in_force > self.kv_len_in_force:
             raise ValueError(f"q_len ({self.q_len_in_force}) must not exceed kv_len ({self.kv_len_in_force})")
         if self.mask is not None and (problem := _mask_problem(self.mask, self.q_len_in_force, self.kv_len_in_force)):
+            raise ValueError(problem)
+        if problem := page_size_problem(_page_size(self.kv_cache), self.kv_len_in_force):
             raise ValueError(problem)
         return self
 
@@ -112,11 +138,18 @@ class Shape(_Strict):
         return self.kv_len or self.seq_in_force
 
     def spec(
-        self, device: str, dtype: str, causal: bool, mode: str, mask: str | None = None, score_mod: str | None = None
+        self,
+        device: str,
+        dtype: str,
+        causal: bool,
+        mode: str,
+        mask: str | None = None,
+        score_mod: str | None = None,
+        kv_cache: KvCache | None = None,
     ) -> RunSpec:
-        """The cell spec of this shape on `device` with `dtype`, masking and mode. `mask` and `score_mod`
-        are the config's defaults, used where the shape sets none; a plain mask (`causal`, `none`) sets
-        `causal`."""
+        """The cell spec of this shape on `device` with `dtype`, masking and mode. `mask`, `score_mod` and
+        `kv_cache` are the config's defaults, used where the shape sets none; a plain mask (`causal`,
+        `none`) sets `causal`."""
         chosen = self.mask or mask
         if chosen in PLAIN_KINDS:
             causal, chosen = chosen == "causal", None
@@ -134,11 +167,13 @@ class Shape(_Strict):
             score_mod=self.score_mod or score_mod,
             q_len=self.q_len,
             kv_len=self.kv_len,
+            page_size=_page_size(self.kv_cache or kv_cache),
         )
 
     @property
     def label(self) -> str:
-        """`RunSpec.shape_label` of this shape with its own mask and score mod (not the config's defaults)."""
+        """`RunSpec.shape_label` of this shape with its own mask, score mod and kv_cache (not the config's
+        defaults)."""
         return self.spec("cpu", "fp32", False, "fwd").shape_label
 
 
@@ -194,8 +229,8 @@ class Sweep(_Strict):
 
     A shape axis replaces that field in every configured shape (a shape may then leave it out);
     `dtype`, `causal` and `mode` replace the config's `dtype`, `causal` and `modes`. A `kv_heads`
-    value of null means as many as `heads`. `q_len`, `kv_len`, `mask` and `score_mod` replace those
-    of every shape (`score_mod` null: none).
+    value of null means as many as `heads`. `q_len`, `kv_len`, `mask`, `score_mod` and `kv_cache`
+    replace those of every shape (`score_mod` null: none; `kv_cache` null: not paged).
     """
 
     batch: Annotated[list[Positive], Field(min_length=1)] | None = None
@@ -207,6 +242,7 @@ class Sweep(_Strict):
     kv_len: Annotated[list[Positive], Field(min_length=1)] | None = None
     mask: Annotated[list[MaskText], Field(min_length=1)] | None = None
     score_mod: Annotated[list[ScoreModText], Field(min_length=1)] | None = None
+    kv_cache: Annotated[list[KvCache | None], Field(min_length=1)] | None = None
     dtype: Annotated[list[Literal["bf16", "fp16", "fp32"]], Field(min_length=1)] | None = None
     causal: Annotated[list[bool], Field(min_length=1)] | None = None
     mode: Annotated[list[Mode], Field(min_length=1)] | None = None
@@ -234,6 +270,7 @@ class Config(_Strict):
     causal: bool = True
     mask: MaskText = None  # the shapes' default; a plain one (causal, none) is read into `causal`
     score_mod: ScoreModText = None
+    kv_cache: KvCache | None = None  # the shapes' default: null (contiguous K/V) or {page_size: N}
     modes: list[Mode] = Field(default_factory=lambda: list[Mode](["fwd"]), min_length=1)
     variants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     exclude: list[Exclusion] = Field(default_factory=list)
@@ -280,15 +317,20 @@ class Config(_Strict):
         return {**{k: v for k, v in data.items() if k != "mask"}, "causal": wanted}
 
     @model_validator(mode="after")
-    def _default_mask_fits(self) -> "Config":
-        if self.mask is None:
-            return self
+    def _defaults_fit(self) -> "Config":
         for i, shape in enumerate(self.shapes):
-            if shape.mask is None and (
-                problem := _mask_problem(self.mask, shape.q_len_in_force, shape.kv_len_in_force)
-            ):
+            if problem := self.default_problem(shape):
                 raise ValueError(f"shapes.{i}: {problem}")
         return self
+
+    def default_problem(self, shape: Shape) -> str | None:
+        """Why the config's default mask or kv_cache does not fit `shape` where it sets none, or None."""
+        if self.mask is not None and shape.mask is None:
+            if problem := _mask_problem(self.mask, shape.q_len_in_force, shape.kv_len_in_force):
+                return problem
+        if shape.kv_cache is None:
+            return page_size_problem(_page_size(self.kv_cache), shape.kv_len_in_force)
+        return None
 
     @field_validator("device")
     @classmethod

@@ -71,6 +71,17 @@ class Mask:
             return p % (kv_len // self.size) + 1
         return max(p + 1, self.size)  # prefix
 
+    def same_as_causal(self, kv_len: int) -> bool:
+        """True when this mask keeps exactly the causal pairs at `kv_len` keys (whatever the queries): a
+        window of at least kv_len, one document, a prefix of at most 1 (key 0 is causal for every query)."""
+        if self.kind == "causal":
+            return True
+        if self.kind == "sliding_window":
+            return self.size is not None and self.size >= kv_len
+        if self.kind == "documents":
+            return self.size == 1
+        return self.kind == "prefix" and self.size is not None and self.size <= 1
+
     def empty_rows(self, q_len: int, kv_len: int) -> int:
         """Query rows that keep no key (the float64 reference gives them zeros): counted row by row
         (O(q_len)); 0 for every mask here, since each query keeps its own position."""

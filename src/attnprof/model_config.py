@@ -3,6 +3,8 @@
 A model comes from Hugging Face transformers (`hf: llama` and `hf_config: {hidden_size: ..., ...}`, built
 from the config with random weights, never downloaded) or from a factory (`factory: package.module:fn`, a
 callable that returns `(model, example_inputs)`). Each implementation × seq × mode is one row.
+`mask` and `score_mod` (the syntax of a compare shape's) replace the hf model's own causal mask in every
+attention implementation; left out, the model masks as it is built.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from attnprof.config import Schedule, device_name, nonempty, read_yaml, validate_mapping
+from attnprof.config import MaskText, Schedule, ScoreModText, device_name, nonempty, read_yaml, validate_mapping
+from attnprof.masks import parse_mask
 
 ModelMode = Literal["fwd", "fwd+bwd"]
 DEFAULT_MODEL_REGION = "model_forward"  # the record_function name around each forward of the model
@@ -50,6 +53,8 @@ class ModelConfig(_Strict):
     seq: list[int] = Field(default_factory=lambda: [128], min_length=1)
     device: Annotated[str, AfterValidator(device_name)] = "auto"
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    mask: MaskText = None  # causal | none | {sliding_window: W} | {documents: N} | {prefix: P}; None: the model's own
+    score_mod: ScoreModText = None  # {softcap: C} | alibi; attnprof variants apply it
     implementations: list[str] = Field(default_factory=lambda: ["eager", "sdpa"], min_length=1)
     baseline: str | None = None  # speed-ups and logits differences against it; None: the first implementation
     modes: list[ModelMode] = Field(default_factory=lambda: list[ModelMode](["fwd"]), min_length=1)
@@ -98,6 +103,11 @@ class ModelConfig(_Strict):
             raise ValueError("hf_config needs hf (a transformers model type)")
         if self.baseline is not None and self.baseline not in self.implementations:
             raise ValueError(f"baseline {self.baseline!r} is not among the implementations")
+        if self.factory is not None and (self.mask is not None or self.score_mod is not None):
+            raise ValueError("mask and score_mod need hf: a factory model builds its own masks")
+        for seq in self.seq if self.mask is not None else []:
+            if problem := parse_mask(self.mask).problem(seq, seq):
+                raise ValueError(f"mask: {problem} (seq {seq})")
         return self
 
     @property

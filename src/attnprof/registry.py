@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
+from attnprof.kv_cache import page_label, page_size_problem, positive_page_size
 from attnprof.masks import (
     MASK_KINDS,
     PLAIN_KINDS,
@@ -30,6 +31,8 @@ LAYOUTS = ("bhsd", "bshd")
 DEFAULT_REGION = "attnprof"  # the record_function name around each forward
 MODES = ("fwd", "bwd", "fwd+bwd")  # what a cell times: the forward, the backward alone, or a whole step
 NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in bwd or fwd+bwd
+PAGED_NO_BACKWARD = f"{NO_BACKWARD} (a paged KV cache is timed forward only)"
+PAGED_KV_BUILT_IN = "flex"  # the built-in variant that reads a paged KV cache, named in skip reasons
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class RunSpec:
     Lengths: `q_len` queries against `kv_len` keys, each `seq` when None; a value equal to `seq` is
     stored as None, so `replace(spec, seq=...)` moves a square shape whole. `n_queries` and `n_keys`
     give the lengths in force. Causal masks are bottom-right aligned (the queries are the last tokens).
+
+    `page_size`: the keys and values live in a paged KV cache of pages of that many positions
+    (`attnprof.kv_cache`; it divides `n_keys`); None: one contiguous tensor each.
     """
 
     device: str
@@ -59,10 +65,15 @@ class RunSpec:
     score_mod: str | None = None
     q_len: int | None = None
     kv_len: int | None = None
+    page_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        if self.page_size is not None:
+            object.__setattr__(self, "page_size", positive_page_size(self.page_size))
+            if problem := page_size_problem(self.page_size, self.n_keys):
+                raise ValueError(problem)
         mask = parse_mask(self.mask) if self.mask is not None else None
         if mask is None or mask.kind in PLAIN_KINDS:
             mask = Mask("causal" if self.causal else "none")
@@ -127,14 +138,16 @@ class RunSpec:
     @property
     def shape_label(self) -> str:
         """`BxHxSxD`, with `/kvN` appended when key/value heads differ (GQA); S is `Q/KV` when the query
-        and key lengths differ from seq (`8x32x1/16384x128/kv8`); a sized mask and a score mod follow
-        after a space (`4x16x4096x64 sw256`, `... doc8 softcap30`)."""
+        and key lengths differ from seq (`8x32x1/16384x128/kv8`); a sized mask, a score mod and a paged
+        KV cache follow after a space (`4x16x4096x64 sw256`, `... doc8 softcap30`, `... paged64`)."""
         same = self.n_queries == self.n_keys
         lengths = str(self.n_queries) if same else f"{self.n_queries}/{self.n_keys}"
         label = f"{self.batch}x{self.heads}x{lengths}x{self.head_dim}"
         if self.n_kv_heads != self.heads:
             label += f"/kv{self.n_kv_heads}"
-        extras = [text for text in (self.mask_spec.label, score_mod_label(self.score_mod)) if text]
+        extras = [
+            text for text in (self.mask_spec.label, score_mod_label(self.score_mod), page_label(self.page_size)) if text
+        ]
         return " ".join([label, *extras])
 
     @property
@@ -155,6 +168,7 @@ class RunSpec:
             self.score_mod,
             self.q_len,
             self.kv_len,
+            self.page_size,
         )
 
     @property
@@ -163,10 +177,23 @@ class RunSpec:
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
 
 
+@dataclass(frozen=True)
+class ExecutedPairs:
+    """The (query, key) pairs a block-sparse kernel computes, summed over batch and query heads: every
+    pair inside the tiles it visits, each tile cut at q_len and kv_len (the padding past them is not
+    counted). `forward` is the forward's; `backward` the backward's, None when it visits the forward's
+    tiles. `analysis.roofline.executed_flops` turns them into FLOPs by the convention of `flops`."""
+
+    forward: int
+    backward: int | None = None
+
+
 ForwardFn = Callable[..., Any]
 CheckFn = Callable[[RunSpec], "str | None"]
 SetupFn = Callable[[RunSpec], Any]
+PrepareInputsFn = Callable[[RunSpec, Any, Any, Any, Any, int], Any]
 RowsFn = Callable[[RunSpec], Sequence[int]]
+ExecutedFn = Callable[[RunSpec, Any], "ExecutedPairs | None"]
 
 
 @dataclass
@@ -177,6 +204,20 @@ class Variant:
     (`bhsd` = [batch, heads, seq, head_dim], or `bshd`) and returns the output in
     the same layout. `state` is what `setup(spec)` returned (None without setup);
     setup runs once per cell, outside every timed and profiled region.
+
+    A block-sparse variant may say what its kernel computes: `executed_pairs(spec, state)`, called once
+    after setup with its state, returns the `ExecutedPairs` of the tiles it visits (None: unknown);
+    rows then carry `executed_flops` beside the useful `flops`.
+    `prepare_inputs(spec, state, q, k, v, seed)`, when set, runs once per cell of `run`, `compare`
+    and `sweep` after setup and the inputs are made, outside every timed and profiled region, and
+    returns the state forward then receives. It is where a variant lays out k and v its own way: a
+    `paged_kv` variant builds its page pool and page table from them there (seeded by `seed`) and its
+    forward reads the pool from the state (the k and v it is passed are the logical ones, which the
+    correctness check compares against). `attnprof model` never calls it: a model's calls bring their
+    own k and v each time.
+
+    `paged_kv`: it reads a paged KV cache (a spec with `page_size`); any other variant is skipped on
+    such a spec. A paged cell is timed forward only (a decode cache has no backward here).
 
     A `collective` variant runs one forward across every process of a torchrun group: all
     ranks run its cell together (never split across them), and `output_rows(spec)` names the
@@ -201,6 +242,9 @@ class Variant:
     score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
     dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
     unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
+    executed_pairs: ExecutedFn | None = None  # block-sparse kernels: the pairs their tiles compute
+    paged_kv: bool = False  # True: it reads a paged KV cache (RunSpec.page_size), built in prepare_inputs
+    prepare_inputs: PrepareInputsFn | None = None
     #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
     by_design: frozenset[str] = frozenset()
@@ -226,13 +270,15 @@ class Variant:
         return spec.mask_kind in self.dense_masks
 
     def masking_reason(self, spec: RunSpec) -> str | None:
-        """Why this variant cannot run the spec's mask, score mod or lengths, or None."""
+        """Why this variant cannot run the spec's mask, score mod, paged KV cache or lengths, or None."""
         if spec.mask_kind not in self.masks:
             return f"mask {spec.mask_kind} not supported by {self.name} (it runs {', '.join(sorted(self.masks))})"
         kind = spec.score_mod_kind
         if kind is not None and kind not in self.score_mods:
             takes = ", ".join(sorted(self.score_mods)) or "none"
             return f"score_mod {kind} not supported by {self.name} (it applies {takes})"
+        if spec.page_size is not None and not self.paged_kv:
+            return f"paged KV cache not supported by {self.name} (use {PAGED_KV_BUILT_IN})"
         if not self.unequal_lengths and spec.n_queries != spec.n_keys:
             return f"q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {self.name}"
         return None
@@ -247,6 +293,8 @@ class Variant:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
         if spec.backward and not self.has_backward:
             return NO_BACKWARD
+        if spec.backward and spec.page_size is not None:
+            return PAGED_NO_BACKWARD
         if reason := self.masking_reason(spec):
             return reason
         if self.check is not None:

@@ -6,7 +6,7 @@ into JSON and CSV rows at the edge. A missing measurement is None, never 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,7 +27,10 @@ class Throughput:
     """Achieved rates of one latency against the device's measured ceilings.
 
     `pct_of_peak` is None when there is no ceiling or the latency beat it; `pct_of_peak_note`
-    then says why in one line.
+    then says why in one line. `pct_of_read_bandwidth` is achieved_gbps over the measured read
+    bandwidth (`peak_read_gbps`), or over achieved_gbps itself when that is higher (100, and
+    `read_bandwidth_note` says so); `bound` compares the arithmetic intensity with the ridge point,
+    the matmul ceiling over the read bandwidth.
     """
 
     tflops: float
@@ -37,6 +40,30 @@ class Throughput:
     bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
     pct_of_peak_note: str | None = None
     bytes_moved: float | None = None  # what achieved_gbps divides by (analysis.roofline.bytes_moved)
+    pct_of_read_bandwidth: float | None = None  # never above 100; None without a read ceiling
+    peak_read_gbps: float | None = None  # the measured read bandwidth (profiling.ceiling), GB/s
+    read_bandwidth_note: str | None = None  # set when achieved_gbps beat the measured read bandwidth
+
+
+@dataclass(frozen=True)
+class MaskAlternative:
+    """The way to give a dense-mask cell its mask without the dense tensor, and what it measured: `kind`
+    `is_causal` (SDPA told the mask is causal) or `block-mask` (FlexAttention's BlockMask), run by
+    `variant` at the cell labelled `cell`. `source` is `this run` (a cell of the same run) or `measured
+    for comparison` (timed after the dense cell, outside its profiled region). `latency_us` is None when
+    it did not run, and `reason` says why; `speedup` is the dense cell's latency over it."""
+
+    kind: str
+    variant: str
+    cell: str
+    source: str
+    latency_us: float | None = None
+    speedup: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, JSON-ready."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,7 @@ class CellResult:
     memory_mib: float | None = None
     nan_on_fully_masked: bool | None = None
     dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
+    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
     clock: ClockWindow | None = None
     throughput: Throughput | None = None
     analysis: TraceAnalysis | None = None
@@ -88,6 +116,7 @@ class CellResult:
     warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
+    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
 
     @property
     def ok(self) -> bool:
@@ -225,6 +254,8 @@ class ModelResult:
     kv_heads: int | None = None
     head_dim: int | None = None
     causal: bool | None = None
+    mask: str | None = None  # the mask every attention implementation ran (None: the model's own, unknown)
+    score_mod: str | None = None
     timing: Timing | None = None
     analysis: TraceAnalysis | None = None
     memory_mib: float | None = None
@@ -250,13 +281,25 @@ class ModelResult:
 
     @property
     def shape(self) -> str | None:
-        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA), when the model states its
-        heads; `BxS` otherwise; None for a factory model whose inputs the factory chose."""
+        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA, then a sized mask and a score
+        mod: `... sw64 softcap30`), when the model states its heads; `BxS` otherwise; None for a factory model
+        whose inputs the factory chose."""
         if self.seq is None:
             return None
         if self.heads is None or self.head_dim is None:
             return f"{self.batch}x{self.seq}"
-        spec = RunSpec("cpu", self.dtype, self.batch, self.heads, self.seq, self.head_dim, self.kv_heads)
+        spec = RunSpec(
+            "cpu",
+            self.dtype,
+            self.batch,
+            self.heads,
+            self.seq,
+            self.head_dim,
+            self.kv_heads,
+            causal=self.causal is not False,
+            mask=self.mask,
+            score_mod=self.score_mod,
+        )
         return spec.shape_label
 
     @property

@@ -9,38 +9,43 @@ case id -> {"max_err": float} against a float64 reference, or {"error": "..."}.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 import torch
 
 from attnprof import RunSpec
+from attnprof.profiling.correctness import reference_attention
 from attnprof.profiling.inputs import make_inputs
 
 
-def reference(q, k, v, causal):
-    group = q.shape[1] // k.shape[1]
-    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        s = q.shape[2]
-        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1) @ v
+def _spec(case, mode="fwd"):
+    return RunSpec(device="cpu", dtype=case["dtype"], batch=case["batch"], heads=case["heads"], seq=case["seq"],
+                   head_dim=case["head_dim"], kv_heads=case["kv_heads"], causal=case["causal"], mode=mode,
+                   mask=case.get("mask"), q_len=case.get("q_len"))
+
+
+def _mask(case):
+    """The case's mask text: its `mask`, else causal or none."""
+    return case.get("mask") or ("causal" if case["causal"] else "none")
 
 
 def run_case(kernel, case):
     os.environ[kernel.TMA_ENV] = "1" if case["tma"] else "0"
-    spec = RunSpec(device="cpu", dtype=case["dtype"], batch=case["batch"], heads=case["heads"], seq=case["seq"],
-                   head_dim=case["head_dim"], kv_heads=case["kv_heads"], causal=case["causal"])
+    spec = _spec(case)
     if case.get("strided"):  # bhsd views of bshd storage
         q, k, v = (t.transpose(1, 2) for t in make_inputs(spec, seed=case["seed"], layout="bshd"))
     else:
         q, k, v = make_inputs(spec, seed=case["seed"])
-    out = kernel.attention(q, k, v, case["causal"], config=kernel.BlockConfig(*case["config"]))
+    expected = reference_attention(q, k, v, case["causal"], mask=_mask(case))
+    if case.get("poison_below"):  # keys no query keeps: NaN there shows whether their blocks were loaded
+        k, v = k.clone(), v.clone()
+        k[:, :, : case["poison_below"]] = float("nan")
+        v[:, :, : case["poison_below"]] = float("nan")
+    out = kernel.attention(q, k, v, config=kernel.BlockConfig(*case["config"]), mask=_mask(case))
     if out.shape != q.shape or out.dtype != q.dtype:
         return {"error": f"got {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {q.dtype}"}
-    return {"max_err": (out.double() - reference(q, k, v, case["causal"])).abs().max().item()}
+    return {"max_err": (out.double() - expected).abs().max().item()}
 
 
 def run_grad_case(case):
@@ -51,13 +56,12 @@ def run_grad_case(case):
 
     os.environ[_kernel.TMA_ENV] = "1" if case["tma"] else "0"
     os.environ[_kernel.AUTOTUNE_ENV] = "0"  # the autotuner needs a GPU driver
-    spec = RunSpec(device="cpu", dtype=case["dtype"], batch=case["batch"], heads=case["heads"], seq=case["seq"],
-                   head_dim=case["head_dim"], kv_heads=case["kv_heads"], causal=case["causal"], mode="fwd+bwd")
+    spec = _spec(case, mode="fwd+bwd")
     q, k, v = (t.requires_grad_(True) for t in make_inputs(spec, seed=case["seed"]))
-    out = _backward.FlashAttention.apply(q, k, v, case["causal"])
+    out = _backward.FlashAttention.apply(q, k, v, _mask(case))
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(case["seed"] + 1)).to(out.dtype)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    check = check_grads(grads, q, k, v, grad_out, causal=case["causal"], dtype=case["dtype"])
+    check = check_grads(grads, q, k, v, grad_out, causal=case["causal"], dtype=case["dtype"], mask=_mask(case))
     return {"grad_rel_errors": check.rel_errors, "passed": check.passed, "reason": check.reason}
 
 

@@ -60,3 +60,65 @@ def test_gpu_backward_cell_runs(tmp_path, mode):
     result = run_cell(attnprof_triton.make_variant(), rs, config, MeasureOptions(min_time_s=0.05))
     assert result.status == "ok", result.reason
     assert result.grad_check.passed and result.latency_us > 0
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype"), [
+    (2, 8, 2, None, 1000, 64, "bf16"),
+    (1, 4, None, 300, 777, 128, "fp16"),
+    (1, 2, 1, None, 300, 256, "bf16"),
+    (1, 4, 2, 1, 2048, 64, "bf16"),
+    (1, 4, 2, 300, 300, 64, "fp32"),
+], ids=lambda c: str(c))
+@pytest.mark.parametrize("mask", ["sliding_window:1", "sliding_window:100", "documents:4", "prefix:129", "causal",
+                                  "none"])
+def test_gpu_masked_backward_matches_float64_autograd(monkeypatch, batch, heads, kv_heads, q_len, kv_len, head_dim,
+                                                     dtype, mask):
+    """Our dQ, dK, dV kernels under every mask and decode-like lengths, against masked float64 autograd (the
+    forward at its default configuration: no search per case)."""
+    from attnprof_triton import _kernel
+
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.steps import build_step
+
+    monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "0")
+
+    rs = RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=kv_len, q_len=q_len, head_dim=head_dim,
+                 kv_heads=kv_heads, mask=mask, causal=mask == "causal", mode="fwd+bwd")
+    if rs.mask_spec.problem(rs.n_queries, rs.n_keys):
+        pytest.skip(rs.mask_spec.problem(rs.n_queries, rs.n_keys))
+    variant = attnprof_triton.make_variant()
+    assert variant.unavailable_reason(rs) is None
+    state = variant.setup(rs)
+    q, k, v = make_inputs(rs, seed=0)
+    step = build_step(rs, lambda q, k, v: variant.forward(q, k, v, rs.causal, state), (q, k, v), seed=0)
+    result = step.call()
+    check = check_grads(result.grads, q, k, v, step.grad_out, causal=rs.causal, dtype=dtype, mask=mask)
+    assert check.passed, (check.reason, check.rel_errors)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("mask", ["sliding_window:256", "documents:8"])
+def test_gpu_masked_cell_reports_executed_flops(tmp_path, mode, mask):
+    """A whole cell under a sized mask: ok, checked, and its executed FLOPs above the useful ones but far
+    below a dense kernel's (the skipped blocks are not counted)."""
+    from attnprof.analysis.roofline import step_flops
+    from attnprof.config import Config, MeasureOptions, Schedule
+    from attnprof.pipeline import run_cell
+    from attnprof.report.serialize import csv_row
+
+    shape = dict(batch=2, heads=8, seq=4096, head_dim=64)
+    config = Config(shapes=[shape], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=tmp_path)
+    rs = RunSpec(device="cuda:0", dtype="bf16", causal=False, mask=mask, mode=mode, **shape)
+    result = run_cell(attnprof_triton.make_variant(), rs, config, MeasureOptions(min_time_s=0.05))
+    assert result.status == "ok", result.reason
+    assert result.check.passed and (mode == "fwd" or result.grad_check.passed)
+    useful = step_flops(rs)
+    dense = useful / rs.mask_spec.pairs(4096, 4096) * 4096 * 4096
+    assert useful <= result.executed_flops < 0.25 * dense, (useful, result.executed_flops, dense)
+    row = csv_row(result)
+    assert row["executed_flops"] == result.executed_flops and row["flops"] == useful
+    assert "executed_flops: " in row["flops_convention"]

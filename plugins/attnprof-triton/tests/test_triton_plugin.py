@@ -25,6 +25,7 @@ import torch
 from attnprof import RunSpec
 from attnprof.plugins import PLUGINS_ENV, load_variants
 from attnprof.profiling.inputs import make_inputs
+from attnprof.registry import ExecutedPairs
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -178,7 +179,42 @@ def _interp_cases() -> list[dict]:
                           head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
     cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
                       config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
-    return cases + GRAD_CASES
+    return cases + MASK_CASES + GRAD_CASES + MASK_GRAD_CASES
+
+
+# The sized masks and decode (q_len < kv_len, bottom-right aligned): lengths that are multiples of the
+# tiles and not, tiles with BLOCK_M > BLOCK_N, a window or a document narrower and wider than a tile.
+MASK_SHAPES = [
+    # (q_len or None, kv_len, (BLOCK_M, BLOCK_N, warps, stages))
+    (None, 64, (16, 16, 4, 1)),
+    (None, 77, (32, 16, 4, 1)),
+    (23, 77, (16, 16, 4, 1)),
+    (1, 50, (16, 16, 4, 1)),
+]
+MASKS = ["sliding_window:5", "sliding_window:40", "documents:1", "documents:7", "prefix:20", "causal", "none"]
+
+
+def _mask_cases() -> list[dict]:
+    cases = []
+    for q_len, kv_len, config in MASK_SHAPES:
+        for mask in MASKS:
+            if mask.startswith("documents") and kv_len % int(mask.split(":")[1]):
+                continue
+            for tma in (False, True) if q_len is None and kv_len == 77 else (False,):
+                label = f"{mask}-{q_len or kv_len}/{kv_len}-{config[0]}x{config[1]}" + ("-tma" if tma else "")
+                cases.append(dict(id=label, batch=1, heads=4, kv_heads=2, seq=kv_len, q_len=q_len, head_dim=16,
+                                  config=config, causal=mask == "causal", mask=mask, tma=tma, dtype="fp16",
+                                  seed=11))
+    # Keys no query keeps (decode against a window, the last documents): NaN there must not reach the
+    # output, so their blocks were never loaded.
+    for mask, q_len, poison in (("sliding_window:9", 20, 96), ("documents:4", 24, 96)):
+        cases.append(dict(id=f"skips-{mask}", batch=1, heads=2, kv_heads=1, seq=128, q_len=q_len, head_dim=16,
+                          config=(16, 16, 4, 1), causal=False, mask=mask, tma=False, dtype="fp16", seed=4,
+                          poison_below=poison))
+    return cases
+
+
+MASK_CASES = _mask_cases()
 
 
 # The backward kernels (fixed tiles, `_backward.block_sizes`): seq a multiple of the tiles and
@@ -194,6 +230,24 @@ GRAD_CASES = [
         (1, 2, 1, 130, 64, True, False, "fp16"),
         (1, 2, 2, 40, 256, True, False, "fp16"),
         (1, 4, 2, 50, 32, True, False, "fp32"),
+    ]
+]
+
+
+# The backward under every sized mask, square and decode-like, GQA, fp16 and fp32.
+MASK_GRAD_CASES = [
+    dict(id=f"grad-{mask}-{q_len or s}/{s}x{d}-{dtype}", grad=True, batch=1, heads=4, kv_heads=2, seq=s,
+         q_len=q_len, head_dim=d, causal=mask == "causal", mask=mask, tma=False, dtype=dtype, seed=9)
+    for mask, q_len, s, d, dtype in [
+        ("sliding_window:9", None, 70, 32, "fp16"),
+        ("sliding_window:100", None, 130, 16, "fp32"),
+        ("documents:5", None, 70, 32, "fp16"),
+        ("prefix:33", None, 70, 16, "fp16"),
+        ("causal", 30, 70, 32, "fp16"),
+        ("none", 30, 70, 16, "fp16"),
+        ("sliding_window:9", 30, 70, 16, "fp32"),
+        ("documents:7", 30, 70, 16, "fp16"),
+        ("prefix:50", 1, 70, 16, "fp16"),
     ]
 ]
 
@@ -216,7 +270,7 @@ def interp_results() -> dict:
 
 
 @needs_triton
-@pytest.mark.parametrize("case", GRAD_CASES, ids=[c["id"] for c in GRAD_CASES])
+@pytest.mark.parametrize("case", GRAD_CASES + MASK_GRAD_CASES, ids=[c["id"] for c in GRAD_CASES + MASK_GRAD_CASES])
 def test_interpreter_gradients_match_float64_autograd(interp_results, case):
     result = interp_results[case["id"]]
     assert "error" not in result, result["error"]
@@ -288,6 +342,76 @@ def test_gpu_kernel_matches_float64(case, dtype, causal):
     torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)
 
 
+# Sized masks and decode on the GPU: (batch, heads, kv_heads, q_len, kv_len, head_dim); lengths that are
+# no multiple of any tile, decode, GQA.
+GPU_MASK_CASES = [
+    (2, 4, None, None, 1000, 64),
+    (1, 8, 2, 777, 777, 128),
+    (2, 8, 2, 300, 1000, 64),
+    (4, 8, 2, 1, 4100, 128),
+    (1, 2, None, 200, 200, 256),
+]
+GPU_MASKS = ["sliding_window:1", "sliding_window:100", "sliding_window:256", "documents:4", "documents:5",
+             "prefix:129", "causal", "none"]
+
+
+def _gpu_mask_spec(case, dtype, mask, mode="fwd"):
+    batch, heads, kv_heads, q_len, kv_len, head_dim = case
+    return RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=kv_len, q_len=q_len,
+                   head_dim=head_dim, kv_heads=kv_heads, mask=mask, causal=mask == "causal", mode=mode)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("mask", GPU_MASKS)
+@pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: "x".join(str(x) for x in c if x is not None))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gpu_masks_match_float64(monkeypatch, case, dtype, mask):
+    """Every mask through the Variant, against the masked float64 reference (the default configuration: the
+    search's configurations are checked below, the autotuned cells in test_triton_backward_gpu.py)."""
+    from attnprof_triton import _kernel
+
+    from attnprof.profiling.correctness import reference_attention
+
+    monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "0")
+    rs = _gpu_mask_spec(case, dtype, mask)
+    if rs.mask_spec.problem(rs.n_queries, rs.n_keys):
+        pytest.skip(rs.mask_spec.problem(rs.n_queries, rs.n_keys))
+    variant = attnprof_triton.make_variant()
+    assert variant.unavailable_reason(rs) is None
+    state = variant.setup(rs)
+    q, k, v = make_inputs(rs, seed=0)
+    out = variant.forward(q, k, v, rs.causal, state)
+    expected = reference_attention(q, k, v, rs.causal, mask=rs.mask, device=q.device)
+    torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+@pytest.mark.parametrize("mask", ["sliding_window:100", "documents:8"])
+def test_gpu_masks_every_config(monkeypatch, tma, mask):
+    """Each configuration the autotuner may pick, under a window and documents, decode-like lengths."""
+    from attnprof_triton import _kernel
+
+    from attnprof.profiling.correctness import reference_attention
+
+    if tma == "1" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or newer")
+    monkeypatch.setenv(_kernel.TMA_ENV, tma)
+    rs = _gpu_mask_spec((1, 4, 2, 333, 1000, 128), "bf16", mask)
+    q, k, v = make_inputs(rs, seed=1)
+    expected = reference_attention(q, k, v, False, mask=mask, device=q.device)
+    for cfg in _kernel.autotune_space(rs.n_queries, rs.head_dim):
+        try:
+            out = _kernel.attention(q, k, v, config=cfg, mask=mask)
+        except Exception as exc:  # out of shared memory on a smaller GPU: the autotuner skips these too
+            if "OutOfResources" in type(exc).__name__ or "out of resource" in str(exc):
+                continue
+            raise
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=0, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize(("case", "dtype", "causal"), [
@@ -303,7 +427,8 @@ def test_gpu_variant_autotuned(case, dtype, causal):
     assert variant.unavailable_reason(rs) is None
     state = variant.setup(rs)
     q, k, v = make_inputs(rs, seed=0)
-    assert state is None and _kernel.best_config(q, causal) is not None  # tuned in setup
+    config = _kernel.best_config(q, k, rs.mask)
+    assert config is not None and state.forward_tiles == (config.block_m, config.block_n)  # tuned in setup
     out = variant.forward(q, k, v, causal, state)
     torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)
 
@@ -396,10 +521,75 @@ def test_the_backward_is_declared_and_runs_where_the_forward_does(no_triton):
         assert variant.unavailable_reason(spec(mode=mode)) == variant.unavailable_reason(spec())
 
 
-
-def test_declares_plain_masks_only():
-    """Causal and none, square: a sized mask, a score mod or decode is a skipped cell, never run unmasked."""
+def test_declares_its_masks_and_decode_but_no_score_mods():
+    """Every mask kind, forward and backward, q_len < kv_len; a score mod is a skipped cell, never run without."""
     variant = attnprof_triton.make_variant()
-    assert variant.masks == {"causal", "none"} and not variant.score_mods and not variant.unequal_lengths
-    assert variant.masking_reason(spec(mask="documents:4")).startswith("mask documents not supported")
-    assert "score_mod softcap not supported" in variant.masking_reason(spec(score_mod="softcap:30"))
+    assert variant.masks == {"causal", "none", "sliding_window", "documents", "prefix"}
+    assert variant.unequal_lengths and not variant.score_mods and variant.executed_pairs is not None
+    for mode in ("fwd", "bwd", "fwd+bwd"):
+        for mask in ("sliding_window:16", "documents:4", "prefix:8"):
+            assert variant.masking_reason(spec(mask=mask, mode=mode)) is None
+        assert variant.masking_reason(spec(q_len=1, seq=1024, mode=mode)) is None
+    assert variant.masking_reason(spec(score_mod="softcap:30")) == (
+        "score_mod softcap not supported by triton-flash (it applies none)")
+    assert "score_mod alibi not supported" in variant.masking_reason(spec(score_mod="alibi", mask="documents:4"))
+
+
+def _nonempty_blocks(mask, q_len, kv_len, block_m, block_n):
+    """Brute force: the pairs inside every (query tile, key block) that holds a kept pair, cut at the lengths."""
+    from attnprof.masks import dense_mask
+
+    keep = dense_mask(mask, q_len, kv_len)
+    total = 0
+    for m in range(0, q_len, block_m):
+        for n in range(0, kv_len, block_n):
+            if keep[m:m + block_m, n:n + block_n].any():
+                total += min(block_m, q_len - m) * min(block_n, kv_len - n)
+    return total
+
+
+@pytest.mark.parametrize("mask", ["causal", "none", "sliding_window:1", "sliding_window:13", "sliding_window:70",
+                                  "documents:1", "documents:5", "prefix:1", "prefix:33"])
+@pytest.mark.parametrize(("q_len", "kv_len", "block_m", "block_n"),
+                         [(70, 70, 16, 16), (70, 70, 32, 16), (1, 70, 16, 16), (23, 70, 64, 32), (70, 70, 128, 64)])
+def test_the_kernels_visit_exactly_the_nonempty_tiles(mask, q_len, kv_len, block_m, block_n):
+    """`key_range` (the mirror of the kernels' `_key_range`) skips every tile without a kept pair and no other."""
+    from attnprof.masks import parse_mask
+
+    parsed = parse_mask(mask)
+    assert attnprof_triton.tile_pairs(parsed, q_len, kv_len, block_m, block_n) == _nonempty_blocks(
+        parsed, q_len, kv_len, block_m, block_n)
+
+
+def test_executed_pairs_by_hand():
+    """8 queries and keys, 4x4 tiles: causal visits 3 of the 4 tiles, a window of 2 the same 3, documents:2
+    the 2 diagonal ones; a backward in 2x2 tiles counts its own (causal: the 10 tiles on or below the diagonal)."""
+    from attnprof.masks import parse_mask
+
+    assert attnprof_triton.tile_pairs(parse_mask("causal"), 8, 8, 4, 4) == 3 * 16
+    assert attnprof_triton.tile_pairs(parse_mask("sliding_window:2"), 8, 8, 4, 4) == 3 * 16
+    assert attnprof_triton.tile_pairs(parse_mask("documents:2"), 8, 8, 4, 4) == 2 * 16
+    assert attnprof_triton.tile_pairs(parse_mask("none"), 8, 8, 4, 4) == 64
+    # decode: one query at position 7 against a window of 3 keys (5, 6, 7): the block of keys 4..7 only
+    assert attnprof_triton.tile_pairs(parse_mask("sliding_window:3"), 1, 8, 4, 4) == 4
+    rs = spec(batch=2, heads=4, kv_heads=2, seq=8, mask="causal", mode="fwd+bwd")
+    state = attnprof_triton.TritonState("causal", forward_tiles=(4, 4), backward_tile=2)
+    assert attnprof_triton.executed_pairs(rs, state) == ExecutedPairs(forward=2 * 4 * 48, backward=2 * 4 * 10 * 4)
+    fwd = attnprof_triton.TritonState("causal", forward_tiles=(4, 4))
+    assert attnprof_triton.executed_pairs(spec(batch=2, heads=4, seq=8), fwd) == ExecutedPairs(2 * 4 * 48)
+    assert attnprof_triton.executed_pairs(rs, attnprof_triton.TritonState("causal", None)) is None
+
+
+def test_forward_takes_a_sized_mask_from_the_state(monkeypatch):
+    """A sized mask comes from setup's state; causal and none follow `causal`, as the model bridge passes it."""
+    seen = []
+    kernel = type(sys)("attnprof_triton._kernel")
+    kernel.attention = lambda q, k, v, mask: seen.append(mask) or q
+    monkeypatch.setitem(sys.modules, "attnprof_triton._kernel", kernel)
+    monkeypatch.setattr(attnprof_triton, "_kernel", kernel, raising=False)
+    q = torch.zeros(1, 1, 4, 16)
+    attnprof_triton.forward(q, q, q, False, attnprof_triton.TritonState("sliding_window:2", (4, 4)))
+    attnprof_triton.forward(q, q, q, True, attnprof_triton.TritonState("causal", (4, 4)))
+    attnprof_triton.forward(q, q, q, False, attnprof_triton.TritonState("causal", (4, 4)))
+    attnprof_triton.forward(q, q, q, True, None)
+    assert seen == ["sliding_window:2", "causal", "none", "causal"]

@@ -33,7 +33,7 @@ from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
-from attnprof.analysis.hardware import datasheet
+from attnprof.analysis.hardware import PeaksLookup, datasheet
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
 from attnprof.analysis.instance.index import TraceIndex
@@ -197,7 +197,11 @@ def _phases(per_forward: list[ForwardMetrics]) -> dict[str, dict[str, Any]] | No
 
 
 def analyze_trace(
-    source: str | Path | dict[str, Any] | ParsedTrace, region: str | None = None, dtype: str | None = None
+    source: str | Path | dict[str, Any] | ParsedTrace,
+    region: str | None = None,
+    dtype: str | None = None,
+    ceiling_tflops: float | None = None,
+    peaks: PeaksLookup | None = None,
 ) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
@@ -205,14 +209,25 @@ def analyze_trace(
     record_function name or a glob pattern such as `ProfilerStep#*` (each match is one forward);
     None chooses one (see `choose_region`) and records why in `region_choice`. `dtype`
     (bf16/fp16/fp32) states the inputs' dtype when the trace lacks `Input type` (record_shapes).
+    `ceiling_tflops` is the measured matmul ceiling of that dtype, when the caller has one: findings
+    that price work against it (fp32-cuda-cores, backend-fallback) have no impact without it.
+    `peaks(gpu name, input dtype)` gives the peaks measured on this machine for the GPU the trace names
+    (None: none), which the attention's % of read bandwidth and ridge point then use; without it, or
+    when it gives None, they use the datasheet of that GPU (`analysis.hardware`).
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     with gc_paused():
-        return _analyze(source, region, dtype)
+        return _analyze(source, region, dtype, ceiling_tflops, peaks)
 
 
-def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | None, dtype: str | None) -> TraceAnalysis:
+def _analyze(
+    source: str | Path | dict[str, Any] | ParsedTrace,
+    region: str | None,
+    dtype: str | None,
+    ceiling: float | None,
+    peaks: PeaksLookup | None,
+) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
     if region is None:
@@ -226,11 +241,10 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
     if dtype is not None and hint is None:
         raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
     kernels = kernel_stats(attribution)
-    analysis = _summary(attribution, index, per_forward, kernels, region, region_choice)
     inferred, inferred_from = _infer_dtype(attribution)
     if inferred is None:
         inferred, inferred_from = kernel_dtype(kernels)
-    analysis.input_dtype = hint or inferred
+    analysis = _summary(attribution, index, per_forward, kernels, region, region_choice, hint or inferred, peaks)
     dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
     analysis.findings = build_findings(
         FindingContext(
@@ -244,6 +258,7 @@ def _analyze(source: str | Path | dict[str, Any] | ParsedTrace, region: str | No
             comm=analysis.comm,
             attention=analysis.attention,
             unit=instance_unit(analysis.phases),
+            ceiling_tflops=ceiling,
         )
     )
     return analysis
@@ -256,8 +271,11 @@ def _summary(
     kernels: list[KernelStats],
     region: str,
     region_choice: str | None,
+    input_dtype: str | None,
+    peaks: PeaksLookup | None,
 ) -> TraceAnalysis:
-    """The `TraceAnalysis` of the forwards, with its notes; no findings and no input dtype yet."""
+    """The `TraceAnalysis` of the forwards, with its notes; no findings yet. The attention's read bandwidth
+    is `peaks(gpu, input_dtype)` when that gives one, else the GPU's datasheet."""
     trace = attribution.trace
     traced = attribution.device_traced
     spreads: dict[str, dict[str, float]] = {}
@@ -302,7 +320,7 @@ def _summary(
         findings=[],
         spread=spreads,
         device=_device_info(trace),
-        input_dtype=None,
+        input_dtype=input_dtype,
         annotation_mismatches=attribution.annotation_mismatches,
         notes=list(attribution.notes),
         op_counts=median_counts(index.op_counts()),
@@ -318,7 +336,9 @@ def _summary(
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
     if analysis.attention is not None:
         gpu = analysis.device.get("name") if analysis.device else None
-        analysis.notes += analysis.attention.read_bandwidth(datasheet(gpu), gpu, bool(trace.input_dims))
+        sheet = datasheet(gpu)
+        reference = (peaks(gpu, input_dtype) if peaks else None) or (sheet.peaks if sheet else None)
+        analysis.notes += analysis.attention.read_bandwidth(reference, gpu, bool(trace.input_dims))
     if analysis.annotation_mismatches:
         analysis.notes.append(
             f"{analysis.annotation_mismatches} device event(s) differ between the "

@@ -11,20 +11,31 @@ counts exactly the (query, key) pairs the mask keeps (`attnprof.masks`: causal S
 usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike), each 4·D FLOPs.
 `flops_convention(spec)` states it in the results.
 
+`executed_flops(spec, pairs)` is what a block-sparse kernel computes rather than what the mask keeps:
+the same 4·D per pair and mode factors, over every pair inside the tiles the kernel visits (a variant's
+`executed_pairs`: a flex BlockMask's full and partial blocks, triton-flash's key-block ranges), each tile
+cut at q_len and kv_len; it is never below `step_flops`, and the gap is the masked work inside the tiles.
+
 `kernel_tflops(spec, attention)` is the same FLOPs over the attention calls' device time per step in the
 trace (the ledger's `kernel_time_us`), rather than over the latency, which at small shapes is mostly
 host launch time.
 
 `bytes_moved(spec, dense_mask)` is what the step must move: q, k, v, the output (and in the backward
 their gradients, `MODE_TENSORS`) once each, plus the mask once per pass when the variant takes it as a
-dense [q_len, kv_len] bool tensor; achieved GB/s is computed from it.
+dense [q_len, kv_len] bool tensor, plus a paged KV cache's page table once (one int32 per page of each
+sequence, `page_table_bytes`); achieved GB/s is computed from it. A paged cache changes no FLOPs.
+
+`achieved` puts a step against the peaks: the matmul ceiling and the read bandwidth (measured on the
+machine, `profiling.ceiling`), the ridge point being their ratio; a rate above a peak replaces it, so
+no percentage is above 100.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnprof.registry import RunSpec
+from attnprof.kv_cache import PAGE_TABLE_ENTRY_BYTES, page_table_entries
+from attnprof.registry import ExecutedPairs, RunSpec
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger import AttentionLedger
@@ -64,6 +75,24 @@ def flops_convention(spec: RunSpec) -> str:
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
     return f"{scaled}{forward} (exact pairs; backward factor of tritonbench / flash-attention)"
+
+
+def executed_flops(spec: RunSpec, pairs: ExecutedPairs) -> float:
+    """FLOPs of the spec's mode over the pairs a kernel computes (`ExecutedPairs`, summed over batch and
+    query heads): 4·D per forward pair, 2.5 × 4·D per backward pair (the backward's own tiles when it has
+    them, else the forward's); fwd+bwd is both."""
+    per_pair = 4.0 * spec.head_dim
+    backward = pairs.forward if pairs.backward is None else pairs.backward
+    forward_part = per_pair * pairs.forward if spec.mode != "bwd" else 0.0
+    backward_part = MODE_FLOPS_FACTOR["bwd"] * per_pair * backward if spec.backward else 0.0
+    return forward_part + backward_part
+
+
+#: How `executed_flops` is counted, appended to `flops_convention` on rows that carry it.
+EXECUTED_CONVENTION = (
+    "executed_flops: the same per pair over every (query, key) pair inside the tiles the kernel visits "
+    "(block-sparse kernels; tiles cut at q_len and kv_len)"
+)
 
 
 def kernel_tflops(spec: RunSpec, attention: AttentionLedger | None) -> float | None:
@@ -110,9 +139,19 @@ def mask_bytes(spec: RunSpec, dense_mask: bool) -> float:
     return float(spec.n_queries * spec.n_keys) if dense_mask else 0.0
 
 
+def page_table_bytes(spec: RunSpec) -> float:
+    """Bytes of a paged cell's page table, read once: B · kv_len / page_size int32 physical page indices
+    (flash-attn's block_table; flex reads its block mask's kv_indices, the same int32 per page, and the
+    page-to-logical map only at partial blocks). 0 when the cache is not paged."""
+    if spec.page_size is None:
+        return 0.0
+    return float(page_table_entries(spec.batch, spec.n_keys, spec.page_size) * PAGE_TABLE_ENTRY_BYTES)
+
+
 def bytes_moved(spec: RunSpec, dense_mask: bool = False) -> float:
-    """`min_bytes` plus the dense mask once per pass (`MODE_MASK_PASSES`) when the variant takes one."""
-    return min_bytes(spec) + MODE_MASK_PASSES[spec.mode] * mask_bytes(spec, dense_mask)
+    """`min_bytes` plus the dense mask once per pass (`MODE_MASK_PASSES`) when the variant takes one,
+    plus a paged cache's page table (`page_table_bytes`)."""
+    return min_bytes(spec) + MODE_MASK_PASSES[spec.mode] * mask_bytes(spec, dense_mask) + page_table_bytes(spec)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
@@ -121,53 +160,65 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
 
 
 def achieved(
-    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_bandwidth: float | None
+    flops: float, bytes_moved: float, seconds: float, peak_flops: float | None, peak_read: float | None
 ) -> dict[str, Any]:
     """Achieved TFLOP/s and GB/s for `flops` and `bytes_moved` done in `seconds`, as a dict.
 
-    Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved
-    FLOP/s over the compute peak), `pct_of_bandwidth` (achieved bytes/s over the bandwidth
-    peak), `pct_of_roofline` (achieved FLOP/s over the attainable min(peak_flops,
-    intensity · peak_bandwidth)), `ridge` (FLOP/byte) and `bound`. Percentages, `ridge` and
-    `bound` are None when the peak they need is unknown.
+    Keys: `tflops`, `achieved_gbps`, `intensity` (FLOP/byte), `pct_of_peak` (achieved FLOP/s over
+    the compute peak), `pct_of_read_bandwidth` (achieved bytes/s over the read bandwidth),
+    `pct_of_roofline` (achieved FLOP/s over the attainable min(peak_flops, intensity · read
+    bandwidth)), `ridge` (FLOP/byte), `bound`, and `peak_beaten` / `read_beaten`: the achieved
+    FLOP/s or bytes/s is above the peak given. A beaten peak is no peak: the achieved figure takes
+    its place, so no percentage is above 100 (the caller says so). Percentages, `ridge` and `bound`
+    are None when the peak they need is unknown.
 
-    Units: `peak_flops` in FLOP/s and `peak_bandwidth` in bytes/s (a `Ceiling` holds TFLOP/s
-    and GB/s: multiply by 1e12 and 1e9). `bound` is 'compute' when the arithmetic intensity
-    (flops / bytes) is at or above the ridge point peak_flops / peak_bandwidth, else 'memory'.
+    Units: `peak_flops` in FLOP/s and `peak_read` in bytes/s (a `Ceiling` holds TFLOP/s and GB/s:
+    multiply by 1e12 and 1e9). `bound` is 'compute' when the arithmetic intensity (flops / bytes) is
+    at or above the ridge point peak_flops / peak_read (the matmul ceiling over the read bandwidth),
+    else 'memory'.
     """
     if not seconds > 0:
         raise ValueError(f"seconds must be positive, got {seconds!r}")
     flop_rate = flops / seconds
     byte_rate = bytes_moved / seconds
     intensity = arithmetic_intensity(flops, bytes_moved)
-    pct_peak = 100.0 * flop_rate / peak_flops if peak_flops else None
-    pct_bw = 100.0 * byte_rate / peak_bandwidth if peak_bandwidth else None
+    top_flops = max(peak_flops, flop_rate) if peak_flops else None
+    top_read = max(peak_read, byte_rate) if peak_read else None
+    pct_peak = _pct(flop_rate, top_flops)
+    pct_read = _pct(byte_rate, top_read)
     ridge = bound = pct_roof = None
-    if peak_flops and peak_bandwidth:
-        ridge = peak_flops / peak_bandwidth
+    if top_flops and top_read:
+        ridge = top_flops / top_read
         bound = "compute" if intensity >= ridge else "memory"
-        pct_roof = 100.0 * flop_rate / min(peak_flops, intensity * peak_bandwidth)
+        pct_roof = _pct(flop_rate, min(top_flops, intensity * top_read))
     return {
         "tflops": flop_rate / 1e12,
         "achieved_gbps": byte_rate / 1e9,
         "intensity": intensity,
         "pct_of_peak": pct_peak,
-        "pct_of_bandwidth": pct_bw,
+        "pct_of_read_bandwidth": pct_read,
         "pct_of_roofline": pct_roof,
         "ridge": ridge,
         "bound": bound,
+        "peak_beaten": bool(peak_flops) and flop_rate > (peak_flops or 0.0),
+        "read_beaten": bool(peak_read) and byte_rate > (peak_read or 0.0),
     }
 
 
+def _pct(rate: float, peak: float | None) -> float | None:
+    """`rate` in percent of `peak` (at least the rate, but for rounding: capped at 100); None without a peak."""
+    return min(100.0, 100.0 * (rate / peak)) if peak else None
+
+
 def achieved_for(
-    spec: RunSpec, seconds: float, peak_tflops: float | None, peak_gbps: float | None, dense_mask: bool = False
+    spec: RunSpec, seconds: float, peak_tflops: float | None, read_gbps: float | None, dense_mask: bool = False
 ) -> dict[str, Any]:
-    """`achieved` for one step of the spec's mode taking `seconds`, with peaks in TFLOP/s and GB/s, the
-    bytes being `bytes_moved(spec, dense_mask)`."""
+    """`achieved` for one step of the spec's mode taking `seconds`, with the matmul peak in TFLOP/s and the
+    read bandwidth in GB/s, the bytes being `bytes_moved(spec, dense_mask)`."""
     return achieved(
         step_flops(spec),
         bytes_moved(spec, dense_mask),
         seconds,
         peak_tflops * 1e12 if peak_tflops else None,
-        peak_gbps * 1e9 if peak_gbps else None,
+        read_gbps * 1e9 if read_gbps else None,
     )

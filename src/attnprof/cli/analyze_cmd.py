@@ -44,24 +44,29 @@ def analyze_command(
 
     Without --region: 'attnprof' if the trace has it, else the only user annotation, else 'ProfilerStep#*'.
     The choice is said on stderr (and in the JSON as region_choice).
+
+    Attention's % of read bandwidth uses the read bandwidth measured on this machine when its ceiling
+    cache holds one for the GPU and dtype of the trace (a run or compare measured it), else the GPU's
+    datasheet; the JSON's attention.read_bandwidth_basis and the text say which.
     """
     from attnprof.analysis import analyze_trace, load_trace
     from attnprof.analysis.trace.load import gc_paused
+    from attnprof.peaks import cached_peaks
 
     with gc_paused():  # the analysis keeps many containers until its output is written
         parsed = load_trace(trace)
         if c.STATE.debug:
             for line in parsed.read_notes:
                 c.note(f"debug: {line}")
-        analysis = analyze_trace(parsed, region=region, dtype=dtype)
+        analysis = analyze_trace(parsed, region=region, dtype=dtype, peaks=cached_peaks)
         del parsed
         if analysis.region_choice:
             c.note(analysis.region_choice)
         if fmt is c.OutputFormat.json:
             text = json.dumps(analysis.to_dict(), indent=2)
         else:
-            from attnprof.report.analysis_tables import render_analysis  # tables only: not needed for JSON
+            from attnprof.report.analysis_tables import analyze_report  # tables only: not needed for JSON
 
-            text = render_analysis(analysis, fmt.value, c.table_width(fmt, wide))
+            text = analyze_report(analysis, fmt.value, c.table_width(fmt, wide))
         del analysis  # freed while the collector is off, so it has none of it to walk when back on
     c.emit(text)

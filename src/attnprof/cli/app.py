@@ -43,9 +43,9 @@ SUMMARIES = {
     "analyze": "Analyse a trace: attribute GPU work to each forward and explain what it shows.",
     "explain": "Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores.",
     "findings": "List every finding attnprof reports, with its severity and summary, or one in full.",
-    "plot": "Plot a results file: latency, throughput, memory and kernels against sequence length, "
-    "GPU against CPU time.",
-    "report": "Write one self-contained HTML report: tables, findings, plots, top kernels and trace links.",
+    "plot": "Plot a results file: latency bars; latency, throughput, memory, kernels against sequence length; "
+    "GPU against CPU.",
+    "report": "Write one self-contained HTML report: headline, plots, tables, findings, kernels and traces.",
 }
 
 

@@ -22,13 +22,15 @@ CheckConfigOpt = Annotated[
         "-c",
         show_default=False,
         help="The config of the compare check runs without RESULTS (default: the expectations file's `config`, "
-        "else the built-in default).",
+        "one compare per config it lists, else the built-in default).",
     ),
 ]
 ResultsArg = Annotated[
-    Path | None,
+    list[Path] | None,
     typer.Argument(
-        help="results.json or results.jsonl to check; without it, check runs a compare first.", show_default=False
+        help="results.json or results.jsonl files to check, their rows together; without any, check runs a "
+        "compare first (one per config).",
+        show_default=False,
     ),
 ]
 
@@ -47,8 +49,9 @@ def check_command(
 ) -> None:
     """Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run.
 
-    With RESULTS, reads them; without, runs a compare (the config from -c, else the one the
-    expectations file names, else the built-in default) and checks it. Exit 1 on any miss.
+    With RESULTS, reads them (several files: their rows together); without, runs a compare (the config
+    from -c, else each config the expectations file names, one compare each, else the built-in default)
+    and checks its rows. Exit 1 on any miss.
     """
     from attnprof.config import MeasureOptions
     from attnprof.errors import UsageError
@@ -59,25 +62,34 @@ def check_command(
     from attnprof.report.results_file import load_results
 
     declared = load_expectations(expectations)
-    if results is not None:
+    rows: list[dict[str, Any]] = []
+    sources: list[str] = []
+    code = 0
+    if results:
         given = {**overrides, "config": config_file}
         named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None]
         if named or measure != MeasureOptions():
             raise UsageError(
                 f"RESULTS given: {', '.join(named) or 'measurement options'} would run a compare, and nothing is run"
             )
-        loaded = load_results(results)
-        rows, source, code = loaded.rows, str(loaded.path), 0
+        for results_path in results:
+            loaded = load_results(results_path)
+            rows += loaded.rows
+            sources.append(str(loaded.path))
     else:
-        path = config_file if config_file is not None else declared.config
-        cfg, device, chosen = choose_variants(config_from_options(path, overrides), exclude_given(overrides))
-        outcome, _ = execute(Job("check", cfg, device, measure, plan_cells(cfg, chosen, device)))
-        note_outputs(outcome)
-        rows, source = outcome.document["results"], str(outcome.folder.results_json)
-        code = 130 if outcome.interrupted else 0
+        configs: list[Path | None] = [config_file] if config_file is not None else [*declared.configs] or [None]
+        for config_path in configs:
+            cfg, device, chosen = choose_variants(config_from_options(config_path, overrides), exclude_given(overrides))
+            outcome, _ = execute(Job("check", cfg, device, measure, plan_cells(cfg, chosen, device)))
+            note_outputs(outcome)
+            rows += outcome.document["results"]
+            sources.append(str(outcome.folder.results_json))
+            if outcome.interrupted:
+                code = 130
+                break
     outcomes = check_rows(declared, rows)
     if fmt is c.OutputFormat.json:
-        c.emit(to_json(check_json(outcomes, expectations, source)))
+        c.emit(to_json(check_json(outcomes, expectations, sources[0] if len(sources) == 1 else sources)))
     else:
         c.emit(check_table(outcomes, fmt.value, c.table_width(fmt, wide)))
     raise typer.Exit(code or (1 if counts(outcomes)["missed"] else 0))

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from attnprof.pipeline.engine import Job
     from attnprof.pipeline.eta import TimeLeft
     from attnprof.pipeline.run import Cell
-    from attnprof.profiling.ceiling import RunCeiling
+    from attnprof.profiling.ceiling import Ceiling, RunCeiling
     from attnprof.registry import RunSpec, Variant
     from attnprof.report.results_file import ResultsFile
     from attnprof.results import CellResult
@@ -221,8 +221,8 @@ def note_outputs(outcome: RunOutcome[Any]) -> None:
 
 
 def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
-    """One line on the run's matmul ceiling: cached (and when), measured now (and why), or none; once measured
-    again, that, and the cells (`beaten`) that still beat it."""
+    """One line on the run's matmul ceiling and read bandwidth: cached (and when), measured now (and why), or
+    none; once measured again, that, and the cells (`beaten`) that still beat it."""
     current = ceiling.current
     what = f"{ceiling.dtype} matmul ceiling on {ceiling.device}"
     if current.source == "none":
@@ -237,7 +237,17 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
         when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
     else:
         when = f"measured now ({current.reason})"
-    return f"{what}: {current.tflops:.3g} TFLOP/s, {when}"
+    return f"{what}: {current.tflops:.3g} TFLOP/s{_read_text(current)}, {when}"
+
+
+def _read_text(ceiling: Ceiling) -> str:
+    """ ", read bandwidth 4,512 GB/s by torch.sum": the read ceiling and the probe that reached it."""
+    from attnprof.profiling.read_probe import gbps_text, winner
+
+    if not ceiling.read_gbps:
+        return ""
+    by = f" by {winner(ceiling.read_method)}" if ceiling.read_method else ""
+    return f", read bandwidth {gbps_text(ceiling.read_gbps)} GB/s{by}"
 
 
 def eta_text(seconds: float | None) -> str:

@@ -39,9 +39,10 @@ def plot_formats(text: str) -> list[str]:
 
 @c.handle_errors
 def plot_command(results: ResultsArg, output: PlotDirOpt = None, formats: PlotFormatOpt = "png,svg") -> None:
-    """Plot a results file: latency, throughput, memory and kernels against sequence length, GPU against CPU time.
+    """Plot a results file: latency bars; latency, throughput, memory, kernels against sequence length; GPU against CPU.
 
-    One line per variant and shape (and mode). Writes latency, throughput, memory, kernels and gpu_vs_cpu.
+    bars: a bar chart of latency by variant per shape and mode (up to 8). The others draw one line per variant
+    and shape (and mode): latency, throughput, memory, kernels and gpu_vs_cpu.
 
     A plot with nothing to show (one sequence length, no GPU figures in CPU rows) is skipped with a note.
 

@@ -24,9 +24,11 @@ ReportOpt = Annotated[
 
 @c.handle_errors
 def report_command(results: ResultsArg, output: ReportOpt = None) -> None:
-    """Write one self-contained HTML report: tables, findings, plots, top kernels and trace links.
+    """Write one self-contained HTML report: headline, plots, tables, findings, kernels and traces.
 
-    Environment, comparison and at-a-glance tables, findings per variant, the plots, each variant's top kernels.
+    It leads with the fastest variant of each shape and mode and its costliest findings, then the plots, the
+    comparison tables, the findings grouped by id, each variant's top kernels, skipped and failed cells and
+    trace links; the environment, config and ceiling come last.
 
     The page works offline: CSS inline, plots embedded, no script, nothing fetched; it prints its path.
 

@@ -4,7 +4,7 @@ torchrun the ranks share the cells, each streaming to its own `results.rank{R}.j
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,11 +25,23 @@ def sweep_command(
     resume: ResumeOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
+    per_point: Annotated[
+        bool,
+        typer.Option(
+            "--per-point",
+            help="Print compare's full table for every point of the sweep instead of one pivot table "
+            "per point of the other axes.",
+        ),
+    ] = False,
     *,
     overrides: dict[str, Any],
     measure: "MeasureOptions",
 ) -> None:
     """Run every selected variant at every point of the config's sweep axes (their cross product).
+
+    It prints one table per point of the other axes: variants down, the swept length (seq) across, each
+    cell the median latency and the speed-up; then each finding once per variant (--per-point: compare's
+    table at every point).
 
     Sequence lengths run in ascending order; once a variant runs out of memory at one, its larger ones
     (the other axes equal) are skipped: `OOM at smaller size`. Each finished cell is appended to
@@ -49,7 +61,7 @@ def sweep_command(
         c.note(f"left out of the sweep (no valid shape): {'; '.join(left_out)}")
     kept = resumed_rows(previous, cfg, measure, device, cells)
     outcome, code = execute(Job("sweep", cfg, device, measure, cells, previous, kept, sweep=True))
-    _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide))
+    _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide), per_point)
     note_outputs(outcome)
     files = outcome.document["files"]
     streams = files["rank_streams"] if "rank_streams" in files else [files["results_jsonl"]]
@@ -66,11 +78,13 @@ def fixed_axes(overrides: dict[str, Any]) -> list[str]:
     return names
 
 
-def _print(outcome: RunOutcome, fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:
+def _print(outcome: RunOutcome, fmt: c.OutputFormat, baseline: str | None, width: int | None, per_point: bool) -> None:
     from attnprof.report.export import to_json
+    from attnprof.report.sweep_tables import sweep_report
     from attnprof.report.tables import compare_report
 
+    rows = outcome.document["results"]
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
-    elif outcome.document["results"]:
-        c.emit(compare_report(outcome.document["results"], fmt.value, baseline, width))
+    elif rows:
+        c.emit((compare_report if per_point else sweep_report)(rows, fmt.value, baseline, width))

@@ -9,9 +9,12 @@ dropout=0.0, **kwargs) -> (attn_output, attn_weights)`, with query [b, h, s, d],
   comes back as [b, s, h, d].
 * masks: the implementation is registered with transformers' SDPA mask function, which gives no mask
   for plain causal (or full) attention and an explicit mask only for padding or a custom pattern. No
-  mask: `causal` is the call's `is_causal`, else the module's. An explicit mask, dropout, a KV cache
-  (query and key lengths differ), sliding windows, soft-capping and sinks are refused: the row is
-  skipped with that reason.
+  mask: `causal` is the call's `is_causal`, else the module's; a configured `mask` (and `score_mod`,
+  `attnprof model`'s config) replaces it, and the variant takes it as it does in a compare (SDPA a dense
+  `attn_mask` or `is_causal`, flex a BlockMask, both built once per shape in setup); a variant that does
+  not run that mask or score mod is refused with its reason. An explicit mask, dropout, a KV cache
+  (query and key lengths differ), the model's own sliding windows, soft-capping and sinks are refused:
+  the row is skipped with that reason.
 * scaling: attnprof variants scale scores by 1/sqrt(d); a model that scales otherwise is refused.
 * GQA: a variant that cannot take fewer key/value heads (its `check` says so) gets them repeated.
 * setup: `variant.setup(spec)` runs once per attention shape, on the first call with that shape (the
@@ -45,8 +48,11 @@ def _refuse(variant: Variant, why: str) -> VariantUnavailableError:
     return VariantUnavailableError(f"{BRIDGE_PREFIX}{variant.name} cannot run this model's attention: {why}")
 
 
-def call_spec(variant: Variant, query: Any, key: Any, causal: bool) -> RunSpec:
-    """The RunSpec of one attention call, in `fwd+bwd` when autograd records it."""
+def call_spec(
+    variant: Variant, query: Any, key: Any, causal: bool, mask: str | None = None, score_mod: str | None = None
+) -> RunSpec:
+    """The RunSpec of one attention call, in `fwd+bwd` when autograd records it; `mask` (None: plain causal or
+    none by `causal`) and `score_mod` as configured."""
     import torch
 
     batch, heads, seq, head_dim = query.shape
@@ -64,6 +70,8 @@ def call_spec(variant: Variant, query: Any, key: Any, causal: bool) -> RunSpec:
         kv_heads=key.shape[1] if key.shape[1] != heads else None,
         causal=causal,
         mode="fwd+bwd" if recording else "fwd",
+        mask=mask,
+        score_mod=score_mod,
     )
 
 
@@ -98,8 +106,11 @@ def runnable_spec(variant: Variant, spec: RunSpec) -> RunSpec:
     return spec
 
 
-def attention_function(variant: Variant) -> Callable[..., tuple[Any, None]]:
-    """A transformers attention function that runs `variant` (see the module docstring)."""
+def attention_function(
+    variant: Variant, mask: str | None = None, score_mod: str | None = None
+) -> Callable[..., tuple[Any, None]]:
+    """A transformers attention function that runs `variant` (see the module docstring), with the configured
+    `mask` and `score_mod` in place of the model's causal mask when given."""
     states: dict[RunSpec, tuple[RunSpec, Any]] = {}  # call spec -> (the spec the variant runs, its setup state)
     label = BRIDGE_PREFIX + variant.name  # the record_function range: the variant's own name
 
@@ -122,7 +133,9 @@ def attention_function(variant: Variant) -> Callable[..., tuple[Any, None]]:
         _check_call(variant, query, key, attention_mask, scaling, dropout, kwargs)
         causal = kwargs.get("is_causal")
         causal = bool(getattr(module, "is_causal", True) if causal is None else causal) and query.shape[2] > 1
-        spec = call_spec(variant, query, key, causal)
+        if mask is not None:
+            causal = mask == "causal"
+        spec = call_spec(variant, query, key, causal, mask, score_mod)
         if spec not in states:
             states[spec] = prepare(spec)
         run_spec, state = states[spec]
@@ -139,13 +152,14 @@ def attention_function(variant: Variant) -> Callable[..., tuple[Any, None]]:
     return attention
 
 
-def register_variant(variant: Variant) -> str:
-    """Register `variant` with transformers' attention interface (and the SDPA mask function under the
-    same name); returns the name a model's `attn_implementation` takes. Registering again replaces it."""
+def register_variant(variant: Variant, mask: str | None = None, score_mod: str | None = None) -> str:
+    """Register `variant`, with the configured `mask` and `score_mod`, with transformers' attention interface
+    (and the SDPA mask function under the same name); returns the name a model's `attn_implementation`
+    takes. Registering again replaces it."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     name = bridge_name(variant)
-    AttentionInterface.register(name, attention_function(variant))
+    AttentionInterface.register(name, attention_function(variant, mask, score_mod))
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

@@ -13,10 +13,13 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import ConfigError, MissingExtraError, one_line
 from attnprof.models.built import AttentionShape, BuiltModel, model_step
+
+if TYPE_CHECKING:
+    from attnprof.models.masking import MaskOverride
 
 #: The oldest transformers whose attention interface, mask interface and `dtype=` attnprof uses.
 MIN_TRANSFORMERS = (4, 56)
@@ -111,9 +114,12 @@ def build_hf_model(config: Any, attn_implementation: str, device: str, dtype: st
     return model.eval()
 
 
-def prepare_hf(model: Any, config: Any, batch: int, seq: int, mode: str, seed: int) -> BuiltModel:
+def prepare_hf(
+    model: Any, config: Any, batch: int, seq: int, mode: str, seed: int, masking: MaskOverride | None = None
+) -> BuiltModel:
     """`model` ready to run at `seq`: seeded random token ids of [batch, seq] and an all-ones attention mask
-    on its device, and the step of `mode` (with `labels` for the loss in fwd+bwd when the model computes one)."""
+    on its device, and the step of `mode` (with `labels` for the loss in fwd+bwd when the model computes one).
+    `masking`, when given, puts the configured mask into transformers' mask interface during each call."""
     import torch
 
     device = next(model.parameters()).device
@@ -127,6 +133,9 @@ def prepare_hf(model: Any, config: Any, batch: int, seq: int, mode: str, seed: i
 
     def call(with_loss: bool) -> Any:
         extra = {"labels": ids} if with_loss and takes_labels else {}
-        return model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
+        if masking is None:
+            return model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
+        with masking.applied():
+            return model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
 
     return BuiltModel(model, seq, attention_shape(config), model_step(model, call, mode))

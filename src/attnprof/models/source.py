@@ -51,17 +51,26 @@ class HfSource:
         """Refuse an attnprof variant that cannot run the model's attention before building anything; build
         the model for a new implementation (a refusal by transformers is kept, and skips its other rows)."""
         from attnprof.models.hf import prepare_hf
+        from attnprof.models.masking import MaskOverride, hf_refusal, needs_override
 
+        name = str(implementation.attn_implementation)
+        mask, score_mod = self.config.mask, self.config.score_mod
+        override = None
         if implementation.variant is not None:
             self._check_variant(implementation, seq, mode)
-        name = str(implementation.attn_implementation)
+        elif refusal := hf_refusal(name, mask, score_mod, self.shape.causal):
+            raise VariantUnavailableError(refusal)
+        elif mask is not None and needs_override(mask, self.shape.causal):
+            override = MaskOverride(name, mask, int(seq or 0))
         if self._built_for != name:
             self.release()
             self._built_for = name
             self._model = self._build(implementation)
         if self._model is None:
             raise VariantUnavailableError(str(self._refusal))
-        return prepare_hf(self._model, self.hf_config, self.config.batch, int(seq or 0), mode, self.config.seed)
+        return prepare_hf(
+            self._model, self.hf_config, self.config.batch, int(seq or 0), mode, self.config.seed, override
+        )
 
     def _build(self, implementation: Implementation) -> Any:
         from attnprof.models.bridge import register_variant
@@ -69,7 +78,7 @@ class HfSource:
         from attnprof.profiling.memory import is_oom
 
         if implementation.variant is not None:
-            register_variant(implementation.variant)
+            register_variant(implementation.variant, self.config.mask, self.config.score_mod)
         try:
             return build_hf_model(
                 self.hf_config, str(implementation.attn_implementation), self.device, self.dtype, self.config.seed
@@ -97,8 +106,10 @@ class HfSource:
             seq=seq,
             head_dim=shape.head_dim,
             kv_heads=shape.kv_heads if shape.kv_heads != shape.heads else None,
-            causal=True,
+            causal=self.config.mask in (None, "causal"),
             mode=mode,
+            mask=self.config.mask,
+            score_mod=self.config.score_mod,
         )
         runnable_spec(implementation.variant, spec)
 

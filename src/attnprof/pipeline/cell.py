@@ -145,8 +145,9 @@ def _measure(
     trace_dir: Path,
     agree: Callable[[int], int] | None = None,
 ) -> None:
-    """Everything that runs the variant: timing, the profiled loop, correctness, memory, masking.
-    What is timed and profiled is the step of the spec's mode (`profiling.steps`)."""
+    """Everything that runs the variant: its setup and input layout (`prepare_inputs`), timing, the
+    profiled loop, correctness, memory, masking. What is timed and profiled is the step of the spec's
+    mode (`profiling.steps`)."""
     import torch
 
     from attnprof.profiling import correctness, memory
@@ -164,6 +165,15 @@ def _measure(
     if variant.setup is not None:
         with phase(result, "setup"), guard("setup", variant):
             state = variant.setup(spec)
+    if variant.executed_pairs is not None:
+        from attnprof.analysis.roofline import executed_flops
+
+        with phase(result, "setup"), guard("executed_pairs", variant):
+            pairs = variant.executed_pairs(spec, state)
+        result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
+    if variant.prepare_inputs is not None:  # its own layout of k and v (a paged pool), built untimed
+        with phase(result, "setup"), guard("input preparation", variant), torch.no_grad():
+            state = variant.prepare_inputs(spec, state, q, k, v, config.seed)
 
     def forward(q: Any, k: Any, v: Any) -> Any:
         return variant.forward(q, k, v, spec.causal, state)
@@ -269,14 +279,26 @@ def _time(
 
 def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_design: frozenset[str]) -> None:
     """The trace analysis (less the findings that only restate what the variant is, `by_design`), the
-    backend it shows, and the throughput of the latency."""
+    backend it shows, and the throughput of the latency. The attention ledger's % of read bandwidth and
+    its memory findings use the run's measured ceiling (`peaks.measured_peaks`), else the
+    datasheet of the GPU. A ceiling measured again later in the run (`rethroughput`) changes the rows'
+    throughput, not the analyses already made."""
     from attnprof.analysis import analyze_trace, dispatched_backend
+    from attnprof.peaks import measured_peaks
 
     if result.trace_path is None:
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
-            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.spec.dtype)
+            peak = ceiling.current.tflops if ceiling is not None else None
+            peaks = measured_peaks(ceiling.current) if ceiling is not None else None
+            result.analysis = analyze_trace(
+                result.trace_path,
+                region=region,
+                dtype=result.spec.dtype,
+                ceiling_tflops=peak,
+                peaks=lambda gpu, dtype: peaks,
+            )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
     if by_design:
@@ -306,22 +328,30 @@ def exceeds(rates: Throughput) -> bool:
 
 
 def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: bool = False) -> Throughput:
-    """TFLOP/s, share of the measured ceiling, bandwidth and bound for one latency.
+    """TFLOP/s, share of the measured ceilings, bandwidth and bound for one latency.
 
-    Without a ceiling (source "none"), or when the latency beats the ceiling (over 100% is
+    Without a ceiling (source "none"), or when the latency beats the matmul ceiling (over 100% is
     impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
-    an exceeded ceiling gives no `bound` either. `dense_mask`: the variant read the mask as a dense
-    tensor, which `bytes_moved` counts.
+    an exceeded matmul ceiling gives no `bound` either. When the achieved GB/s beats the measured
+    read bandwidth, the achieved figure is the reference (`pct_of_read_bandwidth` 100) and
+    `read_bandwidth_note` says so. `dense_mask`: the variant read the mask as a dense tensor, which
+    `bytes_moved` counts.
     """
     from attnprof.analysis.roofline import achieved_for, bytes_moved
 
-    rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.bandwidth_gbps, dense_mask)
+    rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.read_gbps, dense_mask)
     pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
-    if ceiling.tflops is not None and rates["tflops"] > ceiling.tflops:
+    if rates["peak_beaten"]:
         pct = bound = None
         note = (
             f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
             f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling"
+        )
+    read_note = None
+    if rates["read_beaten"]:
+        read_note = (
+            f"achieved {rates['achieved_gbps']:.4g} GB/s, above the read bandwidth measured on {spec.device} "
+            f"({ceiling.read_gbps:.4g} GB/s): % of read bandwidth and bound use the achieved figure"
         )
     return Throughput(
         tflops=rates["tflops"],
@@ -331,6 +361,9 @@ def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: b
         bound=bound,
         pct_of_peak_note=note,
         bytes_moved=bytes_moved(spec, dense_mask),
+        pct_of_read_bandwidth=rates["pct_of_read_bandwidth"],
+        peak_read_gbps=ceiling.read_gbps,
+        read_bandwidth_note=read_note,
     )
 
 

@@ -29,6 +29,7 @@ from attnprof.config import Config, MeasureOptions
 from attnprof.interrupts import raise_if_interrupted
 from attnprof.pipeline import distributed
 from attnprof.pipeline.eta import TimeLeft, time_left
+from attnprof.pipeline.mask_alternatives import Alternatives
 from attnprof.pipeline.resume import check_resumable, kept_rows, still_to_run
 from attnprof.pipeline.run import Cell, RunOutcome, resolve_config, run_cells
 from attnprof.pipeline.sharded import Job, Recorder, Share, run_sharded
@@ -185,6 +186,7 @@ def _by_dtype(
             trace_dir,
             skip=skip,
             group=distributed.current(),
+            alternatives=Alternatives(job.cells),
         )
         results += done
         if interrupted:

@@ -96,6 +96,9 @@ def _measure(
     result.seq = built.seq
     for name in ("heads", "kv_heads", "head_dim", "causal"):  # as the model states them (None: it does not)
         setattr(result, name, getattr(built.shape, name))
+    result.mask = config.mask or ("causal" if built.shape.causal else None)
+    result.causal = result.causal if config.mask is None else config.mask == "causal"
+    result.score_mod = config.score_mod
     with phase(result, "timing"), guard(stage, variant):
         started = time.time()
         options = timing.TimingOptions(**config.timing.model_dump())
@@ -132,14 +135,16 @@ def _compare_logits(
 
 
 def _analyse(result: ModelResult, region: str) -> None:
-    """The trace analysis of the model's region (the attention ledger is part of it)."""
+    """The trace analysis of the model's region (the attention ledger is part of it), its % of read
+    bandwidth against the figures measured on this machine when the ceiling cache holds them."""
     from attnprof.analysis import analyze_trace
+    from attnprof.peaks import cached_peaks
 
     if result.trace_path is None:
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
-            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.dtype)
+            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.dtype, peaks=cached_peaks)
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
 

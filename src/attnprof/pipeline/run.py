@@ -28,6 +28,7 @@ from attnprof.results import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.pipeline.distributed import Group
+    from attnprof.pipeline.mask_alternatives import Alternatives
     from attnprof.profiling.ceiling import RunCeiling
 
 Cell = tuple[Variant, RunSpec]
@@ -118,7 +119,7 @@ def cell_specs(config: Config, device: str) -> list[RunSpec]:
     """One RunSpec per configured shape and mode (shape-major), on the resolved device, with the
     config's dtype (resolve `dtype: auto` first: `resolve_config`)."""
     return [
-        shape.spec(device, config.dtype, config.causal, mode, config.mask, config.score_mod)
+        shape.spec(device, config.dtype, config.causal, mode, config.mask, config.score_mod, config.kv_cache)
         for shape in config.shapes
         for mode in config.modes
     ]
@@ -216,6 +217,7 @@ def run_cells(
     trace_dir: Path | None = None,
     skip: Callable[[Variant, RunSpec], str | None] | None = None,
     group: Group | None = None,
+    alternatives: Alternatives | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
@@ -229,6 +231,8 @@ def run_cells(
     `skip` gives a reason is not run: its result is `skipped` with that reason. Under torchrun
     (`group`), a collective variant's cell starts when every rank is there, runs only when every
     rank can run it (and none skips it), and its timing's call counts are agreed by the ranks.
+    A cell whose trace shows `dense-mask` has the alternatives that `alternatives` (the plan) lacks
+    timed right after it, before `on_done` (`pipeline.mask_alternatives`).
     """
     results: list[CellResult] = []
     interrupted = False
@@ -247,6 +251,8 @@ def run_cells(
                         result = CellResult(variant.name, variant.source, spec, status="skipped", reason=reason)
                     else:
                         result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
+                        if alternatives is not None:
+                            alternatives.measure(result, config, measure)
                     if interrupt_requested():
                         raise KeyboardInterrupt
                     results.append(result)

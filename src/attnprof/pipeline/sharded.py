@@ -16,7 +16,8 @@ Every rank runs `run_sharded` with the same `Job`:
    with the kept rows), so a rank that dies loses only the cell it was running (`--resume` redoes
    the rest);
 5. rank 0 gathers every rank's rows and writes the one `results.json` and `results.csv`, the rows in
-   the plan's order with their speed-ups computed over all of them; every row names its rank, host
+   the plan's order with their speed-ups computed over all of them (and each dense-mask row joined with
+   its alternative's cell, `pipeline.mask_alternatives`); every row names its rank, host
    and GPU, and the document's `distributed` section each rank's share.
 
 A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` in a
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.distributed import MULTICAST_OFF
+from attnprof.pipeline.mask_alternatives import attach_row_alternatives
 from attnprof.pipeline.resume import (
     STREAM_NAME,
     attach_row_speedups,
@@ -194,6 +196,7 @@ def run_sharded(
         assert shares is not None
         rows = ordered_rows(job.cells, job.kept + [row for s in shares for row in s["rows"]])
         attach_row_speedups(rows, job.config.baseline)
+        attach_row_alternatives(rows, share.results)
         interrupted = any(s["interrupted"] for s in shares)
         ceilings: dict[str, Any] = {}
         for s in shares:

@@ -24,7 +24,6 @@ from pydantic import ValidationError
 
 from attnprof.config import Config, Shape
 from attnprof.errors import ConfigError
-from attnprof.masks import parse_mask
 from attnprof.pipeline.cell import ran_out_of_memory
 from attnprof.pipeline.run import Cell
 from attnprof.registry import RunSpec, Variant
@@ -38,7 +37,7 @@ Key = tuple[Any, ...]
 
 def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
     """The sweep's points on the resolved `device`: each configured shape with every combination of
-    the shape axes (q_len, kv_len, mask and score_mod among them), crossed with the dtype, causal and
+    the shape axes (q_len, kv_len, mask, score_mod and kv_cache among them), crossed with the dtype, causal and
     mode axes (or the config's own values).
     Returns them, without repeats, and why combinations that make no valid shape were left out."""
     axes = config.sweep.axes() if config.sweep else {}
@@ -52,13 +51,11 @@ def sweep_specs(config: Config, device: str) -> tuple[list[RunSpec], list[str]]:
             except ValidationError as exc:
                 left_out.append(exc.errors()[0]["msg"].removeprefix("Value error, "))
                 continue
-            if shape.mask is None and config.mask is not None:
-                problem = parse_mask(config.mask).problem(shape.q_len_in_force, shape.kv_len_in_force)
-                if problem:
-                    left_out.append(problem)
-                    continue
+            if problem := config.default_problem(shape):
+                left_out.append(problem)
+                continue
             specs += [
-                shape.spec(device, dtype, causal, mode, config.mask, config.score_mod)
+                shape.spec(device, dtype, causal, mode, config.mask, config.score_mod, config.kv_cache)
                 for dtype, causal, mode in itertools.product(
                     axes.get("dtype", [config.dtype]),
                     axes.get("causal", [config.causal]),

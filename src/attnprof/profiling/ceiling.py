@@ -1,6 +1,6 @@
-"""Measured ceilings: dense matmul throughput and device copy bandwidth, cached on disk.
+"""Measured ceilings: dense matmul throughput, read bandwidth and copy bandwidth, cached on disk.
 
-Nothing here is a datasheet number: both ceilings are measured on this machine, once per
+Nothing here is a datasheet number: the ceilings are measured on this machine, once per
 device name and dtype (and CPU thread count on CPU), and kept in `ceilings.json` in the
 cache directory: `$ATTNPROF_CACHE_DIR` if set, else `$XDG_CACHE_HOME/attnprof` (an absolute
 XDG_CACHE_HOME), else `~/.cache/attnprof`. A cache that cannot be read or written is ignored;
@@ -16,10 +16,17 @@ peak for attention kernels that compute in fp32 inside (against a freshly measur
 sdpa-flash on CPU reached 4,832%). Nothing is measured then, and % of peak is n/a.
 
 CUDA: an 8192³ matmul in the dtype (current torch matmul settings, so fp32 is true fp32
-unless TF32 was allowed), 3 warm-ups then the median of 10 CUDA-event timings; and a 1 GiB
-device-to-device copy, bandwidth counted as bytes read plus bytes written. CPU (fp32): the
-same with a 64 MiB copy and a square matmul whose size doubles from 256 until one product
-takes 5 ms (at most 2048), so the whole measurement stays well under a second on 2 cores.
+unless TF32 was allowed), 3 warm-ups then the median of 10 CUDA-event timings; a 1 GiB
+device-to-device copy, bandwidth counted as bytes read plus bytes written; and the read bandwidth,
+the fastest of several read-only kernels over 2 GiB (`profiling.read_probe`: a Triton grid-stride
+sum in a few configurations when triton is installed, `torch.sum`, `torch.amax`), `read_method`
+naming the winner. CPU (fp32): the same with a 64 MiB copy, `torch.sum`/`torch.amax` over 64 MiB,
+and a square matmul whose size doubles from 256 until one product takes 5 ms (at most 2048), so the
+whole measurement stays well under a second on 2 cores.
+
+The ridge point, where a call's arithmetic intensity turns it from memory- to compute-bound, is the
+matmul ceiling over the read bandwidth (`Ceiling.ridge`, FLOPs per byte): attention's traffic is
+nearly all reads. The copy bandwidth is kept beside it, a different quantity (read + write).
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from attnprof.stats import median
+from attnprof.profiling.read_probe import REPS, WARMUP, median_seconds, probe_read
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
 XDG_ENV = "XDG_CACHE_HOME"
 CACHE_FILE = "ceilings.json"
-CACHE_VERSION = 2  # 2: torch and driver version in the entry, not the key
+CACHE_VERSION = 3  # 2: torch and driver version in the entry, not the key; 3: the read bandwidth
 MAX_AGE_DAYS = 30  # a cached ceiling older than this is measured again
 
 GPU_MATMUL_N = 8192
@@ -48,8 +55,6 @@ CPU_MATMUL_MIN_N, CPU_MATMUL_MAX_N = 256, 2048
 CPU_MATMUL_TARGET_S = 0.005
 CPU_COPY_BYTES = 64 << 20
 CPU_NO_CEILING_DTYPES = ("bf16", "fp16")
-WARMUP = 3
-REPS = 10
 
 #: Where a Ceiling's figures come from: measured in this call, read from the cache, or none at all.
 CeilingSource = Literal["measured", "cached", "none"]
@@ -59,12 +64,14 @@ _memo: dict[tuple[str, str], Ceiling] = {}
 
 @dataclass(frozen=True)
 class Ceiling:
-    """Measured peaks: matmul TFLOP/s and copy bandwidth in GB/s (1e9 B/s), and where they came from.
+    """Measured peaks: matmul TFLOP/s, copy bandwidth and read bandwidth in GB/s (1e9 B/s), and where
+    they came from.
 
     `source` is "measured" (just now), "cached" (read from the cache file) or "none" (no
-    meaningful ceiling: both figures None). `reason` says why: why it was measured now (no
+    meaningful ceiling: every figure None). `reason` says why: why it was measured now (no
     cached figure, too old, another torch ...), or why there is none; None for "cached".
-    `method` says how it was measured; `measured_at` is an ISO timestamp (UTC).
+    `method` says how the matmul and the copy were measured, `read_method` how the read bandwidth
+    was (the winning candidate, and the others' figures); `measured_at` is an ISO timestamp (UTC).
     """
 
     tflops: float | None
@@ -75,6 +82,13 @@ class Ceiling:
     torch_version: str | None = None
     driver_version: str | None = None
     reason: str | None = None
+    read_gbps: float | None = None
+    read_method: str | None = None
+
+    @property
+    def ridge(self) -> float | None:
+        """The ridge point in FLOPs per byte: the matmul ceiling over the read bandwidth; None without both."""
+        return self.tflops * 1e3 / self.read_gbps if self.tflops and self.read_gbps else None
 
     @property
     def measured_on(self) -> str:
@@ -142,13 +156,21 @@ def no_ceiling_reason(device: str, dtype: str) -> str | None:
 
 def read_cache(path: Path) -> dict[str, Any]:
     """The cached entries, or {} when the file is missing, unreadable or of another version."""
+    return _read_file(path)[1]
+
+
+def _read_file(path: Path) -> tuple[Any, dict[str, Any]]:
+    """The file's version (None when unreadable) and its entries ({} unless of `CACHE_VERSION`)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
-        return {}
-    return data["entries"]
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    version = data.get("version")
+    if version != CACHE_VERSION or not isinstance(data.get("entries"), dict):
+        return version, {}
+    return version, data["entries"]
 
 
 def write_cache(path: Path, entries: dict[str, Any]) -> bool:
@@ -167,7 +189,7 @@ def write_cache(path: Path, entries: dict[str, Any]) -> bool:
 def device_ceiling(
     device: str, dtype: str, refresh: bool = False, *, probe: CeilingProbe | None = None, path: Path | None = None
 ) -> Ceiling:
-    """The matmul and copy ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
+    """The matmul, copy and read ceilings for `device` and `dtype`, from memory, cache, or a fresh measurement.
 
     A cached entry that is too old or from another torch or driver version is measured again
     (see the module docstring); CPU in bf16/fp16 gives a Ceiling with source "none".
@@ -182,13 +204,14 @@ def device_ceiling(
     memo_key = (str(path), key)
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
-    entries = read_cache(path)
+    version, entries = _read_file(path)
     torch_version, driver_version = software_versions(device)
-    why = (
-        "a fresh measurement was asked for"
-        if refresh
-        else _why_measure(entries.get(key), torch_version, driver_version)
-    )
+    if refresh:
+        why: str | None = "a fresh measurement was asked for"
+    elif version is not None and version != CACHE_VERSION:
+        why = f"the cache was written by an older attnprof (cache version {version}, now {CACHE_VERSION})"
+    else:
+        why = _why_measure(entries.get(key), torch_version, driver_version)
     if why is None:
         ceiling = _from_entry(entries[key])
     else:
@@ -206,6 +229,19 @@ def device_ceiling(
             ceiling = replace(ceiling, reason=f"{why}; not kept: cannot write {path}")
     _memo[memo_key] = replace(ceiling, source="cached", reason=None)  # later calls in this process reuse it
     return ceiling
+
+
+def cached_ceiling(gpu: str, dtype: str, path: Path | None = None) -> Ceiling | None:
+    """The cached ceiling of the CUDA GPU called `gpu` (its device name, as a trace's deviceProperties give
+    it) in `dtype`, or None when the cache holds no readable entry for it no older than `MAX_AGE_DAYS`.
+
+    For `analyze` and `model`, which measure nothing: torch is not imported, so the torch and driver
+    versions are not compared, and nothing is measured. `path` overrides the cache file.
+    """
+    entry = read_cache(path or cache_path()).get(f"{gpu}|{dtype}")
+    if not isinstance(entry, dict) or _why_measure(entry, None, None, check_versions=False) is not None:
+        return None
+    return _from_entry(entry)
 
 
 def forget() -> None:
@@ -262,15 +298,25 @@ def _from_entry(entry: dict[str, Any]) -> Ceiling:
         measured_at=entry["measured_at"],
         torch_version=entry["torch_version"],
         driver_version=entry.get("driver_version"),
+        read_gbps=float(entry["read_gbps"]),
+        read_method=entry["read_method"],
     )
 
 
-def _why_measure(entry: Any, torch_version: str, driver_version: str | None) -> str | None:
+def _why_measure(
+    entry: Any, torch_version: str | None, driver_version: str | None, *, check_versions: bool = True
+) -> str | None:
     """Why a cached entry cannot be used (no entry, unreadable, too old, other versions), or None when it can."""
     if not isinstance(entry, dict):
         return "no cached figure"
     try:
-        valid = float(entry["tflops"]) > 0 and float(entry["bandwidth_gbps"]) > 0 and isinstance(entry["method"], str)
+        valid = (
+            float(entry["tflops"]) > 0
+            and float(entry["bandwidth_gbps"]) > 0
+            and float(entry["read_gbps"]) > 0
+            and isinstance(entry["method"], str)
+            and isinstance(entry["read_method"], str)
+        )
         age = datetime.now(timezone.utc) - datetime.fromisoformat(entry["measured_at"])
     except (KeyError, TypeError, ValueError):
         valid = False
@@ -278,6 +324,8 @@ def _why_measure(entry: Any, torch_version: str, driver_version: str | None) -> 
         return "the cached figure was unreadable"
     if age > timedelta(days=MAX_AGE_DAYS):
         return f"the cached figure was {age.days} days old (limit {MAX_AGE_DAYS})"
+    if not check_versions:
+        return None
     if entry.get("torch_version") != torch_version:
         return f"the cached figure was measured with torch {entry.get('torch_version')}"
     if entry.get("driver_version") != driver_version:
@@ -286,7 +334,8 @@ def _why_measure(entry: Any, torch_version: str, driver_version: str | None) -> 
 
 
 def probe_ceiling(device: str, dtype: str) -> Ceiling:
-    """Measure matmul TFLOP/s and copy GB/s on `device` now, bypassing the cache (see the module docstring)."""
+    """Measure matmul TFLOP/s, copy GB/s and read GB/s on `device` now, bypassing the cache (see the module
+    docstring)."""
     import torch
 
     from attnprof.profiling.inputs import torch_dtype
@@ -298,6 +347,7 @@ def probe_ceiling(device: str, dtype: str) -> Ceiling:
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
     mm_s = _matmul_seconds(n, tdtype, dev)
     copy_s = _copy_seconds(nbytes, dev)
+    read = probe_read(device)
     tflops = 2.0 * n**3 / mm_s / 1e12
     gbps = 2.0 * nbytes / copy_s / 1e9
     where = "CUDA events" if cuda else "perf_counter"
@@ -305,7 +355,7 @@ def probe_ceiling(device: str, dtype: str) -> Ceiling:
         f"{n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
         f"median of {REPS} after {WARMUP} warm-ups, {where}"
     )
-    return Ceiling(tflops, gbps, "measured", method=method)
+    return Ceiling(tflops, gbps, "measured", method=method, read_gbps=read.gbps, read_method=read.method)
 
 
 def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
@@ -313,7 +363,7 @@ def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
     import torch
 
     a, b, c = _operands(n, tdtype, dev)
-    return _median_seconds(lambda: torch.matmul(a, b, out=c), dev)
+    return median_seconds(lambda: torch.matmul(a, b, out=c), dev)
 
 
 def _copy_seconds(nbytes: int, dev: Any) -> float:
@@ -323,7 +373,7 @@ def _copy_seconds(nbytes: int, dev: Any) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     src.fill_(1)
-    return _median_seconds(lambda: dst.copy_(src), dev)
+    return median_seconds(lambda: dst.copy_(src), dev)
 
 
 def _operands(n: int, tdtype: Any, dev: Any) -> tuple[Any, Any, Any]:
@@ -348,26 +398,3 @@ def _cpu_matmul_size(tdtype: Any) -> int:
             break
         n *= 2
     return n
-
-
-def _median_seconds(fn: Callable[[], Any], dev: Any) -> float:
-    import torch
-
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        for _ in range(REPS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(REPS):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return median(times)

@@ -118,7 +118,8 @@ def profile_forward(
     schedule, each call in a `region` range. `spec` is the cell's RunSpec or just the device it runs on
     (`attnprof model`, whose step is a whole model's).
 
-    CPU and CUDA activities on a GPU, CPU alone elsewhere. Only the active steps are recorded;
+    CPU and CUDA activities on a GPU, CPU alone elsewhere, with the ops' input shapes and types
+    (`record_shapes`: the analysis reads the attention calls' bytes from them). Only the active steps are recorded;
     the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
@@ -140,6 +141,7 @@ def profile_forward(
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
         prof = profile(
             activities=activities,
+            record_shapes=True,  # the attention calls' bytes (achieved GB/s, memory-bound) and the mask's type
             schedule=torch.profiler.schedule(
                 wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
             ),

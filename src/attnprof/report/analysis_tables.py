@@ -3,7 +3,9 @@
 `render_analysis(analysis, fmt, width)` takes a `TraceAnalysis`, fmt "table"
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
 the forward/backward phases (only with backward work), the attention ledger (its calls and the
-overhead around them), a per-kernel table and the findings.
+overhead around them), a per-kernel table and the findings (fitted: the problems, with their
+impact; see `report.impact`); `analyze_report` ends it with "What to look at". Headers and text
+count per step where the instances run a backward (see `instance_unit`).
 Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
 "unreported"; tensor cores read yes / no / ?. `width` None (`--wide`, and always for markdown)
 gives the full tables; a number fits every line of the table style to it: kernel names are cut
@@ -17,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnprof.report.formatting import fmt_number, table_style
+from attnprof.report.impact import finding_line, left_out, shown, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 
 NAME_WIDTH = 60
@@ -111,6 +114,21 @@ PART_COLUMNS = (Column("part", narrow=12), Column("meaning", narrow=20))
 def render_analysis(analysis: Any, fmt: str = "table", width: int | None = None) -> str:
     """Summary, kernels and findings of a `TraceAnalysis` as one string, fitted to `width` (None: in full)."""
     return render_analysis_dict(analysis.to_dict(), fmt, width)
+
+
+def analyze_report(analysis: Any, fmt: str = "table", width: int | None = None) -> str:
+    """`attnprof analyze`: `render_analysis`, then "What to look at" when a finding has a measured impact."""
+    data = analysis.to_dict()
+    text = render_analysis_dict(data, fmt, width)
+    look = what_to_look_at([("", instance_unit(data), data.get("findings") or [])], fmt, limit(width, fmt))
+    return text + ("\n\n" + look if look else "")
+
+
+def per_unit(columns: tuple[Column, ...], unit: str) -> tuple[Column, ...]:
+    """The columns with `/ fwd` read as `/ step` when an instance is a step."""
+    if unit == "forward":
+        return columns
+    return tuple(replace(c, header=c.header.replace("/ fwd", "/ step")) for c in columns)
 
 
 def _spread(data: dict[str, Any], key: str, digits: int = 1) -> str:
@@ -255,7 +273,7 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
             )
             for i, c in enumerate(calls)
         ]
-        parts += ["", table(CALL_COLUMNS + (BYTES_COLUMNS if with_bytes else ()), rows, fmt, width)]
+        parts += ["", table(per_unit(CALL_COLUMNS + (BYTES_COLUMNS if with_bytes else ()), u), rows, fmt, width)]
     overhead = ledger.get("overhead") or []
     if overhead:
         rows = [
@@ -267,13 +285,13 @@ def attention_section(data: dict[str, Any], fmt: str, width: int | None = None) 
             ]
             for o in overhead
         ]
-        parts += ["", table(OVERHEAD_COLUMNS, rows, fmt, width)]
+        parts += ["", table(per_unit(OVERHEAD_COLUMNS, u), rows, fmt, width)]
     return parts
 
 
-def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One row per distinct kernel, memcpy or memset, in the order they first ran."""
-    return table(KERNEL_COLUMNS, kernel_rows(kernels, fmt), fmt, width)
+def kernel_table(kernels: list[dict[str, Any]], fmt: str, width: int | None = None, unit: str = "forward") -> str:
+    """One row per distinct kernel, memcpy or memset, in the order they first ran (counts and times per `unit`)."""
+    return table(per_unit(KERNEL_COLUMNS, unit), kernel_rows(kernels, fmt), fmt, width)
 
 
 def kernel_rows(kernels: list[dict[str, Any]], fmt: str) -> list[list[str]]:
@@ -309,13 +327,19 @@ def kernel_rows(kernels: list[dict[str, Any]], fmt: str) -> list[list[str]]:
     return rows
 
 
-def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
-    """One bullet per finding, its id first, wrapped to `width` in the table style."""
+def findings_list(findings: list[dict[str, Any]], fmt: str, width: int | None = None, unit: str = "forward") -> str:
+    """One bullet per finding, its id first and its impact per `unit` last, wrapped to `width` in the
+    table style; fitted, the info findings are counted in a note instead."""
     if not findings:
         return "No findings." if fmt == "table" else "_No findings._"
     if fmt == "markdown":
-        return "\n".join(f"- **`{f['id']}`** {f['message']}" for f in findings)
-    return bullets([f"[{f['id']}] {f['message']}" for f in findings], width)
+        return "\n".join("- " + finding_line(f, unit).replace(f"[{f['id']}]", f"**`{f['id']}`**", 1) for f in findings)
+    width = limit(width, fmt)
+    listed = shown(findings, width)
+    note = left_out([{"findings": findings}], width)
+    if not listed:
+        return "\n".join(["No problem found.", *note])
+    return "\n".join([bullets([finding_line(f, unit) for f in listed], width), *note])
 
 
 def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | None = None) -> str:
@@ -342,13 +366,13 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
         parts += ["", heading(f"Attention per {u}"), "", *attention]
     kernels = data.get("kernels") or []
     if kernels:
-        parts += ["", heading(f"Kernels per {u}"), "", kernel_table(kernels, fmt, width)]
+        parts += ["", heading(f"Kernels per {u}"), "", kernel_table(kernels, fmt, width, u)]
     elif data.get("kernels_per_forward") is None:
         parts += ["", *wrap("No GPU activity in the trace: GPU metrics are n/a.", width)]
     comm = comm_table(data, fmt, width)
     if comm:
         parts += ["", heading("Communication"), "", comm]
-    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width)]
+    parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width, u)]
     notes = data.get("notes") or []
     if notes:
         parts += ["", heading("Notes"), "", bullets(notes, width)]

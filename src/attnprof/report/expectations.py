@@ -8,17 +8,23 @@ must show, each field of the results row (`report.serialize.ROW`):
     "*":        {status: ok}
 
 A scalar must equal the measured value; `{min: A, max: B}` bounds it (either end may be left out);
-`findings: {has: [...], lacks: [...]}` names finding ids that must be present or absent. The one
-other top-level key, `config` (a path, relative to the file), names the config `check` runs when it
-is given no results. Every row of a matching variant is checked (all shapes and modes). A row that was
-skipped (this machine cannot run it) is `not run`, not a miss; a failed row is a miss; a pattern
+`findings: {has: [...], lacks: [...], any: [...]}` names finding ids that must be present, absent, or
+present at least one of. `faster_than: VARIANT` (or `{variant: VARIANT, by: X, FIELD: VALUE, ...}`)
+wants the row's latency below that of VARIANT's row at the same cell, or at the cell with the given
+fields changed (`mask: prefix:1`: the same shape with that mask), and by at least X times when `by` is
+given. A pattern may map to a list of such mappings, and a mapping may start with `where: {FIELD:
+VALUE or [VALUES]}`, which checks it only on the rows whose fields match (`where: {q_len: 1}`: the
+decode cells). The one other top-level key, `config` (a path relative to the file, or a list of them),
+names the configs `check` runs, one compare each, when it is given no results. Every row of a matching
+variant is checked (all shapes and modes). A row that was skipped (this machine cannot run it) is `not
+run`, not a miss, as is a comparison with a row that was skipped; a failed row is a miss; a pattern
 that no row matches is a miss.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,14 @@ from attnprof.report.tables import cell_label
 
 CONFIG_KEY = "config"
 FINDINGS = "findings"
+FASTER = "faster_than"
+WHERE = "where"
 VALID_FIELDS = tuple(name for name in CSV_FIELDS if name != FINDINGS)
+#: The fields that make a cell (`RunSpec.cell_key`, `causal` being the mask's): what `faster_than` keeps or changes.
+CELL_FIELDS = (
+    *("device", "dtype", "batch", "heads", "kv_heads", "seq", "head_dim"),
+    *("mode", "mask", "score_mod", "q_len", "kv_len"),
+)
 MARKS = {"held": "✓", "missed": "✗", "not run": "–"}
 
 COLUMNS = (
@@ -66,26 +79,54 @@ class Range(_Strict):
 
 
 class FindingsRule(_Strict):
-    """`findings: {has: [...], lacks: [...]}`, each a finding id attnprof reports."""
+    """`findings: {has: [...], lacks: [...], any: [...]}`, each a finding id attnprof reports."""
 
     has: list[str] = []
     lacks: list[str] = []
+    any: list[str] = []
+
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class Faster:
+    """`faster_than`: the row's latency below that of `variant`'s row at the same cell with `fields` changed,
+    by at least `by` times when given."""
+
+    variant: str
+    fields: tuple[tuple[str, Scalar], ...] = ()
+    by: float | None = None
+
+    @property
+    def text(self) -> str:
+        """`faster than sdpa at mask=prefix:1 by 1.5x`."""
+        at = " at " + ", ".join(f"{k}={v}" for k, v in self.fields) if self.fields else ""
+        return f"faster than {self.variant}{at}" + (f" by {self.by:g}x" if self.by is not None else "")
 
 
 @dataclass(frozen=True)
 class Expectation:
-    """One expected fact: `kind` is `equals` (a scalar), `range` (a Range), `has` or `lacks` (a finding id)."""
+    """One expected fact: `kind` is `equals` (a scalar), `range` (a Range), `has` or `lacks` (a finding id),
+    `any` (finding ids) or `faster` (a Faster); checked on the rows of `pattern` whose fields match `where`
+    (field, the values it may take)."""
 
     pattern: str
     field: str
     kind: str
     value: Any
+    where: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()
 
     @property
     def expected_text(self) -> str:
-        """`= 1`, `>= 30`, `<= 2`, `10 to 20`, `has single-fused-kernel`."""
+        """`= 1`, `>= 30`, `<= 2`, `10 to 20`, `has single-fused-kernel`, `any of memory-bound, bandwidth-bound`,
+        `faster than sdpa`."""
         if self.kind in ("has", "lacks"):
             return f"{self.kind} {self.value}"
+        if self.kind == "any":
+            return f"any of {', '.join(self.value)}"
+        if self.kind == "faster":
+            return str(self.value.text)
         if self.kind == "range":
             low, high = self.value.min, self.value.max
             if low is not None and high is not None:
@@ -96,11 +137,11 @@ class Expectation:
 
 @dataclass(frozen=True)
 class Expectations:
-    """An expectations file: its expectations, in file order, and the config it names (or None)."""
+    """An expectations file: its expectations, in file order, and the configs it names (in order)."""
 
     path: Path
     items: list[Expectation]
-    config: Path | None = None
+    configs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,36 +171,102 @@ def parse_expectations(data: Any, path: Path) -> Expectations:
     """Validate the mapping of an expectations file (see the module docstring)."""
     if not isinstance(data, dict) or not data:
         raise ExpectationsError(f"{path}: expected a mapping of variant patterns to expectations")
-    config = None
+    configs: tuple[Path, ...] = ()
     items: list[Expectation] = []
     for pattern, fields in data.items():
-        if pattern == CONFIG_KEY and isinstance(fields, str):
-            config = path.parent / fields
+        if pattern == CONFIG_KEY and _config_paths(fields):
+            configs = tuple(path.parent / name for name in _config_paths(fields))
             continue
-        if not isinstance(fields, dict) or not fields:
-            raise ExpectationsError(f"{path}: {pattern}: expected a mapping of fields to expected values")
-        for name, value in fields.items():
-            items += _parse_field(str(pattern), str(name), value, path)
-    return Expectations(path, items, config)
+        entries = fields if isinstance(fields, list) and fields else [fields]
+        for k, entry in enumerate(entries):
+            where = f"{pattern}" if len(entries) == 1 else f"{pattern}[{k}]"
+            items += _parse_entry(str(pattern), where, entry, path)
+    return Expectations(path, items, configs)
 
 
-def _parse_field(pattern: str, name: str, value: Any, path: Path) -> list[Expectation]:
+def _config_paths(value: Any) -> list[str]:
+    """The config paths of a `config` value (a string or a list of strings), else []."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return []
+
+
+def _parse_entry(pattern: str, label: str, fields: Any, path: Path) -> list[Expectation]:
+    if not isinstance(fields, dict) or not fields or list(fields) == [WHERE]:
+        raise ExpectationsError(f"{path}: {label}: expected a mapping of fields to expected values")
+    where = _parse_where(fields.get(WHERE), f"{path}: {label}.{WHERE}") if WHERE in fields else ()
+    items: list[Expectation] = []
+    for name, value in fields.items():
+        if name != WHERE:
+            items += _parse_field(pattern, str(name), value, path, label)
+    return [replace(item, where=where) for item in items]
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _parse_where(value: Any, at: str) -> tuple[tuple[str, tuple[Scalar, ...]], ...]:
+    """`where: {field: value or [values]}` as (field, values) pairs; ExpectationsError otherwise."""
+    if not isinstance(value, dict) or not value:
+        raise ExpectationsError(f"{at}: expected a mapping of row fields to a value or a list of values")
+    found = []
+    for name, wanted in value.items():
+        if name not in VALID_FIELDS:
+            raise ExpectationsError(f"{at}.{name}: unknown field; valid fields: {', '.join(VALID_FIELDS)}")
+        values = wanted if isinstance(wanted, list) and wanted else [wanted]
+        if not all(_scalar(v) for v in values):
+            raise ExpectationsError(f"{at}.{name}: expected a value or a list of values")
+        found.append((str(name), tuple(values)))
+    return tuple(found)
+
+
+def _parse_faster(value: Any, where: str) -> Faster:
+    """`faster_than: VARIANT` or `{variant: VARIANT, by: X, FIELD: VALUE, ...}`."""
+    if isinstance(value, str) and value:
+        return Faster(value)
+    if not isinstance(value, dict) or not isinstance(value.get("variant"), str) or not value["variant"]:
+        raise ExpectationsError(f"{where}: expected a variant name or {{variant: NAME, by: X, FIELD: VALUE}}")
+    by = value.get("by")
+    if by is not None and (isinstance(by, bool) or not isinstance(by, (int, float)) or by <= 0):
+        raise ExpectationsError(f"{where}.by: expected a positive number (got {by!r})")
+    fields = []
+    for name, changed in value.items():
+        if name in ("variant", "by"):
+            continue
+        if name not in CELL_FIELDS:
+            raise ExpectationsError(f"{where}.{name}: not a field of the cell; cell fields: {', '.join(CELL_FIELDS)}")
+        if not _scalar(changed):
+            raise ExpectationsError(f"{where}.{name}: expected a value")
+        fields.append((str(name), changed))
+    return Faster(value["variant"], tuple(fields), None if by is None else float(by))
+
+
+def _parse_field(pattern: str, name: str, value: Any, path: Path, label: str | None = None) -> list[Expectation]:
     from attnprof.analysis.findings import FINDING_IDS
 
-    where = f"{path}: {pattern}.{name}"
+    where = f"{path}: {label or pattern}.{name}"
+    if name == FASTER:
+        return [Expectation(pattern, name, "faster", _parse_faster(value, where))]
     try:
         if name == FINDINGS:
             rule = FindingsRule.model_validate(value)
-            unknown = [f for f in rule.has + rule.lacks if f not in FINDING_IDS]
+            unknown = [f for f in rule.has + rule.lacks + rule.any if f not in FINDING_IDS]
             if unknown:
                 raise ExpectationsError(
                     f"{where}: unknown finding {', '.join(unknown)}; known findings: {', '.join(FINDING_IDS)}"
                 )
-            return [Expectation(pattern, name, "has", f) for f in rule.has] + [
-                Expectation(pattern, name, "lacks", f) for f in rule.lacks
-            ]
+            return (
+                [Expectation(pattern, name, "has", f) for f in rule.has]
+                + [Expectation(pattern, name, "lacks", f) for f in rule.lacks]
+                + ([Expectation(pattern, name, "any", tuple(rule.any))] if rule.any else [])
+            )
         if name not in VALID_FIELDS:
-            raise ExpectationsError(f"{where}: unknown field; valid fields: findings, {', '.join(VALID_FIELDS)}")
+            raise ExpectationsError(
+                f"{where}: unknown field; valid fields: findings, {FASTER}, {WHERE}, {', '.join(VALID_FIELDS)}"
+            )
         if isinstance(value, dict):
             return [Expectation(pattern, name, "range", Range.model_validate(value))]
     except ValidationError as exc:
@@ -180,16 +287,21 @@ def _same(measured: Any, expected: Any) -> bool:
     return measured == expected
 
 
-def _judge(expectation: Expectation, row: dict[str, Any]) -> tuple[str, str]:
-    """(verdict, measured text) of one expectation on one row."""
+def _judge(expectation: Expectation, row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """(verdict, measured text) of one expectation on one row (`rows`: all of them, for `faster_than`)."""
     status = str(row.get("status", ""))
     if status != "ok":
         return ("not run" if status.startswith("skipped") else "missed"), status
-    if expectation.kind in ("has", "lacks"):
+    if expectation.kind in ("has", "lacks", "any"):
         ids = row_finding_ids(row)
+        if expectation.kind == "any":
+            present_ids = [f for f in expectation.value if f in ids]
+            return ("held" if present_ids else "missed"), ", ".join(present_ids) or "none present"
         present = expectation.value in ids
         held = present if expectation.kind == "has" else not present
         return ("held" if held else "missed"), "present" if present else "absent"
+    if expectation.kind == "faster":
+        return _judge_faster(expectation.value, row, rows)
     measured = row.get(expectation.field)
     if expectation.kind == "range":
         bounds = expectation.value
@@ -203,15 +315,70 @@ def _judge(expectation: Expectation, row: dict[str, Any]) -> tuple[str, str]:
     return ("held" if _same(measured, expectation.value) else "missed"), fmt_number(measured)
 
 
+def _cell_value(row: dict[str, Any], name: str) -> Any:
+    value = row.get(name)
+    if name == "device":
+        return str(value).split(":", 1)[0]
+    if name in ("q_len", "kv_len") and value is None:
+        return row.get("seq")  # rows written before decode existed
+    if name == "mask" and value is None:
+        return "causal" if row.get("causal") else "none"  # rows written before masks existed
+    return value
+
+
+def _same_cell(other: dict[str, Any], row: dict[str, Any], changed: dict[str, Scalar]) -> bool:
+    """True when `other` is at `row`'s cell with the `changed` fields set to their values."""
+    for name in CELL_FIELDS:
+        wanted = changed[name] if name in changed else _cell_value(row, name)
+        if not _same(_cell_value(other, name), wanted):
+            return False
+    return True
+
+
+def _latency(row: dict[str, Any]) -> float | None:
+    value = row.get("latency_us")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def _judge_faster(faster: Faster, row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The row's latency against that of `faster.variant` at its cell (with `faster.fields` changed)."""
+    changed = dict(faster.fields)
+    others = [r for r in rows if r.get("variant") == faster.variant and _same_cell(r, row, changed)]
+    if not others:
+        at = "".join(f", {k}={v}" for k, v in faster.fields)
+        return "missed", f"no {faster.variant} row at this cell{at}"
+    other = next((r for r in others if r.get("status") == "ok"), others[0])
+    status = str(other.get("status", ""))
+    if status != "ok":
+        return ("not run" if status.startswith("skipped") else "missed"), f"{faster.variant}: {status}"
+    mine, theirs = _latency(row), _latency(other)
+    if mine is None or theirs is None:
+        return "missed", f"no latency: {fmt_number(mine)} against {faster.variant} {fmt_number(theirs)} us"
+    ratio = theirs / mine
+    held = ratio >= faster.by if faster.by is not None else ratio > 1
+    return ("held" if held else "missed"), f"{ratio:.2f}x: {fmt_number(mine)} us against {fmt_number(theirs)} us"
+
+
+def _matches(expectation: Expectation, row: dict[str, Any]) -> bool:
+    if not fnmatch.fnmatchcase(str(row.get("variant", "")), expectation.pattern):
+        return False
+    return all(any(_same(row.get(name), v) for v in values) for name, values in expectation.where)
+
+
+def _where_text(expectation: Expectation) -> str:
+    return "; ".join(f"{name} {'in' if len(v) > 1 else '='} {', '.join(map(str, v))}" for name, v in expectation.where)
+
+
 def check_rows(expectations: Expectations, rows: list[dict[str, Any]]) -> list[Outcome]:
-    """Every expectation against every row of each variant its pattern matches, in file order."""
+    """Every expectation against every row of each variant its pattern (and `where`) matches, in file order."""
     outcomes = []
     for expectation in expectations.items:
-        matching = [row for row in rows if fnmatch.fnmatchcase(str(row.get("variant", "")), expectation.pattern)]
+        matching = [row for row in rows if _matches(expectation, row)]
         if not matching:
-            outcomes.append(Outcome(expectation, None, "missed", "no row of this variant in the results"))
+            where = f" where {_where_text(expectation)}" if expectation.where else ""
+            outcomes.append(Outcome(expectation, None, "missed", f"no row of this variant{where} in the results"))
         for row in matching:
-            verdict, measured = _judge(expectation, row)
+            verdict, measured = _judge(expectation, row, rows)
             outcomes.append(Outcome(expectation, row, verdict, measured))
     return outcomes
 
@@ -248,8 +415,8 @@ def check_table(outcomes: list[Outcome], fmt: str, width: int | None = None) -> 
     return "\n".join([*heading, table(columns, body, fmt, width), "", *wrap(tally, width)])
 
 
-def check_json(outcomes: list[Outcome], expectations: Path, results: str | None) -> dict[str, Any]:
-    """The outcomes as a JSON-ready document."""
+def check_json(outcomes: list[Outcome], expectations: Path, results: str | list[str] | None) -> dict[str, Any]:
+    """The outcomes as a JSON-ready document (`results`: the file checked, or the list of them)."""
     return {
         "expectations": str(expectations),
         "results": results,
@@ -260,6 +427,7 @@ def check_json(outcomes: list[Outcome], expectations: Path, results: str | None)
                 "variant": o.row.get("variant") if o.row else None,
                 "cell": _cell(o.row) or None,
                 "field": o.expectation.field,
+                "where": {name: list(values) for name, values in o.expectation.where} or None,
                 "expected": o.expectation.expected_text,
                 "measured": o.measured,
             }

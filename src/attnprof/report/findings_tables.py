@@ -1,6 +1,6 @@
 """`attnprof findings`: the findings attnprof reports, as a table, one finding in full, or the
 reference document (docs/findings.md). Each finding is its `Rule.to_dict()`: id, severity, summary,
-paragraph."""
+paragraph, and what its impact counts (null for a finding without one)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ INTRO = (
     "when the evidence is missing the finding is absent. The ids are stable: the JSON's `findings[].id`, "
     "the compare table's `findings` column, `diff`'s gained and lost findings and `check`'s "
     "`findings: {has: [...], lacks: [...]}` use them. Severity **problem** means something to act on, with what "
-    "it costs; **info**, a fact worth knowing with nothing to fix. They are listed in the order they are reported."
+    "it costs; **info**, a fact worth knowing with nothing to fix (terminal tables show the problems; `--wide`, the "
+    "JSON and the HTML report show both). Where the trace measures it, a problem carries its **impact**: "
+    "`impact_us`, the time per forward (or step) at stake, and `impact_pct`, its share of the instance's time "
+    "(the larger of its CPU time and its GPU time); each section says what its impact counts. `run`, `compare`, "
+    "`model` and `analyze` end with the findings of largest impact. They are listed in the order they are reported."
 )
 
 
@@ -33,6 +37,8 @@ def finding_text(finding: dict[str, Any], fmt: str, width: int | None = None) ->
     if fmt == "markdown":
         return _section(finding)
     facts = [["id", finding["id"]], ["severity", finding["severity"]], ["summary", finding["summary"]]]
+    if finding.get("impact"):
+        facts.append(["impact", finding["impact"]])
     return "\n".join([table(FACT_COLUMNS, facts, fmt, width), "", *wrap(finding["paragraph"], width)])
 
 
@@ -54,4 +60,5 @@ def findings_markdown(findings: list[dict[str, Any]]) -> str:
 
 
 def _section(finding: dict[str, Any]) -> str:
-    return f"## {finding['id']}\n\n**{finding['severity']}**: {finding['summary']}\n\n{finding['paragraph']}"
+    impact = f"\n\n**Impact**: {finding['impact']}" if finding.get("impact") else ""
+    return f"## {finding['id']}\n\n**{finding['severity']}**: {finding['summary']}\n\n{finding['paragraph']}{impact}"

@@ -3,7 +3,9 @@
 One table: a row per implementation × seq (× mode), with the latency of the whole step, the speed-up
 against the baseline, attention's share of GPU time, its calls and backends, the overhead ledger, kernel
 counts, memory, the logits against the baseline's, and the finding ids. Fitted to a width, the reasons
-of rows that are not ok and the finding messages follow as wrapped bullets.
+of rows that are not ok and the messages of the problem findings follow as wrapped bullets (the info
+ones are counted; `--wide` shows them), then "What to look at". Counts read `/step` when a mode runs a
+backward.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
-from attnprof.report.tables import latency_text, reason_bullets, speedup_text
+from attnprof.report.tables import latency_text, per_step, reason_bullets, speedup_text
 
 Cell = Callable[[dict[str, Any]], str]
 SHOWN_ALWAYS = 3  # implementation, seq and status: the cells of a row that never ran
@@ -65,12 +68,18 @@ def _seq(row: dict[str, Any], modes: int) -> str:
 
 
 def model_title(rows: list[dict[str, Any]], baseline: str) -> str:
-    """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`."""
+    """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`, with the mask
+    and score mod after the dtype when the config set them (`..., bf16, mask sliding_window:256, fwd ...`)."""
     first = rows[0]
     params = next((r["params"] for r in rows if r.get("params") is not None), None)
     modes = ", ".join(dict.fromkeys(r["mode"] for r in rows))
+    masking = "".join(
+        f", {name} {value}"
+        for name in ("mask", "score_mod")
+        if (value := next((r.get(name) for r in rows if r.get(name) is not None), None)) not in (None, "causal")
+    )
     return (
-        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}, "
+        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}{masking}, "
         f"{modes} on {first['device']}; speed-ups and logits vs {baseline}"
     )
 
@@ -91,7 +100,7 @@ def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell
         (Column("GPU µs", drop=2), lambda r: fmt_number(r.get("gpu_time_us"))),
         (Column("peak MiB", drop=1), lambda r: fmt_number(r.get("peak_memory_mib"))),
         (Column("logits vs baseline", narrow=12, drop=7), lambda r: _logits(r, baseline)),
-        (Column("findings", narrow=20, wide=40), lambda r: r.get("finding_ids") or ""),
+        (Column("findings", narrow=20, wide=40), lambda r: shown_ids(r, 0 if fitted else None)),
     ]
 
 
@@ -100,21 +109,24 @@ def model_table(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int 
     implementation, seq and status only."""
     width = limit(width, fmt)
     columns = _columns(baseline, len({r["mode"] for r in rows}), fitted=width is not None)
+    headers = per_step(tuple(c for c, _ in columns), {r["mode"] for r in rows})
     body = []
     for row in rows:
         ran = row["status"] == "ok" or row.get("forwards") is not None
         body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
     notes = reason_bullets(rows, width) if width is not None else []
-    messages = [
-        f"{r['variant']} @ {r.get('seq')} {r['mode']} [{f['id']}]: {f['message']}"
-        for r in rows
-        for f in r.get("findings") or []
-    ]
+    messages = [finding_line(f, unit_of(r), _cell(r)) for r in rows for f in shown(r.get("findings") or [], width)]
     if messages:
         notes.append(bullets(messages, width))
+    notes += left_out(rows, width)
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
-    return "\n".join([table([c for c, _ in columns], body, fmt, width)] + (["", *notes] if notes else []))
+    return "\n".join([table(list(headers), body, fmt, width)] + (["", *notes] if notes else []))
+
+
+def _cell(row: dict[str, Any]) -> str:
+    """`sdpa @ 8192 fwd`: the implementation, seq and mode of a row."""
+    return f"{row['variant']} @ {row.get('seq')} {row['mode']}"
 
 
 def model_report(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int | None = None) -> str:
@@ -123,4 +135,5 @@ def model_report(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int
         return ""
     heading = "###" if fmt == "markdown" else "=="
     title = wrap(f"{heading} {model_title(rows, baseline)}", limit(width, fmt))
-    return "\n".join([*title, "", model_table(rows, fmt, baseline, width)])
+    look = what_to_look_at([(_cell(r), unit_of(r), r.get("findings") or []) for r in rows], fmt, limit(width, fmt))
+    return "\n".join([*title, "", model_table(rows, fmt, baseline, width)] + (["", look] if look else []))

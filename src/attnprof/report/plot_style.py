@@ -2,8 +2,13 @@
 the axes and the legend. matplotlib is imported inside functions only.
 
 Rows that share a variant and every shape field but `seq` form one series (one line). Colour follows
-the variant, marker the shape (all fields but seq and mode), line style the mode, so a variant has
-the same colour in every plot of a file; the legend names each once, in three groups.
+the variant, marker the shape (all fields but seq and mode; the variant when every row has one
+shape), line style the mode, so a variant looks the same in every plot of a file; the legend names
+each once, in three groups. Lines that would lie on top of each other (naive and inplace) stay
+apart: each variant's points are shifted sideways by a few per cent of the sequence length
+(`dodge`), and every plot that does it says so. Log axes carry labelled ticks in 1-2-5 steps
+(`log_axis`); the sequence-length axis is log2 with a tick at every length drawn, and at every power
+of two between them when the lengths are powers of two (`seq_axis`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from typing import Any
 SERIES_FIELDS = ("mode", "device", "dtype", "causal", "batch", "heads", "kv_heads", "head_dim")
 LINE_STYLES: dict[str, Any] = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
 MARKERS = "osD^v<>pPX*h"
+#: The spread of the series' sideways shifts, in octaves of the sequence length: ±0.05 octave, at most ±3.5%.
+DODGE_OCTAVES = 0.1
+DODGE_NOTE = (
+    "points are shifted sideways by up to {pct:.1f}% of the sequence length so that lines that overlap stay "
+    "apart; the ticks are at the true lengths"
+)
 NOTE_COLOUR = "#444444"
 GUIDE_COLOUR = "#888888"
 
@@ -54,6 +65,8 @@ class Style:
     markers: dict[tuple[Any, ...], str]
     varying: tuple[str, ...]
     common: str
+    variant_markers: dict[str, str] = field(default_factory=dict)  # set when the marker follows the variant
+    dodges: dict[str, float] = field(default_factory=dict)  # each variant's sideways shift, a factor on x
 
 
 def ok_rows(rows: Iterable[Row]) -> list[Row]:
@@ -112,7 +125,30 @@ def style_for(rows: list[Row]) -> Style:
         markers={shape: MARKERS[i % len(MARKERS)] for i, shape in enumerate(shapes)},
         varying=varying,
         common=describe(constant),
+        variant_markers={name: MARKERS[i % len(MARKERS)] for i, name in enumerate(variants)} if len(shapes) < 2 else {},
+        dodges=dodges(variants),
     )
+
+
+def dodges(variants: list[str]) -> dict[str, float]:
+    """Each variant's sideways shift, as a factor on the sequence length: spread evenly over
+    ±DODGE_OCTAVES/2 octaves in the order the variants first appear (none for one variant)."""
+    if len(variants) < 2:
+        return {name: 1.0 for name in variants}
+    step = DODGE_OCTAVES / (len(variants) - 1)
+    return {name: 2 ** ((i - (len(variants) - 1) / 2) * step) for i, name in enumerate(variants)}
+
+
+def dodge_note(style: Style) -> list[str]:
+    """The note a plot with dodged points carries (none when nothing moved)."""
+    widest = max(style.dodges.values(), default=1.0)
+    return [DODGE_NOTE.format(pct=(widest - 1) * 100)] if widest > 1 else []
+
+
+def dodged(item: Series, style: Style) -> list[float]:
+    """The series' x values shifted by its variant's dodge."""
+    factor = style.dodges.get(item.variant, 1.0)
+    return [point[0] * factor for point in item.points]
 
 
 def series(rows: list[Row], x: Callable[[Row], Any], y: Callable[[Row], Any]) -> list[Series]:
@@ -136,19 +172,19 @@ def line_style(item: Series, style: Style) -> dict[str, Any]:
     return {
         "color": style.colours[item.variant],
         "linestyle": LINE_STYLES.get(str(item.mode), "-"),
-        "marker": style.markers.get(item.shape, "o"),
+        "marker": style.variant_markers.get(item.variant) or style.markers.get(item.shape, "o"),
         "linewidth": 1.6,
         "markersize": 5,
     }
 
 
 def tick(value: float, _position: Any = None) -> str:
-    """A readable tick: 0.05, 12, 1,000, 20k, 3M."""
+    """A readable tick: 0.05, 1.5, 12, 1,000, 1,500, 200k, 3M."""
     if value >= 1e6:
         return f"{value / 1e6:g}M"
     if value >= 1e5:
         return f"{value / 1e3:g}k"
-    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+    return f"{value:,.0f}" if value >= 1 and value == round(value) else f"{value:.3g}"
 
 
 @dataclass
@@ -176,26 +212,70 @@ def canvas(panels: int = 1, width: float = 9.0, height: float = 5.6, legend_widt
     return Canvas(figure, main, side, axes)
 
 
+def seq_ticks(seqs: Iterable[float]) -> list[float]:
+    """The sequence lengths drawn, and when they are all powers of two every power of two between
+    the shortest and the longest (512, 2,048 and 8,192 get 1,024 and 4,096 between them)."""
+    drawn = sorted({round(s) for s in seqs if s > 0})
+    if drawn and all(s & (s - 1) == 0 for s in drawn):
+        low, high = drawn[0].bit_length() - 1, drawn[-1].bit_length() - 1
+        return [float(2**k) for k in range(low, high + 1)]
+    return [float(s) for s in drawn]
+
+
 def seq_axis(ax: Any, seqs: Iterable[float]) -> None:
-    """Log2 x axis with a tick at every sequence length drawn."""
+    """Log2 x axis labelled at `seq_ticks`, with room for the dodged points at either end."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    ticks = sorted(set(seqs))
+    ticks = seq_ticks(seqs)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}"))
+    ax.set_xlim(ticks[0] / 2**0.25, ticks[-1] * 2**0.25)
     ax.set_xlabel("sequence length (tokens)")
-    if len(ticks) > 7:
+    if len(ticks) > 6:
         ax.tick_params(axis="x", labelrotation=45)
 
 
+#: The mantissas of a log axis' labelled ticks: 1-2-5 steps, decades when those are too many, and
+#: finer steps when a narrow range would get fewer than three.
+LOG_STEPS = ((1.0, 2.0, 5.0), (1.0,), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0))
+MAX_LOG_TICKS = 10
+MIN_LOG_TICKS = 3
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """The labelled ticks of a log axis from `low` to `high`: 1-2-5 steps (1, 2, 5, 10, 20, ...); decades
+    when 1-2-5 gives more than MAX_LOG_TICKS; 1-1.5-2-3-4-5-7 when it gives fewer than MIN_LOG_TICKS;
+    empty when even those give fewer than two (the caller then keeps matplotlib's own)."""
+    import math
+
+    if not 0 < low < high:
+        return []
+
+    def within(mantissas: tuple[float, ...]) -> list[float]:
+        first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+        values = (m * 10.0**e for e in range(first, last + 1) for m in mantissas)
+        return [float(f"{v:.6g}") for v in values if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
+
+    ticks = within(LOG_STEPS[0])
+    if len(ticks) > MAX_LOG_TICKS:
+        ticks = within(LOG_STEPS[1])
+    elif len(ticks) < MIN_LOG_TICKS:
+        ticks = within(LOG_STEPS[2])
+    return ticks if len(ticks) >= 2 else []
+
+
 def log_axis(ax: Any, which: str) -> None:
-    """A log scale on the `x` or `y` axis of `ax`, with plain tick labels (1,000 rather than 10³)."""
-    from matplotlib.ticker import FuncFormatter
+    """A log scale on the `x` or `y` axis of `ax`, labelled at `log_ticks` over its current limits (so
+    call it once the data and limits are set), with plain labels (1,000 rather than 10³)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter
 
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
     axis = ax.xaxis if which == "x" else ax.yaxis
+    ticks = log_ticks(*sorted(ax.get_xlim() if which == "x" else ax.get_ylim()))
+    if ticks:
+        axis.set_major_locator(FixedLocator(ticks))
     axis.set_major_formatter(FuncFormatter(tick))
     axis.set_minor_formatter(FuncFormatter(lambda _v, _p: ""))
 
@@ -222,7 +302,13 @@ def finish(canvas: Canvas, title: str, style: Style, drawn: list[Series], notes:
             labels.append(label)
 
     variants = list(dict.fromkeys(item.variant for item in drawn))
-    group("variant", [(v, Line2D([], [], color=style.colours[v], linewidth=2.5)) for v in variants])
+    group(
+        "variant",
+        [
+            (v, Line2D([], [], color=style.colours[v], linewidth=2.5, marker=style.variant_markers.get(v)))
+            for v in variants
+        ],
+    )
     if any(f in style.varying for f in SERIES_FIELDS[1:]):
         shapes = list(dict.fromkeys(item.shape for item in drawn))
         group("shape", [(shape_label(style, shape), marker(style, shape)) for shape in shapes])

@@ -18,11 +18,14 @@ from attnprof.files import create_new
 from attnprof.report.formatting import fmt_number
 from attnprof.report.plot_style import (
     GUIDE_COLOUR,
+    NOTE_COLOUR,
     NothingToPlot,
     Row,
     Series,
     Style,
     canvas,
+    dodge_note,
+    dodged,
     finish,
     line_style,
     log_axis,
@@ -36,12 +39,15 @@ from attnprof.report.plot_style import (
 
 #: Every plot, in the order they are drawn: file stem and title.
 PLOTS = {
+    "bars": "Latency by variant",
     "latency": "Latency against sequence length",
     "throughput": "Throughput against sequence length",
     "memory": "Peak memory against sequence length",
     "kernels": "Kernels per forward against sequence length",
     "gpu_vs_cpu": "GPU time against CPU time per forward",
 }
+#: The most shape × mode cells drawn as bar charts (a sweep has more: its latency plot draws them).
+MAX_BAR_PANELS = 8
 FORMATS = ("png", "svg")
 DPI = 150
 INSTALL = "attnprof plot needs matplotlib: pip install 'attnprof[plot]'"
@@ -66,9 +72,11 @@ def _seq_series(rows: list[Row], field: str, what: str) -> list[Series]:
     return drawn
 
 
-def _lines(ax: Any, drawn: list[Series], style: Style) -> None:
+def _lines(ax: Any, drawn: list[Series], style: Style, dodge: bool = True) -> None:
+    """One line per series; against sequence length (`dodge`) with each variant's points shifted sideways."""
     for item in drawn:
-        ax.plot([p[0] for p in item.points], [p[1] for p in item.points], **line_style(item, style))
+        xs = dodged(item, style) if dodge else [p[0] for p in item.points]
+        ax.plot(xs, [p[1] for p in item.points], **line_style(item, style))
 
 
 def _seqs(drawn: list[Series]) -> list[float]:
@@ -90,9 +98,9 @@ def latency_figure(rows: list[Row], style: Style) -> Any:
     unstable = False
     for item in drawn:
         kwargs = line_style(item, style)
-        xs, ys = [p[0] for p in item.points], [p[1] for p in item.points]
+        xs, ys = dodged(item, style), [p[1] for p in item.points]
         ax.errorbar(xs, ys, yerr=_spread(item.points, "latency_p25_us", "latency_p75_us"), capsize=2, **kwargs)
-        shaky = [(x, y) for x, y, row in item.points if row.get("unstable")]
+        shaky = [(x, p[1]) for x, p in zip(xs, item.points, strict=True) if p[2].get("unstable")]
         unstable = unstable or bool(shaky)
         if shaky:
             ax.plot(
@@ -111,7 +119,109 @@ def latency_figure(rows: list[Row], style: Style) -> Any:
     notes = ["bars: 25th to 75th percentile of the timed calls"]
     if unstable:
         notes.append("hollow markers: unstable timing (IQR over 10% of the median, also when re-timed)")
-    return finish(plot, PLOTS["latency"], style, drawn, notes, [])
+    return finish(plot, PLOTS["latency"], style, drawn, notes + dodge_note(style), [])
+
+
+def bars_figure(rows: list[Row], style: Style) -> Any:
+    """Per shape × mode, one horizontal bar per variant: its median latency, fastest at the top, with
+    25th-75th percentile whiskers and the speed-up over the baseline; rows that did not run are named
+    below the bars with their status."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    groups = _bar_groups(rows)
+    if not groups:
+        raise NothingToPlot("no ok row has a latency")
+    if len(groups) > MAX_BAR_PANELS:
+        raise NothingToPlot(
+            f"{len(groups)} shape × mode cells, more than {MAX_BAR_PANELS} bar charts; the latency plot draws them"
+        )
+    columns = 1 if len(groups) == 1 else 2
+    heights = [0.5 + 0.32 * _bar_rows(group) for group in groups]
+    row_heights = [max(heights[i : i + columns]) for i in range(0, len(groups), columns)]
+    figure: Any = Figure(
+        figsize=(9.0 if columns == 1 else 7.5 * columns, 1.2 + sum(row_heights) + 0.55 * len(row_heights)),
+        layout="constrained",
+    )
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(len(row_heights), columns, height_ratios=row_heights)
+    unstable = False
+    for index, group in enumerate(groups):
+        ax = figure.add_subplot(grid[index // columns, index % columns])
+        unstable = _bar_panel(ax, group, style) or unstable
+    notes = ["bars: median latency, fastest at the top; whiskers: 25th to 75th percentile; speed-up over the baseline"]
+    if any(not number(r.get("latency_us")) for group in groups for r in group):
+        notes.append("not run: the variants of that cell without a latency, by status")
+    if unstable:
+        notes.append("hatched: unstable timing (IQR over 10% of the median, also when re-timed)")
+    figure.suptitle(PLOTS["bars"] + (f"\n{style.common}" if style.common else ""), fontsize=12)
+    figure.supxlabel("\n".join(notes), fontsize=8, color=NOTE_COLOUR, x=0.01, ha="left")
+    return figure
+
+
+def _bar_panel(ax: Any, group: list[Row], style: Style) -> bool:
+    """One shape × mode: a bar per variant with a latency, fastest at the top, labelled with the latency
+    and speed-up, and one last row naming the others by status. True when a bar is unstable (hatched)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from attnprof.report.tables import cell_label, speedup_text, variant_label
+
+    ran = sorted((r for r in group if number(r.get("latency_us"))), key=lambda r: r["latency_us"])
+    idle: dict[str, list[str]] = {}
+    for row in group:
+        if not number(row.get("latency_us")):
+            word = str(row.get("status", "")).partition(":")[0]
+            idle.setdefault("no latency" if word in ("", "ok") else word, []).append(variant_label(row, group))
+    values = [float(r["latency_us"]) for r in ran]
+    spread = _spread([(0.0, v, r) for v, r in zip(values, ran, strict=True)], "latency_p25_us", "latency_p75_us")
+    bars = ax.barh(
+        range(len(ran)),
+        values,
+        xerr=spread,
+        color=[style.colours.get(str(r["variant"]), GUIDE_COLOUR) for r in ran],
+        error_kw={"capsize": 2, "elinewidth": 1, "ecolor": "#333333"},
+        height=0.7,
+    )
+    unstable = False
+    for bar, row in zip(bars, ran, strict=True):
+        if row.get("unstable"):
+            bar.set_hatch("///")
+            bar.set_edgecolor("white")
+            unstable = True
+    top = max(v + above for v, above in zip(values, spread[1], strict=True))
+    for y, (value, row, above) in enumerate(zip(values, ran, spread[1], strict=True)):
+        speedup = speedup_text(row)
+        text = f"{fmt_number(value)} µs" + ("" if speedup == "n/a" else f"  {speedup}")
+        ax.text(value + above + top * 0.015, y, text, va="center", fontsize=8)
+    labels = [variant_label(r, group) for r in ran]
+    if idle:
+        text = "; ".join(f"{word}: {', '.join(names)}" for word, names in idle.items())
+        ax.text(top * 0.015, len(ran), text, va="center", fontsize=8, color="#777777")
+        labels.append("not run")
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(0, top * 1.32)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 5, 10]))
+    ax.xaxis.set_major_formatter(FuncFormatter(tick))
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(cell_label(group[0]), fontsize=10)
+    ax.set_xlabel("median latency (µs)", fontsize=9)
+    return unstable
+
+
+def _bar_rows(group: list[Row]) -> int:
+    """The rows of one bar panel: a bar per variant with a latency, and one for all the others."""
+    timed = sum(1 for r in group if number(r.get("latency_us")))
+    return timed + (timed < len(group))
+
+
+def _bar_groups(rows: list[Row]) -> list[list[Row]]:
+    """The rows of each shape × mode (file order) where at least one ok row has a latency."""
+    groups: dict[tuple[Any, Any], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.get("shape") or row.get("seq"), row.get("mode") or "fwd"), []).append(row)
+    return [group for group in groups.values() if any(number(r.get("latency_us")) for r in ok_rows(group))]
 
 
 def throughput_figure(rows: list[Row], style: Style) -> Any:
@@ -122,14 +232,15 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
     _lines(plot.axes[0], drawn, style)
     values = [p[1] for item in drawn for p in item.points]
     if max(values) / min(values) > 20:
-        log_axis(plot.axes[0], "y")
+        plot.axes[0].set_yscale("log")  # labelled by log_axis once the limits are final
     else:
         plot.axes[0].set_ylim(bottom=0)
     plot.axes[0].set_ylabel("TFLOP/s (analytic attention FLOPs / latency)")
     notes = []
     if percent:
         _lines(plot.axes[1], percent, style)
-        plot.axes[1].set_ylim(0, 105)
+        highest = max(p[1] for item in percent for p in item.points)
+        plot.axes[1].set_ylim(0, 105 if highest > 50 else highest * 1.3)  # low percentages not squashed
         plot.axes[1].set_ylabel("% of the measured matmul ceiling")
         ceilings = sorted({fmt_number(p[2].get("peak_tflops")) for item in percent for p in item.points})
         notes.append(
@@ -144,7 +255,9 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
     ]
     for ax in plot.axes:
         seq_axis(ax, _seqs(drawn))
-    return finish(plot, PLOTS["throughput"], style, drawn, notes, [])
+    if max(values) / min(values) > 20:
+        log_axis(plot.axes[0], "y")
+    return finish(plot, PLOTS["throughput"], style, drawn, notes + dodge_note(style), [])
 
 
 def memory_figure(rows: list[Row], style: Style) -> Any:
@@ -168,7 +281,7 @@ def memory_figure(rows: list[Row], style: Style) -> Any:
     notes = ["device memory one call allocates above what was held before it (bwd, fwd+bwd: the whole step)"]
     if extra:
         notes.append(f"∝ S² guide: starts at {largest.variant}'s first point and grows with the square of S")
-    return finish(plot, PLOTS["memory"], style, drawn, notes, extra)
+    return finish(plot, PLOTS["memory"], style, drawn, notes + dodge_note(style), extra)
 
 
 def kernels_figure(rows: list[Row], style: Style) -> Any:
@@ -184,7 +297,7 @@ def kernels_figure(rows: list[Row], style: Style) -> Any:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("kernels per forward (median over profiled forwards)")
     notes = ["a bwd or fwd+bwd row counts the backward's kernels too"] if "mode" in style.varying else []
-    return finish(plot, PLOTS["kernels"], style, drawn, notes, [])
+    return finish(plot, PLOTS["kernels"], style, drawn, notes + dodge_note(style), [])
 
 
 def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
@@ -195,16 +308,16 @@ def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
         raise NothingToPlot("no ok row has both a GPU and a CPU time (CPU runs have no device time)")
     plot = canvas(width=7.5, height=7.0)
     ax = plot.axes[0]
-    _lines(ax, drawn, style)
+    _lines(ax, drawn, style, dodge=False)
     values = [v for item in drawn for x, y, _ in item.points for v in (x, y)]
     low, high = min(values) / 1.6, max(values) * 1.6
     (diagonal,) = ax.plot(
         [low, high], [low, high], color=GUIDE_COLOUR, linestyle="--", linewidth=1, label="GPU time = CPU time"
     )
-    log_axis(ax, "x")
-    log_axis(ax, "y")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
+    log_axis(ax, "x")
+    log_axis(ax, "y")
     ax.set_aspect("equal")
     ax.set_xlabel("CPU time per forward (µs, host duration of the region)")
     ax.set_ylabel("GPU time per forward (µs, device span)")
@@ -228,6 +341,7 @@ def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
 
 
 FIGURES: dict[str, Callable[[list[Row], Style], Any]] = {
+    "bars": bars_figure,
     "latency": latency_figure,
     "throughput": throughput_figure,
     "memory": memory_figure,

@@ -60,11 +60,27 @@ def _scope(r: CellResult) -> str | None:
     return f"output: {r.check.scope}; gradients: {r.grad_check.scope}"
 
 
-def _flops_convention(r: CellResult) -> str | None:
-    """How the row's FLOPs (`tflops`) were counted; None when there is no FLOP figure."""
-    from attnprof.analysis.roofline import flops_convention
+def _has_flops(r: CellResult) -> bool:
+    """True when the row carries a FLOP figure: a throughput, or a kernel's executed FLOPs."""
+    return r.throughput is not None or r.executed_flops is not None
 
-    return flops_convention(r.spec) if r.throughput is not None else None
+
+def _flops(r: CellResult) -> float | None:
+    """The step's useful FLOPs (`analysis.roofline.step_flops`); None when the row has no FLOP figure."""
+    from attnprof.analysis.roofline import step_flops
+
+    return step_flops(r.spec) if _has_flops(r) else None
+
+
+def _flops_convention(r: CellResult) -> str | None:
+    """How the row's FLOPs (`flops`, `tflops`, and `executed_flops` where present) were counted; None when
+    there is no FLOP figure."""
+    from attnprof.analysis.roofline import EXECUTED_CONVENTION, flops_convention
+
+    if not _has_flops(r):
+        return None
+    text = flops_convention(r.spec)
+    return text if r.executed_flops is None else f"{text}; {EXECUTED_CONVENTION}"
 
 
 #: What each TFLOP/s figure divides the FLOPs by.
@@ -119,6 +135,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("score_mod", lambda r: r.spec.score_mod),
     ("q_len", lambda r: r.spec.n_queries),
     ("kv_len", lambda r: r.spec.n_keys),
+    ("page_size", lambda r: r.spec.page_size),
     ("causal_alignment", lambda r: r.spec.causal_alignment),
     ("fully_masked_rows", lambda r: r.spec.fully_masked_rows),
     ("dense_mask", lambda r: r.dense_mask),
@@ -154,6 +171,8 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("retimed", lambda r: r.retimed if r.timing is not None else None),
     ("cpu_contention", _timing("cpu_contention")),
     ("timing_method", _timing("method")),
+    ("flops", _flops),
+    ("executed_flops", lambda r: r.executed_flops),
     ("tflops", _throughput("tflops")),
     ("kernel_tflops", lambda r: r.kernel_tflops),
     ("tflops_convention", _tflops_convention),
@@ -163,6 +182,9 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("peak_tflops", _throughput("peak_tflops")),
     ("bytes_moved", _throughput("bytes_moved")),
     ("achieved_gbps", _throughput("achieved_gbps")),
+    ("pct_of_read_bandwidth", _throughput("pct_of_read_bandwidth")),
+    ("peak_read_gbps", _throughput("peak_read_gbps")),
+    ("read_bandwidth_note", _throughput("read_bandwidth_note")),
     ("bound", _throughput("bound")),
     ("peak_memory_mib", lambda r: r.memory_mib),
     ("rel_error", _check("rel_error")),
@@ -223,6 +245,7 @@ def row_cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
         row.get("score_mod") or None,
         _unless_seq(row, "q_len"),
         _unless_seq(row, "kv_len"),
+        row.get("page_size") or None,
     )
 
 
@@ -263,6 +286,7 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     entry["trace_device"] = analysis.get("device")
     entry["phases_s"] = dict(result.phases_s)
     entry["comm"] = analysis.get("comm")
+    entry["mask_alternatives"] = [a.to_dict() for a in result.mask_alternatives]
     return entry
 
 
@@ -330,7 +354,7 @@ def _shared(*names: str) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
 MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     *((name, attrgetter(name)) for name in ("variant", "implementation", "source", "model", "params", "batch")),
     *((name, attrgetter(name)) for name in ("shape", "seq", "heads", "kv_heads", "head_dim", "dtype", "device")),
-    *((name, attrgetter(name)) for name in ("causal", "mode")),
+    *((name, attrgetter(name)) for name in ("causal", "mask", "score_mod", "mode")),
     *_shared("status", "reason", "latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method"),
     *_shared("cpu_contention", "latency_min_us"),
     *_shared("speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward", "memcpy_per_forward"),

@@ -3,7 +3,8 @@
 Every renderer takes `width`: None (`--wide`, and always for markdown) gives the full tables;
 a number fits every line of the `table` style to it (see `report.layout`): low-value columns
 are dropped, long text is wrapped, and reasons and finding messages move below the tables,
-with the finding ids left in them.
+with the finding ids left in them; fitted, only the `problem` findings show (see `report.impact`).
+`compare` and `run` end with "What to look at", the findings that cost the most.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
 from attnprof.report.layout import (
     Column,
     bullets,
@@ -44,6 +46,7 @@ SHAPE_COLUMNS = (
     Column("TFLOP/s (latency)", drop=3),
     Column("TFLOP/s (kernels)", drop=4),
     Column("% peak", drop=2),
+    Column("executed/useful FLOPs", drop=0),
     Column("peak MiB", drop=1),
     Column("rel err", drop=6),
     Column("speed-up"),
@@ -139,6 +142,15 @@ def _kernel_throughput(row: dict[str, Any]) -> str:
     return fmt_number(row["kernel_tflops"]) + ("" if pct is None else f" ({fmt_number(pct)}%)")
 
 
+def _bandwidth(row: dict[str, Any]) -> str:
+    """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
+    note when the achieved figure beat the read bandwidth."""
+    pct = row.get("pct_of_read_bandwidth")
+    text = fmt_number(row.get("achieved_gbps")) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+    text += f", {row.get('bound') or 'n/a'}"
+    return text + (f" ({row['read_bandwidth_note']})" if row.get("read_bandwidth_note") else "")
+
+
 def _error(value: Any) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
@@ -164,9 +176,9 @@ def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]
     return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
 
 
-def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
+def shape_rows(rows: list[dict[str, Any]], full: bool, problems_only: bool = False) -> list[list[str]]:
     """The comparison table's cells (`SHAPE_COLUMNS`) for the rows of one shape; `full` keeps each
-    status's reason in its cell, else only the status word."""
+    status's reason in its cell, else only the status word; `problems_only` leaves the info findings out."""
     body = []
     for row in rows:
         status = row["status"] if full else _status_word(row)
@@ -184,20 +196,27 @@ def shape_rows(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
                 fmt_number(row.get("tflops")),
                 fmt_number(row.get("kernel_tflops")),
                 fmt_number(row.get("pct_of_peak")),
+                executed_text(row),
                 fmt_number(row.get("peak_memory_mib")),
                 _error(row.get("rel_error")),
                 speedup_text(row),
-                row.get("finding_ids") or "",
+                shown_ids(row, 0 if problems_only else None),
             ]
         )
     return body
+
+
+def executed_text(row: dict[str, Any]) -> str:
+    """A block-sparse kernel's executed FLOPs over the useful ones (`1.37×`); n/a for a dense variant."""
+    executed, useful = row.get("executed_flops"), row.get("flops")
+    return f"{executed / useful:.2f}×" if executed is not None and useful else "n/a"
 
 
 def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
     follow it as bullets. A legend follows when a speed-up is unreliable."""
     width = limit(width, fmt)
-    body = shape_rows(rows, full=width is None)
+    body = shape_rows(rows, full=width is None, problems_only=width is not None)
     notes = reason_bullets(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
@@ -215,9 +234,10 @@ def reason_bullets(rows: list[dict[str, Any]], width: int) -> list[str]:
     return [bullets([f"{', '.join(names)}: {status}" for status, names in grouped.items()], width)] if grouped else []
 
 
-def glance_rows(results: list[dict[str, Any]], fitted: bool) -> list[list[str]]:
+def glance_rows(results: list[dict[str, Any]], fitted: bool, problems_only: bool = False) -> list[list[str]]:
     """The at-a-glance cells (`GLANCE_COLUMNS`), one row per entry; `fitted` puts finding ids and
-    status words where the full table has finding messages and whole statuses."""
+    status words where the full table has finding messages and whole statuses; `problems_only`
+    leaves the info findings out."""
     body = []
     for entry in results:
         if entry.get("forwards") is None:
@@ -232,7 +252,7 @@ def glance_rows(results: list[dict[str, Any]], fitted: bool) -> list[list[str]]:
                 ]
             )
             continue
-        findings = entry.get("findings", [])
+        findings = shown(entry.get("findings") or [], 0 if problems_only else None)
         revealed = " ".join(f["id"] for f in findings) if fitted else "; ".join(f["message"] for f in findings)
         body.append(
             [
@@ -254,19 +274,21 @@ GLANCE_FITTED = GLANCE_COLUMNS[:-1] + (replace(GLANCE_COLUMNS[-1], header="findi
 def glance_table(results: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
     """One row per variant: kernels/forward, GPU and CPU time, and what the trace revealed; fitted, the
     column holds the finding ids and the messages follow as wrapped bullets."""
-    fitted = limit(width, fmt) is not None
-    body = glance_rows(results, fitted)
+    width = limit(width, fmt)
+    fitted = width is not None
+    body = glance_rows(results, fitted, problems_only=fitted)
     modes = {entry.get("mode") or "fwd" for entry in results}
     if not fitted:
         return table(per_step(GLANCE_COLUMNS, modes), body, fmt)
     shapes = len({_shape_mode(entry) for entry in results})
     messages = [
-        f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''} [{f['id']}]: {f['message']}"
+        finding_line(f, unit_of(e), f"{variant_label(e, results)}{' @ ' + _shape_mode(e) if shapes > 1 else ''}")
         for e in results
-        for f in e.get("findings", [])
+        for f in shown(e.get("findings") or [], width)
     ]
     columns = per_step(GLANCE_FITTED, modes)
-    return "\n".join([table(columns, body, fmt, width)] + (["", bullets(messages, width)] if messages else []))
+    notes = (["", bullets(messages, width)] if messages else []) + left_out(results, width)
+    return "\n".join([table(columns, body, fmt, width), *notes])
 
 
 def cell_label(row: dict[str, Any]) -> str:
@@ -325,7 +347,12 @@ def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None
     for title, rows in compare_groups(entries, baseline):
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width)]
     parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
-    return "\n".join(parts)
+    look = what_to_look_at(
+        [(f"{variant_label(e, entries)}, {cell_label(e)}", unit_of(e), e.get("findings") or []) for e in entries],
+        fmt,
+        width,
+    )
+    return "\n".join(parts + (["", look] if look else []))
 
 
 def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -> str:
@@ -341,7 +368,8 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         ("cold first call (ms)", fmt_number(row.get("cold_ms"))),
         ("TFLOP/s by latency (% of measured peak)", _throughput(row)),
         ("TFLOP/s by kernel time (% of peak)", _kernel_throughput(row)),
-        ("achieved GB/s, bound", f"{fmt_number(row.get('achieved_gbps'))}, {row.get('bound') or 'n/a'}"),
+        ("achieved GB/s (% of read bandwidth), bound", _bandwidth(row)),
+        ("FLOPs useful, executed by the kernel's tiles", _flops_text(row)),
         ("peak extra memory (MiB)", fmt_number(row.get("peak_memory_mib"))),
         ("rel. error vs float64", _error(row.get("rel_error"))),
         ("trace", row.get("trace") or "n/a"),
@@ -350,6 +378,16 @@ def run_summary_table(row: dict[str, Any], fmt: str, width: int | None = None) -
         items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
         items.insert(2, ("kernels per step: forward + backward", _phase_split(row)))
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
+
+
+def _flops_text(row: dict[str, Any]) -> str:
+    """The step's useful FLOPs, and a block-sparse kernel's executed ones with their ratio."""
+    useful = row.get("flops")
+    if useful is None:
+        return "n/a"
+    if row.get("executed_flops") is None:
+        return f"{useful:.3g}, n/a (the variant does not report its tiles)"
+    return f"{useful:.3g}, {row['executed_flops']:.3g} ({executed_text(row)})"
 
 
 def run_report(
@@ -373,4 +411,7 @@ def run_report(
         parts.append(
             fit_profiler_table(key_averages, width, PROFILER_COLUMNS) if fmt == "table" else f"```\n{key_averages}\n```"
         )
-    return "\n".join(parts)
+    look = what_to_look_at(
+        [(f"{entry['variant']}, {cell_label(entry)}", unit_of(entry), entry.get("findings") or [])], fmt, width
+    )
+    return "\n".join(parts + (["", look] if look else []))

@@ -1,13 +1,28 @@
-"""Variants built by torch.compile: FlexAttention with a causal block mask, and compiled in-place attention."""
+"""Variants built by torch.compile: FlexAttention with the cell's block mask (over a paged KV cache when the
+cell has one), and compiled in-place attention.
+
+Paged flex (`RunSpec.page_size`): setup builds the logical block mask with key blocks of one page
+(B = batch: each sequence has its own pages); `prepare_inputs` lays k and v out in a page pool by a
+seeded shuffled page table (`attnprof.kv_cache`), loads that table into torch's `PagedAttention`
+(torch >= 2.6), and converts the block mask and score mod to physical positions with it. The forward
+reads the pool, [1, kv_heads, pages · page_size, head_dim], every query batch sharing it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from attnprof import devices
+from attnprof.kv_cache import paged_pool, shuffled_page_table
 from attnprof.masks import MASK_KINDS, SCORE_MODS, Mask, alibi_slopes, softcap_value
-from attnprof.registry import RunSpec, Variant
+from attnprof.registry import ExecutedPairs, RunSpec, Variant
 from attnprof.variants.handwritten import HANDWRITTEN_MASKING, build_state, inplace_forward
+
+FLEX_Q_BLOCK = 128  # flex's default sparse block size, kept for the queries of a paged block mask
+PAGED_TORCH = (2, 6)  # torch.nn.attention.experimental's PagedAttention, and K/V shared across the batch
+TRITON_MIN_TILE = 16  # Triton's smallest dot tile: flex decoding's key tile is at most one page
+FLEX_DECODE_MAX_Q = 128  # flex runs its decoding kernel below this many queries, its attention kernel from it
+FLEX_MAX_KEY_TILE = 128  # the largest key tile (BLOCK_N) of flex's attention kernel's default configs
 
 
 def fresh_compile_state() -> None:
@@ -86,17 +101,49 @@ def _flex_check(spec: RunSpec) -> str | None:
         return "needs torch.nn.attention.flex_attention (torch >= 2.5)"
     if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
         return f"flex attention needs a power-of-two head_dim >= 16 (got {spec.head_dim})"
+    if spec.page_size is not None and (reason := _paged_reason(spec, version)):
+        return reason
     return _compile_check(spec)
+
+
+def _paged_reason(spec: RunSpec, version: tuple[int, ...]) -> str | None:
+    """Why flex cannot read the spec's paged cache: a key block of the block mask is one page, and
+    inductor's Triton kernels need it to be a whole number of their key tiles (flex decoding shrinks its
+    tile to the page, down to Triton's 16; the attention kernel keeps its own, up to 128). The CPU
+    kernel takes any page size."""
+    if version < PAGED_TORCH:
+        return "a paged KV cache through flex needs torch >= 2.6 (torch.nn.attention.experimental.PagedAttention)"
+    page = spec.page_size or 0
+    if spec.device_type != "cuda":
+        return None
+    if page < TRITON_MIN_TILE or page & (page - 1):
+        return f"flex on CUDA needs a power-of-two page_size >= {TRITON_MIN_TILE} (its key tile; got {page})"
+    if spec.n_queries >= FLEX_DECODE_MAX_Q and page % FLEX_MAX_KEY_TILE:
+        return (
+            f"flex on CUDA needs page_size a multiple of {FLEX_MAX_KEY_TILE} at q_len >= {FLEX_DECODE_MAX_Q} "
+            f"(its attention kernel's key tile; got {page})"
+        )
+    return None
 
 
 def _flex_setup(spec: RunSpec) -> dict[str, Any]:
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention, noop_mask
 
     fresh_compile_state()
     block_mask = None
     mod = mask_mod(spec.mask_spec, spec.n_queries, spec.n_keys)
-    if mod is not None:
+    if spec.page_size is not None:  # one key block per page, per sequence: PagedAttention maps them
+        block_mask = create_block_mask(
+            mod or noop_mask,
+            B=spec.batch,
+            H=None,
+            Q_LEN=spec.n_queries,
+            KV_LEN=spec.n_keys,
+            device=spec.device,
+            BLOCK_SIZE=(FLEX_Q_BLOCK, spec.page_size),
+        )
+    elif mod is not None:
         block_mask = create_block_mask(
             mod, B=None, H=None, Q_LEN=spec.n_queries, KV_LEN=spec.n_keys, device=spec.device
         )
@@ -108,8 +155,73 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def _flex_prepare_inputs(spec: RunSpec, state: dict[str, Any], q: Any, k: Any, v: Any, seed: int) -> dict[str, Any]:
+    """For a paged cell: the page pool of k and v by a shuffled page table, and the block mask and score
+    mod converted to physical positions (the module docstring); any other cell's state as it is."""
+    if spec.page_size is None:
+        return state
+    import torch
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+    table = shuffled_page_table(spec.batch, spec.n_keys, spec.page_size, seed, spec.device)
+    paged = PagedAttention(table.numel(), spec.page_size, spec.batch, device=spec.device)
+    for b in range(spec.batch):
+        paged.empty_pages = table[b].tolist()  # reserve() hands out these pages, in this order
+        paged.reserve(torch.tensor(b, device=spec.device), torch.tensor(spec.n_keys, device=spec.device))
+    if not torch.equal(paged.page_table[:, : table.shape[1]], table):
+        raise RuntimeError("PagedAttention did not take the page table as given")
+    score_mod = state["score_mod"]
+    return state | {
+        "k_cache": flex_pool(paged_pool(k, table, spec.page_size)),
+        "v_cache": flex_pool(paged_pool(v, table, spec.page_size)),
+        "page_table": table,
+        "block_mask": paged.convert_logical_block_mask(state["block_mask"]),
+        "score_mod": paged.get_score_mod(score_mod) if score_mod is not None else None,
+    }
+
+
+def flex_pool(pool: Any) -> Any:
+    """A [pages, page_size, kv_heads, head_dim] page pool as flex reads it: [1, kv_heads, pages · page_size,
+    head_dim], physical position page · page_size + offset (PagedAttention's addressing)."""
+    pages, page_size, heads, head_dim = pool.shape
+    return pool.permute(2, 0, 1, 3).reshape(1, heads, pages * page_size, head_dim)
+
+
 def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:
+    if "k_cache" in state:  # paged: the pool, not the logical k and v
+        k, v = state["k_cache"], state["v_cache"]
     return state["fn"](q, k, v, score_mod=state["score_mod"], block_mask=state["block_mask"], enable_gqa=state["gqa"])
+
+
+def block_mask_pairs(block_mask: Any, batch: int, heads: int, q_len: int, kv_len: int) -> int:
+    """The (query, key) pairs FlexAttention computes under `block_mask`, summed over batch and query heads:
+    every pair of its full and partial blocks (BLOCK_SIZE each), cut at q_len and kv_len. None (no mask):
+    every pair. A mask made with B or H None (size 1) holds for every batch or head alike."""
+    import torch
+
+    if block_mask is None:
+        return batch * heads * q_len * kv_len
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    lists = [(block_mask.kv_num_blocks, block_mask.kv_indices)]
+    if block_mask.full_kv_num_blocks is not None:
+        lists.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+    total = 0
+    for counts, indices in lists:
+        counts, indices = counts.to("cpu", torch.int64), indices.to("cpu", torch.int64)
+        starts = indices * kv_block
+        cols = (kv_len - starts).clamp(min=0, max=kv_block)  # keys of each listed block, cut at kv_len
+        listed = torch.arange(indices.shape[-1]) < counts[..., None]  # the first counts[...] entries are real
+        per_q_block = (cols * listed).sum(-1)  # [b, h, q blocks]
+        q_starts = torch.arange(per_q_block.shape[-1]) * q_block
+        rows = (q_len - q_starts).clamp(min=0, max=q_block)
+        b, h = per_q_block.shape[:2]
+        total += int((per_q_block * rows).sum()) * (batch // b) * (heads // h)
+    return total
+
+
+def _flex_executed_pairs(spec: RunSpec, state: dict[str, Any]) -> ExecutedPairs:
+    """The pairs of the block mask's non-empty blocks; the backward walks the same blocks (transposed)."""
+    return ExecutedPairs(block_mask_pairs(state["block_mask"], spec.batch, spec.heads, spec.n_queries, spec.n_keys))
 
 
 def _compiled_setup(spec: RunSpec) -> dict[str, Any]:
@@ -135,6 +247,9 @@ def variants() -> list[Variant]:
             masks=frozenset(MASK_KINDS),
             score_mods=frozenset(SCORE_MODS),
             unequal_lengths=True,
+            executed_pairs=_flex_executed_pairs,
+            paged_kv=True,
+            prepare_inputs=_flex_prepare_inputs,
         ),
         Variant(
             name="compiled",

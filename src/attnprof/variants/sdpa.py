@@ -159,8 +159,9 @@ def refusal_line(messages: list[str], backend: str) -> str | None:
     """The pinned `backend`'s reasons in one line, from torch's warnings ("Memory efficient kernel not
     used because: <its reasons>"). Torch warns for every backend in turn, each under a "<Backend>
     kernel not used because:" line (the others only "has been runtime disabled"), and may repeat
-    them; only the pinned backend's group is kept, each reason once, the "(Triggered internally at
-    ...)" tails dropped. Without that group, every distinct line; None without any."""
+    them; only the pinned backend's group is kept, each reason once and only its first sentence (the
+    rule; torch goes on with the tensors' sizes and advice), the "(Triggered internally at ...)" tails
+    dropped. Without that group, every distinct line; None without any."""
     groups: dict[str, tuple[str, list[str]]] = {}  # lower-case header -> (its text, its reasons)
     current: list[str] | None = None
     loose: list[str] = []
@@ -176,13 +177,14 @@ def refusal_line(messages: list[str], backend: str) -> str | None:
     head, reasons = groups.get(REFUSAL_HEADERS.get(backend, ""), ("", []))
     if not reasons:  # no group of its own: every line, but the headers
         head, reasons = "", loose + [line for _, group in groups.values() for line in group]
-    reasons = list(dict.fromkeys(reasons))
+    reasons = list(dict.fromkeys(_SENTENCE_END.split(r, 1)[0] for r in reasons))
     if not reasons:
         return None
     said = " ".join(r if r.endswith((".", ":", ";", "!", "?")) else r + "." for r in reasons)
     return f"{head}: {said}" if head else said
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 # torch's C++ warnings end with "(Triggered internally at /path/file.cpp:99.)"
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*")
 

@@ -9,21 +9,38 @@ Three interfaces are tried, newest first, and the first that imports is used:
 All three take and return [batch, seq, heads, head_dim] tensors, so the variant declares
 `layout="bshd"` and attnprof prepares its inputs in that layout outside the timed region.
 Nothing is imported when this module is: the lookup happens in check() or setup().
+
+Masks beyond causal, where the installed interface has them (read from its signature, `FEATURES`):
+a sliding window of W keys is `window_size=(W - 1, 0)` with `causal=True` (the W keys up to and
+including the query's own position, bottom-right aligned as attnprof's); `softcap: C` is
+`softcap=C`; N equal documents go through `flash_attn_varlen_func` with `cu_seqlens` at every
+document's start (batch × N sequences of kv_len / N tokens, causal inside each).
+
+A paged KV cache (`kv_cache: {page_size: N}`) goes through FA2's `flash_attn.flash_attn_with_kvcache`
+when the installed one takes a `block_table` (flash-attn >= 2.5; `find_kvcache`): `prepare_inputs`
+lays k and v out in a [pages, page_size, kv_heads, head_dim] pool by attnprof's seeded shuffled page
+table, outside the timed region, and the forward passes the pool, the int32 block table and the
+cache lengths. FA2 needs page_size divisible by 256. Queries are the last q_len positions (causal
+bottom-right), so paged cells may be decode.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof import RunSpec, Variant
+from attnprof.kv_cache import paged_pool, shuffled_page_table
 
 __version__ = "0.1.0"
 
 VARIANT_NAME = "flash-attn"
 BASE_DESCRIPTION = "FlashAttention library (FA4 CuTe DSL, FA3 or FA2, whichever is installed)"
+KVCACHE_LABEL = "FA2 (flash_attn.flash_attn_with_kvcache)"
+FA2_PAGE_MULTIPLE = 256  # FA2's paged kernel: "Paged KV cache block size must be divisible by 256"
 
 
 @dataclass(frozen=True)
@@ -112,28 +129,190 @@ def find_interface(refresh: bool = False) -> Found | str:
     return _found
 
 
+def find_kvcache() -> Callable[..., Any] | str:
+    """FA2's `flash_attn.flash_attn_with_kvcache` when it takes a `block_table` (a paged KV cache), or a
+    one-line reason why not. Not cached: the import is, by Python."""
+    why = "a paged KV cache in flash-attn needs FA2's flash_attn.flash_attn_with_kvcache with block_table"
+    try:
+        func = getattr(importlib.import_module("flash_attn"), "flash_attn_with_kvcache", None)
+    except Exception as exc:
+        return f"{why}: {_first_line(exc)}"
+    if func is None:
+        return f"{why}: the installed flash_attn has no flash_attn_with_kvcache"
+    try:
+        takes_table = "block_table" in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a compiled function without a signature
+        takes_table = False
+    if not takes_table:
+        return f"{why}: the installed one takes no block_table (flash-attn >= 2.5 does)"
+    return func
+
+
+@dataclass
+class PagedCache:
+    """A paged cell's cache, built by `prepare_inputs` outside the timed region: the k and v page pools
+    [pages, page_size, kv_heads, head_dim], the int32 block table [batch, kv_len / page_size] and the
+    int32 cache lengths [batch] (every sequence holds kv_len keys)."""
+
+    k_cache: Any
+    v_cache: Any
+    block_table: Any
+    cache_seqlens: Any
+
+
+@dataclass
+class Varlen:
+    """A documents mask as flash_attn_varlen_func takes it: the function, the documents' boundaries
+    (`cu_seqlens`, int32 on the device: every document's first token over the flattened batch, and
+    the total) and their length."""
+
+    func: Callable[..., Any]
+    cu_seqlens: Any
+    length: int
+
+
 @dataclass
 class FlashState:
-    """What setup leaves for forward: the function to call and which interface it is."""
+    """What setup leaves for forward: the function to call, which interface it is, and the cell's masking:
+    `masking` the keyword arguments beyond causal (window_size, softcap), `causal` what causal is then
+    (None: as forward is told), `varlen` the documents' call (None: flash_attn_func); for a paged cell,
+    `flash_attn_with_kvcache` and (after `prepare_inputs`) its cache in `paged`."""
 
     func: Callable[..., Any]
     label: str
+    masking: dict[str, Any] = field(default_factory=dict)
+    causal: bool | None = None
+    varlen: Varlen | None = None
+    paged: PagedCache | None = None
 
 
-def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool) -> Any:
-    out = func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
+#: The FA2 release that added each masking feature attnprof uses (FA3 and FA4 have them all).
+FA2_ADDED = {"window_size": "2.3", "softcap": "2.6", "flash_attn_varlen_func": "2.0"}
+
+
+def _unwrap(out: Any) -> Any:
     # FA4 (and some FA3 releases) return (out, softmax_lse).
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, **masking: Any) -> Any:
+    return _unwrap(func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **masking))
+
+
+def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
+    """The documents: [B, S, H, D] flattened to [B·S, H, D] (a view), one sequence per document, causal."""
+    batch, seq = q.shape[:2]
+    out = varlen.func(
+        q.reshape(batch * seq, *q.shape[2:]),
+        k.reshape(batch * seq, *k.shape[2:]),
+        v.reshape(batch * seq, *v.shape[2:]),
+        cu_seqlens_q=varlen.cu_seqlens,
+        cu_seqlens_k=varlen.cu_seqlens,
+        max_seqlen_q=varlen.length,
+        max_seqlen_k=varlen.length,
+        softmax_scale=q.shape[-1] ** -0.5,
+        causal=True,
+        **masking,
+    )
+    return _unwrap(out).view(q.shape)
+
+
+def _call_paged(func: Callable[..., Any], q: Any, cache: PagedCache, causal: bool) -> Any:
+    return _unwrap(
+        func(
+            q,
+            cache.k_cache,
+            cache.v_cache,
+            cache_seqlens=cache.cache_seqlens,
+            block_table=cache.block_table,
+            softmax_scale=q.shape[-1] ** -0.5,
+            causal=causal,
+        )
+    )
+
+
 def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = None) -> Any:
-    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D]."""
+    """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D], under the
+    state's mask when setup gave one. A paged cell's state holds its cache, which the forward reads
+    instead of k and v."""
     if state is None:
         found = find_interface()
         if isinstance(found, str):
             raise RuntimeError(found)
         state = FlashState(found.func, found.label)
-    return _call(state.func, q, k, v, causal)
+    if state.paged is not None:
+        return _call_paged(state.func, q, state.paged, causal)
+    if state.varlen is not None:
+        return _call_varlen(state.varlen, q, k, v, **state.masking)
+    return _call(state.func, q, k, v, causal if state.causal is None else state.causal, **state.masking)
+
+
+def _has(found: Found, function: str, parameter: str | None) -> bool:
+    """Whether the interface's module has `function` and, when named, that `function` takes `parameter`."""
+    func = found.func if function == "flash_attn_func" else getattr(_module(found), function, None)
+    if func is None:
+        return False
+    if parameter is None:
+        return True
+    try:
+        return parameter in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # no signature to read: do not guess
+        return False
+
+
+def _module(found: Found) -> Any:
+    return importlib.import_module(found.interface.module)
+
+
+def masking_needs(spec: RunSpec) -> list[tuple[str, str, str | None]]:
+    """What the spec's mask and score mod need of the interface: (what for, function, parameter or None)."""
+    documents = spec.mask_kind == "documents"
+    needs: list[tuple[str, str, str | None]] = []
+    if spec.mask_kind == "sliding_window":
+        needs.append(("sliding_window", "flash_attn_func", "window_size"))
+    if documents:
+        needs.append(("documents", "flash_attn_varlen_func", None))
+    if spec.score_mod_kind == "softcap":
+        needs.append(("softcap", "flash_attn_varlen_func" if documents else "flash_attn_func", "softcap"))
+    return needs
+
+
+def masking_missing(found: Found, spec: RunSpec) -> str | None:
+    """Why the installed interface cannot run the spec's mask or score mod, or None (also for causal and none)."""
+    for what, function, parameter in masking_needs(spec):
+        if not _has(found, function, parameter):
+            needed = f"{function}({parameter}=...)" if parameter else function
+            added = FA2_ADDED[parameter or function]
+            return f"{what} needs {needed}, which {found.label} lacks (flash-attn {added} added it)"
+    if spec.mask_kind == "documents" and spec.n_queries != spec.n_keys:
+        return f"documents with q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {VARIANT_NAME}"
+    return None
+
+
+def masking_state(found: Found, spec: RunSpec) -> FlashState:
+    """The state that runs the spec's mask and score mod through `found` (check `masking_missing` first):
+    tensors (a documents mask's cu_seqlens) are made on the spec's device, here in setup."""
+    from attnprof.masks import softcap_value
+
+    masking: dict[str, Any] = {}
+    cap = softcap_value(spec.score_mod)
+    if cap is not None:
+        masking["softcap"] = cap
+    mask = spec.mask_spec
+    if mask.kind == "sliding_window":
+        assert mask.size is not None
+        masking["window_size"] = (mask.size - 1, 0)  # keys p - (W - 1) .. p: the W up to its own position
+        return FlashState(found.func, found.label, masking, causal=True)
+    if mask.kind == "documents":
+        import torch
+
+        assert mask.size is not None
+        length = spec.n_keys // mask.size
+        total = spec.batch * spec.n_keys
+        cu_seqlens = torch.arange(0, total + 1, length, dtype=torch.int32, device=spec.device)
+        varlen = Varlen(_module(found).flash_attn_varlen_func, cu_seqlens, length)
+        return FlashState(found.func, found.label, masking, causal=True, varlen=varlen)
+    return FlashState(found.func, found.label, masking)
 
 
 def check(spec: RunSpec) -> str | None:
@@ -145,6 +324,13 @@ def check(spec: RunSpec) -> str | None:
         return f"head_dim must be a multiple of 8 up to 256 (got {spec.head_dim})"
     if spec.heads % spec.n_kv_heads:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
+    if spec.page_size is not None and (reason := paged_reason(spec)):
+        return reason
+    if spec.page_size is not None and (spec.mask_kind not in ("causal", "none") or spec.score_mod):
+        return f"a paged KV cache in {VARIANT_NAME} runs causal or no mask, no score mod (use flex)"
+    if spec.page_size is None and spec.n_queries != spec.n_keys:
+        lengths = f"q_len {spec.n_queries} != kv_len {spec.n_keys}"
+        return f"{lengths} not supported by {VARIANT_NAME} without a paged KV cache"
     if spec.device_type == "cuda":
         import torch
 
@@ -154,8 +340,9 @@ def check(spec: RunSpec) -> str | None:
         if major < found.interface.min_capability:
             return (f"{found.label} needs compute capability {found.interface.min_capability}.0 "
                     f"or newer (got {major}.{minor})")
-        return backward_missing(found.interface, spec, (major, minor))
-    return None
+        if reason := backward_missing(found.interface, spec, (major, minor)):
+            return reason
+    return masking_missing(found, spec)
 
 
 def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int, int]) -> str | None:
@@ -169,21 +356,56 @@ def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int,
             f"(got {capability[0]}.{capability[1]})")
 
 
+def paged_reason(spec: RunSpec) -> str | None:
+    """Why the installed FlashAttention cannot read the spec's paged cache (`find_kvcache`, FA2's page
+    size rule), or None."""
+    found = find_kvcache()
+    if isinstance(found, str):
+        return found
+    if spec.page_size is not None and spec.page_size % FA2_PAGE_MULTIPLE:
+        return f"{KVCACHE_LABEL} needs page_size divisible by {FA2_PAGE_MULTIPLE} (got {spec.page_size})"
+    return None
+
+
 def setup(spec: RunSpec) -> FlashState:
-    """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds)."""
+    """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds). A paged cell
+    finds `flash_attn_with_kvcache` instead and calls nothing: its cache is built in `prepare_inputs`."""
     import torch
 
+    if spec.page_size is not None:
+        kvcache = find_kvcache()
+        if isinstance(kvcache, str):
+            raise RuntimeError(kvcache)
+        return FlashState(kvcache, KVCACHE_LABEL)
     found = find_interface()
     if isinstance(found, str):
         raise RuntimeError(found)
+    if reason := masking_missing(found, spec):
+        raise RuntimeError(reason)
+    state = masking_state(found, spec)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
     q = torch.randn(spec.batch, spec.seq, spec.heads, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.seq, spec.n_kv_heads, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    _call(found.func, q, k, v, spec.causal)
+    forward(q, k, v, spec.causal, state)
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)
-    return FlashState(found.func, found.label)
+    return state
+
+
+def prepare_inputs(spec: RunSpec, state: FlashState, q: Any, k: Any, v: Any, seed: int) -> FlashState:
+    """For a paged cell: k and v ([B, S, H_kv, D]) laid out in page pools by attnprof's seeded shuffled
+    page table (`attnprof.kv_cache`), with the int32 block table and cache lengths; any other cell's
+    state as it is."""
+    if spec.page_size is None:
+        return state
+    import torch
+
+    table = shuffled_page_table(spec.batch, spec.n_keys, spec.page_size, seed, k.device)
+    k_cache, v_cache = (paged_pool(t.transpose(1, 2), table, spec.page_size) for t in (k, v))
+    seqlens = torch.full((spec.batch,), spec.n_keys, dtype=torch.int32, device=k.device)
+    state.paged = PagedCache(k_cache, v_cache, table.to(torch.int32), seqlens)
+    return state
 
 
 def make_variant() -> Variant:
@@ -199,10 +421,13 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bshd",
         has_backward=True,  # every interface's flash_attn_func is an autograd Function; `check` says where not
-        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
-        masks=frozenset({"causal", "none"}),
-        score_mods=frozenset(),
-        unequal_lengths=False,
+        # window_size, varlen documents and softcap where the installed interface has them (`check` says);
+        # q_len < kv_len only over a paged cache (flash_attn_with_kvcache, causal bottom-right)
+        masks=frozenset({"causal", "none", "sliding_window", "documents"}),
+        score_mods=frozenset({"softcap"}),
+        unequal_lengths=True,
+        paged_kv=True,
+        prepare_inputs=prepare_inputs,
     )
 
 

@@ -10,17 +10,22 @@ the bare forward kernel unless autograd is recording (the `bwd` and `fwd+bwd` mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnprof import RunSpec, Variant
+from attnprof.masks import Mask
+from attnprof.registry import ExecutedPairs
 
 __version__ = "0.1.0"
 
 VARIANT_NAME = "triton-flash"
 HEAD_DIMS = (16, 32, 64, 128, 256)
+MASKS = ("causal", "none", "sliding_window", "documents", "prefix")  # the kernels' MASK codes
+PLAIN_MASKS = ("causal", "none")  # what `forward`'s `causal` argument says alone
 DESCRIPTION = (
     "FlashAttention-style forward and backward in Triton (this plugin): Q/KV tiling, online softmax, "
-    "causal block skip, GQA; forward autotuned per shape"
+    "masks by key-block ranges (causal, sliding window, documents, prefix), decode, GQA; forward autotuned per shape"
 )
 
 
@@ -56,37 +61,102 @@ def check(spec: RunSpec) -> str | None:
     return None
 
 
-def setup(spec: RunSpec) -> None:
-    """Compile and autotune for this shape (and mode) on throw-away inputs, outside any timed region.
+@dataclass(frozen=True)
+class TritonState:
+    """What setup leaves for forward and for `executed_pairs`: the cell's mask (its text) and the tiles
+    the kernels launch with: the forward's (BLOCK_M, BLOCK_N) as the autotuner chose them, and the
+    backward's square tile (None in the fwd mode)."""
 
-    The autotuner keeps its choice per shape (`_kernel.best_config` reads it back), so `forward`
-    launches the tuned kernel and no state is passed on.
+    mask: str
+    forward_tiles: tuple[int, int] | None
+    backward_tile: int | None = None
+
+
+def setup(spec: RunSpec) -> TritonState:
+    """Compile and autotune for this shape, mask and mode on throw-away inputs, outside any timed region.
+
+    The autotuner keeps its choice per shape and mask kind, so `forward` launches the tuned kernel;
+    the state carries the mask and the tiles it chose (`_kernel.launched_config`).
     """
     import torch
 
     from attnprof_triton import _kernel
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
-    q = torch.randn(spec.batch, spec.heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
-    k = torch.randn(spec.batch, spec.n_kv_heads, spec.seq, spec.head_dim, device=spec.device, dtype=dtype)
+    q = torch.randn(spec.batch, spec.heads, spec.n_queries, spec.head_dim, device=spec.device, dtype=dtype)
+    k = torch.randn(spec.batch, spec.n_kv_heads, spec.n_keys, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    _kernel.attention(q, k, v, spec.causal, return_lse=spec.backward)  # the backward modes' forward saves lse
+    # the backward modes' forward saves lse: tune that kernel
+    _kernel.attention(q, k, v, return_lse=spec.backward, mask=spec.mask)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
+    config = _kernel.launched_config(q, k, spec.mask)
+    backward_tile = None
+    if spec.backward:
+        from attnprof_triton._backward import block_sizes
+
+        backward_tile = block_sizes(spec.head_dim, q.element_size())[0]
+    forward_tiles = (config.block_m, config.block_n) if config is not None else None
+    return TritonState(spec.mask, forward_tiles, backward_tile)
 
 
-def forward(q: Any, k: Any, v: Any, causal: bool, state: None = None) -> Any:
-    """One attention forward: [B, H, S, D] in, [B, H, S, D] out, a single kernel launch (`state` is
-    unused). When autograd records (an input requires grad), the output's backward is ours too."""
+def forward(q: Any, k: Any, v: Any, causal: bool, state: TritonState | None = None) -> Any:
+    """One attention forward: [B, H, q_len, D] in, [B, H, q_len, D] out, a single kernel launch. The mask
+    is the state's (a sized mask), else causal or none as `causal` says. When autograd records (an
+    input requires grad), the output's backward is ours too."""
     import torch
 
     from attnprof_triton import _kernel
 
+    mask = state.mask if state is not None and state.mask not in PLAIN_MASKS else ("causal" if causal else "none")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         from attnprof_triton._backward import FlashAttention
 
-        return FlashAttention.apply(q, k, v, causal)
-    return _kernel.attention(q, k, v, causal)
+        return FlashAttention.apply(q, k, v, mask)
+    return _kernel.attention(q, k, v, mask=mask)
+
+
+def key_range(mask: Mask, p_lo: int, p_hi: int, kv_len: int) -> tuple[int, int]:
+    """The keys [lo, hi) some query of positions [p_lo, p_hi] keeps: the range a forward tile visits
+    (the mirror of `_kernel._key_range`, without triton)."""
+    lo, hi = 0, p_hi + 1
+    if mask.kind == "none":
+        hi = kv_len
+    elif mask.kind == "sliding_window":
+        lo = max(p_lo - (mask.size or 0) + 1, 0)
+    elif mask.kind == "documents":
+        length = kv_len // (mask.size or 1)
+        lo = p_lo // length * length
+    elif mask.kind == "prefix":
+        hi = max(p_hi + 1, mask.size or 0)
+    return lo, min(hi, kv_len)
+
+
+def tile_pairs(mask: Mask, q_len: int, kv_len: int, block_m: int, block_n: int) -> int:
+    """The (query, key) pairs of one head inside the tiles the kernels visit with BLOCK_M x BLOCK_N tiles:
+    per query tile, every key block that overlaps its `key_range`, cut at q_len and kv_len."""
+    offset = kv_len - q_len
+    total = 0
+    for start in range(0, q_len, block_m):
+        rows = min(block_m, q_len - start)
+        lo, hi = key_range(mask, start + offset, start + rows - 1 + offset, kv_len)
+        first, last = lo // block_n * block_n, min(-(-hi // block_n) * block_n, kv_len)
+        total += rows * max(last - first, 0)
+    return total
+
+
+def executed_pairs(spec: RunSpec, state: TritonState) -> ExecutedPairs | None:
+    """The pairs the forward's tiles compute (and the backward's, with their own square tiles), summed over
+    batch and query heads; None when the forward's tiles are unknown."""
+    if state.forward_tiles is None:
+        return None
+    heads = spec.batch * spec.heads
+    mask, q_len, kv_len = spec.mask_spec, spec.n_queries, spec.n_keys
+    forward_pairs = heads * tile_pairs(mask, q_len, kv_len, *state.forward_tiles)
+    if state.backward_tile is None:
+        return ExecutedPairs(forward_pairs)
+    tile = state.backward_tile
+    return ExecutedPairs(forward_pairs, heads * tile_pairs(mask, q_len, kv_len, tile, tile))
 
 
 def make_variant() -> Variant:
@@ -101,10 +171,11 @@ def make_variant() -> Variant:
         setup=setup,
         layout="bhsd",
         has_backward=True,  # `_backward.py`: dQ, dK, dV kernels of our own
-        # plain causal (is_causal) and no mask only, q_len == kv_len, no score mods: what the forward runs today
-        masks=frozenset({"causal", "none"}),
+        # the kernels skip the key blocks no row of a tile keeps and mask only the boundary ones
+        masks=frozenset(MASKS),
         score_mods=frozenset(),
-        unequal_lengths=False,
+        unequal_lengths=True,  # q_len < kv_len, bottom-right aligned, forward and backward
+        executed_pairs=executed_pairs,
     )
 
 

@@ -11,12 +11,16 @@ One program computes one BLOCK_M-row tile of queries for one (batch, head):
   [S, S] score matrix never exists anywhere;
 * the softmax scale 1/sqrt(D) is multiplied by log2(e) once, so every exponential is an
   exp2 (one MUFU instruction);
-* causal attention walks the key blocks left of the diagonal without any masking, then
-  the diagonal block(s) with the mask; blocks right of the diagonal are never loaded;
+* masks (`MASK_CODES`: none, causal, sliding window, documents, prefix), bottom-right aligned
+  (query row i sits at position p = i + kv_len − q_len): each query tile visits only the key
+  blocks that hold a key one of its rows keeps (`_key_range`: causal up to the diagonal, a
+  sliding window from the block of p − W + 1, documents from the document's start); the
+  blocks every row keeps whole go without any mask, and only the boundary blocks evaluate
+  the element mask (`_keep`); the other blocks are never loaded;
 * the grid is ordered so the query tiles with the most key blocks (the bottom rows of a
   causal matrix) are launched first, which trims the tail of the last wave;
 * with grouped-query attention, query head h reads key/value head h // (H // H_kv);
-* tiles move by pointer loads, masked only where a tile crosses S; with
+* tiles move by pointer loads, masked only where a tile crosses the sequence's end; with
   ATTNPROF_TRITON_TMA=1 on Hopper and newer they move by TMA instead, through on-device
   tensor descriptors bounded by one head's [S, D] slab (rows past S read as zero). On an
   H200 (triton 3.6) both ran 4x16x8192x128 bf16 causal in the same time, so the simpler
@@ -40,17 +44,71 @@ MASKED = tl.constexpr(-1.0e6)
 
 TMA_ENV = "ATTNPROF_TRITON_TMA"  # "1": TMA descriptor loads on Hopper+ (default: pointer loads)
 AUTOTUNE_ENV = "ATTNPROF_TRITON_AUTOTUNE"  # "0": skip the search, launch default_config()
+#: The kernels' MASK constexpr per mask kind (attnprof.masks); `mask_size` carries the window W, the
+#: document length kv_len / N, or the prefix length P.
+MASK_CODES = {"none": 0, "causal": 1, "sliding_window": 2, "documents": 3, "prefix": 4}
+
+
+def mask_args(mask: str, kv_len: int) -> tuple[int, int]:
+    """(MASK, mask_size) of a mask's text (`causal`, `sliding_window:256`, ...) for kv_len keys."""
+    from attnprof.masks import parse_mask
+
+    parsed = parse_mask(mask)
+    if parsed.kind not in MASK_CODES:
+        raise ValueError(f"mask {parsed.kind} is not supported by the triton-flash kernels")
+    if parsed.size is not None and (problem := parsed.problem(kv_len, kv_len)):
+        raise ValueError(problem)
+    size = kv_len // parsed.size if parsed.kind == "documents" else parsed.size or 0
+    return MASK_CODES[parsed.kind], size
 
 
 @triton.jit
-def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, offs_d, seq_len,
+def _keep(p, j, kv_len, MASK: tl.constexpr, mask_size):
+    """Which (query position p, key j) pairs the mask keeps (attnprof.masks' rules); keys past kv_len never."""
+    keep = (j < kv_len) & (p == p)
+    if MASK == 1:
+        keep = keep & (j <= p)
+    if MASK == 2:
+        keep = keep & (j <= p) & (j > p - mask_size)
+    if MASK == 3:
+        keep = keep & (j <= p) & (j // mask_size == p // mask_size)
+    if MASK == 4:
+        keep = keep & ((j <= p) | (j < mask_size))
+    return keep
+
+
+@triton.jit
+def _key_range(p_lo, p_hi, kv_len, MASK: tl.constexpr, mask_size):
+    """For the query positions [p_lo, p_hi] of one tile: the keys [lo, hi) that some row keeps and the
+    keys [full_lo, full_hi) that every row keeps (empty when full_hi <= full_lo), both within kv_len."""
+    lo = p_lo * 0
+    hi = p_hi + 1
+    full_lo = p_lo * 0
+    full_hi = p_lo + 1
+    if MASK == 0:
+        hi = p_hi * 0 + kv_len
+        full_hi = p_lo * 0 + kv_len
+    if MASK == 2:
+        lo = tl.maximum(p_lo - mask_size + 1, 0)
+        full_lo = tl.maximum(p_hi - mask_size + 1, 0)
+    if MASK == 3:
+        lo = (p_lo // mask_size) * mask_size
+        full_lo = (p_hi // mask_size) * mask_size
+    if MASK == 4:
+        hi = tl.maximum(p_hi + 1, mask_size)
+        full_hi = tl.maximum(p_lo + 1, mask_size)
+    return lo, tl.minimum(hi, kv_len), full_lo, tl.minimum(full_hi, kv_len)
+
+
+@triton.jit
+def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, offs_d, offset, kv_len, mask_size,
                      stride_kn, stride_vn, qk_scale,
-                     MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr, USE_TMA: tl.constexpr,
+                     MASK: tl.constexpr, MASKED_BLOCKS: tl.constexpr, USE_TMA: tl.constexpr,
                      BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key/value blocks [lo, hi) into the running (acc, l_i, m_i) of one query tile.
 
-    MASK_CAUSAL masks key > query; MASK_KEYS masks keys >= seq_len (and, with pointer
-    loads, keeps those loads in bounds). Neither is set for blocks wholly inside both.
+    MASKED_BLOCKS evaluates the element mask (`_keep`, keys past kv_len included; with pointer loads
+    those loads stay in bounds); without it the blocks are wholly kept by every row and inside kv_len.
     """
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -59,19 +117,14 @@ def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, off
             k = k_src.load([start_n, 0])
         else:
             k_ptrs = k_src + cols[:, None] * stride_kn + offs_d[None, :]
-            if MASK_KEYS:
-                k = tl.load(k_ptrs, mask=cols[:, None] < seq_len, other=0.0)
+            if MASKED_BLOCKS:
+                k = tl.load(k_ptrs, mask=cols[:, None] < kv_len, other=0.0)
             else:
                 k = tl.load(k_ptrs)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if MASK_CAUSAL:
-            # Key columns past seq_len are right of every real query row, so this also
-            # masks them; rows past seq_len are never stored.
-            qk = qk * qk_scale + tl.where(offs_m[:, None] >= cols[None, :], 0.0, MASKED)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
-        elif MASK_KEYS:
-            qk = qk * qk_scale + tl.where(cols[None, :] < seq_len, 0.0, MASKED)
+        if MASKED_BLOCKS:
+            keep = _keep(offs_m[:, None] + offset, cols[None, :], kv_len, MASK, mask_size)
+            qk = qk * qk_scale + tl.where(keep, 0.0, MASKED)
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             qk = qk - m_ij[:, None]
         else:
@@ -85,8 +138,8 @@ def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, off
             v = v_src.load([start_n, 0])
         else:
             v_ptrs = v_src + cols[:, None] * stride_vn + offs_d[None, :]
-            if MASK_KEYS:
-                v = tl.load(v_ptrs, mask=cols[:, None] < seq_len, other=0.0)
+            if MASKED_BLOCKS:
+                v = tl.load(v_ptrs, mask=cols[:, None] < kv_len, other=0.0)
             else:
                 v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -95,17 +148,28 @@ def _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, lo, hi, offs_m, offs_n, off
 
 
 @triton.jit
+def _block_bounds(lo, hi, full_lo, full_hi, BLOCK_N: tl.constexpr):
+    """The key blocks a tile visits, cut at BLOCK_N: [first, mid_lo) and [mid_hi, hi) masked, [mid_lo, mid_hi)
+    unmasked (blocks wholly inside [full_lo, full_hi)); every block that overlaps [lo, hi) exactly once."""
+    first = (lo // BLOCK_N) * BLOCK_N
+    last = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, first), last)
+    mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), last)
+    return first, mid_lo, mid_hi
+
+
+@triton.jit
 def _attn_fwd(Q, K, V, Out, Lse,
               stride_qb, stride_qh, stride_qs,
               stride_kb, stride_kh, stride_ks,
               stride_vb, stride_vh, stride_vs,
               stride_ob, stride_oh, stride_os,
-              n_heads, group, seq_len, qk_scale,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+              n_heads, group, q_len, kv_len, mask_size, qk_scale,
+              HEAD_DIM: tl.constexpr, MASK: tl.constexpr, USE_TMA: tl.constexpr,
               DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Axis 0 (fastest in launch order) walks (batch, head); axis 1 walks query tiles from
-    # the last one backwards, so the longest causal rows go out in the first wave.
+    # Axis 0 (fastest in launch order) walks (batch, head); axis 1 walks query tiles from the
+    # last one backwards, so the longest causal rows go out in the first wave.
     pid_bh = tl.program_id(0)
     start_m = tl.num_programs(1) - 1 - tl.program_id(1)
     off_b = pid_bh // n_heads
@@ -122,19 +186,19 @@ def _attn_fwd(Q, K, V, Out, Lse,
     offs_d = tl.arange(0, HEAD_DIM)
 
     if USE_TMA:
-        desc_q = tl.make_tensor_descriptor(q_base, shape=[seq_len, HEAD_DIM], strides=[stride_qs, 1],
+        desc_q = tl.make_tensor_descriptor(q_base, shape=[q_len, HEAD_DIM], strides=[stride_qs, 1],
                                            block_shape=[BLOCK_M, HEAD_DIM])
-        desc_k = tl.make_tensor_descriptor(k_base, shape=[seq_len, HEAD_DIM], strides=[stride_ks, 1],
+        desc_k = tl.make_tensor_descriptor(k_base, shape=[kv_len, HEAD_DIM], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, HEAD_DIM])
-        desc_v = tl.make_tensor_descriptor(v_base, shape=[seq_len, HEAD_DIM], strides=[stride_vs, 1],
+        desc_v = tl.make_tensor_descriptor(v_base, shape=[kv_len, HEAD_DIM], strides=[stride_vs, 1],
                                            block_shape=[BLOCK_N, HEAD_DIM])
-        desc_o = tl.make_tensor_descriptor(o_base, shape=[seq_len, HEAD_DIM], strides=[stride_os, 1],
+        desc_o = tl.make_tensor_descriptor(o_base, shape=[q_len, HEAD_DIM], strides=[stride_os, 1],
                                            block_shape=[BLOCK_M, HEAD_DIM])
         q = desc_q.load([start_m * BLOCK_M, 0])
         k_src = desc_k
         v_src = desc_v
     else:
-        q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=offs_m[:, None] < seq_len,
+        q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=offs_m[:, None] < q_len,
                     other=0.0)
         k_src = k_base
         v_src = v_base
@@ -143,33 +207,32 @@ def _attn_fwd(Q, K, V, Out, Lse,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    if CAUSAL:
-        # Off-diagonal: every key block wholly left of this tile's first row, unmasked.
-        acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, 0, start_m * BLOCK_M,
-                                         offs_m, offs_n, offs_d, seq_len, stride_ks, stride_vs, qk_scale,
-                                         False, False, USE_TMA, BLOCK_N, DOT_PRECISION)
-        # Diagonal: the BLOCK_M keys facing this tile, masked (BLOCK_M % BLOCK_N == 0).
-        acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, start_m * BLOCK_M,
-                                         tl.minimum((start_m + 1) * BLOCK_M, seq_len),
-                                         offs_m, offs_n, offs_d, seq_len, stride_ks, stride_vs, qk_scale,
-                                         True, True, USE_TMA, BLOCK_N, DOT_PRECISION)
-    else:
-        full = (seq_len // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, 0, full,
-                                         offs_m, offs_n, offs_d, seq_len, stride_ks, stride_vs, qk_scale,
-                                         False, False, USE_TMA, BLOCK_N, DOT_PRECISION)
-        # The ragged last key block, when seq_len is not a multiple of BLOCK_N.
-        acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, full, seq_len,
-                                         offs_m, offs_n, offs_d, seq_len, stride_ks, stride_vs, qk_scale,
-                                         False, True, USE_TMA, BLOCK_N, DOT_PRECISION)
+    # Bottom-right alignment: query row i sits at key position i + offset.
+    offset = kv_len - q_len
+    p_lo = start_m * BLOCK_M + offset
+    p_hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, q_len) - 1 + offset
+    lo, hi, full_lo, full_hi = _key_range(p_lo, p_hi, kv_len, MASK, mask_size)
+    first, mid_lo, mid_hi = _block_bounds(lo, hi, full_lo, full_hi, BLOCK_N)
+    # Blocks before the wholly kept ones (a window's or a document's start), masked.
+    acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, first, mid_lo, offs_m, offs_n, offs_d,
+                                     offset, kv_len, mask_size, stride_ks, stride_vs, qk_scale,
+                                     MASK, True, USE_TMA, BLOCK_N, DOT_PRECISION)
+    # Blocks every row keeps whole, without any mask.
+    acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, mid_lo, mid_hi, offs_m, offs_n, offs_d,
+                                     offset, kv_len, mask_size, stride_ks, stride_vs, qk_scale,
+                                     MASK, False, USE_TMA, BLOCK_N, DOT_PRECISION)
+    # The diagonal and the ragged end, masked.
+    acc, l_i, m_i = _attn_block_loop(acc, l_i, m_i, q, k_src, v_src, mid_hi, hi, offs_m, offs_n, offs_d,
+                                     offset, kv_len, mask_size, stride_ks, stride_vs, qk_scale,
+                                     MASK, True, USE_TMA, BLOCK_N, DOT_PRECISION)
 
-    if STORE_LSE:  # the row's log-sum-exp in the exp2 domain, [B, H, S] float32: what the backward needs
-        tl.store(Lse + pid_bh.to(tl.int64) * seq_len + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < seq_len)
+    if STORE_LSE:  # the row's log-sum-exp in the exp2 domain, [B, H, q_len] float32: what the backward needs
+        tl.store(Lse + pid_bh.to(tl.int64) * q_len + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < q_len)
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     if USE_TMA:
         desc_o.store([start_m * BLOCK_M, 0], out)
     else:
-        tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :], out, mask=offs_m[:, None] < seq_len)
+        tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :], out, mask=offs_m[:, None] < q_len)
 
 
 class BlockConfig(NamedTuple):
@@ -221,8 +284,9 @@ def _smem_bytes(cfg: BlockConfig, head_dim: int, elem: int) -> int:
     return (cfg.block_m + 2 * max(cfg.num_stages - 1, 1) * cfg.block_n) * head_dim * elem
 
 
-def _keep(cfg: BlockConfig, seq_len: int, head_dim: int, elem: int) -> bool:
-    if cfg.block_n > cfg.block_m:  # the causal split walks the diagonal in whole key blocks
+def _keep_config(cfg: BlockConfig, seq_len: int, head_dim: int, elem: int) -> bool:
+    """Whether the search times `cfg` for seq_len query rows (shared memory, tile sizes)."""
+    if cfg.block_n > cfg.block_m:  # kept from the diagonal split: key tiles no wider than query tiles
         return False
     if (cfg in _WIDE_HEAD_ONLY) != (head_dim * elem > 256):
         return False
@@ -232,23 +296,23 @@ def _keep(cfg: BlockConfig, seq_len: int, head_dim: int, elem: int) -> bool:
 
 
 def _prune_configs(configs: list, named_args: dict, **_kwargs: Any) -> list:
-    seq_len = named_args["seq_len"]
+    seq_len = named_args["q_len"]
     head_dim = _kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
     elem = named_args["Q"].element_size()
     kept = [c for c in configs
-            if _keep(BlockConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages),
+            if _keep_config(BlockConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages),
                      seq_len, head_dim, elem)]
     return kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_stages))]
 
 
 def autotune_space(seq_len: int, head_dim: int, elem: int = 2) -> list[BlockConfig]:
     """The configurations the autotuner will time for this shape (for reports and tests)."""
-    return [c for c in AUTOTUNE_SPACE if _keep(c, seq_len, head_dim, elem)]
+    return [c for c in AUTOTUNE_SPACE if _keep_config(c, seq_len, head_dim, elem)]
 
 
 _attn_fwd_tuned = triton.autotune(
     configs=[c.as_triton() for c in AUTOTUNE_SPACE],
-    key=["seq_len", "HEAD_DIM", "CAUSAL", "USE_TMA", "STORE_LSE"],
+    key=["q_len", "kv_len", "HEAD_DIM", "MASK", "USE_TMA", "STORE_LSE"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_attn_fwd)
 
@@ -289,25 +353,28 @@ def _scratch(size: int, alignment: int, stream: Any) -> Any:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None = None,
-              return_lse: bool = False) -> Any:
-    """softmax(q kᵀ / sqrt(D)) v for [B, H, S, D] tensors (k, v may have fewer heads).
+def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig | None = None,
+              return_lse: bool = False, mask: str | None = None) -> Any:
+    """softmax(q kᵀ / sqrt(D)) v for q [B, H, q_len, D] and k, v [B, H_kv, kv_len, D] (H_kv may divide H).
 
-    Without `config` the autotuner picks the launch configuration (timed once per shape
-    on first use); with it, that configuration is launched as given. `return_lse` also
-    returns each row's log-sum-exp ([B, H, S] float32, base 2, scores scaled by
-    log2(e)/sqrt(D)): the statistics the backward (`_backward.py`) recomputes P from.
+    `mask` is a mask's text (`causal`, `none`, `sliding_window:W`, `documents:N`, `prefix:P`; rules in
+    attnprof.masks, bottom-right aligned when q_len < kv_len); None means `causal` or `none` as
+    `causal` says. Without `config` the autotuner picks the launch configuration (timed once per
+    shape and mask kind on first use); with it, that configuration is launched as given.
+    `return_lse` also returns each row's log-sum-exp ([B, H, q_len] float32, base 2, scores scaled
+    by log2(e)/sqrt(D)): the statistics the backward (`_backward.py`) recomputes P from.
     """
-    batch, heads, seq_len, head_dim = q.shape
-    kv_heads = k.shape[1]
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[2] != seq_len or k.shape[3] != head_dim:
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim or q_len > kv_len:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: shapes do not match")
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads")
+    mask_code, mask_size = mask_args(mask if mask is not None else ("causal" if causal else "none"), kv_len)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32) if return_lse else out
+    lse = torch.empty((batch, heads, q_len), device=q.device, dtype=torch.float32) if return_lse else out
     use_tma = _tma_ok(q, k, v, out)
     if use_tma and not _interpreting():
         triton.set_allocator(_scratch)
@@ -318,28 +385,42 @@ def attention(q: Any, k: Any, v: Any, causal: bool, config: BlockConfig | None =
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
-            heads, heads // kv_heads, seq_len, qk_scale)
-    meta = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), USE_TMA=use_tma, DOT_PRECISION=precision,
+            heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale)
+    meta = dict(HEAD_DIM=head_dim, MASK=mask_code, USE_TMA=use_tma, DOT_PRECISION=precision,
                 STORE_LSE=bool(return_lse))
-    if config is None and (os.environ.get(AUTOTUNE_ENV) == "0" or q.dtype == torch.float32):
-        # fp32 is for checking, not speed: ieee-precision dots make the search slow for nothing.
-        config = default_config(seq_len, head_dim, q.element_size())
+    if config is None and not tunes(q):
+        config = default_config(q_len, head_dim, q.element_size())
     if config is None:
         def grid(m: dict) -> tuple[int, int]:
-            return (batch * heads, triton.cdiv(seq_len, m["BLOCK_M"]))
+            return (batch * heads, triton.cdiv(q_len, m["BLOCK_M"]))
 
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (batch * heads, triton.cdiv(seq_len, config.block_m))
+        grid = (batch * heads, triton.cdiv(q_len, config.block_m))
         _attn_fwd[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         num_warps=config.num_warps, num_stages=config.num_stages)
     return (out, lse) if return_lse else out
 
 
-def best_config(q: Any, causal: bool) -> BlockConfig | None:
-    """The configuration the autotuner chose for this shape, once it has run."""
-    seq_len, head_dim = q.shape[2], q.shape[3]
+def tunes(q: Any) -> bool:
+    """Whether `attention` without a config autotunes for q: not with ATTNPROF_TRITON_AUTOTUNE=0, and not
+    in fp32 (for checking, not speed: ieee-precision dots make the search slow for nothing)."""
+    return os.environ.get(AUTOTUNE_ENV) != "0" and q.dtype != torch.float32
+
+
+def best_config(q: Any, k: Any, mask: str) -> BlockConfig | None:
+    """The configuration the autotuner chose for these shapes and mask kind, once it has run."""
+    q_len, head_dim, kv_len = q.shape[2], q.shape[3], k.shape[2]
+    wanted = (q_len, kv_len, head_dim, mask_args(mask, kv_len)[0])
     for key, cfg in _attn_fwd_tuned.cache.items():
-        if key[:3] == (seq_len, head_dim, bool(causal)) and str(q.dtype).replace("torch.", "") in str(key):
+        if tuple(key[:4]) == wanted and str(q.dtype).replace("torch.", "") in str(key):
             return BlockConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
     return None
+
+
+def launched_config(q: Any, k: Any, mask: str) -> BlockConfig | None:
+    """The configuration `attention(q, k, v, mask=mask)` launches: the autotuner's pick (None before it has
+    run), or `default_config` where it does not tune."""
+    if not tunes(q):
+        return default_config(q.shape[2], q.shape[3], q.element_size())
+    return best_config(q, k, mask)

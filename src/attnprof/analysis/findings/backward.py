@@ -128,6 +128,12 @@ def _list_bytes(sizes: list[int]) -> str:
     return "sizes " + ", ".join(shown) if len(sizes) > 1 else shown[0] + " each"
 
 
+def _accumulation_time(ctx: FindingContext) -> float | None:
+    """The device time per step of the kernels AccumulateGrad launched."""
+    r = _role(ctx, "grad-accumulation")
+    return None if r is None else r.time
+
+
 @RULES.rule(
     "grad-accumulation",
     severity="problem",
@@ -141,6 +147,7 @@ def _list_bytes(sizes: list[int]) -> str:
     optimizer.zero_grad(set_to_none=True) (the default since PyTorch 2.0) or model.zero_grad(set_to_none=True)
     before the backward, or take the gradients with torch.autograd.grad.
     """,
+    impact=_accumulation_time,
 )
 def _grad_accumulation(ctx: FindingContext) -> str | None:
     r = _role(ctx, "grad-accumulation")

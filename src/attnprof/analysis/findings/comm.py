@@ -10,6 +10,11 @@ RULES = FindingRegistry()
 COMM_EXPOSED_SHARE = 0.10
 
 
+def _exposed(ctx: FindingContext) -> float | None:
+    """The communication time per instance that no compute on another stream hides."""
+    return ctx.comm.exposed_us if ctx.comm is not None else None
+
+
 @RULES.rule(
     "comm-exposed",
     severity="problem",
@@ -25,6 +30,7 @@ COMM_EXPOSED_SHARE = 0.10
     block), send less (fewer or larger collectives, a smaller dtype), or split the work over fewer ranks at
     this size.
     """,
+    impact=_exposed,
 )
 def _comm_exposed(ctx: FindingContext) -> str | None:
     comm = ctx.comm

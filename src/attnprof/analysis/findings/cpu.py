@@ -11,40 +11,57 @@ from attnprof.stats import median_count
 RULES = FindingRegistry()
 
 
+def _launch_wait(ctx: FindingContext) -> float | None:
+    """The CPU's work per instance (sync waits left out) less the GPU's busy time: how long the GPU
+    waits for launches per instance, inside its work's span and between instances run back to back."""
+    facts = ctx.host_device()
+    return None if facts is None else facts.cpu_work_us - facts.gpu_busy_us
+
+
 @RULES.rule(
     "cpu-bound",
     severity="problem",
-    summary="CPU time per forward exceeds GPU time per forward: the GPU waits for the CPU.",
+    summary="The CPU's work per forward (sync waits left out) exceeds the GPU's busy time: the GPU waits for launches.",
     paragraph="""
-    The CPU spent longer issuing the forward (Python, op dispatch, kernel launches) than the GPU spent running
-    it, so the GPU waits between kernels and a faster kernel would not make the forward faster. It is typical of
-    small shapes and of many small ops in eager mode. The message gives both times, their ratio, and the ops and
-    launch calls per forward; on a training step the CPU time leaves out the region's wait inside the autograd
-    engine and counts the backward ops' own CPU time. Launch fewer, larger kernels: a fused attention kernel
-    instead of separate matmul, mask and softmax ops, torch.compile, CUDA graphs
-    (torch.compile(mode="reduce-overhead") or torch.cuda.CUDAGraph) to replay the launches, or more work per
-    launch (a larger batch).
+    The CPU spent longer issuing the forward (Python, op dispatch, kernel launches) than the GPU spent running it,
+    so the GPU idles between kernels and a faster kernel would not make the forward faster. It is typical of small
+    shapes and of many small ops in eager mode. Time the CPU spent waiting in a host sync (cudaStreamSynchronize,
+    .item()) is not CPU work: while the CPU waits the GPU is busy, so the waits are left out (host-sync reports
+    what they cost), and the GPU's busy time is the span of its work less the time it ran nothing. The message
+    gives both times, their ratio, and the ops and launch calls per forward; on a training step the CPU time
+    leaves out the region's wait inside the autograd engine and counts the backward ops' own CPU time. Launch
+    fewer, larger kernels: a fused attention kernel instead of separate matmul, mask and softmax ops,
+    torch.compile, CUDA graphs (torch.compile(mode="reduce-overhead") or torch.cuda.CUDAGraph) to replay the
+    launches, or more work per launch (a larger batch).
     """,
+    impact=_launch_wait,
 )
 def _cpu_bound(ctx: FindingContext) -> str | None:
-    cpu = ctx.cpu_time_us if ctx.cpu_work_us is None else ctx.cpu_work_us
-    if ctx.gpu_time_us is None or cpu <= ctx.gpu_time_us:
+    facts = ctx.host_device()
+    if facts is None or not facts.host_bound:
         return None
+    cpu, waits, busy, span = facts.cpu_work_us, facts.sync_wait_us, facts.gpu_busy_us, facts.gpu_span_us
     launches = median_count([sum(m.launch_apis.values()) for m in ctx.per_forward])
     ops = median_count([m.cpu_ops for m in ctx.per_forward])
     unit = ctx.unit
-    what = f"CPU time per {unit}"
-    if abs(cpu - ctx.cpu_time_us) > 1e-6:
-        what += (
-            f" ({us(cpu)}: the region's {us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
-            "plus the backward ops' CPU time)"
+    work = ctx.cpu_work_us if ctx.cpu_work_us is not None else ctx.cpu_time_us
+    parts = []
+    if abs(work - ctx.cpu_time_us) > 1e-6:
+        parts.append(
+            f"the region's {us(ctx.cpu_time_us)} without its wait inside the autograd engine, "
+            "plus the backward ops' CPU time"
         )
-    else:
-        what += f" ({us(cpu)})"
-    return f"{what} exceeds GPU time per {unit} ({us(ctx.gpu_time_us)}, {cpu / ctx.gpu_time_us:.1f}x): " + (
-        f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls."
-        if ops
-        else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
+    if waits > 0:
+        parts.append(f"less {us(waits)} waiting in host syncs")
+    what = f"CPU time per {unit} ({us(cpu)}" + (": " + ", ".join(parts) if parts else "") + ")"
+    return (
+        f"{what} exceeds the GPU's busy time per {unit} ({us(busy)} of the {us(span)} its work spanned, "
+        f"{cpu / busy:.1f}x): "
+        + (
+            f"the GPU waits while the CPU runs {ops} ops and {launches} launch calls."
+            if ops
+            else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
+        )
     )
 
 

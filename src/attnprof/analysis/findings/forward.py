@@ -12,13 +12,18 @@ from collections import Counter
 
 from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
 from attnprof.analysis.instance.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, KernelStats
-from attnprof.stats import median_count
+from attnprof.stats import median, median_count
 
 #: The rules of this module, in the order their findings are emitted.
 RULES = FindingRegistry()
 #: `mask-rebuilt` needs one of these in every instance (ones, where and scalar_tensor alone are not a mask).
 MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
+
+
+def _copies_time(ctx: FindingContext) -> float | None:
+    """The device-to-device copies' device time per instance."""
+    return sum(k.time_us for k in ctx.kernels if k.is_dtod_memcpy)
 
 
 @RULES.rule(
@@ -35,6 +40,7 @@ DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64":
     that launched it, outermost first. Make that op in-place (masked_fill_ instead of masked_fill), drop the
     copy, or let a fused kernel (scaled_dot_product_attention) apply the mask without materialising the scores.
     """,
+    impact=_copies_time,
 )
 def _hidden_memcpy(ctx: FindingContext) -> str | None:
     counts = [m.dtod_memcpy or 0 for m in ctx.per_forward]
@@ -59,6 +65,20 @@ def _hidden_memcpy(ctx: FindingContext) -> str | None:
     return f"{who} {per_forward} device-to-device memcpy ({copy.short_name}, {us(copy.time_us)}), {cause}."
 
 
+def _fp32_gemms(ctx: FindingContext) -> list[KernelStats]:
+    return [k for k in ctx.kernels if k.kind == "kernel" and k.family == "gemm" and k.tensor_cores is False]
+
+
+def _fp32_excess(ctx: FindingContext) -> float | None:
+    """The FP32 GEMMs' device time per instance less the time their FLOPs (from the recorded shapes)
+    take at the measured matmul ceiling of the inputs' dtype; not measured without shapes or a measured ceiling."""
+    gemms = _fp32_gemms(ctx)
+    if not ctx.ceiling_tflops or not gemms or any(k.flops_per_forward is None for k in gemms):
+        return None
+    at_ceiling = sum(k.flops_per_forward or 0.0 for k in gemms) / (ctx.ceiling_tflops * 1e6)  # µs
+    return sum(k.time_us for k in gemms) - at_ceiling
+
+
 @RULES.rule(
     "fp32-cuda-cores",
     severity="problem",
@@ -75,11 +95,12 @@ def _hidden_memcpy(ctx: FindingContext) -> str | None:
     the math backend compute in 16-bit. Outside: check whether FP32 is meant there (a rotary embedding's small GEMM is
     FP32 by design) or an accidental cast.
     """,
+    impact=_fp32_excess,
 )
 def _fp32_cuda_cores(ctx: FindingContext) -> str | None:
     if ctx.dtype not in SIXTEEN_BIT:
         return None
-    gemms = [k for k in ctx.kernels if k.kind == "kernel" and k.family == "gemm" and k.tensor_cores is False]
+    gemms = _fp32_gemms(ctx)
     if not gemms:
         return None
     n = sum(k.count_per_forward for k in gemms)
@@ -157,6 +178,15 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     return count, ("aten::to → aten::_to_copy from 16-bit" if typed else "aten::to/aten::_to_copy")
 
 
+def _mask_time(ctx: FindingContext) -> float | None:
+    """The mask ops' time per instance on the side that bounds it: their host (CPU) time where the CPU
+    bounds the instance (as cpu-bound judges), else the device time of the kernels they launched."""
+    if ctx.host_bound() is not False:  # the CPU bounds it, or there is no device work
+        return median([m.mask_host_us for m in ctx.per_forward])
+    device = [m.mask_device_us for m in ctx.per_forward]
+    return None if None in device else median(device)  # type: ignore[arg-type]
+
+
 @RULES.rule(
     "mask-rebuilt",
     severity="problem",
@@ -174,6 +204,7 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     the other masks built in every forward (a FlexAttention BlockMask, a mask from index comparisons), with
     their host and device time, so no op is reported by both.
     """,
+    impact=_mask_time,
 )
 def _mask_rebuilt(ctx: FindingContext) -> str | None:
     if not ctx.per_forward or any(not any(m.mask_ops[name] for name in MASK_CORE) for m in ctx.per_forward):
@@ -195,6 +226,12 @@ def _mask_rebuilt(ctx: FindingContext) -> str | None:
     return message + "."
 
 
+def _safety_time(ctx: FindingContext) -> float | None:
+    """The device time per instance of the kernels aten::_safe_softmax launched beyond the softmax kernel itself."""
+    extra = [m.safe_softmax_extra_us for m in ctx.per_forward if m.op_counts.get(SAFE_SOFTMAX)]
+    return None if not extra or None in extra else median(extra)  # type: ignore[arg-type]
+
+
 @RULES.rule(
     "safe-softmax",
     severity="problem",
@@ -210,6 +247,7 @@ def _mask_rebuilt(ctx: FindingContext) -> str | None:
     mask), needs 16-bit inputs and a head size it supports; restricted to one backend with
     torch.nn.attention.sdpa_kernel, PyTorch warns why that backend cannot run.
     """,
+    impact=_safety_time,
 )
 def _safe_softmax(ctx: FindingContext) -> str | None:
     with_op, kernel_counts, kernel_names = 0, [], []

@@ -28,6 +28,24 @@ _WHY = {
 }
 
 
+def _sync_bubbles(ctx: FindingContext) -> float | None:
+    """The device idle time the syncs cause per instance: from each sync's start until the first device
+    work after it returns, less the time the device ran anything meanwhile (not the CPU's wait)."""
+    stalls = [m.stalls for m in ctx.per_forward if m.stalls is not None]
+    return median([s.sync_bubble_us for s in stalls]) if stalls else None
+
+
+def _idle(ctx: FindingContext) -> float | None:
+    """The device's idle time within the span of its work per instance (the typical instance's)."""
+    typical = _typical_idle(ctx)
+    return None if typical is None else typical.idle_us
+
+
+def _overhead(ctx: FindingContext) -> float | None:
+    """The device time of the work beside the attention calls that exists only to feed them, per instance."""
+    return ctx.attention.overhead_us if ctx.attention is not None else None
+
+
 @RULES.rule(
     "host-sync",
     severity="problem",
@@ -41,8 +59,11 @@ _WHY = {
     hides the CPU's cost is lost at every sync. The message names each sync with its op chain (innermost
     first), the memcpy it followed, how often it ran and how long the CPU waited per forward. Keep values on
     the device (torch.where instead of a branch, no .item() in the forward), build constant tensors once
-    outside the forward, or copy from pinned memory with non_blocking=True.
+    outside the forward, or copy from pinned memory with non_blocking=True. The wait itself costs nothing
+    while the GPU is busy; what the sync costs is the bubble after it, the GPU idle until the CPU has
+    queued work again, which the message gives per forward.
     """,
+    impact=_sync_bubbles,
 )
 def _host_sync(ctx: FindingContext) -> str | None:
     stalls = [m.stalls for m in ctx.per_forward if m.stalls is not None]
@@ -59,7 +80,8 @@ def _host_sync(ctx: FindingContext) -> str | None:
     ranked = sorted(counts, key=lambda key: -median(waits[key]))
     unit = ctx.unit
     n = median_count([len(s.syncs) for s in stalls]) or max(len(s.syncs) for s in stalls)
-    total = median([sum(x.wait_us for x in s.syncs) for s in stalls])
+    total = median([s.sync_wait_us for s in stalls])
+    bubble = median([s.sync_bubble_us for s in stalls])
     parts = []
     for key in ranked[:SHOWN]:
         api, chain, memcpy = key
@@ -72,8 +94,18 @@ def _host_sync(ctx: FindingContext) -> str | None:
         parts.append(f"and {len(ranked) - SHOWN} more")
     return (
         f"{ctx.every(with_sync, len(stalls)).capitalize()} blocks the CPU until the device catches up "
-        f"({n} sync(s), the CPU waiting {us(total)} per {unit}): " + "; ".join(parts) + "."
+        f"({n} sync(s), the CPU waiting {us(total)} per {unit}, the GPU then idle {us(bubble)} per {unit} "
+        "until the CPU queued work again): " + "; ".join(parts) + "."
     )
+
+
+def _typical_idle(ctx: FindingContext) -> Stalls | None:
+    """The stalls of the instance with the (low) median idle share; None when no instance idled."""
+    stalls: list[Stalls] = [m.stalls for m in ctx.per_forward if m.stalls is not None and m.stalls.idle_share]
+    if not stalls:
+        return None
+    stalls.sort(key=lambda s: s.idle_share or 0.0)
+    return stalls[(len(stalls) - 1) // 2]
 
 
 def _gap_text(gap: Gap) -> str:
@@ -100,13 +132,12 @@ def _gap_text(gap: Gap) -> str:
     data loading that held the CPU. Remove syncs (see host-sync), move work off the forward's critical path,
     launch fewer kernels (a fused kernel, torch.compile), or replay the launches with CUDA graphs.
     """,
+    impact=_idle,
 )
 def _gpu_idle(ctx: FindingContext) -> str | None:
-    stalls: list[Stalls] = [m.stalls for m in ctx.per_forward if m.stalls is not None and m.stalls.idle_share]
-    if not stalls:
+    typical = _typical_idle(ctx)
+    if typical is None:
         return None
-    stalls.sort(key=lambda s: s.idle_share or 0.0)
-    typical = stalls[(len(stalls) - 1) // 2]  # the instance with the (low) median share
     share = typical.idle_share or 0.0
     if share <= GPU_IDLE_SHARE:
         return None
@@ -134,6 +165,7 @@ def _gpu_idle(ctx: FindingContext) -> str | None:
     scaled_dot_product_attention(..., enable_gqa=True) or a kernel that reads grouped K/V instead of
     repeat_interleave; keep the model's dtype throughout; lay q, k, v out as the kernel wants them.
     """,
+    impact=_overhead,
 )
 def _attention_overhead(ctx: FindingContext) -> str | None:
     ledger = ctx.attention

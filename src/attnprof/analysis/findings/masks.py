@@ -56,6 +56,17 @@ def _counted(names: list[str]) -> str:
     return listed([f"{name} x{n}" if n > 1 else name for name, n in counts.items()], 3)
 
 
+def _conversion_time(ctx: FindingContext) -> float | None:
+    """The device time per instance of the kernels that convert the dense masks to the backend's form
+    (not measured where no call converted one: the larger cost, every masked block computed, is not measured)."""
+    per = [
+        [c for c in (m.attention.calls if m.attention is not None else []) if _dense_mask(c)] for m in ctx.per_forward
+    ]
+    if not any(c.prep_ids for calls in per for c in calls):
+        return None
+    return median([sum(c.prep_time_us for c in calls) for calls in per])
+
+
 @RULES.rule(
     "dense-mask",
     severity="problem",
@@ -70,10 +81,13 @@ def _counted(names: list[str]) -> str:
     block, so a causal or sliding-window mask given densely does the full L x S work where is_causal=True
     skips about half (flash cannot take a mask at all, so SDPA also loses that backend). The message names
     each call, the mask's type where record_shapes recorded it, the conversion's device time and kernels,
-    and the attention's own time beside it. Pass is_causal=True for a causal mask; for other structured masks
-    (sliding window, documents, prefix) use FlexAttention with a BlockMask built once per shape
-    (create_block_mask), which skips the empty blocks.
+    and the attention's own time beside it; in run and compare, also the measured latency of the alternative
+    at the same shape (is_causal for a mask that keeps exactly the causal pairs, FlexAttention's BlockMask
+    otherwise), from a cell of the same run or timed for comparison. Pass is_causal=True for a causal mask;
+    for other structured masks (sliding window, documents, prefix) use FlexAttention with a BlockMask built
+    once per shape (create_block_mask), which skips the empty blocks.
     """,
+    impact=_conversion_time,
 )
 def _dense_mask_rule(ctx: FindingContext) -> str | None:
     found: dict[int, list[CallFacts]] = {}  # call position -> that call in each instance that gave it a mask
@@ -128,6 +142,14 @@ def _build_text(kind: str, builds: list[MaskBuild]) -> str:
     )
 
 
+def _build_time(ctx: FindingContext) -> float | None:
+    """The mask builds' time per instance on the side that bounds it: their host (CPU) time where the
+    CPU bounds the instance (as cpu-bound judges), else their device time."""
+    per = [m.attention.masks if m.attention is not None else [] for m in ctx.per_forward]
+    side = "host_us" if ctx.host_bound() is not False else "device_us"
+    return median([sum(getattr(b, side) for b in builds) for builds in per])
+
+
 @RULES.rule(
     "mask-build",
     severity="problem",
@@ -147,6 +169,7 @@ def _build_text(kind: str, builds: list[MaskBuild]) -> str:
     math backend builds, this finding covers BlockMasks and masks built from other ops; attention-overhead
     counts the same device time among all the work beside the calls.
     """,
+    impact=_build_time,
 )
 def _mask_build(ctx: FindingContext) -> str | None:
     ledger = ctx.attention
@@ -176,6 +199,26 @@ def _input_dtype(call: CallFacts, ctx: FindingContext) -> tuple[str | None, str 
     return ctx.dtype, ctx.dtype_source
 
 
+def _fallback_excess(ctx: FindingContext) -> float | None:
+    """The math calls' device time per instance beyond their roofline bound: the larger of their FLOPs
+    at the measured matmul ceiling and their bytes at the read bandwidth (not measured without recorded shapes
+    or a measured ceiling)."""
+    ledger = ctx.attention
+    if ledger is None or not ctx.ceiling_tflops:
+        return None
+    calls = [c for c in ledger.calls if c.phase == "forward" and c.backend == "math"]
+    if not calls or any(c.traffic is None for c in calls):
+        return None
+    read = ledger.read_bandwidth_gbps
+    excess = 0.0
+    for call in calls:
+        traffic = call.traffic
+        assert traffic is not None
+        bound = max(traffic.flops / (ctx.ceiling_tflops * 1e6), traffic.bytes / (read * 1e3) if read else 0.0)
+        excess += max(call.time_us - bound, 0.0)
+    return excess
+
+
 @RULES.rule(
     "backend-fallback",
     severity="problem",
@@ -194,6 +237,7 @@ def _input_dtype(call: CallFacts, ctx: FindingContext) -> tuple[str | None, str 
     that say why each backend refused (run with warnings enabled). Fix that input, or use FlexAttention for
     what SDPA's fused backends cannot express.
     """,
+    impact=_fallback_excess,
 )
 def _backend_fallback(ctx: FindingContext) -> str | None:
     ledger = ctx.attention

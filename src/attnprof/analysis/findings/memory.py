@@ -2,8 +2,9 @@
 read bandwidth.
 
 Read from the summarised ledger only (`FindingContext.attention`): each forward call's bytes, FLOPs
-and shape (`instance.bandwidth.Traffic`), its achieved GB/s, and the GPU's datasheet
-(`analysis.hardware`) for the ridge point and the read bandwidth.
+and shape (`instance.bandwidth.Traffic`), its achieved GB/s, and the peaks the ledger compares against
+(`analysis.hardware.Peaks`: the GPU's datasheet in `analyze`, the read bandwidth and matmul ceiling
+measured on this machine in `run`/`compare`/`sweep`) for the ridge point and the read bandwidth.
 
 Two rules, because a rule's severity is fixed (the docs and `attnprof findings` list it): below
 `MEMORY_BOUND_SHARE` of the read bandwidth a memory-bound call is a problem with a likely cause
@@ -32,19 +33,19 @@ DECODE_QUERIES = 16
 def _memory_bound(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
     """The forward calls below the ridge point with an achieved figure, each with its traffic and its %
     of the read bandwidth."""
-    sheet = ledger.datasheet
-    if sheet is None or not ledger.read_bandwidth_gbps:
+    ridge = ledger.ridge
+    if ridge is None:
         return []
     found = []
     for call in ledger.forward_calls:
         traffic, pct = call.traffic, ledger.pct_of_read_bandwidth(call.achieved_gbps)
-        if traffic is not None and pct is not None and traffic.flops < sheet.ridge * traffic.bytes:
+        if traffic is not None and pct is not None and traffic.flops < ridge * traffic.bytes:
             found.append((call, traffic, pct))
     return found
 
 
 def _numbers(ledger: AttentionLedger, call: CallFacts, traffic: Traffic, pct: float, unit: str) -> str:
-    ridge = ledger.datasheet.ridge if ledger.datasheet else 0.0
+    ridge = ledger.ridge or 0.0
     return (
         f"{call.op} ({call.backend}) moves {traffic.bytes / 1e6:,.1f} MB per {unit} in {us(call.time_us)}: "
         f"{call.achieved_gbps or 0.0:,.0f} GB/s, {pct:.{1 if pct < 10 else 0}f}% of the {ledger.read_bandwidth_source} "
@@ -94,6 +95,21 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
     )
 
 
+def _slow(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
+    """The memory-bound calls below `MEMORY_BOUND_SHARE` of the read bandwidth."""
+    return [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
+
+
+def _bandwidth_lost(ctx: FindingContext) -> float | None:
+    """The slow memory-bound calls' device time per instance less the time their bytes take at the read
+    bandwidth."""
+    ledger = ctx.attention
+    if ledger is None or not ledger.read_bandwidth_gbps:
+        return None
+    ref = ledger.read_bandwidth_gbps
+    return sum(call.time_us - traffic.bytes / ref / 1e3 for call, traffic, _ in _slow(ledger))
+
+
 @RULES.rule(
     "memory-bound",
     severity="problem",
@@ -101,22 +117,26 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
     "bandwidth: its GB/s and likely cause.",
     paragraph=f"""
     An attention call whose arithmetic intensity (FLOPs per byte of Q, K, V, O and mask, from the recorded
-    shapes) lies below the ridge point of the GPU (its datasheet tensor peak over its memory bandwidth) is
-    bound by its bytes: decoding, one query row against a long KV cache, is the usual case. Such a call is
-    as fast as it can be when it reads at the memory bandwidth; this one reached less than
-    {MEMORY_BOUND_SHARE:.0%} of it. The message gives the bytes, the time, the achieved GB/s and its share of the
-    read bandwidth (the datasheet's, or the achieved figure where a call beat it), the time lost against
+    shapes) lies below the ridge point of the GPU (its compute peak over its read bandwidth) is bound by its
+    bytes: decoding, one query row against a long KV cache, is the usual case. Such a call is as fast as it
+    can be when it reads at the read bandwidth; this one reached less than {MEMORY_BOUND_SHARE:.0%} of it. In
+    run, compare and sweep the peaks are those measured on the machine (the matmul ceiling and the read
+    bandwidth of a read-only probe); in analyze they are the datasheet's of the GPU the trace names, or
+    those measured on this machine when its cache holds them for that GPU. The message gives the bytes,
+    the time, the achieved GB/s and its share of the read bandwidth (the figure it names, or the achieved
+    figure where a call beat it), the time lost against
     reading at that bandwidth, and the likely cause: the math path materialising the scores, K/V repeated to
     the query heads (grouped-query heads not packed), a split-KV reduction kernel, a prefill template run on a
     decode shape, or too few blocks in flight. Profile with record_shapes=True: without shapes there are no
     bytes.
     """,
+    impact=_bandwidth_lost,
 )
 def _memory_bound_slow(ctx: FindingContext) -> str | None:
     ledger = ctx.attention
     if ledger is None:
         return None
-    slow = [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
+    slow = _slow(ledger)
     if not slow:
         return None
     ref = ledger.read_bandwidth_gbps or 0.0

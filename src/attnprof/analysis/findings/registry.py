@@ -3,21 +3,27 @@
 A `Rule` is one finding: a stable id, a one-line summary, a paragraph (what it means, why it costs,
 what to do), a severity (`problem`: something to act on; `info`: a fact worth knowing) and the
 evidence function that, given a `FindingContext`, returns the sentence that states it with its
-numbers, or None when the trace does not support it. `Rule.match(ctx)` wraps that sentence in a
-`Finding`. A `FindingRegistry` keeps rules in order; a duplicate id raises, an unknown one gets
-close matches. Each themed module fills its own `RULES` registry with `@RULES.rule(...)`, and the
-package joins them, in the order the findings are emitted, into `FINDINGS`.
+numbers, or None when the trace does not support it. A problem may also have an impact function:
+the time per instance (forward or step) at stake, in µs, from measured numbers only, or None where
+the trace cannot measure it; its docstring says what it counts (docs/findings.md shows it).
+`Rule.match(ctx)` wraps the sentence in a `Finding` with the rule's severity, the impact and the
+impact's share of the instance's time (`FindingContext.instance_time_us`). A `FindingRegistry`
+keeps rules in order; a duplicate id raises, an unknown one gets close matches. Each themed module
+fills its own `RULES` registry with `@RULES.rule(...)`, and the package joins them, in the order
+the findings are emitted, into `FINDINGS`.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import DuplicateFindingError, UnknownFindingError
+from attnprof.stats import median
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger import AttentionLedger
@@ -30,14 +36,42 @@ ID_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 @dataclass(frozen=True)
 class Finding:
-    """One finding: a stable id and the sentence that states it."""
+    """One finding: a stable id, the sentence that states it, its rule's severity and, where the trace
+    measures it, its impact: the time per instance at stake (`impact_us`) and its percentage of the
+    instance's time (`impact_pct`)."""
 
     id: str
     message: str
+    severity: str = "problem"
+    impact_us: float | None = None
+    impact_pct: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """{"id", "message"}."""
-        return asdict(self)
+        """{"id", "message", "severity", "impact_us", "impact_pct"} (impact rounded: µs to 3 decimals, % to 2)."""
+        data = asdict(self)
+        if self.impact_us is not None:
+            data["impact_us"] = round(self.impact_us, 3)
+        if self.impact_pct is not None:
+            data["impact_pct"] = round(self.impact_pct, 2)
+        return data
+
+
+@dataclass(frozen=True)
+class HostDevice:
+    """The CPU against the GPU, medians over the instances with device work: the CPU's own work
+    (`ForwardMetrics.cpu_work_us` less the waits in host syncs, which are not work: the GPU is busy
+    meanwhile), those waits, the GPU's busy time (the span of its work less the time it ran nothing)
+    and that span."""
+
+    cpu_work_us: float
+    sync_wait_us: float
+    gpu_busy_us: float
+    gpu_span_us: float
+
+    @property
+    def host_bound(self) -> bool:
+        """True when the CPU's work exceeds the GPU's busy time: the GPU waits for launches."""
+        return self.cpu_work_us > self.gpu_busy_us
 
 
 @dataclass
@@ -55,6 +89,31 @@ class FindingContext:
     attention: AttentionLedger | None = None  # the ledger over the instances (None: CPU-only trace)
 
     unit: str = "forward"  # what one instance is called: "step" with backward work (see phases.instance_unit)
+    ceiling_tflops: float | None = None  # the measured matmul ceiling of the inputs' dtype (None: not measured)
+
+    @property
+    def instance_time_us(self) -> float:
+        """An instance's time, the base of `Finding.impact_pct`: the larger of its CPU time and its GPU
+        time (first device event to last), medians over the instances."""
+        return max(self.cpu_time_us, self.gpu_time_us or 0.0)
+
+    def host_device(self) -> HostDevice | None:
+        """The CPU against the GPU (see `HostDevice`); None without device work."""
+        pairs = [(m, m.stalls) for m in self.per_forward if m.stalls is not None and m.stalls.span_us > 0]
+        if not pairs:
+            return None
+        return HostDevice(
+            median([m.cpu_work_us - s.sync_wait_us for m, s in pairs]),
+            median([s.sync_wait_us for _, s in pairs]),
+            median([s.busy_us for _, s in pairs]),
+            median([s.span_us for _, s in pairs]),
+        )
+
+    def host_bound(self) -> bool | None:
+        """True when the CPU bounds an instance (the cpu-bound test), False when the GPU does, None
+        without device work."""
+        facts = self.host_device()
+        return None if facts is None else facts.host_bound
 
     def every(self, k: int, n: int | None = None) -> str:
         """ "every step" when `k` is all `n` instances (default: all of them), else "k of n steps"."""
@@ -63,6 +122,7 @@ class FindingContext:
 
 
 Evidence = Callable[[FindingContext], "str | None"]
+Impact = Callable[[FindingContext], "float | None"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +134,7 @@ class Rule:
     summary: str
     paragraph: str
     evidence: Evidence
+    impact: Impact | None = None
 
     def __post_init__(self) -> None:
         if not ID_PATTERN.fullmatch(self.id):
@@ -84,15 +145,36 @@ class Rule:
             raise ValueError(f"finding {self.id}: the summary is one non-empty line")
         if not self.paragraph.strip():
             raise ValueError(f"finding {self.id}: the paragraph is empty")
+        if self.impact is not None and (self.severity != "problem" or not inspect.getdoc(self.impact)):
+            raise ValueError(f"finding {self.id}: only a problem has an impact, and its docstring says what it counts")
+
+    @property
+    def impact_text(self) -> str | None:
+        """What the impact counts (the impact function's docstring, one line), None without one."""
+        doc = inspect.getdoc(self.impact) if self.impact is not None else None
+        return " ".join(doc.split()) if doc else None
 
     def match(self, ctx: FindingContext) -> Finding | None:
-        """The finding with its sentence when the evidence supports it, else None."""
+        """The finding with its sentence, severity and impact when the evidence supports it, else None."""
         message = self.evidence(ctx)
-        return None if message is None else Finding(self.id, message)
+        if message is None:
+            return None
+        impact = self.impact(ctx) if self.impact is not None else None
+        if impact is None:
+            return Finding(self.id, message, self.severity)
+        impact = max(impact, 0.0)
+        base = ctx.instance_time_us
+        return Finding(self.id, message, self.severity, impact, 100.0 * impact / base if base > 0 else None)
 
-    def to_dict(self) -> dict[str, str]:
-        """{"id", "severity", "summary", "paragraph"}."""
-        return {"id": self.id, "severity": self.severity, "summary": self.summary, "paragraph": self.paragraph}
+    def to_dict(self) -> dict[str, str | None]:
+        """{"id", "severity", "summary", "paragraph", "impact"} (impact: what it counts, null without one)."""
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "summary": self.summary,
+            "paragraph": self.paragraph,
+            "impact": self.impact_text,
+        }
 
 
 class FindingRegistry:
@@ -110,12 +192,14 @@ class FindingRegistry:
         self._rules[rule.id] = rule
         return rule
 
-    def rule(self, finding_id: str, *, severity: str, summary: str, paragraph: str) -> Callable[[Evidence], Rule]:
-        """Decorator: register the evidence function below as the rule `finding_id`; the name it is
-        defined under then holds the `Rule`."""
+    def rule(
+        self, finding_id: str, *, severity: str, summary: str, paragraph: str, impact: Impact | None = None
+    ) -> Callable[[Evidence], Rule]:
+        """Decorator: register the evidence function below as the rule `finding_id` (with its `impact`
+        function, if any); the name it is defined under then holds the `Rule`."""
 
         def register(evidence: Evidence) -> Rule:
-            return self.register(Rule(finding_id, severity, summary, " ".join(paragraph.split()), evidence))
+            return self.register(Rule(finding_id, severity, summary, " ".join(paragraph.split()), evidence, impact))
 
         return register
 

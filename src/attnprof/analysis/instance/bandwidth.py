@@ -6,7 +6,10 @@ Q, K and V once each as they were passed (K/V repeated for grouped-query attenti
 repeated size: that is what the kernel reads), O (Q's shape with V's head dim) once, and a dense mask
 when an SDPA op's fourth input is a tensor (`attn_mask`, a backend op's `attn_bias`). Its FLOPs are
 2·(D_qk + D_v) per (query, key) pair, 4·D for equal head dims, every pair counted (a causal mask
-halves the work actually needed; decode has one query, where it changes nothing).
+halves the work actually needed; decode has one query, where it changes nothing). K and V of batch 1
+under a query batch of B are one pool the batch shares (a paged KV cache, as flex reads it): each of
+its positions belongs to one sequence, so the pairs are Q's rows × the pool's positions, not × B, and
+each sequence's keys are the pool's positions / B.
 
 An eager call (matmul, softmax, matmul: `eager_traffic`) reads Q and K from its first matmul's inputs
 (Q @ K^T) and V from its last one's second input (P @ V), 3-D or 4-D; its scores, mask and softmax
@@ -117,6 +120,9 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
     (q, q_size), (k, k_size), (v, v_size) = qkv  # type: ignore[misc]
     batch, heads, queries, d_qk = q
     keys, d_v = k[2], v[3]
+    pairs = batch * heads * queries * keys
+    if k[0] == 1 < batch:  # a pool the batch shares (paged): every position is one sequence's
+        pairs, keys = heads * queries * keys, keys // batch
     total = prod(q) * q_size + prod(k) * k_size + prod(v) * v_size
     total += batch * heads * queries * d_v * q_size  # O: Q's shape with V's head dim, in Q's dtype
     name = trace.names[trace.cpu_ops.name[op]]
@@ -125,4 +131,26 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
         size = ELEMENT_BYTES.get(types[_MASK_INPUT])
         if size is not None and isinstance(mask, list) and mask and all(isinstance(d, int) for d in mask):
             total += prod(mask) * size
-    return Traffic(total, 2 * (d_qk + d_v) * batch * heads * queries * keys, batch, heads, k[1], queries, keys)
+    return Traffic(total, 2 * (d_qk + d_v) * pairs, batch, heads, k[1], queries, keys)
+
+
+#: GEMM ops by name: the position of their first matrix among the inputs (addmm and baddbmm take
+#: the bias first).
+_GEMM_INPUTS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}
+
+
+def gemm_flops(trace: ParsedTrace, op: int) -> int | None:
+    """The FLOPs of the GEMM that op `op` (aten::mm, bmm, addmm, baddbmm) launched, 2·m·k·n per matrix
+    product, from its recorded `Input Dims`; None for another op or without shapes."""
+    if op < 0:
+        return None
+    first = _GEMM_INPUTS.get(trace.names[trace.cpu_ops.name[op]])
+    dims = trace.input_dims_of(op) if first is not None else None
+    if first is None or dims is None or len(dims) < first + 2:
+        return None
+    a, b = dims[first], dims[first + 1]
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and len(a) in (2, 3)):
+        return None
+    if not all(isinstance(d, int) for d in a + b) or a[-1] != b[-2]:
+        return None
+    return 2 * prod(a) * b[-1]

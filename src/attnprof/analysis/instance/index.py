@@ -18,6 +18,8 @@ instances (the whole `attnprof analyze` takes about 3.3 CPU s):
 - `launch_counts`: per launch-call name sequence, the launch calls by API name. Saves 0.05 s.
 - `shape_calls`: per `OpTree.shape()`, the attention calls the recognisers found
   (`calls.ShapeCalls`). Saves 0.32 s.
+- `timeline`: the device's busy intervals over the whole trace (`stalls.DeviceTimeline`), built the
+  first time an instance has a host sync (for the bubble it leaves), never in a trace without one.
 - `traffic`: per forward call's recorded inputs (the op's name, `Input Dims` and `Input type` ids,
   interned by the reader; for an eager call those of its first and last matmul), the bytes and FLOPs
   of `bandwidth.call_traffic` / `eager_traffic`, which decode the dims' JSON. Saves about 0.2 s.
@@ -45,7 +47,7 @@ from typing import Any
 from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
 from attnprof.analysis.instance.calls import Call, LedgerNames, ShapeCalls, ledger_names, shape_calls
 from attnprof.analysis.instance.optree import OpTree
-from attnprof.analysis.instance.stalls import sync_name_ids
+from attnprof.analysis.instance.stalls import DeviceTimeline, sync_name_ids
 from attnprof.analysis.trace.tables import ParsedTrace
 
 #: Ops that build a causal mask; MASK_OPS nested in one another (or in the softmax) count once.
@@ -106,6 +108,13 @@ class TraceIndex:
         self._launch_counts: dict[tuple[int, ...], LaunchCounts] = {}
         self._shape_calls: dict[Any, ShapeCalls] = {}
         self._traffic: dict[tuple[Any, ...], Traffic | None] = {}
+        self._timeline: DeviceTimeline | None = None
+
+    def timeline(self) -> DeviceTimeline:
+        """The trace's `DeviceTimeline`, built on the first call."""
+        if self._timeline is None:
+            self._timeline = DeviceTimeline(self.trace, self.device_end)
+        return self._timeline
 
     def op_facts(self, op_names: tuple[int, ...]) -> OpFacts:
         """The `OpFacts` of an instance whose ops have these name ids; counts it as one more instance

@@ -3,7 +3,9 @@ kernel, memcpy or memset name, with its count and time per forward (low median a
 forwards, zero where a forward did not run it), launch API, launch facts and occupancy.
 
 Launch facts and APIs are counted with C-level `Counter`s over the device events of all forwards
-at once; counts and times per forward with one `Counter` per forward.
+at once; counts and times per forward with one `Counter` per forward. For FP32 CUDA-core GEMMs, the
+op chain that launched them and, where the trace recorded shapes, their FLOPs per forward
+(`bandwidth.gemm_flops`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
 from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY
+from attnprof.analysis.instance.bandwidth import gemm_flops
 from attnprof.analysis.instance.metrics import KernelStats
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.occupancy import SmLimits, kineto_estimate_pct, limits_for, theoretical_occupancy
@@ -36,7 +39,7 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
     n_fwd = len(attribution.forwards)
     events = _Events(attribution.forwards, dev)
     seen = _PerForward(attribution.forwards, dev, events)
-    infos, apis, chains = _launch_counts(trace, attribution.forwards, events)
+    infos, apis, chains, flops = _launch_counts(trace, attribution.forwards, events)
     result = []
     limits_cache: dict[int, SmLimits | None] = {}
     for nid, counts_list in seen.counts.items():
@@ -63,6 +66,10 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
             stats.launch_api = apis[nid].most_common(1)[0][0]
         if nid in chains:
             stats.launch_ops = [c for c, _ in chains[nid].most_common()]
+        if nid in flops:
+            known = [float(f) for f in flops[nid] if f is not None]
+            if len(known) == len(flops[nid]):  # shapes recorded for every launch of it
+                stats.flops_per_forward = median(known + [0.0] * (n_fwd - len(known)))
         if nid in infos:
             device = dev.device[e]
             if device not in limits_cache:
@@ -122,11 +129,12 @@ class _PerForward:
 
 def _launch_counts(
     trace: ParsedTrace, forwards: list[Forward], every: _Events
-) -> tuple[dict[int, Counter], dict[int, Counter], dict[int, Counter]]:
+) -> tuple[dict[int, Counter], dict[int, Counter], dict[int, Counter], dict[int, list[int | None]]]:
     """Per device-event name id, over every event of every forward (in order): how often each
-    kernel launch fact (index into `kernel_infos`) was seen, how often each launch API, and for
-    memcpys and FP32 CUDA-core GEMMs, the op chain that launched them. Counted with C-level
-    `Counter`s over all of them."""
+    kernel launch fact (index into `kernel_infos`) was seen, how often each launch API, for
+    memcpys and FP32 CUDA-core GEMMs the op chain that launched them, and for those GEMMs their
+    FLOPs in each forward that ran them (None in a forward where a launch's shapes are unknown).
+    Counted with C-level `Counter`s over all of them."""
     names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
     events, nids = every.all, every.names
     infos: dict[int, Counter] = {}
@@ -144,6 +152,7 @@ def _launch_counts(
     for (nid, api), count in Counter(api_pairs).items():
         apis.setdefault(nid, Counter())[names[api]] = count
     chains: dict[int, Counter] = {}
+    flops: dict[int, dict[int, int | None]] = {}  # GEMM name id -> forward -> its FLOPs there
     kind, dev_name = dev.kind, dev.name
     kernel_ids = set(compress(dev_name, map(KERNEL.__eq__, kind)))
     traced = set(compress(dev_name, map(MEMCPY.__eq__, kind))) if MEMCPY in kind else set()
@@ -160,9 +169,13 @@ def _launch_counts(
             op = fwd.launch_op.get(call, -1) if call is not None else -1
             if op >= 0:
                 seen[nids[p], tuple(map(op_name, fwd.op_chain(op)))] += 1
+            if nids[p] in kernel_ids:
+                found = flops.setdefault(nids[p], {})
+                known, more = found.get(k, 0), gemm_flops(trace, op)
+                found[k] = None if known is None or more is None else known + more
         for (nid, chain_ids), count in seen.items():
             chains.setdefault(nid, Counter())[" → ".join(map(names.__getitem__, chain_ids))] = count
-    return infos, apis, chains
+    return infos, apis, chains, {nid: list(per.values()) for nid, per in flops.items()}
 
 
 def _chain_traced(name: str) -> bool:

@@ -22,9 +22,15 @@ same calls.
     bytes_per_forward      the bytes the forward calls must move (Q, K, V, O and a dense mask, from
                            the recorded shapes: see `bandwidth`); null when a call's shapes are unknown
     achieved_gbps          bytes_per_forward over the forward calls' device time, GB/s
-    pct_of_read_bandwidth  achieved_gbps in percent of the read bandwidth (null without one)
-    read_bandwidth_source  which figure the percentages use: "datasheet H200 4800 GB/s", or the
-                           achieved figure when it beats the datasheet's (never a percentage above 100)
+    pct_of_read_bandwidth  achieved_gbps in percent of the read bandwidth (null without one); never
+                           above 100
+    read_bandwidth_gbps    the read bandwidth the percentages use, GB/s (null without one)
+    read_bandwidth_basis   where it comes from: "datasheet" (of the GPU the trace names), "measured"
+                           (on this machine: the read ceiling of `profiling.ceiling`), or "achieved"
+                           (a call beat the datasheet's or measured figure, so the highest achieved
+                           figure is the reference); null without one
+    read_bandwidth_source  the same in words: "datasheet H200 4800 GB/s", "read bandwidth measured on
+                           this machine 4512 GB/s (2026-05-01)", "achieved 4901 GB/s, above the ..."
     calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
                            pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
                            forward_call is a backward call's forward call (its index in calls), null
@@ -42,7 +48,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from attnprof.analysis.hardware import Datasheet
+from attnprof.analysis.hardware import Peaks
 from attnprof.analysis.instance.bandwidth import Traffic
 from attnprof.analysis.instance.calls import SDPA_OP, Call, LedgerNames, backward_calls, find_calls, sdpa_prep
 from attnprof.analysis.instance.index import TraceIndex
@@ -246,10 +252,11 @@ class AttentionLedger:
     overhead_us: float
     calls: list[CallFacts] = field(default_factory=list)
     overhead: list[dict[str, Any]] = field(default_factory=list)
-    #: The read bandwidth the percentages use (GB/s) and what it is (`read_bandwidth`); None: unknown.
+    #: The read bandwidth the percentages use (GB/s), its basis and what it is (`read_bandwidth`); None: unknown.
     read_bandwidth_gbps: float | None = None
+    read_bandwidth_basis: str | None = None
     read_bandwidth_source: str | None = None
-    datasheet: Datasheet | None = None  # the GPU's datasheet peaks, when known
+    peaks: Peaks | None = None  # the peaks compared against (datasheet or measured), when known
 
     @property
     def forward_calls(self) -> list[CallFacts]:
@@ -274,12 +281,20 @@ class AttentionLedger:
         ref = self.read_bandwidth_gbps
         return None if achieved is None or not ref else min(100.0, 100.0 * achieved / ref)
 
-    def read_bandwidth(self, sheet: Datasheet | None, gpu: str | None, shapes_recorded: bool = True) -> list[str]:
-        """Take `sheet` (the GPU's datasheet, None when unknown) as the reference of the percentages;
-        when a call's achieved figure beats it, the highest achieved figure is the reference instead.
-        Returns the notes to tell (bytes without shapes, an unknown GPU, a figure above the datasheet);
-        `shapes_recorded`: whether the trace has any `Input Dims`."""
-        self.datasheet = sheet
+    @property
+    def ridge(self) -> float | None:
+        """FLOPs per byte where the peaks' compute figure meets the read bandwidth the percentages use
+        (the achieved figure when a call beat the peaks' bandwidth); None without peaks."""
+        if self.peaks is None or not self.read_bandwidth_gbps:
+            return None
+        return self.peaks.tensor_tflops * 1e3 / self.read_bandwidth_gbps
+
+    def read_bandwidth(self, peaks: Peaks | None, gpu: str | None, shapes_recorded: bool = True) -> list[str]:
+        """Take `peaks` (the GPU's datasheet or the figures measured on this machine; None when unknown) as
+        the reference of the percentages; when a call's achieved figure beats its bandwidth, the highest
+        achieved figure is the reference instead. Returns the notes to tell (bytes without shapes, an
+        unknown GPU, a figure above the reference); `shapes_recorded`: whether the trace has any `Input Dims`."""
+        self.peaks = peaks
         forward = self.forward_calls
         if not forward:
             return []
@@ -292,19 +307,20 @@ class AttentionLedger:
         if unknown:
             ops = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in unknown))
             return [f"attention bytes and GB/s are null: the recorded inputs of {ops} are not Q, K and V"]
-        if sheet is None:
+        if peaks is None:
             return [f"no datasheet bandwidth for GPU {gpu!r}: attention's % of read bandwidth is null"]
         achieved = [g for g in (self.achieved_gbps, *(c.achieved_gbps for c in forward)) if g is not None]
         best = max(achieved, default=0.0)
-        if best <= sheet.bandwidth_gbps:
-            self.read_bandwidth_gbps, self.read_bandwidth_source = sheet.bandwidth_gbps, sheet.bandwidth_source
+        if best <= peaks.read_gbps:
+            self.read_bandwidth_gbps, self.read_bandwidth_basis = peaks.read_gbps, peaks.basis
+            self.read_bandwidth_source = peaks.source
             return []
-        self.read_bandwidth_gbps = best
-        self.read_bandwidth_source = f"achieved {best:.0f} GB/s, above the {sheet.bandwidth_source}"
-        return [
-            f"attention achieved {best:.0f} GB/s, above the {sheet.bandwidth_source} (data served from "
-            "cache, or bytes counted that were not read): its percentages use the achieved figure"
-        ]
+        self.read_bandwidth_gbps, self.read_bandwidth_basis = best, "achieved"
+        self.read_bandwidth_source = f"achieved {best:.0f} GB/s, above the {peaks.source}"
+        why = "data served from cache, or bytes counted that were not read"
+        if peaks.basis == "measured":
+            why = "the probe's kernels read slower than this attention, or " + why
+        return [f"attention achieved {best:.0f} GB/s, above the {peaks.source} ({why}): its percentages use it"]
 
     @property
     def backends_text(self) -> str:
@@ -330,6 +346,8 @@ class AttentionLedger:
             "bytes_per_forward": self.bytes_per_forward,
             "achieved_gbps": r(self.achieved_gbps),
             "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(self.achieved_gbps)),
+            "read_bandwidth_gbps": r(self.read_bandwidth_gbps),
+            "read_bandwidth_basis": self.read_bandwidth_basis,
             "read_bandwidth_source": self.read_bandwidth_source,
             "calls": [
                 {

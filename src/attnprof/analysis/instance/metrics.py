@@ -101,7 +101,10 @@ class ForwardMetrics:
     metadata_transposes: int | None = None  # transposes that launched nothing
     metadata_transpose_parents: Counter = field(default_factory=lambda: _counter())  # their enclosing op, by name
     mask_kernels: list[str] | None = None  # short names of the kernels the mask ops launched
+    mask_host_us: float = 0.0  # CPU time of the mask ops (those not nested in one another)
+    mask_device_us: float | None = None  # device time of the kernels they launched
     safe_softmax_kernels: list[str] | None = None  # short names of the kernels aten::_safe_softmax launched
+    safe_softmax_extra_us: float | None = None  # device time of those kernels beyond the softmax kernel itself
     cpu_work_us: float = 0.0  # cpu_time_us without the wait inside the autograd engine (see phases)
     phases: dict[str, PhaseMetrics] | None = None  # forward and backward work (None without device events)
     backward_outside_region: bool = False  # some backward op ran after the region ended
@@ -138,6 +141,7 @@ class KernelStats:
     forwards_run: int = 0  # how many forwards ran it (this and the next are not in the JSON)
     total_count: int = 0  # how often it ran in all the forwards together
     launch_ops: list[str] = field(default_factory=list)  # memcpys, FP32 CUDA-core GEMMs: their op chains
+    flops_per_forward: float | None = None  # FP32 CUDA-core GEMMs: median FLOPs per forward (record_shapes)
 
     @property
     def is_dtod_memcpy(self) -> bool:
@@ -151,6 +155,7 @@ class KernelStats:
         data.pop("forwards_run")
         data.pop("total_count")
         data.pop("launch_ops")
+        data.pop("flops_per_forward")
         return data
 
 
@@ -172,11 +177,16 @@ def _mask_roots(fwd: Forward, positions: Sequence[int], op_name: Sequence[int], 
     return roots
 
 
-def _kernels_under(tree: OpTree, roots: Iterable[int]) -> list[str]:
-    """Short names of the instance's forward kernels launched under one of the ops in `roots`, in time order."""
+def _kernels_under(tree: OpTree, roots: Iterable[int]) -> list[tuple[str, float]]:
+    """Short names and durations of the instance's forward kernels launched under one of the ops in
+    `roots`, in time order."""
     inside = {e for root in roots for e in tree.events(root)}
     dev, names = tree.trace.device, tree.trace.names
-    return [short_kernel_name(names[dev.name[e]]) for e in tree.fwd.device if e in inside and dev.kind[e] == KERNEL]
+    return [
+        (short_kernel_name(names[dev.name[e]]), dev.dur[e])
+        for e in tree.fwd.device
+        if e in inside and dev.kind[e] == KERNEL
+    ]
 
 
 def _upcasts(trace: ParsedTrace, ops: list[int]) -> tuple[int, bool]:
@@ -218,6 +228,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, index: TraceIndex) -
         upcasts=upcasts,
         upcast_types_known=upcast_types_known,
         mask_ops=Counter(map(names.__getitem__, map(op_name.__getitem__, mask_roots))) if mask_roots else _counter(),
+        mask_host_us=sum(map(trace.cpu_ops.dur.__getitem__, mask_roots)) if mask_roots else 0.0,
         cpu_work_us=cpu_work_us(trace, fwd) if fwd.backward_tops else fwd.cpu_time_us,
         backward_outside_region=backward_outside_region(trace, fwd) if fwd.backward_tops else False,
     )
@@ -226,7 +237,7 @@ def forward_metrics(attribution: Attribution, fwd: Forward, index: TraceIndex) -
         _device_metrics(metrics, tree, index)
         _op_device_metrics(metrics, tree, facts, transposes, mask_roots)
         metrics.attention = forward_ledger(tree, index, metrics.gpu_time_us)
-        metrics.stalls = forward_stalls(trace, fwd, tree.roots, index.device_end, index.sync_calls)
+        metrics.stalls = forward_stalls(trace, fwd, tree.roots, index.device_end, index.sync_calls, index.timeline)
     return metrics
 
 
@@ -285,10 +296,12 @@ def _op_device_metrics(
     for i in metadata:
         parent = tree.parent(i)
         metrics.metadata_transpose_parents[names[op_name[parent]] if parent >= 0 else "the region itself"] += 1
-    metrics.mask_kernels = _kernels_under(tree, mask_roots) if mask_roots else []
-    metrics.safe_softmax_kernels = (
-        _kernels_under(tree, list(map(fwd.ops.__getitem__, facts.safe_softmax))) if facts.safe_softmax else []
-    )
+    mask = _kernels_under(tree, mask_roots) if mask_roots else []
+    metrics.mask_kernels = [name for name, _ in mask]
+    metrics.mask_device_us = sum(time for _, time in mask)
+    softmax = _kernels_under(tree, list(map(fwd.ops.__getitem__, facts.safe_softmax))) if facts.safe_softmax else []
+    metrics.safe_softmax_kernels = [name for name, _ in softmax]
+    metrics.safe_softmax_extra_us = sum(time for name, time in softmax if "softmax" not in name.lower())
 
 
 def median_counts(counts: Iterable[tuple[Mapping[str, int], int]]) -> dict[str, int]:

@@ -2,7 +2,11 @@
 
 - A host sync is a runtime call that blocks the CPU until the device catches up (`SYNC_APIS`):
   `tensor.item()`, a data-dependent branch (`aten::is_nonzero`), a copy from pageable memory. Each
-  is kept with the op chain around it, innermost first, and the memcpy its op launched, if any.
+  is kept with the op chain around it, innermost first, the memcpy its op launched, if any, and the
+  bubble it leaves: the time the device ran nothing (no event of any instance on that device, from
+  the `DeviceTimeline`) from the sync's start until the first device work that starts after it
+  returned (from the end of the previous sync's bubble where they overlap). While the device is
+  busy, the CPU's wait costs nothing; the bubble is what the device loses while the CPU catches up.
 - Idle time is measured within each phase: from the phase's first device event to its last, the
   time no kernel, memcpy or memset of the instance ran, on any stream. The hand-off between the
   forward and the backward phase (the autograd engine starting, or `.backward()` called after the
@@ -12,8 +16,8 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
 
@@ -29,13 +33,58 @@ GPU_IDLE_SHARE = 0.5  # idle more than busy: the gpu-idle finding's threshold
 
 @dataclass(frozen=True)
 class Sync:
-    """One host sync: its API, how long the CPU waited in it, the ops around it (innermost first)
-    and the memcpy its op launched ("" when none)."""
+    """One host sync: its API, how long the CPU waited in it, the ops around it (innermost first),
+    the memcpy its op launched ("" when none) and the device idle time it caused (`bubble_us`, see
+    the module docstring)."""
 
     api: str
     wait_us: float
     chain: tuple[str, ...]
     memcpy: str = ""
+    bubble_us: float = 0.0
+
+
+class DeviceTimeline:
+    """When each device was busy: the device events of the whole trace (every instance, and work
+    outside them), merged into busy intervals per device. Built once per analysis, and only for a
+    trace with host syncs (`TraceIndex.timeline`)."""
+
+    def __init__(self, trace: ParsedTrace, device_end: Sequence[float]) -> None:
+        dev = trace.device
+        per_device: dict[int, list[tuple[float, float]]] = {}
+        for e in range(len(dev.ts)):
+            per_device.setdefault(dev.device[e], []).append((dev.ts[e], device_end[e]))
+        self._starts: dict[int, list[float]] = {}  # every event's start, sorted
+        self._busy: dict[int, tuple[list[float], list[float], list[float]]] = {}  # merged: starts, ends, busy before
+        for device, spans in per_device.items():
+            spans.sort()
+            self._starts[device] = [start for start, _ in spans]
+            starts, ends, before = [spans[0][0]], [spans[0][1]], [0.0]
+            for start, end in spans[1:]:
+                if start <= ends[-1]:
+                    ends[-1] = max(ends[-1], end)
+                else:
+                    before.append(before[-1] + ends[-1] - starts[-1])
+                    starts.append(start)
+                    ends.append(end)
+            self._busy[device] = (starts, ends, before)
+
+    def next_start(self, device: int, after: float) -> float | None:
+        """The start of the first event on `device` that starts at or after `after`; None when none does."""
+        starts = self._starts.get(device, [])
+        i = bisect_left(starts, after)
+        return starts[i] if i < len(starts) else None
+
+    def busy(self, device: int, start: float, end: float) -> float:
+        """How long `device` ran something between `start` and `end`."""
+        return self._busy_until(device, end) - self._busy_until(device, start)
+
+    def _busy_until(self, device: int, t: float) -> float:
+        starts, ends, before = self._busy.get(device, ([], [], []))
+        i = bisect_right(starts, t) - 1
+        if i < 0:
+            return 0.0
+        return before[i] + min(t, ends[i]) - starts[i]
 
 
 @dataclass(frozen=True)
@@ -51,8 +100,9 @@ class Gap:
 
 
 class Stalls:
-    """The host syncs and idle time of one instance. The largest gaps are described (`gaps`) only
-    when read: the findings read those of one instance."""
+    """The host syncs and idle time of one instance (`idle_us` within `span_us`, the phases' spans
+    together). The largest gaps are described (`gaps`) only when read: the findings read those of
+    one instance."""
 
     __slots__ = ("syncs", "idle_us", "span_us", "_gaps", "_pending")
 
@@ -62,6 +112,21 @@ class Stalls:
         self.span_us = span_us  # the phases' spans together
         self._gaps: list[Gap] | None = None
         self._pending: tuple[ParsedTrace, list[list[int]], list[tuple[str, list[int]]]] | None = None
+
+    @property
+    def busy_us(self) -> float:
+        """The time the device ran the instance's work: the span less the idle time."""
+        return self.span_us - self.idle_us
+
+    @property
+    def sync_wait_us(self) -> float:
+        """The time the CPU waited in host syncs."""
+        return sum(s.wait_us for s in self.syncs)
+
+    @property
+    def sync_bubble_us(self) -> float:
+        """The device idle time the host syncs caused (their bubbles together)."""
+        return sum(s.bubble_us for s in self.syncs)
 
     @property
     def idle_share(self) -> float | None:
@@ -94,11 +159,13 @@ def forward_stalls(
     roots: list[int],
     device_end: Sequence[float],
     sync_ids: frozenset[int],
+    timeline: Callable[[], DeviceTimeline] | None = None,
 ) -> Stalls:
     """The host syncs and idle time of one instance whose device work was traced; `roots` are its
     top-level forward ops (see `OpTree.roots`), `device_end` the end of each device event (ts + dur)
-    and `sync_ids` the trace's `sync_name_ids` (both found once per trace)."""
-    stalls = Stalls(syncs=_syncs(trace, fwd, sync_ids))
+    and `sync_ids` the trace's `sync_name_ids` (both found once per trace). `timeline` gives the
+    trace's `DeviceTimeline` (built on first call) for the syncs' bubbles; without it they are 0."""
+    stalls = Stalls(syncs=_syncs(trace, fwd, sync_ids, timeline))
     if fwd.backward_device:
         backward = [e for e in fwd.device if e in fwd.backward_device]
         forward = [e for e in fwd.device if e not in fwd.backward_device] if backward else fwd.device
@@ -115,7 +182,9 @@ def forward_stalls(
     return stalls
 
 
-def _syncs(trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int]) -> list[Sync]:
+def _syncs(
+    trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int], timeline: Callable[[], DeviceTimeline] | None
+) -> list[Sync]:
     rt, names, ops, dev = trace.runtime, trace.names, trace.cpu_ops, trace.device
     call_names = list(map(rt.name.__getitem__, fwd.calls))
     if sync_ids.isdisjoint(call_names):  # the common case
@@ -127,11 +196,20 @@ def _syncs(trace: ParsedTrace, fwd: Forward, sync_ids: frozenset[int]) -> list[S
             call = fwd.device_launch.get(e)
             if call is not None:
                 copies.setdefault(fwd.launch_op.get(call, -1), short_kernel_name(names[dev.name[e]]))
-    result = []
-    for call in syncs:
+    busy = timeline() if timeline is not None and fwd.device else None
+    device = dev.device[fwd.device[0]] if fwd.device else -1
+    result, bubble_end = [], float("-inf")
+    for call in sorted(syncs, key=rt.ts.__getitem__):
         op = fwd.launch_op.get(call, -1)
         chain = tuple(names[ops.name[o]] for o in reversed(fwd.op_chain(op)))
-        result.append(Sync(names[rt.name[call]], rt.dur[call], chain, copies.get(op, "") if op >= 0 else ""))
+        bubble = 0.0
+        if busy is not None:
+            start = max(rt.ts[call], bubble_end)
+            resumed = busy.next_start(device, rt.ts[call] + rt.dur[call])
+            if resumed is not None and resumed > start:
+                bubble = resumed - start - busy.busy(device, start, resumed)
+                bubble_end = resumed
+        result.append(Sync(names[rt.name[call]], rt.dur[call], chain, copies.get(op, "") if op >= 0 else "", bubble))
     return result
 
 
