@@ -23,6 +23,7 @@ def row(variant="sdpa-flash", latency=100.0, iqr=2.0, status="ok", findings="sin
         "variant": variant,
         "shape": "8x16x1024x64",
         "dtype": "bf16",
+        "device": "cuda:0",
         "causal": True,
         "mode": "fwd",
         "status": status,
@@ -53,7 +54,7 @@ def test_bad_threshold(text) -> None:
     [
         (110.0, 2.0, True, False),  # 10% > 5% and 10 us > the 2 us spread
         (104.0, 2.0, False, False),  # within the threshold
-        (110.0, 30.0, False, False),  # above the threshold but within the spread ((2 + 30) / 2 = 16 us)
+        (110.0, 30.0, False, False),  # above the threshold but within both runs' IQRs (2 + 30 = 32 us)
         (90.0, 2.0, False, True),
     ],
 )
@@ -178,3 +179,102 @@ def test_diff_reads_a_sweep_stream(cli, tmp_path) -> None:
     stream.write_text("\n".join([json.dumps(stream_header(document))] + [json.dumps(r) for r in rows[:5]]))
     result = cli("diff", str(H200), str(stream))
     assert result.exit_code == 0 and "5 row(s) matched" in result.output
+
+
+def cpu_row(latency=500.0, iqr=20.0, fastest=450.0, contention=0.05, **more):
+    return row(latency=latency, iqr=iqr, device="cpu", latency_min_us=fastest, cpu_contention=contention, **more)
+
+
+@pytest.mark.parametrize(
+    "new, verdict, slower",
+    [
+        (cpu_row(700.0, fastest=640.0), "within noise: +40.0% is under the cpu noise floor of 50%", False),
+        (cpu_row(1000.0, fastest=900.0), "slower by 100.0%", True),
+        (cpu_row(1000.0, iqr=600.0, fastest=900.0), "within noise: +100.0% is within the runs' IQRs (620 µs together)",
+         False),
+        (cpu_row(1000.0, fastest=460.0), "within noise: +100.0%, but the fastest call is only +2.2% (slower calls, "
+         "not all)", False),
+        (cpu_row(1000.0, fastest=900.0, contention=0.77),
+         "not judged: other processes took 77% of the CPU while NEW was timed", False),
+        (cpu_row(250.0, fastest=225.0), "within noise: -50.0% is under the cpu noise floor of 50%", False),
+    ],
+)
+def test_a_cpu_slowdown_must_beat_the_noise_between_runs(new, verdict, slower) -> None:
+    pair = compare_rows(cpu_row(), new, 0.05)
+    assert pair.verdict == verdict and pair.slower is slower and bool(pair.regressions) is slower
+
+
+def test_a_contended_base_is_not_judged_either_and_the_summary_counts_it() -> None:
+    from attnprof.report.diff import summary
+
+    base = [cpu_row(contention=0.9), cpu_row(variant="naive")]
+    new = [cpu_row(1000.0, fastest=900.0), cpu_row(600.0, variant="naive", fastest=460.0)]
+    diff = diff_results(base, new, 0.05)
+    assert diff.rows[0].verdict == "not judged: other processes took 90% of the CPU while BASE was timed"
+    assert diff.rows[0].not_judged and not diff.regressions
+    assert summary(diff) == (
+        "2 row(s) matched: no regression; 1 latency change(s) within noise, 1 not judged (timed while other "
+        "processes held the CPU) (threshold 5.0%, noise floor cpu 50%, beyond both runs' IQRs and in the fastest "
+        "call too)"
+    )
+
+
+def test_the_noise_floor_can_be_set_for_every_row(cli, tmp_path) -> None:
+    pair = compare_rows(cpu_row(), cpu_row(700.0, fastest=640.0), 0.05, floor=0.1)
+    assert pair.slower and pair.floor == 0.1
+    on_gpu = compare_rows(row(), row(latency=120.0, latency_min_us=118.0), 0.05)
+    assert on_gpu.floor == 0.0 and on_gpu.slower  # rows without a fastest call are judged without it
+    assert cli("diff", str(H200), str(H200), "--noise-floor", "lots").exit_code == 2
+
+
+CPU_PAIR = Path(__file__).parent / "data" / "results" / "cpu-back-to-back"
+
+
+def test_two_real_back_to_back_cpu_compares_are_no_regression(cli) -> None:
+    """Two identical default compares run one after the other on the shared 2-core CPU (issue 25: the old
+    rule called one of them 49.9% slower)."""
+    result = cli("diff", str(CPU_PAIR / "base.json"), str(CPU_PAIR / "new.json"), "--wide")
+    assert result.exit_code == 0, result.output
+    assert "no regression" in result.output
+
+
+def test_a_2x_slowdown_of_a_real_cpu_compare_exits_1(cli, tmp_path) -> None:
+    document = json.loads((CPU_PAIR / "new.json").read_text())
+    timed = [r for r in document["results"] if r.get("latency_us")]
+    for r in timed:
+        for name in ("latency_us", "latency_iqr_us", "latency_p25_us", "latency_p75_us", "latency_min_us"):
+            r[name] *= 2
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(document))
+    result = cli("diff", str(CPU_PAIR / "base.json"), str(slow), "--format", "json")
+    assert result.exit_code == 1, result.output
+    verdicts = {r["variant"]: r["verdict"] for r in json.loads(result.stdout)["rows"] if r["new_latency_us"]}
+    assert len(verdicts) == len(timed) >= 4
+    assert all(v.startswith("slower by ") for v in verdicts.values()), verdicts
+
+
+BUSY_PAIR = Path(__file__).parent / "data" / "results" / "cpu-busy-neighbour"
+
+
+def test_compares_beside_a_busy_neighbour_are_not_judged_rather_than_called_slower(cli) -> None:
+    """Two identical default compares run one after the other while another process kept one of the two cores
+    busy: naive took 60 ms in the first and 0.43 ms in the second. Taking the second as BASE, the spread rule
+    alone called the first a regression."""
+    base_path, new_path = BUSY_PAIR / "second.json", BUSY_PAIR / "first.json"
+    rows = {
+        side: {r["variant"]: r for r in json.loads(path.read_text())["results"] if r.get("latency_us")}
+        for side, path in (("base", base_path), ("new", new_path))
+    }
+    old_rule = [
+        name
+        for name, b in rows["base"].items()
+        if (delta := rows["new"][name]["latency_us"] - b["latency_us"]) > 0.05 * b["latency_us"]
+        and delta > (b["latency_iqr_us"] + rows["new"][name]["latency_iqr_us"]) / 2
+    ]
+    assert old_rule, "the files no longer show what the issue saw"
+    result = cli("diff", str(base_path), str(new_path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    verdicts = {r["variant"]: r["verdict"] for r in document["rows"]}
+    assert all(verdicts[name].startswith("not judged: other processes took ") for name in old_rule), verdicts
+    assert "not judged (timed while other processes held the CPU)" in document["summary"]

@@ -277,7 +277,7 @@ def test_an_unstable_timing_is_retimed_once_and_the_second_kept(config, monkeypa
     calls = fake_timings(monkeypatch, 0.5, 0.01)
     result = run_cell(builtin("naive"), SPEC, config, FAST)
     assert result.ok and len(calls) == 2 and calls[1]["options"].min_time_s == FAST.min_time_s
-    assert result.retimed == 1 and result.timing.method == "fake 2" and not result.timing.unstable
+    assert result.retimed == 1 and result.timing.method.startswith("fake 2;") and not result.timing.unstable
     assert result.timing.cold_ms == pytest.approx(500.0)  # the first sample's cold call: only it was cold
     assert result.timing_window[0] <= result.timing_window[1]
 
@@ -288,7 +288,33 @@ def test_a_stable_timing_is_not_retimed_and_a_still_unstable_one_stays_marked(co
     assert len(calls) == 1 and result.retimed == 0
     calls = fake_timings(monkeypatch, 0.5, 0.6, 0.01)
     result = run_cell(builtin("naive"), SPEC, config, FAST)
-    assert len(calls) == 2 and result.retimed == 1 and result.timing.unstable and result.timing.method == "fake 2"
+    assert len(calls) == 2 and result.retimed == 1 and result.timing.unstable
+    assert result.timing.method.startswith("fake 2; timed again") and result.timing.method.endswith("still unstable")
+
+
+def test_an_unstable_sample_that_did_not_drift_is_kept_and_says_why(config, monkeypatch) -> None:
+    """Spread through the whole sample (a host-bound launch loop) is the forward's own: a second sample would
+    give the same median, so none is taken; the row stays unstable and its method says so."""
+    from attnprof.profiling import timing
+
+    calls: list[int] = []
+
+    def time_forward(fn, device, options, **kwargs):
+        calls.append(1)
+        return timing.summarize([1e-4, 1.3e-4] * 20, reps=40, warmup_reps=3, cold_s=0.5, method="fake")
+
+    monkeypatch.setattr(timing, "time_forward", time_forward)
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert result.ok and len(calls) == 1 and result.retimed == 0 and result.timing.unstable
+    assert result.timing.method.startswith("fake; unstable (IQR 26% of the median) but not timed again")
+    assert "retiming" not in result.phases_s
+
+
+def test_a_retimed_sample_says_why_and_times_apart(config, monkeypatch) -> None:
+    fake_timings(monkeypatch, 0.5, 0.01)
+    result = run_cell(builtin("naive"), SPEC, config, FAST)
+    assert result.retimed == 1 and result.timing.method.startswith("fake 2; timed again: the first sample was")
+    assert "differed by 50.0%" in result.timing.method and result.phases_s["retiming"] >= 0.0
 
 
 def test_a_single_process_leaves_out_collective_variants_a_wildcard_chose(config) -> None:

@@ -192,3 +192,34 @@ def test_summarize_records_forwards_per_sample():
                   forwards_per_sample=19)
     assert t.forwards_per_sample == 19 and t.to_dict()["forwards_per_sample"] == 19
     assert t.median_us == pytest.approx(10.0)
+
+
+def test_drift_is_the_halves_medians_apart_over_the_median():
+    assert timing.halves_drift([1.0, 1.2, 0.8, 1.0, 1.2, 0.8]) == pytest.approx(0.0)
+    assert timing.halves_drift([1.0, 1.0, 9.0, 2.0, 2.0]) == pytest.approx(1.0 / 2.0)  # middle call left out
+    assert timing.halves_drift([5.0]) == 0.0 and timing.halves_drift([]) == 0.0
+
+
+def test_only_an_unstable_sample_that_drifted_is_worth_retiming():
+    jitter = summarize([1e-3, 1.3e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")  # host-bound jitter
+    assert jitter.unstable and jitter.drift == pytest.approx(0.0) and not timing.worth_retiming(jitter)
+    loaded = summarize([1e-3] * 50 + [1.5e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")  # load came
+    assert loaded.unstable and loaded.drift == pytest.approx(0.4) and timing.worth_retiming(loaded)
+    steady = summarize([1e-3] * 50 + [1.04e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
+    assert not steady.unstable and not timing.worth_retiming(steady)
+
+
+def test_retime_note_says_what_became_of_an_unstable_sample():
+    jitter = summarize([1e-3, 1.3e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
+    loaded = summarize([1e-3] * 50 + [1.5e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
+    calm = summarize([1e-3] * 100, reps=100, warmup_reps=0, cold_s=0.0, method="m")
+    assert timing.retime_note(calm, calm, retimed=False) == ""
+    assert timing.retime_note(jitter, jitter, retimed=False) == (
+        "unstable (IQR 26% of the median) but not timed again: its halves' medians agree within 0.0%, "
+        "so a second sample would give the same median"
+    )
+    assert timing.retime_note(loaded, calm, retimed=True) == (
+        "timed again: the first sample was unstable (IQR 40% of the median) and its halves' medians differed by "
+        "40.0%"
+    )
+    assert timing.retime_note(loaded, loaded, retimed=True).endswith("; still unstable")

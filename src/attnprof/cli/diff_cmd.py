@@ -16,7 +16,15 @@ ThresholdOpt = Annotated[
     typer.Option(
         "--threshold",
         metavar="PCT",
-        help="How much slower counts as a regression, as 5% or 0.05 (it must also exceed the runs' spread).",
+        help="How much slower counts as a regression, as 5% or 0.05 (it must also exceed the noise between runs).",
+    ),
+]
+NoiseFloorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--noise-floor",
+        metavar="PCT",
+        help="The least latency change two runs tell from noise, as 50% or 0.5 (default: cpu 50%, cuda 0%).",
     ),
 ]
 
@@ -26,14 +34,18 @@ def diff_command(
     base: BaseArg,
     new: NewArg,
     threshold: ThresholdOpt = "5%",
+    noise_floor: NoiseFloorOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
     """Compare two results files row by row (variant, shape, dtype, causal, mode).
 
-    Exit 1 when a row got slower by more than the threshold and by more than the two runs' measured
-    spread (the mean of their latency IQRs), started failing, or gained a finding; 0 otherwise;
-    2 for unreadable files, a bad threshold, or files without a row in common.
+    Exit 1 when a row got slower beyond the noise between runs (by more than the threshold and the
+    device's noise floor, by more than both runs' latency IQRs together, and in its fastest call too),
+    started failing, or gained a finding; 0 otherwise. A change the rest does not bear out is `within
+    noise`; a row timed while other processes held over a quarter of the CPU is `not
+    judged`. Exit 2 for
+    unreadable files, a bad threshold or noise floor, or files without a row in common.
     """
     from attnprof.errors import UsageError
     from attnprof.report.diff import diff_json, diff_results, diff_table, parse_threshold
@@ -41,11 +53,12 @@ def diff_command(
     from attnprof.report.results_file import load_results
 
     fraction = parse_threshold(threshold)
+    floor = parse_threshold(noise_floor, "--noise-floor") if noise_floor is not None else None
     before, after = load_results(base), load_results(new)
     for loaded in (before, after):
         if loaded.truncated or loaded.header.get("interrupted"):
             c.note(f"{loaded.path}: an interrupted run; its unfinished cells have no row")
-    diff = diff_results(before.rows, after.rows, fraction)
+    diff = diff_results(before.rows, after.rows, fraction, floor)
     if not diff.rows:
         raise UsageError(
             f"no row of {new} matches a row of {base}",

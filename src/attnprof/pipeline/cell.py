@@ -3,10 +3,12 @@
 A failing variant becomes a `skipped` or `failed` CellResult; only problems that concern the
 whole run (device, output directory) and Ctrl-C raise. Each stage runs under `phase` (its wall
 time goes into `phases_s`) and `guard` (any exception of the variant's becomes a one-line
-failure; after Ctrl-C, KeyboardInterrupt again). An unstable timing (a loaded machine) is taken
-again, up to `RETIMES` times; the last sample is kept and `retimed` counts the samples thrown
-away. Python warnings raised during the cell are kept on the result (`warnings`), as is the
-profiler's native stderr (`native_stderr`), never printed.
+failure; after Ctrl-C, KeyboardInterrupt again). An unstable timing whose median drifted while it
+was taken (a loaded machine) is taken again, up to `RETIMES` times; the last sample is kept and
+`retimed` counts the samples thrown away. Before its first cell the process is warmed for the
+device once (`profiling.warmup`), so no cell's figures depend on running first. Python warnings
+raised during the cell are kept on the result (`warnings`), as is the profiler's native stderr
+(`native_stderr`), never printed.
 """
 
 from __future__ import annotations
@@ -153,7 +155,10 @@ def _measure(
     from attnprof.profiling.profiler import profile_forward, trace_file_name
     from attnprof.profiling.steps import build_step, graph_retention
     from attnprof.profiling.timing import TimingOptions
+    from attnprof.profiling.warmup import warm_process
 
+    with phase(result, "process_warmup"), guard("process warm-up", None):
+        warm_process(spec.device)
     with phase(result, "setup"), guard("input creation", variant):
         q, k, v = make_inputs(spec, config.seed, variant.layout)
     state = None
@@ -249,19 +254,27 @@ def _time(
     agree: Callable[[int], int] | None = None,
 ) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
-    An unstable sample (on any rank, with `agree`) is taken again, up to RETIMES times;
-    the last one is kept with its own `timing_window` (the SM clock is read over it) and the first
-    sample's `cold_ms` (only the first sample's first call was cold)."""
+    An unstable sample whose median drifted (`timing.worth_retiming`; on any rank, with `agree`) is taken
+    again, up to RETIMES times, in the phase `retiming`; the last one is kept with its own
+    `timing_window` (the SM clock is read over it) and the first sample's `cold_ms` (only the first
+    sample's first call was cold). Its `method` says what became of an unstable first sample."""
     from attnprof.profiling import timing
 
+    first = None
     while True:
         started = time.time()
-        with phase(result, "timing"), guard(stage, variant):
+        with phase(result, "retiming" if result.retimed else "timing"), guard(stage, variant):
             sample = timing.time_forward(forward, result.spec.device, options, prepare=prepare, agree=agree)
         result.timing_window = (started, time.time())
-        result.timing = sample if result.timing is None else replace(sample, cold_ms=result.timing.cold_ms)
-        unstable = sample.unstable if agree is None else bool(agree(int(sample.unstable)))
-        if not unstable or result.retimed >= RETIMES:
+        first = first or sample
+        result.timing = sample if sample is first else replace(sample, cold_ms=first.cold_ms)
+        again = timing.worth_retiming(sample)
+        if agree is not None:
+            again = bool(agree(int(again)))
+        if not again or result.retimed >= RETIMES:
+            note = timing.retime_note(first, result.timing, retimed=result.retimed > 0)
+            if note:
+                result.timing = replace(result.timing, method=f"{result.timing.method}; {note}")
             return
         result.retimed += 1
 

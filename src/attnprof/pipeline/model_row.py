@@ -84,9 +84,12 @@ def _measure(
 ) -> None:
     from attnprof.profiling import memory, timing
     from attnprof.profiling.profiler import profile_forward
+    from attnprof.profiling.warmup import warm_process
 
     variant = implementation.variant
     stage = "training step" if result.mode == "fwd+bwd" else "forward"
+    with phase(result, "process_warmup"), guard("process warm-up", None):
+        warm_process(result.device)
     with phase(result, "build"), guard("model build", variant):
         built = source.prepare(implementation, result.seq, result.mode)
         result.params = built.params

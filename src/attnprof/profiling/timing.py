@@ -26,8 +26,16 @@ How a sample is taken:
   until every process is done, the repetitions are the most any process asks for, and no CUDA graph
   is captured.
 
+`cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed,
+cold call, warm-up and repetitions (`profiling.contention`; None off Linux or for a window under 50 ms).
+
 Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
-`unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %).
+`unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %). Its `drift` is how far the median moved
+between the first and the second half of the sample (in call order), as a fraction of the median: an
+unstable sample is worth taking again (`worth_retiming`) only when it drifted by more than
+`RETIME_DRIFT` (5 %), since a second sample can move the median about as far as the first one's halves
+disagree. An unstable sample that did not drift has the spread of the forward itself (a host-bound
+launch loop jitters on every call), and a second sample would repeat it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
+from attnprof.profiling.contention import CpuShare
 from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
@@ -47,6 +56,7 @@ if TYPE_CHECKING:
     from attnprof.config import MeasureOptions
 
 UNSTABLE_IQR_RATIO = 0.10
+RETIME_DRIFT = 0.05
 SETTLE_TOLERANCE = 0.10
 
 
@@ -67,6 +77,8 @@ class Timing:
     cuda_graph: bool = False
     flush_l2: bool = False
     forwards_per_sample: int = 1
+    drift: float = 0.0
+    cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of the fields, plus the result-row names `latency_us` (the median),
@@ -81,6 +93,40 @@ def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTAB
     if median_value <= 0:
         return True
     return iqr_value / median_value > threshold
+
+
+def halves_drift(samples: Sequence[float]) -> float:
+    """|median of the first half − median of the second half| / median of all, the samples in call order
+    (the middle one of an odd count left out); 0.0 for fewer than two samples or a median that is not
+    positive."""
+    half = len(samples) // 2
+    mid = median(samples) if samples else 0.0
+    if half < 1 or mid <= 0:
+        return 0.0
+    return abs(median(samples[:half]) - median(samples[-half:])) / mid
+
+
+def worth_retiming(timing: Timing, tolerance: float = RETIME_DRIFT) -> bool:
+    """True for an unstable timing whose halves disagree by more than `tolerance` (see the module
+    docstring): a second sample could give another median."""
+    return timing.unstable and timing.drift > tolerance
+
+
+def retime_note(first: Timing, kept: Timing, retimed: bool) -> str:
+    """What became of an unstable first sample, for `Timing.method`; empty when it was stable."""
+    if not first.unstable:
+        return ""
+    spread = f"IQR {first.iqr_us / first.median_us:.0%} of the median" if first.median_us > 0 else "no median"
+    if not retimed:
+        return (
+            f"unstable ({spread}) but not timed again: its halves' medians agree within {first.drift:.1%}, "
+            "so a second sample would give the same median"
+        )
+    still = "; still unstable" if kept.unstable else ""
+    return (
+        f"timed again: the first sample was unstable ({spread}) and its halves' medians differed by "
+        f"{first.drift:.1%}{still}"
+    )
 
 
 def choose_reps(estimate_s: float, min_time_s: float, min_reps: int, max_reps: int) -> int:
@@ -112,8 +158,9 @@ def summarize(
     flush_l2: bool = False,
     forwards_per_sample: int = 1,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
+    cpu_contention: float | None = None,
 ) -> Timing:
-    """Build a Timing from per-forward seconds (each sample may average several forwards)."""
+    """Build a Timing from per-forward seconds (each sample may average several forwards), in call order."""
     us = [s * 1e6 for s in samples_s]
     p25, mid, p75 = quantile(us, 0.25), quantile(us, 0.5), quantile(us, 0.75)
     return Timing(
@@ -130,6 +177,8 @@ def summarize(
         cuda_graph=cuda_graph,
         flush_l2=flush_l2,
         forwards_per_sample=forwards_per_sample,
+        drift=halves_drift(us),
+        cpu_contention=cpu_contention,
     )
 
 
@@ -239,10 +288,12 @@ def _time_cpu(step: _Step, options: TimingOptions) -> Timing:
         step.fn()
         return step.clock() - t0
 
+    share = CpuShare.start()
     cold = call_s()
     warm, settled = _warm_up(call_s, step, options)
     reps = _reps(warm, step, options)
     samples = [call_s() for _ in range(reps)]
+    contention = share.others()
     notes = [
         "time.perf_counter per call" + (", each after an untimed forward" if step.prepared else ""),
         options.rep_note(reps),
@@ -259,12 +310,14 @@ def _time_cpu(step: _Step, options: TimingOptions) -> Timing:
         cold_s=cold,
         method="; ".join(notes),
         unstable_threshold=options.unstable_threshold,
+        cpu_contention=contention,
     )
 
 
 def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     import torch
 
+    share = CpuShare.start()
     step.setup()
     torch.cuda.synchronize(dev)
     t0 = step.clock()
@@ -281,6 +334,7 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     launch, per_sample, graph_warm, notes = _launcher(step, dev, options)
     reps = _reps(graph_warm or warm, step, options)
     samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    contention = share.others()
     graph_used = launch is not step.fn
     if graph_used:
         head = (
@@ -304,6 +358,7 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         flush_l2=options.flush_l2,
         forwards_per_sample=per_sample,
         unstable_threshold=options.unstable_threshold,
+        cpu_contention=contention,
     )
 
 

@@ -3,11 +3,17 @@
 Rows match by variant, shape (batch, heads, seq, head_dim and kv heads), dtype, causal masking and
 mode. A matched row is a regression when the new one:
 
-- got slower: new − base latency is above `threshold` × base *and* above the two runs' measured
-  spread, the mean of their IQRs ((IQR_base + IQR_new) / 2), so noise is not called a regression;
+- got slower beyond the noise between two runs: its median latency by more than `threshold` × base and by
+  more than the device kind's noise floor (`NOISE_FLOOR`: identical runs on a shared CPU differ by up to
+  half), the slowdown more than both runs' IQRs together, and its fastest call slower by more than the
+  larger of the two as well (a real slowdown slows every call; other work on the machine slows some);
 - started failing: its status is `failed` and the base's was not;
 - gained a finding: an id in the new row's findings that the base row (also analysed) lacks.
 
+A latency change beyond `threshold` that the rest does not bear out is `within noise`, with the reason. A
+pair either of whose rows was timed while other processes took more than `CONTENTION_LIMIT` (a quarter) of
+the machine's CPU (`cpu_contention`, see `profiling.contention`) is not judged on its latency: on a small CPU
+such a run measures the other work (the same cell took 787 µs and 370 ms in two back-to-back compares).
 Faster rows, fixed rows, lost findings, kernel-count and memory changes are shown, never gated on.
 Pure functions on rows read back by `report.results_file`; formatting at the end.
 """
@@ -25,6 +31,13 @@ from attnprof.report.serialize import row_finding_ids
 from attnprof.report.tables import cell_label
 
 MATCH_FIELDS = ("variant", "shape", "dtype", "causal", "mode")
+#: The least latency change, as a fraction of the base, that two runs of a device kind tell from noise:
+#: back-to-back identical default compares on the 2-core development CPU differed by up to 49.9%.
+NOISE_FLOOR = {"cpu": 0.5, "cuda": 0.0}
+#: The share of the machine's CPU other processes may take while a row is timed for its latency to count:
+#: on the 2-core development CPU one busy neighbour (a share of 0.5) made a default compare's latencies 23 to
+#: 97 times longer.
+CONTENTION_LIMIT = 0.25
 THRESHOLD_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
 COLUMNS = (
@@ -40,11 +53,12 @@ COLUMNS = (
 )
 
 
-def parse_threshold(text: str) -> float:
-    """`5%` or `0.05` as the fraction 0.05; UsageError (exit 2) for anything else or a negative value."""
+def parse_threshold(text: str, option: str = "--threshold") -> float:
+    """`5%` or `0.05` as the fraction 0.05; UsageError (exit 2, naming `option`) for anything else or a
+    negative value."""
     found = THRESHOLD_PATTERN.match(text)
     if not found:
-        raise UsageError(f"--threshold {text!r}: give a percentage such as 5% or a fraction such as 0.05")
+        raise UsageError(f"{option} {text!r}: give a percentage such as 5% or a fraction such as 0.05")
     value = float(found.group(1))
     return value / 100 if found.group(2) else value
 
@@ -62,18 +76,38 @@ def _analysed(row: dict[str, Any]) -> bool:
     return row.get("forwards") is not None
 
 
+def device_kind(row: dict[str, Any]) -> str:
+    """`cpu` or `cuda` (any `cuda:N`), from the row's device; `cpu` when it names none."""
+    return str(row.get("device") or "cpu").split(":", 1)[0]
+
+
+def noise_floor(base: dict[str, Any], new: dict[str, Any], override: float | None = None) -> float:
+    """`override`, else the larger `NOISE_FLOOR` of the two rows' device kinds (0 for a kind not listed)."""
+    if override is not None:
+        return override
+    return max(NOISE_FLOOR.get(device_kind(row), 0.0) for row in (base, new))
+
+
 @dataclass
 class RowDiff:
-    """One matched pair of rows and what changed between them."""
+    """One matched pair of rows and what changed between them. `noise` says why a latency change beyond
+    the threshold was not taken as one (None: it was, or there was none)."""
 
     base: dict[str, Any]
     new: dict[str, Any]
     threshold: float
+    floor: float = 0.0
     change: float | None = None  # (new − base) / base latency, when both were timed
     slower: bool = False
     faster: bool = False
+    noise: str | None = None
     gained: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+
+    @property
+    def not_judged(self) -> bool:
+        """The latencies were not compared: a row was timed while other processes held the CPU."""
+        return self.noise is not None and self.noise.startswith("not judged")
 
     @property
     def started_failing(self) -> bool:
@@ -98,16 +132,19 @@ class RowDiff:
 
     @property
     def verdict(self) -> str:
-        """The regressions, else `faster`, `fixed`, `still failing`, `now skipped`, or `ok`."""
+        """The regressions, else `faster`, `fixed`, `still failing`, `now skipped`, the noise (`within
+        noise: ...`, `not judged: ...`), or `ok`."""
         if self.regressions:
-            return "; ".join(self.regressions)
+            return "; ".join(self.regressions + ([self.noise] if self.noise else []))
         if self.fixed:
             return "fixed"
         if _failing(self.new):
             return "still failing"
         if str(self.new.get("status", "")).startswith("skipped"):
             return "skipped" if str(self.base.get("status", "")).startswith("skipped") else "now skipped"
-        return f"faster by {-self.change:.1%}" if self.faster and self.change is not None else "ok"
+        if self.faster and self.change is not None:
+            return f"faster by {-self.change:.1%}"
+        return self.noise or "ok"
 
 
 @dataclass
@@ -118,6 +155,7 @@ class Diff:
     only_base: list[dict[str, Any]]
     only_new: list[dict[str, Any]]
     threshold: float
+    floor_override: float | None = None
 
     @property
     def regressions(self) -> list[RowDiff]:
@@ -125,16 +163,48 @@ class Diff:
         return [row for row in self.rows if row.regressions]
 
 
-def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float) -> RowDiff:
-    """The change from `base` to `new` (two rows of one cell), judged against `threshold` and the spread."""
-    diff = RowDiff(base, new, threshold)
+def _contended(base: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """`not judged: ...` when either row was timed while other processes took over `CONTENTION_LIMIT` of
+    the CPU; None otherwise (or when the rows do not say)."""
+    for side, row in (("BASE", base), ("NEW", new)):
+        share = row.get("cpu_contention")
+        if share is not None and share > CONTENTION_LIMIT:
+            return f"not judged: other processes took {share:.0%} of the CPU while {side} was timed"
+    return None
+
+
+def _latency_noise(
+    base: dict[str, Any], new: dict[str, Any], change: float, threshold: float, floor: float
+) -> str | None:
+    """Why a latency change beyond the threshold is noise (`within noise: ...`), or None when it is real:
+    beyond the noise floor, beyond both runs' IQRs together, and the fastest call moved beyond the
+    threshold and the floor as well."""
+    before, after = base["latency_us"], new["latency_us"]
+    how = "slower" if change > 0 else "faster"
+    if abs(change) <= floor:
+        return f"within noise: {change:+.1%} is under the {device_kind(new)} noise floor of {floor:.0%}"
+    spread = (base.get("latency_iqr_us") or 0.0) + (new.get("latency_iqr_us") or 0.0)
+    if abs(after - before) <= spread:
+        return f"within noise: {change:+.1%} is within the runs' IQRs ({fmt_number(spread)} µs together)"
+    fastest_before, fastest_after = base.get("latency_min_us"), new.get("latency_min_us")
+    if fastest_before and fastest_after is not None:
+        fastest = fastest_after / fastest_before - 1
+        if (fastest if change > 0 else -fastest) <= max(threshold, floor):
+            return f"within noise: {change:+.1%}, but the fastest call is only {fastest:+.1%} ({how} calls, not all)"
+    return None
+
+
+def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float, floor: float | None = None) -> RowDiff:
+    """The change from `base` to `new` (two rows of one cell), judged against `threshold` and the noise
+    between runs (the module docstring); `floor` overrides the device kind's noise floor."""
+    diff = RowDiff(base, new, threshold, noise_floor(base, new, floor))
     before, after = base.get("latency_us"), new.get("latency_us")
     if before and after is not None and not _failing(base) and not _failing(new):
-        delta = after - before
-        spread = ((base.get("latency_iqr_us") or 0.0) + (new.get("latency_iqr_us") or 0.0)) / 2
-        diff.change = delta / before
-        diff.slower = delta > threshold * before and delta > spread
-        diff.faster = -delta > threshold * before and -delta > spread
+        diff.change = after / before - 1
+        if abs(diff.change) > threshold:
+            diff.noise = _contended(base, new) or _latency_noise(base, new, diff.change, threshold, diff.floor)
+            diff.slower = diff.noise is None and diff.change > 0
+            diff.faster = diff.noise is None and diff.change < 0
     if _analysed(base) and _analysed(new):
         was, now = row_finding_ids(base), row_finding_ids(new)
         diff.gained = [f for f in now if f not in was]
@@ -142,17 +212,20 @@ def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float) ->
     return diff
 
 
-def diff_results(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]], threshold: float) -> Diff:
+def diff_results(
+    base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]], threshold: float, floor: float | None = None
+) -> Diff:
     """Match the rows of two results files (`MATCH_FIELDS`; the last of repeated keys counts) and
-    compare each pair."""
+    compare each pair; `floor` overrides every device kind's noise floor."""
     base = {match_key(row): row for row in base_rows}
     new = {match_key(row): row for row in new_rows}
-    pairs = [compare_rows(base[key], row, threshold) for key, row in new.items() if key in base]
+    pairs = [compare_rows(base[key], row, threshold, floor) for key, row in new.items() if key in base]
     return Diff(
         pairs,
         [row for key, row in base.items() if key not in new],
         [row for key, row in new.items() if key not in base],
         threshold,
+        floor,
     )
 
 
@@ -201,8 +274,19 @@ def diff_table(diff: Diff, fmt: str, width: int | None = None) -> str:
     return "\n".join(parts)
 
 
+def rule_text(diff: Diff) -> str:
+    """The latency rule in words: the threshold, the noise floors in force, the IQRs and fastest calls."""
+    if diff.floor_override is not None:
+        floors = f"noise floor {diff.floor_override:.0%}"
+    else:
+        kinds = sorted({device_kind(pair.new) for pair in diff.rows} | {device_kind(pair.base) for pair in diff.rows})
+        floors = "noise floor " + ", ".join(f"{kind} {NOISE_FLOOR.get(kind, 0.0):.0%}" for kind in kinds)
+    return f"threshold {diff.threshold:.1%}, {floors}, beyond both runs' IQRs and in the fastest call too"
+
+
 def summary(diff: Diff) -> str:
-    """One line: how many rows matched and how many are regressions, of which kind."""
+    """One line: how many rows matched and how many are regressions, of which kind, and how many latency
+    changes were within noise or not judged."""
     regressions = diff.regressions
     kinds = {
         "slower": sum(1 for r in regressions if r.slower),
@@ -210,10 +294,16 @@ def summary(diff: Diff) -> str:
         "gained a finding": sum(1 for r in regressions if r.gained),
     }
     detail = ", ".join(f"{count} {kind}" for kind, count in kinds.items() if count)
-    rule = f"threshold {diff.threshold:.1%} and the runs' spread"
-    if not regressions:
-        return f"{len(diff.rows)} row(s) matched: no regression ({rule})"
-    return f"{len(diff.rows)} row(s) matched: {len(regressions)} regression(s): {detail} ({rule})"
+    found = f"{len(regressions)} regression(s): {detail}" if regressions else "no regression"
+    noisy = [r for r in diff.rows if r.noise]
+    unjudged = sum(1 for r in noisy if r.not_judged)
+    notes = []
+    if len(noisy) > unjudged:
+        notes.append(f"{len(noisy) - unjudged} latency change(s) within noise")
+    if unjudged:
+        notes.append(f"{unjudged} not judged (timed while other processes held the CPU)")
+    extra = f"; {', '.join(notes)}" if notes else ""
+    return f"{len(diff.rows)} row(s) matched: {found}{extra} ({rule_text(diff)})"
 
 
 def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
@@ -222,6 +312,8 @@ def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
         "base": base_path,
         "new": new_path,
         "threshold": diff.threshold,
+        "noise_floor": diff.floor_override if diff.floor_override is not None else dict(NOISE_FLOOR),
+        "contention_limit": CONTENTION_LIMIT,
         "rows": [
             {
                 **{name: pair.new.get(name) for name in MATCH_FIELDS},
@@ -231,7 +323,13 @@ def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
                 "new_latency_us": pair.new.get("latency_us"),
                 "base_latency_iqr_us": pair.base.get("latency_iqr_us"),
                 "new_latency_iqr_us": pair.new.get("latency_iqr_us"),
+                "base_latency_min_us": pair.base.get("latency_min_us"),
+                "new_latency_min_us": pair.new.get("latency_min_us"),
+                "base_cpu_contention": pair.base.get("cpu_contention"),
+                "new_cpu_contention": pair.new.get("cpu_contention"),
                 "latency_change": pair.change,
+                "noise_floor": pair.floor,
+                "noise": pair.noise,
                 "base_kernels_per_forward": pair.base.get("kernels_per_forward"),
                 "new_kernels_per_forward": pair.new.get("kernels_per_forward"),
                 "base_peak_memory_mib": pair.base.get("peak_memory_mib"),

@@ -172,6 +172,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("cold_ms", _timing("cold_ms")),
     ("unstable", _timing("unstable")),
     ("retimed", lambda r: r.retimed if r.timing is not None else None),
+    ("cpu_contention", _timing("cpu_contention")),
     ("timing_method", _timing("method")),
     ("flops", _flops),
     ("executed_flops", lambda r: r.executed_flops),
@@ -358,6 +359,7 @@ MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     *((name, attrgetter(name)) for name in ("shape", "seq", "heads", "kv_heads", "head_dim", "dtype", "device")),
     *((name, attrgetter(name)) for name in ("causal", "mask", "score_mod", "mode")),
     *_shared("status", "reason", "latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method"),
+    *_shared("cpu_contention", "latency_min_us"),
     *_shared("speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward", "memcpy_per_forward"),
     *_shared("memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us", "peak_memory_mib"),
     # the attention ledger's figures, under the row's names

@@ -1,0 +1,107 @@
+"""The process warm-up: a cell's timing must not depend on running first in its process."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnprof.profiling.warmup import forget_warmed, warm_process
+
+# Page faults of sdpa-math's calls in a fresh process, before and after warm_process: deterministic where
+# wall times on a shared machine are not.
+FAULTS = """
+import resource, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from attnprof.profiling.warmup import warm_process
+
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 4, 256, 64) for _ in range(3))
+
+def faults_per_call(calls=20):
+    def call():
+        with sdpa_kernel(SDPBackend.MATH):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for _ in range(3):
+        call()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        call()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+cold = faults_per_call()
+warm_process("cpu")
+print(cold, faults_per_call())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the dynamic mmap threshold is glibc's")
+def test_warming_keeps_the_allocator_from_handing_back_blocks_every_call() -> None:
+    """sdpa-math at 1x4x256x64 allocates MiB-sized intermediates; in a fresh process glibc hands them back
+    to the kernel after every call, so each call faults its pages in again (the first cell of a process ran
+    2x slower for it). After warm_process the calls reuse the heap."""
+    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True)
+    cold, warm = (float(x) for x in out.stdout.split())
+    assert cold >= 100, f"a fresh process faulted only {cold} pages a call: the effect is not there to remove"
+    assert warm <= cold / 20, f"{warm} page faults a call after warming, {cold} before"
+
+
+def test_warm_process_runs_once_per_device() -> None:
+    forget_warmed()
+    first = warm_process("cpu")
+    assert first is not None and first.device == "cpu" and first.seconds > 0
+    assert first.note.startswith("process warmed for cpu in ")
+    assert "allocator: a 31 MiB block freed" in first.note and "profiler initialised" in first.note
+    assert warm_process("cpu") is None
+
+
+def _latency(tmp_path: Path, device: str, order: list[str], variant: str, tag: str, *extra: str) -> float:
+    """`variant`'s median latency in a fresh process's compare of `order` on `device`."""
+    args = [a for name in order for a in ("--variants", name)]
+    out_dir = tmp_path / tag
+    subprocess.run(
+        [sys.executable, "-m", "attnprof", "compare", "--device", device, *args, *extra, "-o", str(out_dir),
+         "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )
+    document = json.loads(next(out_dir.glob("*/results.json")).read_text())
+    return next(row["latency_us"] for row in document["results"] if row["variant"] == variant)
+
+
+@pytest.mark.slow
+def test_a_cell_times_the_same_whether_it_runs_first_or_last(tmp_path: Path) -> None:
+    """Issue 25: sdpa-math first in a process measured 2x its time after sdpa. Each attempt runs both
+    orders in fresh processes; other work on a shared machine can only disturb one run of a pair, so an
+    attempt whose medians agree within 1.25x settles it (at most three attempts)."""
+    ratios = []
+    for attempt in range(3):
+        quick = ("--min-time", "0.15")
+        first = _latency(tmp_path, "cpu", ["sdpa-math", "sdpa"], "sdpa-math", f"first-{attempt}", *quick)
+        last = _latency(tmp_path, "cpu", ["sdpa", "sdpa-math"], "sdpa-math", f"last-{attempt}", *quick)
+        ratios.append(max(first, last) / min(first, last))
+        if ratios[-1] <= 1.25:
+            return
+    pytest.fail(f"sdpa-math first vs last in its process: ratios {[round(r, 2) for r in ratios]} (limit 1.25)")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_warm_process_on_cuda_settles_the_clock_once() -> None:
+    forget_warmed()
+    first = warm_process("cuda:0")
+    assert first is not None and first.device == "cuda:0" and first.seconds < 5
+    assert "context, cuBLAS and SM clock:" in first.note and "profiler initialised" in first.note
+    assert warm_process("cuda:0") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_cell_times_the_same_whether_it_runs_first_or_last(tmp_path: Path) -> None:
+    first = _latency(tmp_path, "cuda", ["sdpa-flash", "sdpa-math"], "sdpa-flash", "first")
+    last = _latency(tmp_path, "cuda", ["sdpa-math", "sdpa-flash"], "sdpa-flash", "last")
+    assert max(first, last) / min(first, last) <= 1.25, (first, last)
