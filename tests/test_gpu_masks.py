@@ -63,7 +63,9 @@ def test_compare_names_the_alternatives_of_a_dense_mask(cli, tmp_path: Path) -> 
     window = rows[("sdpa", "2x8x2048x64 sw256")]
     (alternative,) = window["mask_alternatives"]
     assert (alternative["kind"], alternative["variant"]) == ("block-mask", "flex")
-    assert alternative["speedup"] > 1  # the BlockMask skips 7/8 of the blocks
+    # the ratio is the dense cell's latency over flex's: at this small shape the two are close (0.99x on the
+    # H200, 2026-12-02); at 4x16x8192x64 sw1024 flex is 9.8x faster (configs/expect-masks.yaml holds that)
+    assert alternative["speedup"] == pytest.approx(window["latency_us"] / alternative["latency_us"], rel=1e-6)
 
 
 def test_run_measures_the_block_mask_for_comparison(cli, tmp_path: Path) -> None:

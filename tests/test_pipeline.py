@@ -332,3 +332,12 @@ def test_a_single_process_leaves_out_collective_variants_a_wildcard_chose(config
     only = config.model_copy(update={"variants": ["cp-*"]})
     assert [v.name for v in without_collective(only, select_variants(only, registry, "cpu"), False)] == [
         "cp-ring", "cp-torch"]
+
+
+def test_the_profilers_own_table_is_built_only_when_asked(tmp_path):
+    """key_averages costs tens of ms per cell on a GPU and only `run` prints it: other commands skip it."""
+    config = Config(shapes=[SHAPE], schedule=Schedule(wait=0, warmup=1, active=1), output_dir=tmp_path)
+    plain = run_cell(builtin("sdpa-math"), SPEC, config, MeasureOptions(timing=False))
+    asked = run_cell(builtin("sdpa-math"), SPEC, config, MeasureOptions(timing=False, key_averages_table=True))
+    assert plain.status == asked.status == "ok"
+    assert plain.key_averages_table is None and "Self CPU" in (asked.key_averages_table or "")

@@ -291,3 +291,17 @@ def test_speedup_text() -> None:
     assert speedup_text({"speedup_vs_baseline": 4.1234, "speedup_reliable": False}) == "~4.1x?"
     assert speedup_text({"speedup_vs_baseline": 175.9, "speedup_reliable": False}) == "~176x?"
     assert speedup_text({"speedup_vs_baseline": None, "speedup_reliable": None}) == "n/a"
+
+
+def test_a_memory_bound_rows_bandwidth_is_the_last_column_to_give_way() -> None:
+    """Decode is read by its GB/s: with a memory-bound row the bandwidth column outlasts the TFLOP/s ones."""
+    from attnprof.report.tables import BANDWIDTH_HEADER, bandwidth_cell, shape_columns
+
+    def drop_of(rows):
+        return next(c.drop for c in shape_columns(rows) if c.header == BANDWIDTH_HEADER)
+
+    decode = {"mode": "fwd", "bound": "memory", "achieved_gbps": 4310.0, "pct_of_read_bandwidth": 93.2}
+    prefill = {"mode": "fwd", "bound": "compute", "achieved_gbps": 310.0, "pct_of_read_bandwidth": 6.7}
+    flops_drops = [c.drop for c in shape_columns([decode]) if c.header.startswith("TFLOP/s")]
+    assert drop_of([prefill]) < min(flops_drops) < max(flops_drops) < drop_of([prefill, decode])
+    assert bandwidth_cell(decode) == "4,310 (93.2%)" and bandwidth_cell({}) == "n/a"

@@ -388,6 +388,7 @@ class MeasureOptions(_Strict):
     clocks: bool = True
     record_shapes: bool = True  # the profiler records each op's input shapes and types (the calls' bytes)
     with_stack: bool = False  # the profiler records the Python stack of each op
+    key_averages_table: bool = False  # build the profiler's own key_averages table (`run` prints it)
 
 
 #: Where the user typed a field, by its path without list indices (`shapes.0.seq` is ("shapes", "seq")):

@@ -640,3 +640,15 @@ def test_unpaged_state_is_left_alone(fake_flash):
     rs = spec()
     state = variant.setup(rs)
     assert variant.prepare_inputs(rs, state, None, None, None, 0) is state and state.paged is None
+
+
+def test_a_paged_cache_runs_plain_masks_only(fake_flash, monkeypatch):
+    """flash_attn_with_kvcache gets no window or softcap here: a paged cell with one is a skip, not a run
+    with another mask."""
+    fake_flash("fa2")
+    monkeypatch.setattr(sys.modules["flash_attn"], "flash_attn_with_kvcache", _fake_kvcache([]), raising=False)
+    variant = fa.make_variant()
+    assert variant.check(RunSpec(**PAGED)) is None
+    for extra in (dict(mask="sliding_window:64"), dict(score_mod="softcap:30")):
+        reason = variant.check(RunSpec(**PAGED | extra))
+        assert reason is not None and "paged KV cache" in reason and "(use flex)" in reason

@@ -42,6 +42,7 @@ def run_command(
     cfg, device = start_on_device(cfg)
     cells = plan_cells(cfg, [chosen], device)
     _refuse_unavailable(chosen, cells[0][1], loaded.registry)
+    measure = measure.model_copy(update={"key_averages_table": True})  # run prints the profiler's own table
     outcome, code = execute(Job("run", cfg, device, measure, cells))
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)

@@ -197,6 +197,7 @@ def _measure(
                 prepare=step.prepare,
                 record_shapes=measure.record_shapes,
                 with_stack=measure.with_stack,
+                key_averages=measure.key_averages_table,
             )
         result.phases_s["profile"] -= run.export_s
         result.phases_s["trace_export"] = run.export_s

@@ -29,7 +29,7 @@ class ProfileRun:
     """What one profiled loop produced."""
 
     trace_path: Path
-    key_averages_table: str
+    key_averages_table: str | None  # None unless asked for (`run` prints it)
     output: Any
     export_s: float
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
@@ -115,6 +115,7 @@ def profile_forward(
     prepare: Callable[[], Any] | None = None,
     record_shapes: bool = True,
     with_stack: bool = False,
+    key_averages: bool = True,
 ) -> ProfileRun:
     """Profile `forward` (a no-argument closure: the forward, or the step of the spec's mode) under the
     schedule, each call in a `region` range. `spec` is the cell's RunSpec or just the device it runs on
@@ -127,6 +128,8 @@ def profile_forward(
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
     `prepare`, when given, runs before each call, outside the region (the step's untimed forward).
+    `key_averages`: also build the profiler's own key_averages table (tens of ms per cell on a GPU; only
+    `run` prints it), else `key_averages_table` is None.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -163,8 +166,8 @@ def profile_forward(
     started = time.perf_counter()
     with native.capture():
         trace_path = create_new(trace_path, lambda path: prof.export_chrome_trace(str(path)), numbered=True)
-        events = prof.key_averages()
-    table = events.table(sort_by=_sort_key(events, device_type), row_limit=row_limit)
+        events = prof.key_averages() if key_averages else None
+    table = events.table(sort_by=_sort_key(events, device_type), row_limit=row_limit) if events is not None else None
     export_s = time.perf_counter() - started
     return ProfileRun(trace_path, table, output, export_s, native.lines())
 

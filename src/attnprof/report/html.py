@@ -44,10 +44,9 @@ from attnprof.report.sweep_tables import (
     sweep_groups,
 )
 from attnprof.report.tables import (
-    SHAPE_COLUMNS,
     UNRELIABLE,
     compare_groups,
-    per_step,
+    shape_columns,
     shape_rows,
     speedup_text,
     variant_label,
@@ -290,7 +289,7 @@ def _findings_column(row: dict[str, Any]) -> str:
 
 
 def _shape_table(group: list[dict[str, Any]]) -> str:
-    columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in group})
+    columns = shape_columns(group)
     headers = [c.header for c in columns]
     body = shape_rows(group, full=False)
     at = headers.index("findings")

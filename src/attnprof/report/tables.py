@@ -37,6 +37,7 @@ LIST_COLUMNS = (
     Column("description", narrow=20, wide=60),
 )
 
+BANDWIDTH_HEADER = "GB/s (% read BW)"
 SHAPE_COLUMNS = (
     Column("variant", narrow=16),
     Column("status", wide=36),
@@ -47,6 +48,7 @@ SHAPE_COLUMNS = (
     Column("TFLOP/s (latency)", drop=3),
     Column("TFLOP/s (kernels)", drop=4),
     Column("% peak", drop=2),
+    Column(BANDWIDTH_HEADER, drop=1),  # kept to the last when a row is memory-bound (`shape_columns`)
     Column("executed/useful FLOPs", drop=0),
     Column("peak MiB", drop=1),
     Column("rel err", drop=6),
@@ -146,9 +148,7 @@ def _kernel_throughput(row: dict[str, Any]) -> str:
 def _bandwidth(row: dict[str, Any]) -> str:
     """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
     note when the achieved figure beat the read bandwidth."""
-    pct = row.get("pct_of_read_bandwidth")
-    text = fmt_number(row.get("achieved_gbps")) + ("" if pct is None else f" ({fmt_number(pct)}%)")
-    text += f", {row.get('bound') or 'n/a'}"
+    text = bandwidth_cell(row) + f", {row.get('bound') or 'n/a'}"
     return text + (f" ({row['read_bandwidth_note']})" if row.get("read_bandwidth_note") else "")
 
 
@@ -177,6 +177,21 @@ def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]
     return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
 
 
+def shape_columns(rows: list[dict[str, Any]]) -> tuple[Column, ...]:
+    """`SHAPE_COLUMNS` for these rows (`per_step` by their modes): when one of them is memory-bound (decode),
+    its achieved bandwidth is the figure to read, so that column is the last to give way to a width."""
+    columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
+    if any(row.get("bound") == "memory" for row in rows):
+        columns = tuple(replace(c, drop=99) if c.header == BANDWIDTH_HEADER else c for c in columns)
+    return columns
+
+
+def bandwidth_cell(row: dict[str, Any]) -> str:
+    """ "4,310 (95.8%)": achieved GB/s and its % of the read bandwidth (n/a without bytes)."""
+    pct = row.get("pct_of_read_bandwidth")
+    return fmt_number(row.get("achieved_gbps")) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+
+
 def shape_rows(rows: list[dict[str, Any]], full: bool, problems_only: bool = False) -> list[list[str]]:
     """The comparison table's cells (`SHAPE_COLUMNS`) for the rows of one shape; `full` keeps each
     status's reason in its cell, else only the status word; `problems_only` leaves the info findings out."""
@@ -197,6 +212,7 @@ def shape_rows(rows: list[dict[str, Any]], full: bool, problems_only: bool = Fal
                 fmt_number(row.get("tflops")),
                 fmt_number(row.get("kernel_tflops")),
                 fmt_number(row.get("pct_of_peak")),
+                bandwidth_cell(row),
                 executed_text(row),
                 fmt_number(row.get("peak_memory_mib")),
                 _error(row.get("rel_error")),
@@ -222,7 +238,7 @@ def shape_table(rows: list[dict[str, Any]], fmt: str, width: int | None = None, 
     notes = reason_bullets(rows, width) if width is not None else []
     if any(row.get("speedup_reliable") is False for row in rows):
         notes += wrap(UNRELIABLE, width)
-    columns = per_step(SHAPE_COLUMNS, {row.get("mode") or "fwd" for row in rows})
+    columns = shape_columns(rows)
     return "\n".join([table(columns, body, fmt, width, keep)] + (["", *notes] if notes else []))
 
 
@@ -350,7 +366,7 @@ def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None
     keep = None
     if width is not None:  # one choice of columns for every shape's table, made on all their rows
         every = [cells for _, rows in groups for cells in shape_rows(rows, full=False, problems_only=True)]
-        keep = fitted_columns(per_step(SHAPE_COLUMNS, {e.get("mode") or "fwd" for e in entries}), every, width)
+        keep = fitted_columns(shape_columns(entries), every, width)
     parts = []
     for title, rows in groups:
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width, keep)]
