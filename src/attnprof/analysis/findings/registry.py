@@ -16,6 +16,7 @@ the findings are emitted, into `FINDINGS`.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -98,7 +99,12 @@ class FindingContext:
         return max(self.cpu_time_us, self.gpu_time_us or 0.0)
 
     def host_device(self) -> HostDevice | None:
-        """The CPU against the GPU (see `HostDevice`); None without device work."""
+        """The CPU against the GPU (see `HostDevice`); None without device work. Worked out once: several
+        rules read it, and its medians run over every instance."""
+        return self._host_device
+
+    @functools.cached_property
+    def _host_device(self) -> HostDevice | None:
         pairs = [(m, m.stalls) for m in self.per_forward if m.stalls is not None and m.stalls.span_us > 0]
         if not pairs:
             return None
