@@ -135,10 +135,24 @@ def test_a_compare_names_the_cells_of_its_alternatives() -> None:
     assert window["findings"][0]["message"].endswith(
         "FlexAttention with a BlockMask (flex at 4x16x8192x64 sw1024) did not run in this run: needs CUDA."
     )
+    # the impact is what the fastest alternative saves: 900 - 300 us, 66.67% of the cell's latency
+    assert (dense["findings"][0]["impact_us"], dense["findings"][0]["impact_pct"]) == (600.0, 66.67)
+    assert "impact_us" not in window["findings"][0]  # its alternative did not run: the trace's impact stays
     again = json.dumps(rows)
     attach_row_alternatives(rows)  # a resumed run's rows were joined already
     assert json.dumps(rows) == again
     assert rows[0]["mask_alternatives"] == []  # no dense-mask finding, nothing joined
+
+
+def test_only_a_faster_alternative_gives_an_impact() -> None:
+    from attnprof.pipeline.mask_alternatives import saved_by
+    from attnprof.results import MaskAlternative
+
+    slower = MaskAlternative(BLOCK_MASK, "flex", "c", THIS_RUN, 250.0, 0.4)
+    faster = MaskAlternative(IS_CAUSAL, "sdpa", "c", THIS_RUN, 80.0, 1.25)
+    missing = MaskAlternative(IS_CAUSAL, "sdpa", "c", THIS_RUN, reason="needs CUDA")
+    assert saved_by([slower, missing], 100.0) is None and saved_by([], 100.0) is None
+    assert saved_by([slower, faster], 100.0) == (20.0, 20.0)
 
 
 def test_a_slower_alternative_says_so() -> None:
@@ -174,6 +188,10 @@ def test_missing_alternative_is_measured_for_comparison(dense_analysis) -> None:
     message = result.analysis.finding("dense-mask").message
     assert "SDPA with is_causal=True (sdpa-math at 1x2x64x16) takes " in message
     assert "(measured for comparison, outside the profiled region) against this cell's 500.0 us" in message
+    finding = result.analysis.finding("dense-mask")
+    if alt.latency_us < 500.0:  # the measured alternative is the time at stake
+        assert finding.impact_us == pytest.approx(500.0 - alt.latency_us)
+        assert finding.impact_pct == pytest.approx(100 * (500.0 - alt.latency_us) / 500.0)
     assert result.phases_s["mask_alternative"] > 0
 
 

@@ -58,7 +58,10 @@ def _counted(names: list[str]) -> str:
 
 def _conversion_time(ctx: FindingContext) -> float | None:
     """The device time per instance of the kernels that convert the dense masks to the backend's form
-    (not measured where no call converted one: the larger cost, every masked block computed, is not measured)."""
+    (not measured where no call converted one). The larger cost, every masked block computed, shows only
+    against the alternative: in run and compare, once the is_causal or block-mask alternative has been
+    measured, the impact becomes the latency it would save (the cell's latency less the fastest
+    alternative's, in % of the cell's latency)."""
     per = [
         [c for c in (m.attention.calls if m.attention is not None else []) if _dense_mask(c)] for m in ctx.per_forward
     ]
