@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnprof.profiling.warmup import warm_process
 
 torch.manual_seed(0)
+torch.set_num_threads(1)  # one arena: with the pool's threads, which arena frees a block varies (61 or 450 faults)
 q, k, v = (torch.randn(1, 4, 256, 64) for _ in range(3))
 
 def faults_per_call(calls=20):
