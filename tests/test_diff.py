@@ -75,6 +75,13 @@ def test_failures_and_findings() -> None:
     assert not still.regressions and still.verdict == "still failing"
     gained = compare_rows(row(), row(findings="single-fused-kernel hidden-memcpy"), 0.05)
     assert gained.regressions == ["gained hidden-memcpy"]
+    # an info finding is a fact, not a problem: shown, never gated on (its severity from the row, else the registry)
+    facts = compare_rows(row(), row(findings="single-fused-kernel occupancy-unreported low-occupancy-by-design"), 0.05)
+    assert facts.gained == [] and facts.gained_info == ["occupancy-unreported", "low-occupancy-by-design"]
+    assert not facts.regressions
+    said = row(findings="single-fused-kernel cpu-bound")
+    said["findings"] = [{"id": "cpu-bound", "message": "settled by the latency", "severity": "info"}]
+    assert not compare_rows(row(), said, 0.05).regressions
     lost = compare_rows(row(findings="single-fused-kernel cpu-bound"), row(), 0.05)
     assert lost.lost == ["cpu-bound"] and not lost.regressions
     skipped = compare_rows(row(), row(status="skipped: needs CUDA", latency=None, forwards=None), 0.05)

@@ -8,7 +8,8 @@ mode. A matched row is a regression when the new one:
   half), the slowdown more than both runs' IQRs together, and its fastest call slower by more than the
   larger of the two as well (a real slowdown slows every call; other work on the machine slows some);
 - started failing: its status is `failed` and the base's was not;
-- gained a finding: an id in the new row's findings that the base row (also analysed) lacks.
+- gained a problem: a finding of severity `problem` in the new row's findings that the base row (also
+  analysed) lacks. A gained `info` finding (a fact, nothing to fix) is shown, never gated on.
 
 A latency change beyond `threshold` that the rest does not bear out is `within noise`, with the reason. A
 pair either of whose rows was timed while other processes took more than `CONTENTION_LIMIT` (a quarter) of
@@ -26,6 +27,7 @@ from typing import Any
 
 from attnprof.errors import UsageError
 from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.impact import severity
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.serialize import row_finding_ids
 from attnprof.report.tables import cell_label
@@ -101,7 +103,8 @@ class RowDiff:
     slower: bool = False
     faster: bool = False
     noise: str | None = None
-    gained: list[str] = field(default_factory=list)
+    gained: list[str] = field(default_factory=list)  # problem findings the new row gained: gated on
+    gained_info: list[str] = field(default_factory=list)  # info findings it gained: shown only
     lost: list[str] = field(default_factory=list)
 
     @property
@@ -207,7 +210,10 @@ def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float, fl
             diff.faster = diff.noise is None and diff.change < 0
     if _analysed(base) and _analysed(new):
         was, now = row_finding_ids(base), row_finding_ids(new)
-        diff.gained = [f for f in now if f not in was]
+        found = {f["id"]: f for f in new.get("findings") or [] if isinstance(f, dict) and "id" in f}
+        gained = [f for f in now if f not in was]
+        diff.gained = [f for f in gained if severity(found.get(f, {"id": f})) != "info"]
+        diff.gained_info = [f for f in gained if f not in diff.gained]
         diff.lost = [f for f in was if f not in now]
     return diff
 
@@ -244,7 +250,7 @@ def _arrow(before: Any, after: Any, show: Any = fmt_number) -> str:
 
 
 def _findings(pair: RowDiff) -> str:
-    changes = [f"+{f}" for f in pair.gained] + [f"-{f}" for f in pair.lost]
+    changes = [f"+{f}" for f in pair.gained + pair.gained_info] + [f"-{f}" for f in pair.lost]
     return " ".join(changes) if changes else "same" if _analysed(pair.base) and _analysed(pair.new) else ""
 
 
@@ -335,6 +341,7 @@ def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
                 "base_peak_memory_mib": pair.base.get("peak_memory_mib"),
                 "new_peak_memory_mib": pair.new.get("peak_memory_mib"),
                 "findings_gained": pair.gained,
+                "findings_gained_info": pair.gained_info,
                 "findings_lost": pair.lost,
                 "regressions": pair.regressions,
                 "verdict": pair.verdict,
