@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+#: A 2-layer Llama with GQA (16 query heads, 4 KV heads): the GPU model tests' transformers config.
+LLAMA_2L = {
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+
 
 def _tiny_module() -> Any:
     import torch

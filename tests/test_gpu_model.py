@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from model_factories import LLAMA_2L
 
 from attnprof.plugins import load_variants
 
@@ -18,15 +19,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-LLAMA_2L = {
-    "hidden_size": 1024,
-    "intermediate_size": 2816,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-}
 
 
 @pytest.fixture

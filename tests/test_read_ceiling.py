@@ -6,7 +6,6 @@ which reference (datasheet or measured on this machine) its percentages use."""
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 import os
 import random
@@ -15,11 +14,10 @@ import sys
 import textwrap
 import types
 from datetime import datetime, timezone
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_attention_bandwidth import percentages, raw  # the H200 mask traces, and every % in a document
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.hardware import Peaks, datasheet
@@ -39,19 +37,6 @@ SPEC = RunSpec("cpu", "fp32", 1, 2, 32, 16, causal=True)  # 67,584 FLOPs over 16
 DECODE = RunSpec("cpu", "bf16", 8, 32, 1, 128, kv_heads=8, q_len=1, kv_len=4096)
 
 
-@cache
-def raw(name: str) -> dict[str, Any]:
-    with gzip.open(MASKS / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
-        return json.load(fh)
-
-
-def percentages(value: Any, key: str = "") -> list[float]:
-    """Every number under a key that says "pct" or "%", anywhere in a document."""
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in percentages(v, k)]
-    if isinstance(value, list):
-        return [p for v in value for p in percentages(v, key)]
-    return [value] if isinstance(value, (int, float)) and ("pct" in key or "%" in key) else []
 
 
 # --------------------------------------------------------------------------- rows: ridge, bound, notes
