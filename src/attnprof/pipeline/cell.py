@@ -148,40 +148,31 @@ def _measure(
     """Everything that runs the variant: its setup and input layout (`prepare_inputs`), timing, the
     profiled loop, correctness, memory, masking. What is timed and profiled is the step of the spec's
     mode (`profiling.steps`)."""
-    import torch
-
     from attnprof.profiling import correctness, memory
-    from attnprof.profiling.inputs import make_inputs
     from attnprof.profiling.profiler import profile_forward, trace_file_name
-    from attnprof.profiling.steps import build_step, graph_retention
+    from attnprof.profiling.steps import cell_step
     from attnprof.profiling.timing import TimingOptions
     from attnprof.profiling.warmup import warm_process
 
     with phase(result, "process_warmup"), guard("process warm-up", None):
         warm_process(spec.device)
-    with phase(result, "setup"), guard("input creation", variant):
-        q, k, v = make_inputs(spec, config.seed, variant.layout)
-    state = None
-    if variant.setup is not None:
-        with phase(result, "setup"), guard("setup", variant):
-            state = variant.setup(spec)
-    if variant.executed_pairs is not None:
+
+    @contextmanager
+    def setup_stage(what: str) -> Iterator[None]:
+        with phase(result, "setup"), guard(what, variant):
+            yield
+
+    def executed(state: Any) -> None:
+        if variant.executed_pairs is None:
+            return
         from attnprof.analysis.roofline import executed_flops
 
         with phase(result, "setup"), guard("executed_pairs", variant):
             pairs = variant.executed_pairs(spec, state)
         result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
-    if variant.prepare_inputs is not None:  # its own layout of k and v (a paged pool), built untimed
-        with phase(result, "setup"), guard("input preparation", variant), torch.no_grad():
-            state = variant.prepare_inputs(spec, state, q, k, v, config.seed)
-
-    def forward(q: Any, k: Any, v: Any) -> Any:
-        return variant.forward(q, k, v, spec.causal, state)
 
     stage = "backward" if spec.backward else "forward"
-    with torch.no_grad(), graph_retention(spec.mode):
-        with phase(result, "setup"), guard("forward", variant):
-            step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
+    with cell_step(variant, spec, config.seed, setup_stage, executed) as step:
         if measure.timing:
             _time(step.call, variant, TimingOptions.from_measure(measure), result, stage, step.prepare, agree)
         else:

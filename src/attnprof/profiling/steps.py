@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from attnprof.errors import VariantUnavailableError
-from attnprof.registry import NO_BACKWARD, RunSpec
+from attnprof.registry import NO_BACKWARD, RunSpec, Variant
 
 GRAD_SEED_OFFSET = 1  # grad_out's generator seed = the inputs' seed + this, so the two differ
 
@@ -151,3 +152,46 @@ def build_step(
         return StepOutput(detached, _grads(kept, inputs, grad_out, retain=True))
 
     return Step(spec.mode, backward, whole, inputs, grad_out)
+
+
+#: Wraps one stage of building a cell's step, named as a failure would name it ("input creation", "setup",
+#: "input preparation", "forward"): the pipeline times it and turns the variant's exceptions into one line.
+Stage = Callable[[str], AbstractContextManager[Any]]
+
+
+@contextlib.contextmanager
+def cell_step(
+    variant: Variant,
+    spec: RunSpec,
+    seed: int,
+    stage: Stage,
+    after_setup: Callable[[Any], None] | None = None,
+) -> Iterator[Step]:
+    """The step of `variant` at `spec`, built as every cell builds it: seeded inputs in the variant's layout,
+    its `setup`, its `prepare_inputs` (untimed, without autograd), then `build_step`. The block runs under
+    `torch.no_grad()` and `graph_retention(spec.mode)`, as the step's calls must. `after_setup(state)` runs
+    right after setup (the pipeline reads the variant's executed pairs there). Used by a cell
+    (`pipeline.cell`) and by its Nsight Compute child (`pipeline.ncu_child`), so both run the same step."""
+    import torch
+
+    from attnprof.profiling.inputs import make_inputs
+
+    with stage("input creation"):
+        q, k, v = make_inputs(spec, seed, variant.layout)
+    state = None
+    if variant.setup is not None:
+        with stage("setup"):
+            state = variant.setup(spec)
+    if after_setup is not None:
+        after_setup(state)
+    if variant.prepare_inputs is not None:  # its own layout of k and v (a paged pool), built untimed
+        with stage("input preparation"), torch.no_grad():
+            state = variant.prepare_inputs(spec, state, q, k, v, seed)
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return variant.forward(q, k, v, spec.causal, state)
+
+    with torch.no_grad(), graph_retention(spec.mode):
+        with stage("forward"):
+            step = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward)
+        yield step
