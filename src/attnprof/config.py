@@ -376,6 +376,12 @@ def _filled(fill: dict[str, Any], shape: Any) -> Any:
     return fill | shape
 
 
+#: --ncu: kernel launches one Nsight Compute pass profiles at most, by default: a cell's step (a backward
+#: launches a handful of kernels), and a model row's attention kernels (the first layers' of its step).
+NCU_LAUNCHES = 16
+MODEL_NCU_LAUNCHES = 8
+
+
 class MeasureOptions(_Strict):
     """How each cell is measured: the flags `run` and `compare` share, each with its one default."""
 
@@ -389,6 +395,8 @@ class MeasureOptions(_Strict):
     record_shapes: bool = True  # the profiler records each op's input shapes and types (the calls' bytes)
     with_stack: bool = False  # the profiler records the Python stack of each op
     key_averages_table: bool = False  # build the profiler's own key_averages table (`run` prints it)
+    ncu: bool = False  # each ok cell's step run again under Nsight Compute, its counters attached
+    ncu_launches: int = Field(default=NCU_LAUNCHES, gt=0)  # kernel launches one Nsight Compute pass profiles
 
 
 #: Where the user typed a field, by its path without list indices (`shapes.0.seq` is ("shapes", "seq")):

@@ -87,7 +87,8 @@ class CellResult:
     the backward modes (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `clock` without
     nvidia-smi, `analysis` when no trace was analysed. `retimed` counts the samples thrown away
     because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
-    speed-up rests on a latency that is unstable, the variant's or the baseline's.
+    speed-up rests on a latency that is unstable, the variant's or the baseline's. With `--ncu`,
+    `ncu_report` is the Nsight Compute report of the cell's step and `ncu_note` says why it has no counters.
     """
 
     variant: str
@@ -117,6 +118,8 @@ class CellResult:
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
+    ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the cell's step, beside its trace
+    ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
 
     @property
     def ok(self) -> bool:
@@ -268,6 +271,8 @@ class ModelResult:
     phases_s: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     native_stderr: list[str] = field(default_factory=list)
+    ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the row's attention kernels
+    ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
 
     @property
     def ok(self) -> bool:

@@ -98,6 +98,7 @@ class CellProgress:
     ) -> None:
         self.progress, self.task, self.terminal, self.time_left = progress, task, terminal, time_left
         self.index, self.started, self.left, self.prefix = 0, 0.0, "", prefix
+        self.counter_notes: set[str] = set()  # --ncu: the reasons already said
 
     def on_start(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
         """A cell begins."""
@@ -110,6 +111,17 @@ class CellProgress:
                 + left
             )
 
+    def on_counters(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+        """A cell's Nsight Compute pass begins (--ncu)."""
+        self.counters_started(index, total, f"{variant.name} {spec.cell_label}")
+
+    def counters_started(self, index: int, total: int, label: str) -> None:
+        """`counters 3/12: LABEL` on the bar, or as a line."""
+        text = f"counters {index + 1}/{total}: {label}"
+        self.progress.update(self.task, description=text)
+        if not self.terminal:
+            note(self.prefix + text)
+
     def on_done(self, result: CellResult) -> None:
         """A cell ended."""
         if self.time_left is not None:
@@ -118,8 +130,15 @@ class CellProgress:
         self.progress.advance(self.task)
         if not result.ok:
             self.say(f"{self.prefix}  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
+        self.counters_note(result.ncu_note)
         if STATE.debug:
             note_captured(result, self.say)
+
+    def counters_note(self, reason: str | None) -> None:
+        """Say once per distinct reason why a row has no counters (--ncu)."""
+        if reason and reason not in self.counter_notes:
+            self.counter_notes.add(reason)
+            self.say(f"{self.prefix}--ncu: no counters: {reason}")
 
     def say(self, text: str) -> None:
         """A note on stderr while the cells run: above the bar on a terminal (never on its line)."""
@@ -194,6 +213,8 @@ def execute(job: Job) -> tuple[RunOutcome, int]:
     outcome, code = run_job(job, StderrWatcher())
     if outcome is None:
         raise typer.Exit(code)
+    if job.measure.ncu:
+        note(counters_text(outcome.document.get("ncu"), len(outcome.results)))
     if outcome.interrupted:
         rows = len(outcome.document["results"])
         goes_on = f"; --resume {outcome.folder.dir} goes on" if job.command in RESUMABLE else ""
@@ -239,6 +260,19 @@ def note_outputs(outcome: RunOutcome[Any]) -> None:
         return
     where = str(traces[0]) if len(traces) == 1 else f"{len(traces)} files in {folder.traces}{os.sep}"
     note(f"traces: {where} (open in Perfetto, https://ui.perfetto.dev, or in chrome://tracing)")
+
+
+def counters_text(summary: dict[str, Any] | None, rows: int) -> str:
+    """The end of an --ncu run: how many of the `rows` this run ran got counters, and the time Nsight Compute
+    added to it."""
+    if not summary:
+        return "--ncu: no Nsight Compute pass ran"
+    seconds = round(float(summary.get("seconds") or 0.0))
+    spent = f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+    return (
+        f"--ncu: {summary.get('with_counters', 0)} of {rows} cell(s) got counters; "
+        f"Nsight Compute added {spent} to the run ({summary.get('passes', 0)} pass(es))"
+    )
 
 
 def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:

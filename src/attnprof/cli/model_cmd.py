@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnprof.cli import common as c
-from attnprof.cli.execute import cell_progress, note_outputs
+from attnprof.cli.execute import cell_progress, counters_text, note_outputs
+from attnprof.config import MODEL_NCU_LAUNCHES
 
 if TYPE_CHECKING:
     from attnprof.model_config import ModelConfig
     from attnprof.models.implementations import Implementation
     from attnprof.pipeline import RunOutcome
+    from attnprof.pipeline.counters import CounterCollector
     from attnprof.results import ModelResult
 
 
@@ -59,6 +61,24 @@ RegionOpt = Annotated[str | None, _option("--region", help="The record_function 
 SeedOpt = Annotated[int | None, _option("--seed", help="Seed for the weights and the inputs.")]
 MinTimeOpt = Annotated[float | None, _option("--min-time", help="Seconds of timed steps per row.")]
 OutputOpt = Annotated[Path | None, _option("--output-dir", "-o", help="Where traces and results go.")]
+NcuOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ncu",
+        help="After each row's measurement, run its step again under Nsight Compute and attach the hardware "
+        "counters of its attention kernels; about 10-30 s per row on a GPU. The report is written beside the "
+        "row's trace.",
+    ),
+]
+NcuLaunchesOpt = Annotated[
+    int,
+    typer.Option(
+        "--ncu-launches",
+        metavar="N",
+        min=1,
+        help="With --ncu: attention-kernel launches profiled per row at most (the first layers' in a step).",
+    ),
+]
 
 
 @c.handle_errors
@@ -78,6 +98,8 @@ def model_command(
     seed: SeedOpt = None,
     min_time: MinTimeOpt = None,
     output_dir: OutputOpt = None,
+    ncu: NcuOpt = False,
+    ncu_launches: NcuLaunchesOpt = MODEL_NCU_LAUNCHES,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
@@ -85,6 +107,7 @@ def model_command(
 
     Options override the config's values."""
     from attnprof.errors import ConfigError
+    from attnprof.pipeline.counters import CounterCollector
     from attnprof.pipeline.model import plan_implementations
 
     try:
@@ -111,7 +134,7 @@ def model_command(
     for line in c.plugin_notes(loaded):
         c.note(line)
     implementations = plan_implementations(cfg, loaded.registry)  # an unknown name fails before torch loads
-    outcome = _run(cfg, implementations)
+    outcome = _run(cfg, implementations, CounterCollector(ncu_launches) if ncu else None)
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
@@ -155,8 +178,11 @@ MODEL_OPTIONS = {
 }
 
 
-def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[ModelResult]:
-    """Open the model, run every row with a progress display on stderr, and write the results."""
+def _run(
+    cfg: ModelConfig, implementations: list[Implementation], counters: CounterCollector | None
+) -> RunOutcome[ModelResult]:
+    """Open the model, run every row with a progress display on stderr (with `counters`, each row's Nsight
+    Compute pass), and write the results."""
     from attnprof.pipeline.model import model_rows, open_model, resolve_model_config, run_model_job
     from attnprof.profiling.inputs import resolve_torch_device
 
@@ -178,13 +204,18 @@ def _run(cfg: ModelConfig, implementations: list[Implementation]) -> RunOutcome[
             shown.progress.advance(shown.task)
             if not result.ok:
                 c.note(f"  {result.label}: {result.status}: {result.reason}")
+            shown.counters_note(result.ncu_note)
             if c.STATE.debug:
                 for line in result.native_stderr + result.warnings:
                     c.note(f"  {result.label}: {line}")
 
-        outcome = run_model_job(source, cfg, implementations, device, on_start, on_done)
+        outcome = run_model_job(
+            source, cfg, implementations, device, on_start, on_done, counters, shown.counters_started
+        )
     if outcome.interrupted:
         c.note(f"interrupted: keeping the {len(outcome.results)} finished row(s)")
+    if counters is not None:
+        c.note(counters_text(outcome.document.get("ncu"), len(outcome.results)))
     return outcome
 
 

@@ -95,6 +95,19 @@ MEASURE_OPTIONS: dict[str, Any] = {
         bool,
         typer.Option("--with-stack", help="Record the Python stack of each op in the trace (a larger trace)."),
     ],
+    "ncu": Annotated[
+        bool,
+        typer.Option(
+            "--ncu",
+            help="After each cell's measurement, run its step again under Nsight Compute and attach the hardware "
+            "counters of its kernels (DRAM bytes, tensor-pipe use, occupancy, warp stalls); about 10-30 s per "
+            "cell on a GPU. The report is written beside the cell's trace.",
+        ),
+    ],
+    "ncu_launches": Annotated[
+        int,
+        typer.Option("--ncu-launches", metavar="N", help="With --ncu: kernel launches profiled per cell at most."),
+    ],
 }
 
 

@@ -10,9 +10,12 @@ before the watcher hears of it. In a sweep (`Job.sweep`) the OOM rule (`pipeline
 knows the resumed rows too) skips the larger sequence lengths of a variant that ran out of memory, and
 the watcher gets an estimate of the time left (`pipeline.eta`).
 
-The engine prints nothing: what a command shows (each ceiling, progress, failed cells) it learns through
-its `Watcher`. Ctrl-C ends the share with its finished cells kept and written (exit code 130); a variant
-that fails becomes a failed row and the others run on.
+With `--ncu` (`MeasureOptions.ncu`, one process only: refused under torchrun) each ok cell's step runs
+again under Nsight Compute after its measurement (`pipeline.counters`), before its row is recorded.
+
+The engine prints nothing: what a command shows (each ceiling, progress, failed cells, each cell's Nsight
+Compute pass) it learns through its `Watcher`. Ctrl-C ends the share with its finished cells kept and
+written (exit code 130); a variant that fails becomes a failed row and the others run on.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from attnprof.config import Config, MeasureOptions
+from attnprof.errors import ConfigError
 from attnprof.interrupts import raise_if_interrupted
 from attnprof.pipeline import distributed
+from attnprof.pipeline.counters import CounterCollector
 from attnprof.pipeline.eta import TimeLeft, time_left
 from attnprof.pipeline.mask_alternatives import Alternatives
 from attnprof.pipeline.resume import check_resumable, kept_rows, still_to_run
@@ -52,6 +57,9 @@ class CellWatch(Protocol):
 
     def on_done(self, result: CellResult) -> None:
         """A cell ended (its row is already recorded)."""
+
+    def on_counters(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+        """The cell's Nsight Compute pass begins (--ncu), after its measurement."""
 
 
 class Watcher(Protocol):
@@ -84,6 +92,9 @@ class Unwatched:
         """Nothing to show."""
 
     def on_done(self, result: CellResult) -> None:
+        """Nothing to show."""
+
+    def on_counters(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
         """Nothing to show."""
 
 
@@ -133,6 +144,11 @@ def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome[CellRe
     the same on every rank: 130 after Ctrl-C, 1 when a row failed, else 0). Closes the process group."""
     group = distributed.current()
     try:
+        if group is not None and job.measure.ncu:
+            raise ConfigError(
+                "--ncu does not run under torchrun (each rank would start Nsight Compute on its own)",
+                hint="collect counters in one process: the same command without torchrun, with --ncu",
+            )
         where = None if group is None else distributed.placement(group.ctx, job.device)
         return run_sharded(job, group, partial(run_share, job, watcher or Unwatched()), where)
     finally:
@@ -149,13 +165,14 @@ def run_share(
         for row in kept:
             oom.note_row(row)
     ceilings = _Ceilings(job.device, job.measure, watcher)
+    counters = CounterCollector(job.measure.ncu_launches) if job.measure.ncu else None
     with watcher.cells(len(cells), time_left(cells, oom.skip_reason) if oom is not None else None) as shown:
         tally = _Tally(len(cells), job.config.baseline, record, oom, shown)
-        results, interrupted = _by_dtype(job, cells, ceilings.start, tally, trace_dir)
+        results, interrupted = _by_dtype(job, cells, ceilings.start, tally, trace_dir, counters)
     for ceiling in ceilings.started.values():
         if ceiling.replaced is not None:
             watcher.ceiling_replaced(ceiling, _beating(ceiling, results))
-    return Share(results, interrupted, ceilings.started)
+    return Share(results, interrupted, ceilings.started, counters.summary() if counters is not None else None)
 
 
 def _by_dtype(
@@ -164,9 +181,10 @@ def _by_dtype(
     ceiling_for: Callable[[str], RunCeiling | None],
     tally: _Tally,
     trace_dir: Path,
+    counters: CounterCollector | None = None,
 ) -> tuple[list[CellResult], bool]:
-    """Run the cells a dtype at a time (`ceiling_for(dtype)` gives each its ceiling); the results, and
-    whether Ctrl-C cut the share short."""
+    """Run the cells a dtype at a time (`ceiling_for(dtype)` gives each its ceiling; `counters`, with --ncu,
+    each ok cell's Nsight Compute pass); the results, and whether Ctrl-C cut the share short."""
     results: list[CellResult] = []
     skip = tally.oom.skip_reason if tally.oom is not None else None
     for dtype, of_dtype in groupby(cells, key=lambda cell: cell[1].dtype):
@@ -187,6 +205,8 @@ def _by_dtype(
             skip=skip,
             group=distributed.current(),
             alternatives=Alternatives(job.cells),
+            counters=counters,
+            on_counters=tally.counters,
         )
         results += done
         if interrupted:
@@ -228,6 +248,10 @@ class _Tally:
     def started(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
         """Pass the start on with the index among all the share's cells."""
         self.shown.on_start(self.offset + index, self.total, variant, spec)
+
+    def counters(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
+        """Pass the start of a cell's Nsight Compute pass on, with the index among all the share's cells."""
+        self.shown.on_counters(self.offset + index, self.total, variant, spec)
 
     def done(self, result: CellResult) -> None:
         """Speed-up, OOM rule, then the row on disk before anyone else hears of the cell."""

@@ -10,6 +10,7 @@ GPU; Ctrl-C stops at once and keeps the finished rows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from attnprof.model_config import ModelConfig
 from attnprof.models.factory import AS_BUILT
 from attnprof.models.implementations import Implementation, resolve_implementations
 from attnprof.models.source import FactorySource, ModelSource, open_source
+from attnprof.pipeline.counters import CounterCollector
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
 from attnprof.registry import Registry
@@ -70,9 +72,13 @@ def run_model(
     trace_dir: Path,
     on_start: Callable[[int, int, str], None] | None = None,
     on_done: Callable[[ModelResult], None] | None = None,
+    counters: CounterCollector | None = None,
+    on_counters: Callable[[int, int, str], None] | None = None,
 ) -> tuple[list[ModelResult], bool]:
     """Run every row (see the module docstring); returns the rows and whether Ctrl-C cut the run short.
-    `on_start(index, total, label)` and `on_done(result)` report progress."""
+    `on_start(index, total, label)` and `on_done(result)` report progress. With `counters` (--ncu) each ok
+    row's step runs again under Nsight Compute, its attention kernels only (`pipeline.counters`;
+    `on_counters(index, total, label)` is told as the pass starts), before `on_done`."""
     results: list[ModelResult] = []
     references: dict[tuple[int | None, str], Any] = {}
     total = model_rows(source, config, implementations)
@@ -92,6 +98,9 @@ def run_model(
                             result = run_row(
                                 source, implementation, seq, mode, config, device, trace_dir, references, baseline
                             )
+                            if counters is not None:
+                                told = partial(on_counters, len(results), total, result.label) if on_counters else None
+                                counters.collect_model_row(result, config, implementations, told)
                             if interrupt_requested():
                                 raise KeyboardInterrupt
                             results.append(result)
@@ -132,19 +141,29 @@ def run_model_job(
     device: str,
     on_start: Callable[[int, int, str], None] | None = None,
     on_done: Callable[[ModelResult], None] | None = None,
+    counters: CounterCollector | None = None,
+    on_counters: Callable[[int, int, str], None] | None = None,
 ) -> RunOutcome[ModelResult]:
-    """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones),
-    then the results written into the folder (`finish_model_run`)."""
+    """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones;
+    with `counters`, each row's Nsight Compute pass), then the results written into the folder
+    (`finish_model_run`)."""
     folder = open_run_folder(Path(config.output_dir), "model")
-    results, interrupted = run_model(source, config, implementations, device, folder.traces, on_start, on_done)
-    return finish_model_run(config, device, results, interrupted, folder)
+    results, interrupted = run_model(
+        source, config, implementations, device, folder.traces, on_start, on_done, counters, on_counters
+    )
+    return finish_model_run(config, device, results, interrupted, folder, counters)
 
 
 def finish_model_run(
-    config: ModelConfig, device: str, results: list[ModelResult], interrupted: bool, folder: RunFolder
+    config: ModelConfig,
+    device: str,
+    results: list[ModelResult],
+    interrupted: bool,
+    folder: RunFolder,
+    counters: CounterCollector | None = None,
 ) -> RunOutcome[ModelResult]:
-    """Write the rows as `results.json` (the results document, `command` "model") and `results.csv` into
-    `folder`."""
+    """Write the rows as `results.json` (the results document, `command` "model"; with `counters`, what
+    --ncu did as `ncu`) and `results.csv` into `folder`."""
     from attnprof.profiling.environment import collect_environment, package_version
     from attnprof.report.export import write_csv, write_json
     from attnprof.report.serialize import MODEL_CSV_FIELDS, model_csv_row, results_document
@@ -152,6 +171,8 @@ def finish_model_run(
     environment = collect_environment(device)
     environment["transformers"] = package_version("transformers")
     document = results_document("model", config, environment, None, results, interrupted, files=folder.to_dict())
+    if counters is not None:
+        document["ncu"] = counters.summary()
     write_json(folder.results_json, document)
     write_csv(folder.results_csv, [model_csv_row(r) for r in results], MODEL_CSV_FIELDS)
     return RunOutcome("model", results, document, folder, interrupted)

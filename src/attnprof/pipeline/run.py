@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -27,9 +28,10 @@ from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
+    from attnprof.pipeline.counters import CounterCollector
     from attnprof.pipeline.distributed import Group
     from attnprof.pipeline.mask_alternatives import Alternatives
-    from attnprof.profiling.ceiling import RunCeiling
+    from attnprof.profiling.ceiling import Ceiling, RunCeiling
 
 Cell = tuple[Variant, RunSpec]
 
@@ -218,6 +220,8 @@ def run_cells(
     skip: Callable[[Variant, RunSpec], str | None] | None = None,
     group: Group | None = None,
     alternatives: Alternatives | None = None,
+    counters: CounterCollector | None = None,
+    on_counters: Callable[[int, int, Variant, RunSpec], None] | None = None,
 ) -> tuple[list[CellResult], bool]:
     """Run every cell in order; returns the results and whether Ctrl-C cut the run short.
 
@@ -232,7 +236,9 @@ def run_cells(
     (`group`), a collective variant's cell starts when every rank is there, runs only when every
     rank can run it (and none skips it), and its timing's call counts are agreed by the ranks.
     A cell whose trace shows `dense-mask` has the alternatives that `alternatives` (the plan) lacks
-    timed right after it, before `on_done` (`pipeline.mask_alternatives`).
+    timed right after it, before `on_done` (`pipeline.mask_alternatives`). With `counters` (--ncu), each
+    ok cell's step then runs again under Nsight Compute (`pipeline.counters`; `on_counters` is told as
+    the pass starts), its counters attached before `on_done`.
     """
     results: list[CellResult] = []
     interrupted = False
@@ -253,6 +259,9 @@ def run_cells(
                         result = run_cell(variant, spec, config, measure, ceiling, trace_dir)
                         if alternatives is not None:
                             alternatives.measure(result, config, measure)
+                        if counters is not None:
+                            told = partial(on_counters, index, len(cells), variant, spec) if on_counters else None
+                            counters.collect_cell(result, variant, config.seed, _current(ceiling), told)
                     if interrupt_requested():
                         raise KeyboardInterrupt
                     results.append(result)
@@ -269,6 +278,10 @@ def run_cells(
         rethroughput(results, ceiling.current)
     attach_speedups(results, config.baseline)
     return results, interrupted
+
+
+def _current(ceiling: RunCeiling | None) -> Ceiling | None:
+    return ceiling.current if ceiling is not None else None
 
 
 def _collective_cell(

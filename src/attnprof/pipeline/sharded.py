@@ -87,12 +87,13 @@ class Job:
 
 @dataclass
 class Share:
-    """What one rank's share produced: its results, whether Ctrl-C cut it short, and the matmul ceiling
-    of each dtype it measured."""
+    """What one rank's share produced: its results, whether Ctrl-C cut it short, the matmul ceiling
+    of each dtype it measured, and (--ncu) what its Nsight Compute passes did."""
 
     results: list[CellResult]
     interrupted: bool
     ceilings: dict[str, RunCeiling] = field(default_factory=dict)
+    counters: dict[str, Any] | None = None  # --ncu: what its Nsight Compute passes did (`CounterCollector.summary`)
 
 
 #: Takes each finished result of this rank: sets its placement and streams its row.
@@ -188,6 +189,7 @@ def run_sharded(
         "collective_cells": len(collective),
         "estimated_s": round(estimated_s, 1),
         "ceilings": {dtype: ceiling.current.to_dict() for dtype, ceiling in share.ceilings.items()},
+        "counters": share.counters,
     }
     shares = [sent] if group is None else group.gather(sent)
     made: dict[str, RunOutcome] = {}
@@ -204,6 +206,8 @@ def run_sharded(
         document = _document(job, folder, environment, rows, interrupted, ceilings, streams, group is not None)
         if group is not None:
             document["distributed"] = _distributed(group, shares)
+        if job.measure.ncu:
+            document["ncu"] = share.counters
         _write(folder, document)
         made["outcome"] = RunOutcome(job.command, share.results, document, folder, interrupted)
         failed = next((s for s in shares if s["error"] is not None), None)

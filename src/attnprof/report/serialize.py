@@ -214,6 +214,8 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("speedup_reliable", lambda r: r.speedup_reliable),
     ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
     ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
+    ("ncu_report", lambda r: str(r.ncu_report) if r.ncu_report else None),
+    ("ncu_note", lambda r: r.ncu_note),
     ("comm_kernels_per_forward", _comm("kernels_per_forward")),
     ("comm_time_us", _rounded(_comm("comm_time_us"))),
     ("comm_overlap_pct", _rounded(_comm("overlap_pct"))),
@@ -369,7 +371,7 @@ MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("attention_gpu_pct", _ledger("gpu_time_pct")),
     ("attention_overhead_us", _ledger("overhead_us")),
     *((f"logits_{attr}", _logits(attr)) for attr in ("baseline", "max_abs_diff", "rel_diff")),
-    *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace"),
+    *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace", "ncu_report", "ncu_note"),
 )
 MODEL_CSV_FIELDS = tuple(name for name, _ in MODEL_ROW)
 

@@ -1,0 +1,294 @@
+"""`--ncu`: after a cell's (or a model row's) measurement, its step run again under Nsight Compute, and the
+hardware counters of its kernels attached to its row.
+
+A `CounterCollector` belongs to one run. For each ok cell it starts a child process
+(`pipeline.ncu_child`) under `ncu` (`profiling.ncu`), the report written beside the cell's trace
+(`traces/NAME.ncu-rep`), then reads it through `attach_counters`, the one place that reads a report
+(`analysis.counters`). The cell's own figures are taken before, so `--ncu` changes none of them; the pass
+runs in its own process, after the parent handed its cached GPU memory back.
+
+Nothing here fails a cell or the run: a pass that fails leaves the row without counters and with a note
+(`ncu_note`, one line). A reason that holds for the whole run (no CUDA device, no `ncu`, counters
+restricted to administrators, a profiler that cannot start in a sandbox) is found once, and no further
+pass is tried; each distinct reason is in `notes`, in order, for the command to say once. The seconds
+every pass took (`seconds`; each row's `phases_s["ncu"]`) are what `--ncu` added to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnprof.config import NCU_LAUNCHES
+from attnprof.errors import AttnprofError, OutputError, one_line
+from attnprof.nsight import NsightUnavailableError
+from attnprof.results import CellResult, ModelResult
+
+if TYPE_CHECKING:
+    from attnprof.model_config import ModelConfig
+    from attnprof.models.implementations import Implementation
+    from attnprof.profiling.ceiling import Ceiling
+    from attnprof.registry import RunSpec, Variant
+
+REPORT_SUFFIX = ".ncu-rep"
+
+
+#: What a pass asks `ncu` for (the sections, then the metrics beside them): what the reader reads.
+NCU_SECTIONS = (
+    "SpeedOfLight",
+    "MemoryWorkloadAnalysis",
+    "ComputeWorkloadAnalysis",
+    "Occupancy",
+    "LaunchStats",
+    "WarpStateStats",
+)
+NCU_METRICS = (
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_sector_hit_rate.pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active",
+)
+
+
+def ncu_collection() -> tuple[Sequence[str], Sequence[str]]:
+    """The sections and metrics a pass asks `ncu` for: those the reader (`analysis.counters`) reads."""
+    return NCU_SECTIONS, NCU_METRICS
+
+
+def attach_counters(
+    result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
+) -> None:
+    """Read `report` and set `result.counters` (`analysis.counters.counters_for_cell`: each kernel's counters,
+    placed against `ceiling`). A `.ncu-rep` this machine's `ncu_report` module cannot read is exported as
+    its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that wrote it) and read from that. The
+    one place that reads a report; any failure is an AttnprofError with one line."""
+    from attnprof.analysis.counters import counters_for_cell, load_counters
+    from attnprof.profiling.ncu import export_raw_page
+
+    try:
+        loaded = load_counters(report)
+    except NsightUnavailableError:
+        loaded = load_counters(export_raw_page(ncu, report))
+    spec = result.spec if isinstance(result, CellResult) else model_spec(result)
+    result.counters = counters_for_cell(loaded, spec, ceiling, seconds=seconds, report_path=report)
+
+
+def model_spec(result: ModelResult) -> RunSpec | None:
+    """The attention shape of a model row as a RunSpec (what the counters' roofline counts FLOPs of), or None
+    where the model does not state its heads, head dim or seq."""
+    from attnprof.registry import RunSpec
+
+    if result.seq is None or result.heads is None or result.head_dim is None:
+        return None
+    kv_heads = result.kv_heads if result.kv_heads != result.heads else None
+    return RunSpec(
+        result.device,
+        result.dtype,
+        result.batch,
+        result.heads,
+        result.seq,
+        result.head_dim,
+        kv_heads,
+        causal=result.causal is not False,
+        mode="fwd" if result.mode == "fwd" else "fwd+bwd",
+        mask=result.mask,
+        score_mod=result.score_mod,
+    )
+
+
+def attention_kernel_regex() -> str:
+    """A regular expression for `ncu --kernel-name regex:` matching the kernels attnprof decodes as fused
+    attention (the `fused-attention` rules of `analysis/kernel_names.yaml`), written for ncu's (ECMAScript)
+    regex: named groups made plain, and wrapped in `.*` so that it holds whether ncu matches the whole name
+    or searches in it."""
+    from attnprof.analysis.names import rules
+
+    patterns = [re.sub(r"\(\?P<\w+>", "(", rule.regex.pattern) for rule in rules() if rule.family == "fused-attention"]
+    return ".*(?:" + "|".join(f"(?:{pattern})" for pattern in patterns) + ").*"
+
+
+#: The child entry point (`python -m`).
+CHILD_MODULE = "attnprof.pipeline.ncu_child"
+
+
+def cell_command(variant: Variant, spec: RunSpec, seed: int, steps: int = 1) -> list[str]:
+    """The child's command line for one cell."""
+    job = {"cell": {"variant": variant.name, "spec": asdict(spec), "seed": seed}}
+    return _command(job | {"no_plugins": variant.source == "built-in", "steps": steps})
+
+
+def model_command(
+    config: ModelConfig, device: str, implementation: str, seq: int | None, mode: str, no_plugins: bool, steps: int = 1
+) -> list[str]:
+    """The child's command line for one row of `attnprof model`."""
+    row = {"config": config.model_dump(mode="json"), "device": device, "implementation": implementation}
+    return _command({"model": row | {"seq": seq, "mode": mode}, "no_plugins": no_plugins, "steps": steps})
+
+
+def _command(job: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", CHILD_MODULE, json.dumps(job, separators=(",", ":"))]
+
+
+def device_problem(device: str) -> str | None:
+    """Why a pass cannot run on `device` (counters need a CUDA GPU), or None."""
+    if device.startswith("cuda"):
+        return None
+    return f"hardware counters need a CUDA GPU (this run is on {device})"
+
+
+@dataclass
+class CounterCollector:
+    """The Nsight Compute passes of one run (see the module docstring)."""
+
+    launches: int = NCU_LAUNCHES
+    timeout_s: float | None = None  # None: profiling.ncu's default
+    refused: str | None = None  # a reason that holds for the whole run: no pass is tried
+    seconds: float = 0.0
+    passes: int = 0
+    attached: int = 0
+    notes: list[str] = field(default_factory=list)
+    _ncu: Path | None = None
+
+    def collect_cell(
+        self,
+        result: CellResult,
+        variant: Variant,
+        seed: int,
+        ceiling: Ceiling | None,
+        started: Callable[[], None] | None = None,
+    ) -> None:
+        """The counters of an ok cell (`started` is told when its pass begins)."""
+        if result.ok and result.trace_path is not None:
+            report = report_path(result.trace_path)
+            self._collect(result, cell_command(variant, result.spec, seed), report, None, ceiling, started)
+
+    def collect_model_row(
+        self,
+        result: ModelResult,
+        config: ModelConfig,
+        implementations: list[Implementation],
+        started: Callable[[], None] | None = None,
+    ) -> None:
+        """The counters of the attention kernels of an ok model row (`started` is told when its pass begins)."""
+        if not result.ok or result.trace_path is None:
+            return
+        no_plugins = all(i.variant is None or i.variant.source == "built-in" for i in implementations)
+        command = model_command(config, result.device, result.variant, result.seq, result.mode, no_plugins)
+        self._collect(result, command, report_path(result.trace_path), attention_kernel_regex(), None, started)
+
+    def _collect(
+        self,
+        result: CellResult | ModelResult,
+        child: list[str],
+        report: Path,
+        kernel_regex: str | None,
+        ceiling: Ceiling | None,
+        started: Callable[[], None] | None,
+    ) -> None:
+        from attnprof.profiling.memory import release_cached_memory
+        from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S, NcuPassFailed, NcuRequest, run_ncu
+
+        device = result.spec.device if isinstance(result, CellResult) else result.device
+        self.refused = self.refused or device_problem(device)
+        if self.refused is None and self._ncu is None:
+            self._ncu = self._find_ncu()
+        if self.refused is not None or self._ncu is None:
+            self._note(result, str(self.refused))
+            return
+        if started is not None:
+            started()
+        begun = time.perf_counter()
+        try:
+            release_cached_memory()  # the child needs the memory this process's allocator keeps
+            sections, metrics = ncu_collection()
+            request = NcuRequest(
+                child,
+                report,
+                sections,
+                metrics,
+                self.launches,
+                kernel_regex,
+                self.timeout_s or DEFAULT_TIMEOUT_S,
+                child_environment(),
+            )
+            self.passes += 1
+            run = run_ncu(self._ncu, request)
+            result.ncu_report = run.report
+            self._read(result, run.report, run.seconds, ceiling, self._ncu)
+        except NsightUnavailableError as exc:
+            self.refused = _line(exc)
+            self._note(result, self.refused)
+        except (NcuPassFailed, OutputError) as exc:
+            self._note(result, _line(exc))
+        finally:
+            taken = time.perf_counter() - begun
+            self.seconds += taken
+            result.phases_s["ncu"] = taken
+
+    def _read(
+        self, result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
+    ) -> None:
+        """Attach the report's counters; a report that cannot be read is a note (the report stays)."""
+        try:
+            attach_counters(result, report, seconds, ceiling, ncu)
+        except AttnprofError as exc:
+            self._note(result, f"the report could not be read: {_line(exc)}")
+        except Exception as exc:  # a reader's bug must not cost the run its other rows
+            self._note(result, f"the report could not be read: {one_line(exc)}")
+        else:
+            self.attached += 1
+
+    def _find_ncu(self) -> Path | None:
+        from attnprof.nsight import find_ncu
+
+        try:
+            return find_ncu()
+        except NsightUnavailableError as exc:
+            self.refused = _line(exc)
+            return None
+
+    def _note(self, result: CellResult | ModelResult, reason: str) -> None:
+        result.ncu_note = reason
+        if reason not in self.notes:
+            self.notes.append(reason)
+
+    def summary(self) -> dict[str, Any]:
+        """What `--ncu` did, for the results document: the passes started, the rows with counters, the seconds
+        it added, and each distinct reason a row has none."""
+        return {
+            "passes": self.passes,
+            "with_counters": self.attached,
+            "seconds": round(self.seconds, 1),
+            "notes": list(self.notes),
+        }
+
+
+def _line(exc: AttnprofError) -> str:
+    """The error's message and its hint, as one line."""
+    return exc.message + (f"; {exc.hint}" if exc.hint else "")
+
+
+def report_path(trace: Path) -> Path:
+    """`traces/NAME.ncu-rep` beside the cell's trace `traces/NAME.json.gz`."""
+    return trace.with_name(trace.name.removesuffix(".gz").removesuffix(".json") + REPORT_SUFFIX)
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with the folder this attnprof is imported from first on PYTHONPATH, so the
+    child runs the same code."""
+    import attnprof
+
+    root = str(Path(attnprof.__file__).resolve().parents[1])
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return dict(os.environ) | {"PYTHONPATH": os.pathsep.join(paths)}
