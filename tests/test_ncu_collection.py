@@ -415,3 +415,15 @@ def test_a_model_rows_pass_profiles_only_its_attention_kernels(cli, model_config
     document = json.loads((Path(result.stderr.split("results: ")[1].split(" and ")[0])).read_text())
     assert [Path(row["ncu_report"]).suffix for row in document["results"]] == [".ncu-rep", ".ncu-rep"]
     assert document["ncu"]["passes"] == 2
+
+
+def test_a_model_rows_counters_count_the_flops_of_one_forward_call() -> None:
+    from attnprof.pipeline.counters import model_spec
+    from attnprof.results import ModelResult
+
+    row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=2, seq=256, mode="fwd", dtype="bf16",
+                      device="cuda:0", heads=16, kv_heads=4, head_dim=64, causal=True, mask="causal")
+    assert model_spec(row) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, 4, causal=True)
+    assert model_spec(replace(row, kv_heads=16)) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, causal=True)
+    assert model_spec(replace(row, mode="fwd+bwd")) is None  # its layers' kernels are no calls of one shape
+    assert model_spec(replace(row, heads=None)) is None  # a factory model that does not state them

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from attnprof.config import NCU_LAUNCHES
 from attnprof.errors import AttnprofError, OutputError, one_line
 from attnprof.nsight import NsightUnavailableError
+from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
 from attnprof.results import CellResult, ModelResult
 
 if TYPE_CHECKING:
@@ -85,11 +86,13 @@ def attach_counters(
 
 
 def model_spec(result: ModelResult) -> RunSpec | None:
-    """The attention shape of a model row as a RunSpec (what the counters' roofline counts FLOPs of), or None
-    where the model does not state its heads, head dim or seq."""
+    """The attention call of a model row's forward as a RunSpec, whose FLOPs the counters' roofline divides
+    among the kernels of each call (one fused kernel a layer); None where the model does not state its heads,
+    head dim or seq, and for a training step, whose layers' forward and backward kernels do not come in
+    calls of one shape."""
     from attnprof.registry import RunSpec
 
-    if result.seq is None or result.heads is None or result.head_dim is None:
+    if result.mode != "fwd" or result.seq is None or result.heads is None or result.head_dim is None:
         return None
     kv_heads = result.kv_heads if result.kv_heads != result.heads else None
     return RunSpec(
@@ -101,7 +104,6 @@ def model_spec(result: ModelResult) -> RunSpec | None:
         result.head_dim,
         kv_heads,
         causal=result.causal is not False,
-        mode="fwd" if result.mode == "fwd" else "fwd+bwd",
         mask=result.mask,
         score_mod=result.score_mod,
     )
@@ -152,13 +154,13 @@ class CounterCollector:
     """The Nsight Compute passes of one run (see the module docstring)."""
 
     launches: int = NCU_LAUNCHES
-    timeout_s: float | None = None  # None: profiling.ncu's default
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    ncu: Path | None = None  # found before the first pass (`nsight.find_ncu`) unless given
     refused: str | None = None  # a reason that holds for the whole run: no pass is tried
     seconds: float = 0.0
     passes: int = 0
     attached: int = 0
     notes: list[str] = field(default_factory=list)
-    _ncu: Path | None = None
 
     def collect_cell(
         self,
@@ -197,13 +199,13 @@ class CounterCollector:
         started: Callable[[], None] | None,
     ) -> None:
         from attnprof.profiling.memory import release_cached_memory
-        from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S, NcuPassFailed, NcuRequest, run_ncu
+        from attnprof.profiling.ncu import NcuPassFailed, NcuRequest, run_ncu
 
         device = result.spec.device if isinstance(result, CellResult) else result.device
         self.refused = self.refused or device_problem(device)
-        if self.refused is None and self._ncu is None:
-            self._ncu = self._find_ncu()
-        if self.refused is not None or self._ncu is None:
+        if self.refused is None and self.ncu is None:
+            self.ncu = self._find_ncu()
+        if self.refused is not None or self.ncu is None:
             self._note(result, str(self.refused))
             return
         if started is not None:
@@ -219,13 +221,13 @@ class CounterCollector:
                 metrics,
                 self.launches,
                 kernel_regex,
-                self.timeout_s or DEFAULT_TIMEOUT_S,
+                self.timeout_s,
                 child_environment(),
             )
             self.passes += 1
-            run = run_ncu(self._ncu, request)
+            run = run_ncu(self.ncu, request)
             result.ncu_report = run.report
-            self._read(result, run.report, run.seconds, ceiling, self._ncu)
+            self._read(result, run.report, run.seconds, ceiling, self.ncu)
         except NsightUnavailableError as exc:
             self.refused = _line(exc)
             self._note(result, self.refused)
