@@ -270,7 +270,7 @@ def test_compare_says_each_reason_once_and_the_time_added(cli, tmp_path) -> None
                  "--ncu", "--format", "json")
     assert result.exit_code == 0, result.output
     assert result.stderr.count(f"--ncu: no counters: {CPU_NOTE}") == 1
-    assert "--ncu: 0 of 2 cell(s) got counters; Nsight Compute added 0 s to the run (0 pass(es))" in result.stderr
+    assert "--ncu: 0 of 2 cell(s) got counters; Nsight Compute added 0.0 s to the run (0 pass(es))" in result.stderr
     document = json.loads(result.stdout)
     assert document["ncu"]["notes"] == [CPU_NOTE] and document["measure"]["ncu_launches"] == 16
 
@@ -282,8 +282,8 @@ def test_progress_names_each_cells_pass(cli, tmp_path, fake, read) -> None:
     assert result.exit_code == 0, result.output
     assert "counters 1/1: naive 1x2x32x16" in result.stderr
     assert fake.passes()[0][fake.passes()[0].index("--launch-count") + 1] == "3"
-    assert re.search(r"--ncu: 1 of 1 cell\(s\) got counters; Nsight Compute added \d+ s to the run \(1 pass\(es\)\)",
-                     result.stderr)
+    closing = r"--ncu: 1 of 1 cell\(s\) got counters; Nsight Compute added \d+\.\d s to the run \(1 pass\(es\)\)"
+    assert re.search(closing, result.stderr)
 
 
 def test_a_bad_launch_count_is_one_line(cli) -> None:

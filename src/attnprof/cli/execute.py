@@ -267,8 +267,9 @@ def counters_text(summary: dict[str, Any] | None, rows: int) -> str:
     added to it."""
     if not summary:
         return "--ncu: no Nsight Compute pass ran"
-    seconds = round(float(summary.get("seconds") or 0.0))
-    spent = f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+    seconds = float(summary.get("seconds") or 0.0)
+    whole = round(seconds)
+    spent = f"{whole // 60} min {whole % 60:02d} s" if whole >= 60 else f"{seconds:.1f} s"
     return (
         f"--ncu: {summary.get('with_counters', 0)} of {rows} cell(s) got counters; "
         f"Nsight Compute added {spent} to the run ({summary.get('passes', 0)} pass(es))"
