@@ -26,9 +26,7 @@ NCU_ENV = "ATTNPROF_NCU"
 REPORT_DIR_ENV = "ATTNPROF_NCU_REPORT_DIR"
 INSTALL_ROOTS = (Path("/opt/nvidia/nsight-compute"),)
 CUDA_ROOTS = ("/usr/local/cuda",)
-INSTALL_HINT = (
-    "install Nsight Compute (it comes with the CUDA toolkit) and put its `ncu` on PATH, or set ATTNPROF_NCU"
-)
+INSTALL_HINT = "install Nsight Compute (it comes with the CUDA toolkit) and put its `ncu` on PATH, or set ATTNPROF_NCU"
 
 
 class NsightUnavailableError(AttnprofError):
@@ -53,7 +51,9 @@ def find_ncu() -> Path:
         candidate = Path(root) / "bin" / "ncu"
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise NsightUnavailableError("Nsight Compute's `ncu` was not found (not on PATH, nor under CUDA_HOME)", INSTALL_HINT)
+    raise NsightUnavailableError(
+        "Nsight Compute's `ncu` was not found (not on PATH, nor under CUDA_HOME)", INSTALL_HINT
+    )
 
 
 def ncu_report_dirs(ncu: Path | None) -> list[Path]:

@@ -56,6 +56,9 @@ def run_grad_case(case):
 
     os.environ[_kernel.TMA_ENV] = "1" if case["tma"] else "0"
     os.environ[_kernel.AUTOTUNE_ENV] = "0"  # the autotuner needs a GPU driver
+    if case.get("bwd_configs"):  # the backward's (dK/dV, dQ) tiles, where the defaults are square
+        configs = tuple(_kernel.BlockConfig(*c) for c in case["bwd_configs"])
+        _backward.default_configs = lambda *_args: configs
     spec = _spec(case, mode="fwd+bwd")
     q, k, v = (t.requires_grad_(True) for t in make_inputs(spec, seed=case["seed"]))
     out = _backward.FlashAttention.apply(q, k, v, _mask(case))

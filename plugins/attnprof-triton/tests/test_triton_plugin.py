@@ -179,7 +179,7 @@ def _interp_cases() -> list[dict]:
                           head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
     cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
                       config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
-    return cases + MASK_CASES + GRAD_CASES + MASK_GRAD_CASES
+    return cases + MASK_CASES + GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES
 
 
 # The sized masks and decode (q_len < kv_len, bottom-right aligned): lengths that are multiples of the
@@ -252,6 +252,23 @@ MASK_GRAD_CASES = [
 ]
 
 
+# The backward with uneven tiles, as the autotuner may pick them (dK/dV: 16 query rows x 32 keys; dQ: 32 x 16):
+# the unmasked middle tiles, the masked boundary ones and ragged ends under every mask, square and decode-like.
+UNEVEN_GRAD_CASES = [
+    dict(id=f"grad-uneven-{mask}-{q_len or s}/{s}", grad=True, batch=1, heads=4, kv_heads=2, seq=s, q_len=q_len,
+         head_dim=16, causal=mask == "causal", mask=mask, tma=False, dtype="fp16", seed=5,
+         bwd_configs=[(16, 32, 4, 1), (32, 16, 4, 1)])
+    for mask, q_len, s in [
+        ("causal", None, 100),
+        ("none", None, 70),
+        ("sliding_window:40", None, 128),
+        ("documents:4", None, 128),
+        ("prefix:40", None, 100),
+        ("causal", 40, 100),
+        ("sliding_window:20", 33, 96),
+    ]
+]
+
 INTERP_CASES = _interp_cases()
 
 
@@ -269,8 +286,11 @@ def interp_results() -> dict:
     return results
 
 
+_GRAD_CASES = GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES
+
+
 @needs_triton
-@pytest.mark.parametrize("case", GRAD_CASES + MASK_GRAD_CASES, ids=[c["id"] for c in GRAD_CASES + MASK_GRAD_CASES])
+@pytest.mark.parametrize("case", _GRAD_CASES, ids=[c["id"] for c in _GRAD_CASES])
 def test_interpreter_gradients_match_float64_autograd(interp_results, case):
     result = interp_results[case["id"]]
     assert "error" not in result, result["error"]
@@ -573,8 +593,14 @@ def test_executed_pairs_by_hand():
     # decode: one query at position 7 against a window of 3 keys (5, 6, 7): the block of keys 4..7 only
     assert attnprof_triton.tile_pairs(parse_mask("sliding_window:3"), 1, 8, 4, 4) == 4
     rs = spec(batch=2, heads=4, kv_heads=2, seq=8, mask="causal", mode="fwd+bwd")
-    state = attnprof_triton.TritonState("causal", forward_tiles=(4, 4), backward_tile=2)
+    state = attnprof_triton.TritonState("causal", forward_tiles=(4, 4), backward_tiles=((2, 2), (2, 2)))
     assert attnprof_triton.executed_pairs(rs, state) == ExecutedPairs(forward=2 * 4 * 48, backward=2 * 4 * 10 * 4)
+    # dK/dV in 2x4 tiles (query rows x keys) weighs 4 of the 7 tile products, dQ in 4x2 tiles 3 of them
+    uneven = attnprof_triton.TritonState("causal", forward_tiles=(4, 4), backward_tiles=((2, 4), (4, 2)))
+    dkdv = attnprof_triton.tile_pairs(parse_mask("causal"), 8, 8, 2, 4)
+    dq = attnprof_triton.tile_pairs(parse_mask("causal"), 8, 8, 4, 2)
+    assert (dkdv, dq) == (8 + 8 + 16 + 16, 16 + 32)
+    assert attnprof_triton.executed_pairs(rs, uneven).backward == round(2 * 4 * (4 * dkdv + 3 * dq) / 7)
     fwd = attnprof_triton.TritonState("causal", forward_tiles=(4, 4))
     assert attnprof_triton.executed_pairs(spec(batch=2, heads=4, seq=8), fwd) == ExecutedPairs(2 * 4 * 48)
     assert attnprof_triton.executed_pairs(rs, attnprof_triton.TritonState("causal", None)) is None

@@ -8,8 +8,9 @@ the measurement is then simply not kept.
 
 A cached entry is used only while it is trustworthy: it is measured again when it is older
 than `MAX_AGE_DAYS`, when it was measured under another torch version or NVIDIA driver
-version, or when `refresh` asks for it. A run measures it again, at most once, when a cell's
-achieved TFLOP/s exceeds it (`RunCeiling.measure_again`).
+version, or when `refresh` asks for it. A CPU figure measured while other processes held more than
+`CONTENTION_LIMIT` of the machine's CPU serves its run but is not cached. A run measures it again,
+at most once, when a cell's achieved TFLOP/s exceeds it (`RunCeiling.measure_again`).
 
 CPU in bf16 or fp16 has no ceiling (`source` "none"): a half-precision matmul on a CPU is no
 peak for attention kernels that compute in fp32 inside (against a freshly measured bf16 matmul,
@@ -41,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from attnprof.profiling.contention import CONTENTION_LIMIT, CpuShare
 from attnprof.profiling.read_probe import REPS, WARMUP, median_seconds, probe_read
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
@@ -215,7 +217,9 @@ def device_ceiling(
     if why is None:
         ceiling = _from_entry(entries[key])
     else:
+        share = CpuShare.start()
         measured = (probe or probe_ceiling)(device, dtype)
+        busy = share.others() if device.split(":")[0] == "cpu" else None
         ceiling = replace(
             measured,
             source="measured",
@@ -225,7 +229,11 @@ def device_ceiling(
             reason=why,
         )
         entries[key] = {k: v for k, v in ceiling.to_dict().items() if k not in ("source", "reason")}
-        if not write_cache(path, entries):
+        if busy is not None and busy > CONTENTION_LIMIT:  # a figure from a busy moment would stand for 30 days
+            ceiling = replace(
+                ceiling, reason=f"{why}; not kept: other processes took {busy:.0%} of the CPU while it was measured"
+            )
+        elif not write_cache(path, entries):
             ceiling = replace(ceiling, reason=f"{why}; not kept: cannot write {path}")
     _memo[memo_key] = replace(ceiling, source="cached", reason=None)  # later calls in this process reuse it
     return ceiling

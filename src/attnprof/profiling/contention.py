@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 STAT = "/proc/stat"
 MIN_WINDOW_S = 0.05  # /proc/stat counts in ticks of 1/CLK_TCK s (10 ms at the usual 100)
+#: Other processes' share of the CPU above which a CPU figure is not trusted: `diff` does not judge a latency
+#: timed under it, and a CPU ceiling measured under it is used for its run but not cached.
+CONTENTION_LIMIT = 0.25
 
 
 def machine_busy_s(path: str = STAT) -> float | None:

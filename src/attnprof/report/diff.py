@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.errors import UsageError
+from attnprof.profiling.contention import CONTENTION_LIMIT
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import severity
 from attnprof.report.layout import Column, bullets, limit, table, wrap
@@ -39,7 +40,6 @@ NOISE_FLOOR = {"cpu": 0.5, "cuda": 0.0}
 #: The share of the machine's CPU other processes may take while a row is timed for its latency to count:
 #: on the 2-core development CPU one busy neighbour (a share of 0.5) made a default compare's latencies 23 to
 #: 97 times longer.
-CONTENTION_LIMIT = 0.25
 THRESHOLD_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
 COLUMNS = (

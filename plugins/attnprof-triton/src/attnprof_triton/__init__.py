@@ -25,7 +25,7 @@ MASKS = ("causal", "none", "sliding_window", "documents", "prefix")  # the kerne
 PLAIN_MASKS = ("causal", "none")  # what `forward`'s `causal` argument says alone
 DESCRIPTION = (
     "FlashAttention-style forward and backward in Triton (this plugin): Q/KV tiling, online softmax, "
-    "masks by key-block ranges (causal, sliding window, documents, prefix), decode, GQA; forward autotuned per shape"
+    "masks by key-block ranges (causal, sliding window, documents, prefix), decode, GQA; autotuned per shape"
 )
 
 
@@ -65,18 +65,19 @@ def check(spec: RunSpec) -> str | None:
 class TritonState:
     """What setup leaves for forward and for `executed_pairs`: the cell's mask (its text) and the tiles
     the kernels launch with: the forward's (BLOCK_M, BLOCK_N) as the autotuner chose them, and the
-    backward's square tile (None in the fwd mode)."""
+    backward's kernels' (BLOCK_M, BLOCK_N), dK/dV's then dQ's (None in the fwd mode, or not yet tuned)."""
 
     mask: str
     forward_tiles: tuple[int, int] | None
-    backward_tile: int | None = None
+    backward_tiles: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 def setup(spec: RunSpec) -> TritonState:
     """Compile and autotune for this shape, mask and mode on throw-away inputs, outside any timed region.
 
     The autotuner keeps its choice per shape and mask kind, so `forward` launches the tuned kernel;
-    the state carries the mask and the tiles it chose (`_kernel.launched_config`).
+    the state carries the mask and the tiles it chose (`_kernel.launched_config`). In the backward modes a
+    backward runs as well, which tunes its two kernels (`_backward.launched_configs`).
     """
     import torch
 
@@ -86,18 +87,27 @@ def setup(spec: RunSpec) -> TritonState:
     q = torch.randn(spec.batch, spec.heads, spec.n_queries, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.n_kv_heads, spec.n_keys, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    # the backward modes' forward saves lse: tune that kernel
-    _kernel.attention(q, k, v, return_lse=spec.backward, mask=spec.mask)
+    # the backward modes' forward saves lse: tune that kernel, and the backward's two
+    if spec.backward:
+        from attnprof_triton import _backward
+
+        for tensor in (q, k, v):
+            tensor.requires_grad_(True)
+        with torch.enable_grad():
+            out = _backward.FlashAttention.apply(q, k, v, spec.mask)
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    else:
+        _kernel.attention(q, k, v, mask=spec.mask)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     config = _kernel.launched_config(q, k, spec.mask)
-    backward_tile = None
+    backward_tiles = None
     if spec.backward:
-        from attnprof_triton._backward import block_sizes
-
-        backward_tile = block_sizes(spec.head_dim, q.element_size())[0]
+        configs = _backward.launched_configs(q, k, spec.mask)
+        if configs is not None:
+            backward_tiles = ((configs[0].block_m, configs[0].block_n), (configs[1].block_m, configs[1].block_n))
     forward_tiles = (config.block_m, config.block_n) if config is not None else None
-    return TritonState(spec.mask, forward_tiles, backward_tile)
+    return TritonState(spec.mask, forward_tiles, backward_tiles)
 
 
 def forward(q: Any, k: Any, v: Any, causal: bool, state: TritonState | None = None) -> Any:
@@ -146,17 +156,18 @@ def tile_pairs(mask: Mask, q_len: int, kv_len: int, block_m: int, block_n: int) 
 
 
 def executed_pairs(spec: RunSpec, state: TritonState) -> ExecutedPairs | None:
-    """The pairs the forward's tiles compute (and the backward's, with their own square tiles), summed over
-    batch and query heads; None when the forward's tiles are unknown."""
+    """The pairs the forward's tiles compute, summed over batch and query heads, and the backward's: its dK/dV
+    kernel computes four of the seven tile products (S, dP, dV, dK) over its tiles and dQ three (S, dP, dQ)
+    over its own, so the backward's pairs weigh them 4:3; None when the forward's tiles are unknown."""
     if state.forward_tiles is None:
         return None
     heads = spec.batch * spec.heads
     mask, q_len, kv_len = spec.mask_spec, spec.n_queries, spec.n_keys
     forward_pairs = heads * tile_pairs(mask, q_len, kv_len, *state.forward_tiles)
-    if state.backward_tile is None:
+    if state.backward_tiles is None:
         return ExecutedPairs(forward_pairs)
-    tile = state.backward_tile
-    return ExecutedPairs(forward_pairs, heads * tile_pairs(mask, q_len, kv_len, tile, tile))
+    dkdv, dq = (tile_pairs(mask, q_len, kv_len, *tiles) for tiles in state.backward_tiles)
+    return ExecutedPairs(forward_pairs, round(heads * (4 * dkdv + 3 * dq) / 7))
 
 
 def make_variant() -> Variant:

@@ -4,21 +4,23 @@ The forward (`_kernel.attention(..., return_lse=True)`) saves each query row's l
 the exp2 domain, so P = exp2(q·kᵀ · log2(e)/√D − lse) is recomputed tile by tile and the
 [S, S] matrix never exists, as in FlashAttention-2's backward:
 
-* delta = rowsum(dO ∘ O) per query row (float32, in torch: one small reduction);
+* `_attn_bwd_delta`: delta = rowsum(dO ∘ O) per query row, float32, one read of O and dO;
 * `_attn_bwd_dkdv`: one program per BLOCK_N keys of one (batch, key/value head) holds K and V
-  in registers and walks the query tiles of every query head in its group (GQA: their
-  contributions add up in the program, no atomics): dV += Pᵀ·dO, dK += dSᵀ·Q with
-  dS = P ∘ (dO·Vᵀ − delta); only the query tiles holding a row that keeps one of its keys
-  (`_query_range`: causal from the key block down, a sliding window W − 1 rows past it, documents
-  to the document's end);
+  and walks the query tiles of every query head in its group (GQA: their contributions add up
+  in the program, no atomics): dV += Pᵀ·dO, dK += dSᵀ·Q with dS = P ∘ (dO·Vᵀ − delta); only the
+  query tiles holding a row that keeps one of its keys (`_query_range`: causal from the key
+  block down, a sliding window W − 1 rows past it, documents to the document's end);
 * `_attn_bwd_dq`: one program per BLOCK_M query rows of one (batch, query head) walks the key
-  tiles the forward visits (`_kernel._key_range`): dQ += dS·K;
-* every tile evaluates the element mask (`_kernel._keep`), bottom-right aligned as the forward;
-  both kernels use square tiles, so they visit the same (query tile, key block) pairs;
+  tiles the forward visits (`_kernel._key_range`): dQ += dS·K; the tiles with the most key
+  blocks (the bottom of a causal matrix) are launched first, as in the forward;
+* as in the forward, only the boundary tiles evaluate the element mask (`_kernel._keep`); the
+  tiles every row keeps whole (`_query_full_range`, `_kernel._key_range`) go without it;
 * dK and dQ are scaled by 1/√D at the end (the scores' scale).
 
-Each program's accumulators are float32; the gradients are written in the inputs' dtype.
-Tile sizes are fixed (no autotuning): `block_sizes` gives them per head_dim.
+Each program's accumulators are float32; the gradients are written in the inputs' dtype. The two
+kernels tile differently (dK/dV: few query rows against many keys; dQ: many query rows against
+few keys); the autotuner picks each kernel's tiles per shape and mask kind (`DKDV_SPACE`,
+`DQ_SPACE`), and `default_configs` gives them without timing (ATTNPROF_TRITON_AUTOTUNE=0, fp32).
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from attnprof_triton._kernel import LOG2E, _keep, _key_range, attention, mask_args
+from attnprof_triton._kernel import (
+    _SMEM_LIMIT,
+    LOG2E,
+    BlockConfig,
+    _block_bounds,
+    _keep,
+    _key_range,
+    attention,
+    mask_args,
+    tunes,
+)
 
 
 @triton.jit
@@ -47,6 +59,73 @@ def _query_range(n_lo, n_hi, kv_len, MASK: tl.constexpr, mask_size):
     if MASK == 4:
         lo = tl.where(n_lo < mask_size, 0, n_lo)
     return lo, tl.minimum(hi, kv_len)
+
+
+@triton.jit
+def _query_full_range(n_lo, n_hi, kv_len, MASK: tl.constexpr, mask_size):
+    """For the keys [n_lo, n_hi] of one block: the query positions [lo, hi) that keep every one of them
+    (empty when hi <= lo), within kv_len: the rows whose tiles need no element mask."""
+    lo = n_hi
+    hi = n_hi * 0 + kv_len
+    if MASK == 0:
+        lo = n_lo * 0
+    if MASK == 2:
+        hi = n_lo + mask_size
+    if MASK == 3:
+        hi = tl.where(n_lo // mask_size == n_hi // mask_size, (n_hi // mask_size + 1) * mask_size, lo)
+    if MASK == 4:
+        lo = tl.where(n_hi < mask_size, 0, n_hi)
+    return lo, tl.minimum(hi, kv_len)
+
+
+@triton.jit
+def _attn_bwd_delta(Out, DO, Delta, stride_b, stride_h, stride_s, n_heads, q_len,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO ∘ O) in float32, [B, H, q_len]: one read of O and dO."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows_in = offs_m < q_len
+    base = (pid // n_heads).to(tl.int64) * stride_b + (pid % n_heads).to(tl.int64) * stride_h
+    tile = base + offs_m[:, None] * stride_s + offs_d[None, :]
+    o = tl.load(Out + tile, mask=rows_in[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + tile, mask=rows_in[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + pid.to(tl.int64) * q_len + offs_m, tl.sum(o * do, 1), mask=rows_in)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, lo, hi, offs_n, offs_d, offset,
+                q_len, kv_len, mask_size, qk_scale,
+                MASK: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Fold the query tiles [lo, hi) of one query head into one key block's (dk, dv). MASKED evaluates the
+    element mask and the rows past q_len; without it every row of every tile keeps every key."""
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_ptrs = Q + q_off + offs_m[:, None] * stride_qs + offs_d[None, :]
+        do_ptrs = DO + q_off + offs_m[:, None] * stride_qs + offs_d[None, :]
+        if MASKED:
+            rows_in = offs_m < q_len
+            q = tl.load(q_ptrs, mask=rows_in[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=rows_in[:, None], other=0.0)
+            lse = tl.load(Lse + row_off + offs_m, mask=rows_in, other=0.0)
+            delta = tl.load(Delta + row_off + offs_m, mask=rows_in, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(Lse + row_off + offs_m)
+            delta = tl.load(Delta + row_off + offs_m)
+        # Transposed tiles: [BLOCK_N keys, BLOCK_M query rows].
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse[None, :])
+        if MASKED:
+            keep = rows_in[None, :] & _keep(offs_m[None, :] + offset, offs_n[:, None], kv_len, MASK, mask_size)
+            p_t = tl.where(keep, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+    return dk, dv
 
 
 @triton.jit
@@ -71,35 +150,55 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
-    # Only the query tiles holding a row that keeps one of these keys (query row i sits at i + offset).
+    # The query tiles holding a row that keeps one of these keys (query row i sits at i + offset), and
+    # among them those whose rows all keep all of them.
     offset = kv_len - q_len
-    p_lo, p_hi = _query_range(start_n, tl.minimum(start_n + BLOCK_N, kv_len) - 1, kv_len, MASK, mask_size)
-    row_lo = tl.maximum(p_lo - offset, 0)
+    n_hi = tl.minimum(start_n + BLOCK_N, kv_len) - 1
+    p_lo, p_hi = _query_range(start_n, n_hi, kv_len, MASK, mask_size)
+    f_lo, f_hi = _query_full_range(start_n, n_hi, kv_len, MASK, mask_size)
     row_hi = tl.minimum(p_hi - offset, q_len)
-    first = (row_lo // BLOCK_M) * BLOCK_M
+    first, mid_lo, mid_hi = _block_bounds(tl.maximum(p_lo - offset, 0), row_hi, tl.maximum(f_lo - offset, 0),
+                                          tl.minimum(f_hi - offset, q_len), BLOCK_M)
     for g in range(0, group):
         off_h = off_kvh * group + g
         q_off = off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         row_off = (off_b * n_heads + off_h).to(tl.int64) * q_len
-        for start_m in tl.range(first, row_hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            rows_in = offs_m < q_len
-            q_tile = offs_m[:, None] * stride_qs + offs_d[None, :]
-            q = tl.load(Q + q_off + q_tile, mask=rows_in[:, None], other=0.0)
-            do = tl.load(DO + q_off + q_tile, mask=rows_in[:, None], other=0.0)
-            lse = tl.load(Lse + row_off + offs_m, mask=rows_in, other=0.0)
-            delta = tl.load(Delta + row_off + offs_m, mask=rows_in, other=0.0)
-            # Transposed tiles: [BLOCK_N keys, BLOCK_M query rows].
-            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
-            keep = rows_in[None, :] & _keep(offs_m[None, :] + offset, offs_n[:, None], kv_len, MASK, mask_size)
-            p_t = tl.where(keep, tl.math.exp2(s_t - lse[None, :]), 0.0)
-            dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
-            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, first, mid_lo, offs_n,
+                             offs_d, offset, q_len, kv_len, mask_size, qk_scale, MASK, True, DOT_PRECISION, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, mid_lo, mid_hi, offs_n,
+                             offs_d, offset, q_len, kv_len, mask_size, qk_scale, MASK, False, DOT_PRECISION, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, mid_hi, row_hi, offs_n,
+                             offs_d, offset, q_len, kv_len, mask_size, qk_scale, MASK, True, DOT_PRECISION, BLOCK_M)
 
     tl.store(DK + kv_off + kv_tile, (dk * sm_scale).to(DK.dtype.element_ty), mask=keys_in)
     tl.store(DV + kv_off + kv_tile, dv.to(DV.dtype.element_ty), mask=keys_in)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, K, V, kv_off, stride_ks, lo, hi, offs_m, offs_d, offset, kv_len, mask_size,
+              qk_scale, MASK: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Fold the key blocks [lo, hi) into one query tile's dq. MASKED evaluates the element mask (and the keys
+    past kv_len); without it every row keeps every key of every block."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        kv_ptrs = kv_off + cols[:, None] * stride_ks + offs_d[None, :]
+        if MASKED:
+            k = tl.load(K + kv_ptrs, mask=cols[:, None] < kv_len, other=0.0)
+            v = tl.load(V + kv_ptrs, mask=cols[:, None] < kv_len, other=0.0)
+        else:
+            k = tl.load(K + kv_ptrs)
+            v = tl.load(V + kv_ptrs)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_keep(offs_m[:, None] + offset, cols[None, :], kv_len, MASK, mask_size), p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
 
 
 @triton.jit
@@ -109,7 +208,8 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta,
                  n_heads, group, q_len, kv_len, mask_size, qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+    # The last query tiles (the most key blocks under a causal mask) go out in the first wave.
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     pid = tl.program_id(1)
     off_b = pid // n_heads
     off_h = pid % n_heads
@@ -128,59 +228,149 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta,
     delta = tl.load(Delta + row_off + offs_m, mask=rows_in, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    # The key blocks the forward visits for this tile (`_kernel._key_range`), each masked.
+    # The key blocks the forward visits for this tile (`_kernel._key_range`); the boundary ones masked.
     offset = kv_len - q_len
     p_hi = tl.minimum(start_m + BLOCK_M, q_len) - 1 + offset
-    lo, hi, _full_lo, _full_hi = _key_range(start_m + offset, p_hi, kv_len, MASK, mask_size)
-    for start_n in tl.range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        keys_in = offs_n < kv_len
-        kv_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
-        k = tl.load(K + kv_off + kv_tile, mask=keys_in[:, None], other=0.0)
-        v = tl.load(V + kv_off + kv_tile, mask=keys_in[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        keep = rows_in[:, None] & _keep(offs_m[:, None] + offset, offs_n[None, :], kv_len, MASK, mask_size)
-        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    lo, hi, full_lo, full_hi = _key_range(start_m + offset, p_hi, kv_len, MASK, mask_size)
+    first, mid_lo, mid_hi = _block_bounds(lo, hi, full_lo, full_hi, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse, delta, K, V, kv_off, stride_ks, first, mid_lo, offs_m, offs_d, offset, kv_len,
+                   mask_size, qk_scale, MASK, True, DOT_PRECISION, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse, delta, K, V, kv_off, stride_ks, mid_lo, mid_hi, offs_m, offs_d, offset, kv_len,
+                   mask_size, qk_scale, MASK, False, DOT_PRECISION, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse, delta, K, V, kv_off, stride_ks, mid_hi, hi, offs_m, offs_d, offset, kv_len,
+                   mask_size, qk_scale, MASK, True, DOT_PRECISION, BLOCK_N)
 
     tl.store(DQ + q_off + q_tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows_in[:, None])
 
 
-def block_sizes(head_dim: int, elem: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of both backward kernels for this head_dim."""
-    if head_dim * elem > 256:  # head_dim 256 (or fp32 128): small tiles keep K, V and two fp32 accumulators
-        return 32, 32, 4, 1
-    if head_dim * elem == 256:  # head_dim 128 (fp32 64): twice the threads share the fp32 accumulators
-        return 64, 64, 8, 2
-    return 64, 64, 4, 2
+# What the autotuner times for each kernel (BLOCK_M query rows, BLOCK_N keys, warps, stages), pruned per
+# head_dim by `_keep_backward`: dK/dV keep a key block in registers and stream query tiles past it, so
+# wide key blocks and narrow query tiles; dQ the other way round.
+DKDV_SPACE = [
+    BlockConfig(64, 64, 8, 2),
+    BlockConfig(64, 64, 4, 3),
+    BlockConfig(32, 64, 4, 3),
+    BlockConfig(32, 128, 4, 3),
+    BlockConfig(32, 128, 8, 3),
+    BlockConfig(64, 128, 8, 2),
+    BlockConfig(64, 128, 8, 3),
+    BlockConfig(32, 32, 4, 1),  # head_dim 256 (or fp32 128)
+]
+DQ_SPACE = [
+    BlockConfig(64, 64, 8, 2),
+    BlockConfig(64, 64, 4, 3),
+    BlockConfig(128, 32, 4, 3),
+    BlockConfig(128, 32, 8, 3),
+    BlockConfig(128, 64, 8, 2),
+    BlockConfig(128, 64, 8, 3),
+    BlockConfig(32, 32, 4, 1),  # head_dim 256 (or fp32 128)
+]
+DELTA_BLOCK_M = 64
 
 
-def attention_backward(do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, mask: str) -> tuple[Any, Any, Any]:
+def _wide(head_dim: int, elem: int) -> bool:
+    return head_dim * elem > 256
+
+
+def _keep_backward(cfg: BlockConfig, head_dim: int, elem: int, key_block: bool) -> bool:
+    """Whether the search times `cfg`: the narrow tiles only (and only them) for wide heads, and the tiles
+    that stream (num_stages buffers) plus the block held in place fit in shared memory."""
+    if (cfg.block_m == cfg.block_n == 32 and cfg.num_stages == 1) != _wide(head_dim, elem):
+        return False
+    held, streamed = (cfg.block_n, cfg.block_m) if key_block else (cfg.block_m, cfg.block_n)
+    return (2 * held + 2 * max(cfg.num_stages, 1) * streamed) * head_dim * elem <= _SMEM_LIMIT
+
+
+def backward_space(head_dim: int, elem: int = 2) -> tuple[list[BlockConfig], list[BlockConfig]]:
+    """The (dK/dV, dQ) configurations the autotuner times for this head_dim and element size."""
+    return ([c for c in DKDV_SPACE if _keep_backward(c, head_dim, elem, True)],
+            [c for c in DQ_SPACE if _keep_backward(c, head_dim, elem, False)])
+
+
+def _pruner(key_block: bool) -> Any:
+    def prune(configs: list, named_args: dict, **kwargs: Any) -> list:
+        head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        elem = named_args["Q"].element_size()
+        kept = [c for c in configs
+                if _keep_backward(BlockConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages),
+                                  head_dim, elem, key_block)]
+        return kept or configs[-1:]
+    return prune
+
+
+_TUNING_KEY = ["q_len", "kv_len", "HEAD_DIM", "MASK", "DOT_PRECISION"]
+_attn_bwd_dkdv_tuned = triton.autotune(configs=[c.as_triton() for c in DKDV_SPACE], key=_TUNING_KEY,
+                                       prune_configs_by={"early_config_prune": _pruner(True)})(_attn_bwd_dkdv)
+_attn_bwd_dq_tuned = triton.autotune(configs=[c.as_triton() for c in DQ_SPACE], key=_TUNING_KEY,
+                                     prune_configs_by={"early_config_prune": _pruner(False)})(_attn_bwd_dq)
+
+
+def default_configs(head_dim: int, elem: int) -> tuple[BlockConfig, BlockConfig]:
+    """(dK/dV, dQ) configurations without timing anything: square tiles for each head_dim."""
+    if _wide(head_dim, elem):  # head_dim 256 (or fp32 128): small tiles keep K, V and two fp32 accumulators
+        cfg = BlockConfig(32, 32, 4, 1)
+    elif head_dim * elem == 256:  # head_dim 128 (fp32 64): twice the threads share the fp32 accumulators
+        cfg = BlockConfig(64, 64, 8, 2)
+    else:
+        cfg = BlockConfig(64, 64, 4, 2)
+    return cfg, cfg
+
+
+def _tuned_config(kernel: Any, q: Any, k: Any, mask: str) -> BlockConfig | None:
+    q_len, head_dim, kv_len = q.shape[2], q.shape[3], k.shape[2]
+    wanted = (q_len, kv_len, head_dim, mask_args(mask, kv_len)[0])
+    for key, cfg in kernel.cache.items():
+        if tuple(key[:4]) == wanted and str(q.dtype).replace("torch.", "") in str(key):
+            return BlockConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
+    return None
+
+
+def launched_configs(q: Any, k: Any, mask: str) -> tuple[BlockConfig, BlockConfig] | None:
+    """The (dK/dV, dQ) configurations the backward launches for these shapes and mask: the autotuner's
+    picks (None before it has run), or `default_configs` where it does not tune."""
+    if not tunes(q):
+        return default_configs(q.shape[3], q.element_size())
+    dkdv, dq = _tuned_config(_attn_bwd_dkdv_tuned, q, k, mask), _tuned_config(_attn_bwd_dq_tuned, q, k, mask)
+    return (dkdv, dq) if dkdv is not None and dq is not None else None
+
+
+def attention_backward(do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, mask: str,
+                       configs: tuple[BlockConfig, BlockConfig] | None = None) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) for q [B, H, q_len, D] and k, v [B, H_kv, kv_len, D], given the forward's output, its
     `lse` (`_kernel.attention(..., return_lse=True)`), the output's gradient `do` and the forward's mask
-    (its text: `causal`, `sliding_window:W`, ...)."""
-    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    (its text: `causal`, `sliding_window:W`, ...). `configs` (dK/dV, dQ) launches those tiles as given;
+    without it the autotuner picks them (or `default_configs`, where it does not tune)."""
+    q, k, v, do, out = (t.contiguous() for t in (q, k, v, do, out))
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     mask_code, mask_size = mask_args(mask, kv_len)
-    delta = (out.float() * do.float()).sum(-1)  # [B, H, q_len] float32
+    delta = torch.empty((batch, heads, q_len), device=q.device, dtype=torch.float32)
+    _attn_bwd_delta[(triton.cdiv(q_len, DELTA_BLOCK_M), batch * heads)](
+        out, do, delta, out.stride(0), out.stride(1), out.stride(2), heads, q_len,
+        HEAD_DIM=head_dim, BLOCK_M=DELTA_BLOCK_M)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    block_m, block_n, warps, stages = block_sizes(head_dim, q.element_size())
     sm_scale = head_dim ** -0.5
     qk_scale = sm_scale * LOG2E
-    meta = dict(HEAD_DIM=head_dim, MASK=mask_code, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    meta = dict(HEAD_DIM=head_dim, MASK=mask_code, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
-    _attn_bwd_dkdv[(triton.cdiv(kv_len, block_n), batch * kv_heads)](
-        q, k, v, do, dk, dv, lse, delta, *strides,
-        heads, kv_heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale, **meta)
-    _attn_bwd_dq[(triton.cdiv(q_len, block_m), batch * heads)](
-        q, k, v, do, dq, lse, delta, *strides,
-        heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale, **meta)
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, *strides,
+                 heads, kv_heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale)
+    dq_args = (q, k, v, do, dq, lse, delta, *strides,
+               heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale)
+    if configs is None and not tunes(q):
+        configs = default_configs(head_dim, q.element_size())
+    if configs is None:
+        _attn_bwd_dkdv_tuned[lambda m: (triton.cdiv(kv_len, m["BLOCK_N"]), batch * kv_heads)](*dkdv_args, **meta)
+        _attn_bwd_dq_tuned[lambda m: (triton.cdiv(q_len, m["BLOCK_M"]), batch * heads)](*dq_args, **meta)
+    else:
+        dkdv_cfg, dq_cfg = configs
+        _attn_bwd_dkdv[(triton.cdiv(kv_len, dkdv_cfg.block_n), batch * kv_heads)](
+            *dkdv_args, **meta, BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n,
+            num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages)
+        _attn_bwd_dq[(triton.cdiv(q_len, dq_cfg.block_m), batch * heads)](
+            *dq_args, **meta, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
+            num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages)
     return dq, dk, dv
-
 
 class FlashAttention(torch.autograd.Function):
     """`triton-flash` with its own backward: the forward saves q, k, v, the output and the row
