@@ -440,7 +440,17 @@ def test_steps_are_the_shortest_whole_repetition():
     assert steps_of(named("a", "a", "a")) == 1
     assert steps_of(named("p", "d", "q", "p", "d", "q")) == 3
     assert steps_of(named("a", "b", "a")) == 3  # not whole steps of two: one step
-    assert steps_of(named("p", "d", "q", "p", "d")) == 5
+    assert steps_of(named("p", "d", "q", "p", "d")) == 5  # one whole step and a part: one step
+    assert steps_of(named("p", "d", "q", "p", "d", "q", "p")) == 3  # two whole steps, then a part
+
+
+def test_a_step_cut_short_at_the_reports_end_is_not_placed():
+    report = backward_report(steps=2)
+    report.kernels.append(replace(report.kernels[0], index=6))
+    found = counters_for_cell(report, replace(SPEC, mode="bwd"), None, seconds=None, report_path=None)
+    assert found.counted == [0, 1, 2, 3, 4, 5] and found.steps == 2
+    assert found.placements[6].text == "not placed: the report ends inside a step"
+    assert "the report ends 1 kernel(s) into a step: they are not placed" in found.notes
 
 
 def test_kernel_names_compare_across_nsight_compute_and_the_trace():

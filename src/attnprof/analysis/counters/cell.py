@@ -227,15 +227,22 @@ def _assemble(
     notes: list[str] | None = None,
 ) -> CellCounters:
     kernels = report.kernels
+    per_step = steps_of([kernels[i] for i in counted]) if counted else 0
+    cut = counted[len(counted) - len(counted) % per_step :] if per_step else []
+    counted = counted[: len(counted) - len(cut)]
     chosen = [kernels[i] for i in counted]
-    per_step = steps_of(chosen) if chosen else 0
     placed, place_notes = place_kernels(chosen, per_step, flops, peaks) if chosen else ([], [])
     by_index = {p.index: p for p in placed}
+    why = {i: "not placed: the report ends inside a step" for i in cut}
     placements = [
         by_index.get(k.index)
-        or KernelPlacement(k.index, -1, None, None, None, None, None, None, "not placed: not in an attention call")
+        or KernelPlacement(
+            k.index, -1, None, None, None, None, None, None, why.get(k.index, "not placed: not in an attention call")
+        )
         for k in kernels
     ]
+    if cut:
+        place_notes.append(f"the report ends {len(cut)} kernel(s) into a step: they are not placed")
     result = CellCounters(
         kernels=list(kernels),
         placements=placements,

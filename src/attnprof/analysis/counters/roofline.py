@@ -2,13 +2,14 @@
 
 A report holds one or more steps (a forward, a backward, or both) of the same kernels: `steps_of` finds
 how many kernels a step has, the shortest run of names whose repetition makes the whole report
-(`kernel_key` compares the names). Each step's analytic FLOPs (`analysis.roofline.step_flops`, as every
-attnprof row counts them) are split across its kernels in proportion to the time their tensor pipe was
-active (utilisation × duration): a kernel with no tensor-pipe work gets none. Its arithmetic intensity is
-those FLOPs over the DRAM bytes Nsight Compute measured (read and written), and it is placed against the
-ceilings with `analysis.roofline.achieved`: compute-bound (at or above the ridge, the matmul ceiling over
-the read bandwidth) at X% of the matmul ceiling, or memory-bound at Y% of the read bandwidth. The ceilings
-are those measured on the machine when the caller has them, else the GPU's datasheet (`Peaks.basis`).
+(`kernel_key` compares the names; a last step cut short is left unplaced). Each step's analytic FLOPs
+(`analysis.roofline.step_flops`, as every attnprof row counts them) are split across its kernels in
+proportion to the time their tensor pipe was active (utilisation × duration): a kernel with no tensor-pipe
+work gets none. Its arithmetic intensity is those FLOPs over the DRAM bytes Nsight Compute measured (read
+and written), and it is placed against the ceilings with `analysis.roofline.achieved`: compute-bound (at or
+above the ridge, the matmul ceiling over the read bandwidth) at X% of the matmul ceiling, or memory-bound
+at Y% of the read bandwidth. The ceilings are those measured on the machine when the caller has them, else
+the GPU's datasheet (`Peaks.basis`).
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ def _strip_parameters(text: str) -> str:
 
 
 def steps_of(kernels: list[KernelCounters]) -> int:
-    """How many kernels one step has: the shortest run of names that, repeated, makes the whole list
-    (every step whole); the whole list when none does."""
+    """How many kernels one step has: the shortest run of names that, repeated, makes the whole list,
+    every step whole, or with a last step cut short after two whole ones (a collection that stopped at a
+    kernel count); the whole list when none does."""
     keys = [kernel_key(k.name) for k in kernels]
     n = len(keys)
     for period in range(1, n + 1):
-        if n % period == 0 and all(keys[i] == keys[i % period] for i in range(n)):
+        whole = n % period == 0 or n // period >= 2
+        if whole and all(keys[i] == keys[i % period] for i in range(n)):
             return period
     return n
 
