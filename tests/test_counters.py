@@ -422,7 +422,7 @@ def test_several_kernels_per_step_split_the_flops_by_tensor_pipe_time():
     assert found.flops_per_step == 2.5 * FLOPS and found.unit == "step"
     pre, dkdv, dq = found.placements[:3]
     assert pre.flops == 0.0 and pre.bound == "memory"
-    assert pre.text.startswith("no tensor-pipe work, no share of the FLOPs: memory-bound at")
+    assert pre.text.startswith("no matmul work on the tensor pipe, no share of the FLOPs: memory-bound at")
     active = {k.name: k.tensor_pipe_pct / 100 * k.duration_us for k in found.kernels[:3]}
     total = sum(active.values())
     assert dkdv.flops == pytest.approx(2.5 * FLOPS * active["_attn_bwd_dkdv"] / total)
@@ -523,8 +523,8 @@ def test_dram_bound_fires_on_a_memory_bound_kernel_and_not_on_a_small_helper():
     found = _counted(pre, main)
     finding = next(f for f in found.findings if f.id == "dram-bound")
     assert finding.message.startswith(
-        "prep moves 631 MB at 315 GB/s, 7% of peak DRAM throughput, no tensor-pipe work, no share of the FLOPs: "
-        "memory-bound at 7% of read bandwidth; the forward moves 1,221 MB through DRAM against the 604 MB it must"
+        "prep moves 631 MB at 315 GB/s, 7% of peak DRAM throughput, no matmul work on the tensor pipe, no share of "
+        "the FLOPs: memory-bound at 7% of read bandwidth; the forward moves 1,221 MB through DRAM against the 604 MB"
     )
     tiny = replace(pre, duration_us=100.0)  # under 5% of the step's time
     assert "dram-bound" not in ids(_counted(tiny, main).findings)
@@ -634,3 +634,60 @@ def test_resume_keeps_the_counters_of_a_finished_row(tmp_path):
     (row,) = kept_rows(load_results(path))
     assert CellCounters.from_dict(row["counters"]).to_dict() == result.counters.to_dict()
     assert row["finding_ids"] == ""
+
+
+# --------------------------------------------------------------------------- the backward pages
+
+
+def backward(name: str) -> CellCounters:
+    path = NCU / f"{name}.raw.csv"
+    return counters_for_cell(load_counters(path), replace(SPEC, mode="bwd"), None, seconds=None, report_path=None)
+
+
+def test_a_backward_step_gives_its_flops_to_its_matmul_kernels_only():
+    found = backward("sdpa-cudnn-bwd")
+    assert (found.kernels_per_step, found.steps, found.flops_per_step) == (5, 1, 2.5 * FLOPS)
+    assert [k.short_name for k in found.kernels] == [
+        "compute_dot_do_o_specialized",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0",
+        "convert_dq_to_16bits",
+        "fmha_reduce_head",
+        "fmha_reduce_head",
+    ]
+    assert [p.flops_share_pct for p in found.placements] == [0.0, 100.0, 0.0, 0.0, 0.0]
+    assert found.placements[1].text == "compute-bound at 61% of the matmul ceiling"
+    assert found.placements[3].text.startswith("no matmul work on the tensor pipe, no share of the FLOPs: memory-bound")
+    assert found.kernels[3].tensor_pipe_pct == pytest.approx(0.186973)  # conversions on the shared pipe
+    assert found.compulsory_bytes == 2 * COMPULSORY  # q, k, v, out, dout read; dq, dk, dv written
+    assert found.findings == []
+
+
+def test_flash_attentions_backward_copies_get_no_flops():
+    found = backward("sdpa-flash-bwd")
+    shares = {k.short_name: p.flops_share_pct for k, p in zip(found.kernels, found.placements, strict=True)}
+    assert shares["flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"] == 100.0
+    assert shares["elementwise_kernel<direct_copy_kernel_cuda>"] == 0.0  # 3.8% of its cycles on the pipe
+    assert found.placements[3].text == "compute-bound at 33% of the matmul ceiling"
+
+
+def test_triton_flash_backward_before_and_after_in_counters():
+    before, after = backward("triton-flash-bwd-before"), backward("triton-flash-bwd")
+    assert ids(before.findings) == ["tensor-pipe-underused", "stall-dominated"]
+    underused = before.findings[0].message
+    assert "_attn_bwd_dkdv's tensor pipe (wgmma) was active 37.7%" in underused
+    assert "_attn_bwd_dq's tensor pipe (wgmma) was active 41.4%" in underused
+    assert before.findings[1].message.startswith("_attn_bwd_dq: 40% of its warp stalls are barrier, block-wide syncs")
+    assert [p.flops_share_pct for p in after.placements] == [
+        0.0,
+        pytest.approx(56.95, abs=0.01),
+        pytest.approx(43.05, abs=0.01),
+    ]
+    assert [p.text for p in after.placements[1:]] == [
+        "compute-bound at 37% of the matmul ceiling",
+        "compute-bound at 49% of the matmul ceiling",
+    ]
+    (thrash,) = after.findings
+    assert thrash.id == "l2-thrash" and thrash.message.startswith(
+        "_attn_bwd_dkdv hit L2 on 67.2% of its sector lookups and read 8,353 MB from DRAM (wrote 297 MB)"
+    )
+    assert "the step moves 10,076 MB through DRAM against the 1,208 MB it must (8.3x)" in thrash.message

@@ -349,7 +349,7 @@ NAMED_POINTS = 12
 def _counted_points(rows: list[Row]) -> tuple[list[Series], list[dict[str, Any]], int]:
     """The roofline's points, one series per row with counters (x: FLOPs per DRAM byte, y: TFLOP/s, each
     point's row carrying the kernel as `_kernel`), the distinct ceilings, and how many kernels of the shown
-    steps had no FLOPs to place (no tensor-pipe work, or FLOPs unknown)."""
+    steps had no FLOPs to place (no matmul work on the tensor pipe, or FLOPs unknown)."""
     from attnprof.report.counters_tables import shown_kernels
 
     drawn: list[Series] = []
@@ -444,7 +444,7 @@ def roofline_figure(rows: list[Row], style: Style) -> Any:
         "times are Nsight Compute's (each kernel replayed, by default at base clocks)",
     ]
     if unplaced:
-        notes.append(f"{unplaced} kernel(s) without FLOPs (no tensor-pipe work) are not drawn")
+        notes.append(f"{unplaced} kernel(s) without FLOPs (no matmul work on the tensor pipe) are not drawn")
     return finish(plot, PLOTS["roofline"], style, drawn, notes, extra)
 
 

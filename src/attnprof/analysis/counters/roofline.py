@@ -4,12 +4,14 @@ A report holds one or more steps (a forward, a backward, or both) of the same ke
 how many kernels a step has, the shortest run of names whose repetition makes the whole report
 (`kernel_key` compares the names; a last step cut short is left unplaced). Each step's analytic FLOPs
 (`analysis.roofline.step_flops`, as every attnprof row counts them) are split across its kernels in
-proportion to the time their tensor pipe was active (utilisation × duration): a kernel with no tensor-pipe
-work gets none. Its arithmetic intensity is those FLOPs over the DRAM bytes Nsight Compute measured (read
-and written), and it is placed against the ceilings with `analysis.roofline.achieved`: compute-bound (at or
-above the ridge, the matmul ceiling over the read bandwidth) at X% of the matmul ceiling, or memory-bound
-at Y% of the read bandwidth. The ceilings are those measured on the machine when the caller has them, else
-the GPU's datasheet (`Peaks.basis`).
+proportion to the time their tensor pipe was active (utilisation × duration); a kernel whose tensor pipe
+was busy less than `TENSOR_FLOOR` of the busiest kernel's time gets none (a copy or a reduction: its
+conversions run on the pipe the tensor cores share, 0.2-3.8% busy in the H200's backward helpers). Its
+arithmetic intensity is those FLOPs over the DRAM bytes Nsight Compute measured (read and written), and
+it is placed against the ceilings with `analysis.roofline.achieved`: compute-bound (at or above the
+ridge, the matmul ceiling over the read bandwidth) at X% of the matmul ceiling, or memory-bound at Y% of
+the read bandwidth. The ceilings are those measured on the machine when the caller has them, else the
+GPU's datasheet (`Peaks.basis`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from attnprof.analysis.counters.kernel import KernelCounters
 from attnprof.analysis.hardware import Peaks
 from attnprof.analysis.roofline import achieved
 
+#: A kernel whose tensor-pipe time is under this share of the step's busiest kernel's does no matmul work.
+TENSOR_FLOOR = 0.01
 _NAMESPACE = re.compile(r"\(anonymous namespace\)::|\b[A-Za-z_]\w*::")
 _BOOLS = {"true": "1", "false": "0"}
 _BOOL = re.compile(r"\b(true|false)\b")
@@ -102,7 +106,7 @@ def placement_text(bound: str | None, pct: float | None, flops: float | None, pe
     """`compute-bound at 58% of the matmul ceiling`, `memory-bound at 71% of read bandwidth`, or why not."""
     if flops is None:
         return "not placed: its share of the step's FLOPs is unknown"
-    lead = "" if flops else "no tensor-pipe work, no share of the FLOPs: "
+    lead = "" if flops else "no matmul work on the tensor pipe, no share of the FLOPs: "
     if bound is None or pct is None:
         return lead + ("not placed: no ceiling for this GPU" if peaks is None else "not placed: no DRAM bytes or time")
     if bound == "compute":
@@ -134,15 +138,18 @@ def place_kernels(
 
 
 def _flops_shares(step: list[KernelCounters]) -> list[float] | None:
-    """Each kernel's share of the step's tensor-pipe time (0 without tensor work); None when a kernel's is
-    unknown (a step of one kernel then takes it all)."""
-    active = [k.tensor_active_us for k in step]
-    if any(a is None for a in active):
+    """Each kernel's share of the step's tensor-pipe time, 0 for one under `TENSOR_FLOOR` of the busiest
+    kernel's; None when a kernel's is unknown (a step of one kernel then takes it all)."""
+    known = [k.tensor_active_us for k in step]
+    if any(a is None for a in known):
         return [1.0] if len(step) == 1 else None
-    total = sum(a for a in active if a is not None)
+    active = [a or 0.0 for a in known]
+    floor = TENSOR_FLOOR * max(active, default=0.0)
+    matmul = [a if a > 0 and a >= floor else 0.0 for a in active]
+    total = sum(matmul)
     if not total > 0:
         return [0.0] * len(step)
-    return [(a or 0.0) / total for a in active]
+    return [a / total for a in matmul]
 
 
 def _place(
