@@ -1,4 +1,4 @@
-"""Shared fixtures: a small CPU config on disk, an isolated cache, and typer's CliRunner."""
+"""Shared fixtures: a small CPU config on disk, an isolated cache, a calm CPU for ceilings, and typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -18,6 +18,24 @@ TINY_LLAMA = {
     "vocab_size": 64,
     "max_position_embeddings": 128,
 }
+
+
+class _CalmCpu:
+    """A CPU window in which no other process ran: the tests' ceilings are cached whatever else runs beside them
+    (pytest-xdist's workers, a busy CI host); tests of the contention rule patch `start`."""
+
+    @classmethod
+    def start(cls) -> _CalmCpu:
+        return cls()
+
+    def others(self) -> float | None:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def calm_cpu_for_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ceiling measured in a test is never refused the cache for the machine's load (profiling.ceiling)."""
+    monkeypatch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
 
 
 @pytest.fixture(autouse=True)

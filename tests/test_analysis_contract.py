@@ -13,7 +13,7 @@ TOP_LEVEL = {"region", "forwards", "kernels_per_forward", "memcpy_per_forward", 
              "gpu_annotation_time_us", "kernel_time_us", "cpu_time_us", "self_device_time_total_us", "launch_apis",
              "transposes_per_forward", "cpu_ops_per_forward", "kernels", "findings", "spread", "device",
              "input_dtype", "annotation_mismatches", "notes", "region_choice", "phases", "attention", "comm",
-             "top_cpu_ops"}
+             "top_cpu_ops", "counters"}
 PHASE_FIELDS = {"kernels", "memcpy", "memset", "kernel_time_us", "gpu_time_us"}
 KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_forward", "time_us", "grid", "block",
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",

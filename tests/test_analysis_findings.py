@@ -36,7 +36,8 @@ def test_ids_are_the_documented_contract():
                            "dense-mask", "mask-build", "backend-fallback", "low-occupancy-by-design",
                            "occupancy-unreported", "cpu-bound", "metadata-transposes", "comm-exposed", "bwd-dot-do-o",
                            "bwd-dq-convert", "bwd-memsets", "grad-accumulation", "host-sync",
-                           "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound")
+                           "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound",
+                           "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated")
 
 
 def test_a_clean_forward_has_no_findings():

@@ -28,6 +28,7 @@ INFO = {
     "bwd-dot-do-o",
     "bwd-dq-convert",
     "bwd-memsets",
+    "stall-dominated",
 }
 
 

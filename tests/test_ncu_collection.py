@@ -427,3 +427,31 @@ def test_a_model_rows_counters_count_the_flops_of_one_forward_call() -> None:
     assert model_spec(replace(row, kv_heads=16)) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, causal=True)
     assert model_spec(replace(row, mode="fwd+bwd")) is None  # its layers' kernels are no calls of one shape
     assert model_spec(replace(row, heads=None)) is None  # a factory model that does not state them
+
+
+def test_a_passs_report_is_read_into_its_rows_counters(config, fake, monkeypatch) -> None:
+    """The real reader: this machine has no `ncu_report` module, so the report is exported as its raw page (here an
+    H200 flash forward's) and read from that; a resumed run keeps the rows' counters as they were."""
+    monkeypatch.setattr(collection, "device_problem", lambda device: None)
+    monkeypatch.delenv("ATTNPROF_NCU_REPORT_DIR", raising=False)
+    cells = plan_cells(config, variants(), "cpu")
+    outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, cells))
+    assert outcome is not None and code == 0
+    for row in outcome.document["results"]:
+        assert row["ncu_note"] is None
+        report = Path(row["ncu_report"])
+        assert report.with_name(report.name.removesuffix(".ncu-rep") + ".raw.csv").is_file()
+        counters = row["counters"]
+        assert [k["short_name"] for k in counters["kernels"]] == ["flash_fwd_kernel"]
+        assert counters["kernels"][0]["dram_read_bytes"] > 0
+        assert counters["report_path"] == str(report) and 0 < counters["seconds"] <= row["phases_s"]["ncu"]
+        assert row["ncu_seconds"] == pytest.approx(counters["seconds"], abs=1e-3)
+    assert outcome.document["ncu"]["with_counters"] == 2
+    assert [call[0] for call in fake.calls] == ["--profile-from-start", "--import"] * 2
+
+    previous = open_previous(outcome.folder.dir, "compare")
+    resumed = resume_rows(previous, config, WITH_NCU, "cpu", cells)
+    final, _ = run_job(Job("compare", config, "cpu", WITH_NCU, cells, previous, resumed.rows))
+    assert final is not None and len(fake.passes()) == 2  # nothing ran again
+    assert [row["counters"] for row in final.document["results"]] == [
+        row["counters"] for row in outcome.document["results"]]

@@ -45,6 +45,7 @@ def test_cpu_rows_draw_latency_and_throughput_and_say_why_not_the_rest():
         "memory": "no ok row has a peak memory (measured on CUDA only)",
         "kernels": "no ok row has a kernel count (GPU runs only)",
         "gpu_vs_cpu": "no ok row has both a GPU and a CPU time (CPU runs have no device time)",
+        "roofline": "no row has hardware counters (--ncu)",
     }
 
 

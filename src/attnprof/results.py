@@ -14,6 +14,8 @@ from attnprof.registry import RunSpec
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
+    from attnprof.analysis.counters import CellCounters
+    from attnprof.analysis.findings import Finding
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.profiling.correctness import Check, LogitsDiff
     from attnprof.profiling.gradcheck import GradCheck
@@ -85,7 +87,8 @@ class CellResult:
     Parts are None when they were not measured: `timing`, `memory_mib` and `throughput` with
     `--no-timing`, `check` when the cell failed before its output existed, `grad_check` outside
     the backward modes (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `clock` without
-    nvidia-smi, `analysis` when no trace was analysed. `retimed` counts the samples thrown away
+    nvidia-smi, `analysis` when no trace was analysed, `counters` without `--ncu` (or when Nsight Compute
+    could not measure the cell). `retimed` counts the samples thrown away
     because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
     speed-up rests on a latency that is unstable, the variant's or the baseline's. With `--ncu`,
     `ncu_report` is the Nsight Compute report of the cell's step and `ncu_note` says why it has no counters.
@@ -118,6 +121,7 @@ class CellResult:
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
+    counters: CellCounters | None = None  # hardware counters from Nsight Compute (--ncu); None without
     ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the cell's step, beside its trace
     ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
 
@@ -125,6 +129,11 @@ class CellResult:
     def ok(self) -> bool:
         """True when the cell ran and passed its checks."""
         return self.status == "ok"
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The trace's findings and, with counters, the counter findings (see `row_findings`)."""
+        return row_findings(self.analysis, self.counters)
 
     @property
     def passed(self) -> bool | None:
@@ -152,6 +161,18 @@ class CellResult:
         `throughput.pct_of_peak`, when the kernels beat the ceiling (over 100% is impossible)."""
         rate, peak = self.kernel_tflops, self.throughput.peak_tflops if self.throughput else None
         return None if rate is None or not peak or rate > peak else 100.0 * rate / peak
+
+
+def row_findings(analysis: TraceAnalysis | None, counters: CellCounters | None) -> list[Finding]:
+    """A row's findings: the trace analysis's, and with counters those joined with the counter findings
+    (`analysis.counters.cell_findings`: a kernel whose achieved occupancy Nsight Compute measured is no
+    longer `occupancy-unreported`)."""
+    trace = list(analysis.findings) if analysis is not None else []
+    if counters is None:
+        return trace
+    from attnprof.analysis.counters import cell_findings
+
+    return cell_findings(trace, analysis.kernels if analysis is not None else [], counters)
 
 
 SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
@@ -271,6 +292,7 @@ class ModelResult:
     phases_s: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     native_stderr: list[str] = field(default_factory=list)
+    counters: CellCounters | None = None  # hardware counters of its attention kernels (--ncu); None without
     ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the row's attention kernels
     ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
 
@@ -278,6 +300,11 @@ class ModelResult:
     def ok(self) -> bool:
         """True when the row ran to the end."""
         return self.status == "ok"
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The trace's findings and, with counters, the counter findings (see `row_findings`)."""
+        return row_findings(self.analysis, self.counters)
 
     @property
     def latency_us(self) -> float | None:

@@ -7,6 +7,8 @@ Pure functions on trace files; no torch, no printing. The public surface:
   region None: "attnprof", else the one user annotation, else `ProfilerStep#*`; `.attention` is the
   attention ledger, see `analysis.ledger`)
 - `load_trace(source) -> ParsedTrace`
+- `attach_counters(analysis, trace, report)`: an Nsight Compute report's counters on the analysis
+  (`analysis.counters`: reading reports, the roofline per kernel)
 - `dispatched_backend(analysis) -> "flash" | "efficient" | "cudnn" | "math" | None`
 - `explain_kernel(name) -> KernelExplanation`, `short_kernel_name(name)`
 - `theoretical_occupancy(regs, threads, smem, limits)`, `limits_for(cc, device_properties)`
@@ -15,7 +17,7 @@ Pure functions on trace files; no torch, no printing. The public surface:
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, dispatched_backend
+    from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, attach_counters, dispatched_backend
     from attnprof.analysis.findings import FINDING_IDS, Finding
     from attnprof.analysis.instance.metrics import KernelStats
     from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
@@ -31,6 +33,7 @@ _HOMES = {
     "TraceAnalysis": "analyze",
     "analyze_trace": "analyze",
     "dispatched_backend": "analyze",
+    "attach_counters": "analyze",
     "FINDING_IDS": "findings",
     "Finding": "findings",
     "KernelStats": "instance.metrics",
@@ -67,6 +70,7 @@ __all__ = [
     "SmLimits",
     "TraceAnalysis",
     "analyze_trace",
+    "attach_counters",
     "dispatched_backend",
     "explain_kernel",
     "limits_for",

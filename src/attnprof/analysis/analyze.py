@@ -6,7 +6,7 @@
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
     transposes_per_forward, cpu_ops_per_forward, kernels, findings, spread, device,
     input_dtype, annotation_mismatches, notes, region, region_choice, phases, attention, comm,
-    top_cpu_ops
+    top_cpu_ops, counters
 
 `region` is the name or pattern analysed; `region_choice` says why, in one line, when the caller
 named no region (null when it did). GPU fields are null for a CPU-only trace; `spread` maps a
@@ -20,6 +20,9 @@ shows none.
 `attention` is the attention ledger (see `analysis.ledger`; in a CPU-only trace its calls are timed on
 the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is, for a CPU-only trace, the op names
 with the most self CPU time per forward (see `analysis.instance.cpu_ops`; null with device activity).
+`counters` is null unless the hardware counters of an Nsight Compute report were attached
+(`attach_counters`, `analyze --ncu-report`): then `analysis.counters.CellCounters.to_dict`, with
+`occupancy_measured` (see `attach_counters`).
 A trace without annotations is analysed as one window (`region` "(whole trace)"). `input_dtype`
 comes from the dtype hint, else an `Input type` (record_shapes), else the kernels' names (see
 `kernel_dtype`).
@@ -31,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
@@ -58,6 +61,10 @@ from attnprof.analysis.trace.load import gc_paused, load_trace
 from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.errors import TraceError
 from attnprof.stats import median, median_count, spread
+
+if TYPE_CHECKING:
+    from attnprof.analysis.counters.cell import CellCounters
+    from attnprof.analysis.counters.kernel import CounterReport
 
 
 @dataclass
@@ -91,6 +98,8 @@ class TraceAnalysis:
     comm: CommStats | None = None  # communication kernels or c10d ops per forward; None without any
     attention: AttentionLedger | None = None  # the attention ledger (see the module docstring)
     top_cpu_ops: list[CpuOpStats] | None = None  # a CPU-only trace's ops by self CPU time
+    counters: CellCounters | None = None  # an Nsight Compute report's counters (attach_counters)
+    occupancy_measured: list[str] = field(default_factory=list)  # kernels whose occupancy the counters gave
 
     @property
     def finding_ids(self) -> list[str]:
@@ -138,6 +147,9 @@ class TraceAnalysis:
             "comm": None if self.comm is None else self.comm.to_dict(),
             "attention": None if self.attention is None else self.attention.to_dict(),
             "top_cpu_ops": None if self.top_cpu_ops is None else [op.to_dict() for op in self.top_cpu_ops],
+            "counters": None
+            if self.counters is None
+            else self.counters.to_dict() | {"occupancy_measured": list(self.occupancy_measured)},
         }
 
 
@@ -365,6 +377,29 @@ def _summary(
             f"{analysis.annotation_mismatches} device event(s) differ between the "
             f"gpu_user_annotation ranges of {region!r} and the correlated work"
         )
+    return analysis
+
+
+def attach_counters(
+    analysis: TraceAnalysis,
+    trace: ParsedTrace,
+    report: CounterReport,
+    peaks: PeaksLookup | None = None,
+) -> TraceAnalysis:
+    """Attach an Nsight Compute report's counters to the analysis of `trace` (`analyze --ncu-report`): each
+    report kernel meets its launch in the trace by name and order, the attention kernels among them are placed
+    on the roofline (`analysis.counters.counters_for_trace`; the peaks `peaks(gpu, dtype)` gives for the
+    report's GPU, else its datasheet), and the findings become the row's with counters: `occupancy-unreported`
+    without the kernels Nsight Compute measured (`occupancy_measured` says what it measured), then the
+    counter findings."""
+    from attnprof.analysis.counters.cell import cell_findings, counters_for_trace, occupancy_notes
+
+    ledger = analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None
+    measured = peaks(report.device, analysis.input_dtype) if peaks else None
+    counters = counters_for_trace(report, trace, ledger, instance_unit(analysis.phases), measured, report.path)
+    analysis.findings = cell_findings(analysis.findings, analysis.kernels, counters)
+    analysis.occupancy_measured = occupancy_notes(analysis.kernels, counters)
+    analysis.counters = counters
     return analysis
 
 

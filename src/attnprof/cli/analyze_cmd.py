@@ -20,6 +20,15 @@ RegionOpt = Annotated[
         "Default: chosen from the trace (see above).",
     ),
 ]
+NcuReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ncu-report",
+        show_default=False,
+        help="An Nsight Compute report of the same run (.ncu-rep, or its raw page as .csv: `ncu --import "
+        "FILE.ncu-rep --csv --page raw > FILE.csv`): its counters are attached to the trace's kernels.",
+    ),
+]
 DtypeHintOpt = Annotated[
     str | None,
     typer.Option("--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False),
@@ -31,6 +40,7 @@ def analyze_command(
     trace: TraceArg,
     region: RegionOpt = None,
     dtype: DtypeHintOpt = None,
+    ncu_report: NcuReportOpt = None,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
@@ -48,17 +58,30 @@ def analyze_command(
     Attention's % of read bandwidth uses the read bandwidth measured on this machine when its ceiling
     cache holds one for the GPU and dtype of the trace (a run or compare measured it), else the GPU's
     datasheet; the JSON's attention.read_bandwidth_basis and the text say which.
+
+    --ncu-report: the i-th kernel of a name in the report is the i-th launch of that name in the trace.
+    Each attention kernel gets its share of the attention FLOPs (by tensor-pipe time) and its place on the
+    roofline; the kernel counters table, the counter findings and the JSON's `counters` follow.
     """
-    from attnprof.analysis import analyze_trace, load_trace
+    from attnprof.analysis import analyze_trace, attach_counters, load_trace
     from attnprof.analysis.trace.load import gc_paused
     from attnprof.peaks import cached_peaks
 
+    report = None
+    if ncu_report is not None:  # a bad report fails before the trace is read
+        from attnprof.analysis.counters import load_counters
+
+        report = load_counters(ncu_report)
     with gc_paused():  # the analysis keeps many containers until its output is written
         parsed = load_trace(trace)
         if c.STATE.debug:
             for line in parsed.read_notes:
                 c.note(f"debug: {line}")
         analysis = analyze_trace(parsed, region=region, dtype=dtype, peaks=cached_peaks)
+        if report is not None:
+            attach_counters(analysis, parsed, report, cached_peaks)
+            if analysis.counters is not None and analysis.counters.match is not None:
+                c.note(analysis.counters.match.text)
         del parsed
         if analysis.region_choice:
             c.note(analysis.region_choice)

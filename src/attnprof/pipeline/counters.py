@@ -41,29 +41,10 @@ if TYPE_CHECKING:
 REPORT_SUFFIX = ".ncu-rep"
 
 
-#: What a pass asks `ncu` for (the sections, then the metrics beside them): what the reader reads.
-NCU_SECTIONS = (
-    "SpeedOfLight",
-    "MemoryWorkloadAnalysis",
-    "ComputeWorkloadAnalysis",
-    "Occupancy",
-    "LaunchStats",
-    "WarpStateStats",
-)
-NCU_METRICS = (
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "lts__t_sector_hit_rate.pct",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__inst_executed_pipe_tensor_op_gmma.sum",
-    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active",
-)
-
-
 def ncu_collection() -> tuple[Sequence[str], Sequence[str]]:
     """The sections and metrics a pass asks `ncu` for: those the reader (`analysis.counters`) reads."""
+    from attnprof.analysis.counters import NCU_METRICS, NCU_SECTIONS
+
     return NCU_SECTIONS, NCU_METRICS
 
 
@@ -82,7 +63,7 @@ def attach_counters(
     except NsightUnavailableError:
         loaded = load_counters(export_raw_page(ncu, report))
     spec = result.spec if isinstance(result, CellResult) else model_spec(result)
-    result.counters = counters_for_cell(loaded, spec, ceiling, seconds=seconds, report_path=report)
+    result.counters = counters_for_cell(loaded, spec, ceiling, seconds=seconds, report_path=str(report))
 
 
 def model_spec(result: ModelResult) -> RunSpec | None:

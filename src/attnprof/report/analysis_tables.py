@@ -4,7 +4,8 @@
 (tabulate "simple") or "markdown" (tabulate "github"), and returns one string: a summary table,
 the forward/backward phases (only with backward work), the attention ledger (its calls and the
 overhead around them), a per-kernel table (for a CPU-only trace, the top ops by self CPU time instead)
-and the findings (fitted: the problems, with their impact; see `report.impact`); `analyze_report` ends it
+the kernel counters of an Nsight Compute report when attached (`report.counters_tables`) and the
+findings (fitted: the problems, with their impact; see `report.impact`); `analyze_report` ends it
 with "What to look at". Headers and text count per step where the instances run a backward (see
 `instance_unit`).
 Missing values read "n/a" (never 0); an occupancy the profiler did not report reads
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_number, table_style
 from attnprof.report.impact import finding_line, left_out, shown, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
@@ -424,6 +426,9 @@ def render_analysis_dict(data: dict[str, Any], fmt: str = "table", width: int | 
     comm = comm_table(data, fmt, width)
     if comm:
         parts += ["", heading("Communication"), "", comm]
+    counters = counters_section([("", data.get("counters"))], fmt, width, u)
+    if counters:
+        parts += ["", *counters]
     parts += ["", heading("Findings"), "", findings_list(data.get("findings") or [], fmt, width, u)]
     notes = data.get("notes") or []
     if notes:

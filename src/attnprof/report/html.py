@@ -10,12 +10,14 @@ The page leads with what matters and ends with where it was measured:
    columns that are n/a in every row;
 4. the findings, grouped by id: one entry per (variant, id) with the cells it fired on, its severity
    and impact; info findings folded;
-5. top kernels, skipped and failed cells, trace links;
+5. top kernels, the kernel counters of rows that have them (Nsight Compute, `--ncu`), skipped and
+   failed cells, trace links;
 6. the environment (fields not recorded left out), the config and the ceiling.
 
 Table cells are `report.tables`' and `report.sweep_tables`' texts, the kernel tables
-`report.analysis_tables`', every text escaped with `html.escape`. Trace links are relative to the
-report's folder, so the report and the run folder can move together.
+`report.analysis_tables`', the counters tables `report.counters_tables`', every text escaped with
+`html.escape`. Trace links are relative to the report's folder, so the report and the run folder can
+move together.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ from typing import Any
 from urllib.parse import quote
 
 from attnprof.report.analysis_tables import KERNEL_COLUMNS, kernel_rows
+from attnprof.report.counters_tables import (
+    COUNTER_COLUMNS,
+    ceilings_line,
+    counters_facts,
+    counters_heading,
+    kernel_cells,
+    shown_kernels,
+)
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import MISSING
 from attnprof.report.ranking import INFO, PROBLEM, impact_text, rank_key, ranked, row_findings, severity
@@ -101,6 +111,8 @@ table.headline ul { margin: 0; padding-left: 1.1em; }
 section.finding { margin: 1.2em 0 1.6em; } section.finding h3 { margin-bottom: 0.1em; }
 section.finding p.summary { margin: 0.1em 0 0.4em; color: #333; }
 table.findings td:nth-child(2) { min-width: 14em; } table.findings td:nth-child(3) { min-width: 8em; }
+table.counters td:first-child { min-width: 9em; overflow-wrap: normal; }
+table.counters td:nth-child(2) { min-width: 12em; max-width: 20em; overflow-wrap: anywhere; }
 """
 
 
@@ -482,6 +494,48 @@ def kernels_section(rows: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def counters_section(rows: list[dict[str, Any]]) -> str:
+    """The rows with hardware counters (Nsight Compute, `--ncu`) in one table: each row's kernels of the step
+    it shows, their counters and place on the roofline; then per row its facts, notes and the counter
+    findings it raised (linked to the Findings section), and every kernel of a report of several steps,
+    folded. "" when no row has counters."""
+    counted = [row for row in rows if row.get("counters")]
+    if not counted:
+        return ""
+    unit = "step" if any((r.get("mode") or "fwd") != "fwd" for r in counted) else "forward"
+    parts = [
+        "<h2 id='counters'>Kernel counters</h2>",
+        f"<p class='note'>{_e(counters_heading('markdown', None, unit)[-1])} The roofline plot places each "
+        "kernel: <a href='#plot-roofline'>Plots</a>.</p>",
+    ]
+    shared = {ceilings_line(row["counters"]) for row in counted}
+    one_ceiling = len(shared) == 1
+    if one_ceiling:
+        line = next(iter(shared))
+        parts.append(f"<p>{_e(line[0].upper() + line[1:])}.</p>")
+    headers = ["variant · cell"] + [c.header for c in COUNTER_COLUMNS[1:]]
+    label = {id(row): f"{row.get('variant')} · {_cell_name(row)}" for row in counted}
+    body = [[label[id(row)], *kernel_cells(k, p)] for row in counted for k, p in shown_kernels(row["counters"], False)]
+    parts.append(html_table(headers, body, "counters"))
+    items = []
+    for row in counted:
+        counters = row["counters"]
+        notes = [counters_facts(counters, ceilings=not one_ceiling)]
+        if counters.get("match"):
+            notes.append(counters["match"]["text"] + ".")
+        notes += list(counters.get("occupancy_measured") or []) + list(counters.get("notes") or [])
+        ids = [f["id"] for f in counters.get("findings") or []]
+        found = f" Counter findings: {', '.join(_finding_link(i) for i in ids)}." if ids else ""
+        every = shown_kernels(counters, every=True)
+        folded = ""
+        if len(every) > len(shown_kernels(counters, every=False)):
+            table = html_table(headers[1:], [kernel_cells(k, p) for k, p in every], "counters")
+            folded = f"<details><summary>every kernel of its report ({len(every)})</summary>{table}</details>"
+        items.append(f"<li><b>{_e(label[id(row)])}</b>: {_e(' '.join(notes))}{found}{folded}</li>")
+    parts.append("<ul class='note'>" + "".join(items) + "</ul>")
+    return "\n".join(parts)
+
+
 def trace_file(trace: str, results_path: Path, files: dict[str, Any] | None) -> Path | None:
     """The trace file a row names, if it exists: under the results file's folder as the run wrote it
     (`files.dir`), beside the results file, or as given (absolute, or relative to the working folder)."""
@@ -639,6 +693,7 @@ def report_html(results: ResultsFile, report_path: Path, images: list[PlotImage]
         ("comparison", "comparison", comparison_section(rows, baseline)),
         ("findings", "findings", findings_section(rows)),
         ("kernels", "top kernels", kernels_section(rows)),
+        ("counters", "kernel counters", counters_section(rows)),
         ("not-ok", "skipped and failed", not_ok_section(rows)),
         ("traces", "traces", traces_section(rows, results, report_path)),
         ("environment", "environment", environment_section(header, rows)),

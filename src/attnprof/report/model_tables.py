@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
@@ -136,4 +137,7 @@ def model_report(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int
     heading = "###" if fmt == "markdown" else "=="
     title = wrap(f"{heading} {model_title(rows, baseline)}", limit(width, fmt))
     look = what_to_look_at([(_cell(r), unit_of(r), r.get("findings") or []) for r in rows], fmt, limit(width, fmt))
-    return "\n".join([*title, "", model_table(rows, fmt, baseline, width)] + (["", look] if look else []))
+    unit = "step" if any(unit_of(r) == "step" for r in rows) else "forward"
+    counters = counters_section([(_cell(r), r.get("counters")) for r in rows], fmt, width, unit)
+    parts = [*title, "", model_table(rows, fmt, baseline, width)] + (["", *counters] if counters else [])
+    return "\n".join(parts + (["", look] if look else []))

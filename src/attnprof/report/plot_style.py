@@ -81,7 +81,7 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
-def _key(row: Row) -> tuple[Any, ...]:
+def series_key(row: Row) -> tuple[Any, ...]:
     """The row's SERIES_FIELDS values; `kv_heads` only when it differs from `heads` (GQA)."""
     kv_heads = row.get("kv_heads") if row.get("kv_heads") != row.get("heads") else None
     return tuple(kv_heads if f == "kv_heads" else row.get(f) for f in SERIES_FIELDS)
@@ -116,7 +116,7 @@ def style_for(rows: list[Row]) -> Style:
     rows = ok_rows(rows)
     variants = list(dict.fromkeys(str(row.get("variant")) for row in rows))
     palette = _palette(len(variants))
-    keys = list(dict.fromkeys(_key(row) for row in rows))
+    keys = list(dict.fromkeys(series_key(row) for row in rows))
     varying = tuple(f for i, f in enumerate(SERIES_FIELDS) if len({k[i] for k in keys}) > 1)
     shapes = list(dict.fromkeys(k[1:] for k in keys))
     constant = {f: keys[0][i] for i, f in enumerate(SERIES_FIELDS) if f not in varying} if keys else {}
@@ -159,7 +159,7 @@ def series(rows: list[Row], x: Callable[[Row], Any], y: Callable[[Row], Any]) ->
         xv, yv = number(x(row)), number(y(row))
         if xv is None or yv is None or xv <= 0 or yv <= 0:
             continue
-        key = _key(row)
+        key = series_key(row)
         variant = str(row.get("variant"))
         grouped.setdefault((variant, *key), Series(variant, key)).points.append((xv, yv, row))
     for item in grouped.values():

@@ -33,6 +33,7 @@ from attnprof.report.plot_style import (
     ok_rows,
     seq_axis,
     series,
+    series_key,
     style_for,
     tick,
 )
@@ -45,6 +46,7 @@ PLOTS = {
     "memory": "Peak memory against sequence length",
     "kernels": "Kernels per forward against sequence length",
     "gpu_vs_cpu": "GPU time against CPU time per forward",
+    "roofline": "Attention kernels on the roofline (Nsight Compute)",
 }
 #: The most shape × mode cells drawn as bar charts (a sweep has more: its latency plot draws them).
 MAX_BAR_PANELS = 8
@@ -340,6 +342,112 @@ def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
     return finish(plot, PLOTS["gpu_vs_cpu"], style, drawn, notes, [diagonal])
 
 
+#: The most kernels a roofline names beside their points (more: the legend and colours alone).
+NAMED_POINTS = 12
+
+
+def _counted_points(rows: list[Row]) -> tuple[list[Series], list[dict[str, Any]], int]:
+    """The roofline's points, one series per row with counters (x: FLOPs per DRAM byte, y: TFLOP/s, each
+    point's row carrying the kernel as `_kernel`), the distinct ceilings, and how many kernels of the shown
+    steps had no FLOPs to place (no matmul work on the tensor pipe, or FLOPs unknown)."""
+    from attnprof.report.counters_tables import shown_kernels
+
+    drawn: list[Series] = []
+    peaks: dict[tuple[float, float], dict[str, Any]] = {}
+    unplaced = 0
+    for row in ok_rows(rows):
+        counters = row.get("counters")
+        if not counters:
+            continue
+        points = []
+        for kernel, placement in shown_kernels(counters, every=False):
+            x = number((placement or {}).get("intensity"))
+            y = number((placement or {}).get("tflops"))
+            if x is None or y is None or x <= 0 or y <= 0:
+                unplaced += 1
+                continue
+            points.append((x, y, row | {"_kernel": kernel.get("short_name") or kernel.get("name")}))
+        if points:
+            drawn.append(Series(str(row.get("variant")), series_key(row), points))
+        found = counters.get("peaks")
+        if found and found.get("tflops") and found.get("read_gbps"):
+            peaks[(found["tflops"], found["read_gbps"])] = found
+    return drawn, list(peaks.values()), unplaced
+
+
+def roofline_figure(rows: list[Row], style: Style) -> Any:
+    """Each counted attention kernel at its arithmetic intensity (its share of the step's FLOPs over the DRAM
+    bytes Nsight Compute measured) and its TFLOP/s, log-log, under the roofs: the matmul ceiling and the read
+    bandwidth (measured, else the datasheet), with each ridge point."""
+    drawn, peaks, unplaced = _counted_points(rows)
+    if not drawn:
+        why = (
+            "no row has hardware counters (--ncu)"
+            if not any(r.get("counters") for r in rows)
+            else ("no counted kernel has a place on the roofline (no FLOPs, DRAM bytes or time)")
+        )
+        raise NothingToPlot(why)
+    plot = canvas(width=8.5, height=6.0)
+    ax = plot.axes[0]
+    points = [(x, y) for item in drawn for x, y, _row in item.points]
+    xs = [x for x, _ in points] + [p["tflops"] * 1e3 / p["read_gbps"] for p in peaks]
+    ys = [y for _, y in points] + [p["tflops"] for p in peaks]
+    low_x, high_x = min(xs) / 8, max(xs) * 8
+    extra = []
+    for n, found in enumerate(peaks):
+        ridge = found["tflops"] * 1e3 / found["read_gbps"]
+        roof_x = [low_x, ridge, high_x]
+        roof_y = [low_x * found["read_gbps"] / 1e3, found["tflops"], found["tflops"]]
+        basis = "measured" if found.get("basis") == "measured" else str(found.get("source") or "").rsplit(" ", 2)[0]
+        label = f"{found['tflops']:,.0f} TFLOP/s matmul,\n{found['read_gbps']:,.0f} GB/s read ({basis})"
+        style_n = ("-", "--", ":")[n % 3]
+        (roof,) = ax.plot(roof_x, roof_y, color=GUIDE_COLOUR, linestyle=style_n, linewidth=1.2, label=label)
+        ax.annotate(
+            f"ridge {ridge:,.0f}",
+            (ridge, found["tflops"]),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=7,
+            color=NOTE_COLOUR,
+        )
+        extra.append(roof)
+    for item in drawn:
+        kwargs = line_style(item, style)
+        ax.plot(
+            [p[0] for p in item.points],
+            [p[1] for p in item.points],
+            linestyle="none",
+            marker=kwargs["marker"],
+            markersize=8,
+            color=kwargs["color"],
+        )
+    if len(points) <= NAMED_POINTS:
+        for item in drawn:
+            for x, y, row in item.points:
+                name = str(row["_kernel"])
+                ax.annotate(
+                    name if len(name) <= 28 else name[:27] + "…",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(6, -3),
+                    fontsize=7,
+                    color=line_style(item, style)["color"],
+                )
+    ax.set_xlim(low_x, high_x)
+    ax.set_ylim(min(ys) / 4, max(ys) * 2)
+    log_axis(ax, "x")
+    log_axis(ax, "y")
+    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte read and written, Nsight Compute)")
+    ax.set_ylabel("TFLOP/s (the kernel's share of the step's FLOPs / its time)")
+    notes = [
+        "a kernel's FLOPs: the step's analytic FLOPs split across its kernels by tensor-pipe-active time",
+        "times are Nsight Compute's (each kernel replayed, by default at base clocks)",
+    ]
+    if unplaced:
+        notes.append(f"{unplaced} kernel(s) without FLOPs (no matmul work on the tensor pipe) are not drawn")
+    return finish(plot, PLOTS["roofline"], style, drawn, notes, extra)
+
+
 FIGURES: dict[str, Callable[[list[Row], Style], Any]] = {
     "bars": bars_figure,
     "latency": latency_figure,
@@ -347,6 +455,7 @@ FIGURES: dict[str, Callable[[list[Row], Style], Any]] = {
     "memory": memory_figure,
     "kernels": kernels_figure,
     "gpu_vs_cpu": gpu_vs_cpu_figure,
+    "roofline": roofline_figure,
 }
 
 

@@ -120,6 +120,14 @@ def _rounded(read: Callable[[CellResult], Any]) -> Callable[[CellResult], Any]:
     return lambda r: None if (value := read(r)) is None else round(value, 3)
 
 
+def _ncu_report(r: CellResult | ModelResult) -> str | None:
+    """The Nsight Compute report of the row: the one its --ncu pass wrote (also when it could not be read),
+    else the one its counters were read from."""
+    if r.ncu_report is not None:
+        return str(r.ncu_report)
+    return r.counters.report_path if r.counters is not None else None
+
+
 #: The flat row, in column order: (field, how to read it from a CellResult).
 ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("variant", lambda r: r.variant),
@@ -212,9 +220,9 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("flops_convention", _flops_convention),
     ("speedup_vs_baseline", lambda r: r.speedup_vs_baseline),
     ("speedup_reliable", lambda r: r.speedup_reliable),
-    ("findings", lambda r: " ".join(r.analysis.finding_ids) if r.analysis is not None else ""),
+    ("findings", lambda r: " ".join(f.id for f in r.findings)),
     ("trace", lambda r: str(r.trace_path) if r.trace_path else None),
-    ("ncu_report", lambda r: str(r.ncu_report) if r.ncu_report else None),
+    ("ncu_report", _ncu_report),
     ("ncu_note", lambda r: r.ncu_note),
     ("comm_kernels_per_forward", _comm("kernels_per_forward")),
     ("comm_time_us", _rounded(_comm("comm_time_us"))),
@@ -225,6 +233,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("world_size", _placement("world_size")),
     ("hostname", _placement("hostname")),
     ("gpu", _placement("gpu")),
+    ("ncu_seconds", lambda r: round(r.counters.seconds, 3) if r.counters and r.counters.seconds is not None else None),
 )
 CSV_FIELDS = tuple(name for name, _ in ROW)
 
@@ -275,15 +284,15 @@ def entry_csv_row(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def json_entry(result: CellResult) -> dict[str, Any]:
-    """The flat row plus the nested parts: findings with their messages, kernels, launch APIs, spread,
-    phases (forward and backward work, as `analyze` gives them), the attention ledger (`attention`, None
-    without device events) and `grad_rel_error` as {dq, dk, dv}
-    (None outside the backward modes)."""
+    """The flat row plus the nested parts: findings with their messages (the trace's and the counters'),
+    kernels, launch APIs, spread, phases (forward and backward work, as `analyze` gives them), the attention
+    ledger (`attention`, None without device events), `grad_rel_error` as {dq, dk, dv} (None outside the
+    backward modes) and `counters` (Nsight Compute's, `counters_entry`; None without --ncu)."""
     entry = csv_row(result)
     entry["grad_rel_error"] = dict(result.grad_check.rel_errors) if result.grad_check is not None else None
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["finding_ids"] = entry["findings"]
-    entry["findings"] = analysis.get("findings", [])
+    entry["findings"] = [f.to_dict() for f in result.findings]
     for key in ("launch_apis", "kernels", "spread", "phases"):
         if key in analysis:
             entry[key] = analysis[key]
@@ -292,7 +301,19 @@ def json_entry(result: CellResult) -> dict[str, Any]:
     entry["phases_s"] = dict(result.phases_s)
     entry["comm"] = analysis.get("comm")
     entry["mask_alternatives"] = [a.to_dict() for a in result.mask_alternatives]
+    entry["counters"] = counters_entry(result)
     return entry
+
+
+def counters_entry(result: CellResult | ModelResult) -> dict[str, Any] | None:
+    """A row's counters (`CellCounters.to_dict`) and `occupancy_measured`: a line for each kernel whose achieved
+    occupancy the trace did not report and Nsight Compute measured; None without counters."""
+    if result.counters is None:
+        return None
+    from attnprof.analysis.counters import occupancy_notes
+
+    kernels = result.analysis.kernels if result.analysis is not None else []
+    return result.counters.to_dict() | {"occupancy_measured": occupancy_notes(kernels, result.counters)}
 
 
 def results_document(
@@ -371,7 +392,8 @@ MODEL_ROW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("attention_gpu_pct", _ledger("gpu_time_pct")),
     ("attention_overhead_us", _ledger("overhead_us")),
     *((f"logits_{attr}", _logits(attr)) for attr in ("baseline", "max_abs_diff", "rel_diff")),
-    *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace", "ncu_report", "ncu_note"),
+    *_shared("sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace", "ncu_seconds"),
+    *_shared("ncu_report", "ncu_note"),
 )
 MODEL_CSV_FIELDS = tuple(name for name, _ in MODEL_ROW)
 
@@ -383,12 +405,14 @@ def model_csv_row(result: ModelResult) -> dict[str, Any]:
 
 def model_json_entry(result: ModelResult) -> dict[str, Any]:
     """The row of `attnprof model` plus the nested parts: `attention` (the ledger dict), findings with their
-    messages, kernels, the timing's spread, phase times and the Python warnings the row raised."""
+    messages, kernels, the timing's spread, phase times, the Python warnings the row raised and `counters`
+    (Nsight Compute's; None without --ncu)."""
     entry = model_csv_row(result)
     analysis = result.analysis.to_dict() if result.analysis is not None else {}
     entry["attention"] = attention_ledger(result)
     entry["finding_ids"] = entry["findings"]
-    entry["findings"] = analysis.get("findings", [])
+    entry["findings"] = [f.to_dict() for f in result.findings]
+    entry["counters"] = counters_entry(result)
     for key in ("kernels", "spread", "notes"):
         if key in analysis:
             entry[key] = analysis[key]

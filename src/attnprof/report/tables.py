@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
 from attnprof.report.layout import (
@@ -371,6 +372,18 @@ def compare_report(entries: list[dict[str, Any]], fmt: str, baseline: str | None
     for title, rows in groups:
         parts += ["", *wrap(f"{heading} {title}", width), "", shape_table(rows, fmt, width, keep)]
     parts += ["", f"{heading} at a glance", "", glance_table(entries, fmt, width)]
+    shapes = len({_shape_mode(e) for e in entries})
+    counters = counters_section(
+        [
+            (variant_label(e, entries) + (f" @ {_shape_mode(e)}" if shapes > 1 else ""), e.get("counters"))
+            for e in entries
+        ],
+        fmt,
+        width,
+        "step" if any(unit_of(e) == "step" for e in entries) else "forward",
+    )
+    if counters:
+        parts += ["", *counters]
     look = what_to_look_at(
         [(f"{variant_label(e, entries)}, {cell_label(e)}", unit_of(e), e.get("findings") or []) for e in entries],
         fmt,
@@ -419,12 +432,15 @@ def run_report(
 ) -> str:
     """`attnprof run`, one result: the summary, the trace analysis (when there is one) and the
     profiler's own key_averages table (fitted to `width` by dropping its less wanted columns)."""
-    from attnprof.report.analysis_tables import render_analysis
+    from attnprof.report.analysis_tables import render_analysis_dict
 
     width = limit(width, fmt)
     parts = [run_summary_table(entry, fmt, width)]
-    if analysis is not None:
-        parts += ["", render_analysis(analysis, fmt, width)]
+    if analysis is not None:  # the row's findings: the trace's joined with the counters' (`CellResult.findings`)
+        data = analysis.to_dict() | {"findings": entry.get("findings") or [], "counters": entry.get("counters")}
+        parts += ["", render_analysis_dict(data, fmt, width)]
+    elif entry.get("counters"):
+        parts += ["", *counters_section([("", entry["counters"])], fmt, width, unit_of(entry))]
     if key_averages:
         parts += [
             "",

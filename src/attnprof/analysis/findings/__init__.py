@@ -9,12 +9,12 @@ it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, cpu, forward, ledger, masks, memory, occupancy
+from attnprof.analysis.findings import backward, comm, counters, cpu, forward, ledger, masks, memory, occupancy
 from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
 
 #: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
-#: attention calls' memory traffic.
+#: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels.
 FINDINGS = FindingRegistry(
     [
         *forward.RULES,
@@ -25,6 +25,7 @@ FINDINGS = FindingRegistry(
         *backward.RULES,
         *ledger.RULES,
         *memory.RULES,
+        *counters.RULES,
     ]
 )
 #: The ids, a stable JSON contract, in the order the findings are emitted.
@@ -36,6 +37,11 @@ def build_findings(ctx: FindingContext) -> list[Finding]:
     return FINDINGS.build(ctx)
 
 
+def counter_findings(ctx: FindingContext) -> list[Finding]:
+    """The findings from hardware counters (`ctx.counters`), in their registry order."""
+    return counters.RULES.build(ctx)
+
+
 __all__ = [
     "FINDINGS",
     "FINDING_IDS",
@@ -45,4 +51,5 @@ __all__ = [
     "FindingRegistry",
     "Rule",
     "build_findings",
+    "counter_findings",
 ]

@@ -27,6 +27,7 @@ from attnprof.errors import DuplicateFindingError, UnknownFindingError
 from attnprof.stats import median
 
 if TYPE_CHECKING:
+    from attnprof.analysis.counters.roofline import StepCounters
     from attnprof.analysis.instance.ledger import AttentionLedger
     from attnprof.analysis.instance.metrics import ForwardMetrics, KernelStats
 
@@ -77,7 +78,8 @@ class HostDevice:
 
 @dataclass
 class FindingContext:
-    """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals."""
+    """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals; or, for
+    the counter findings, one step's hardware counters (`counters`)."""
 
     per_forward: list[ForwardMetrics]
     kernels: list[KernelStats]
@@ -91,6 +93,7 @@ class FindingContext:
 
     unit: str = "forward"  # what one instance is called: "step" with backward work (see phases.instance_unit)
     ceiling_tflops: float | None = None  # the measured matmul ceiling of the inputs' dtype (None: not measured)
+    counters: StepCounters | None = None  # one step's hardware counters (Nsight Compute); None without them
 
     @property
     def instance_time_us(self) -> float:
