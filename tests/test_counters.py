@@ -335,10 +335,12 @@ def test_a_report_without_kernels_is_an_error():
 
 @pytest.mark.gpu
 def test_the_real_ncu_rep_reads_as_its_raw_page():
-    from attnprof.nsight import import_ncu_report
+    """Read in a child process beside this one, which has imported torch (loading `_ncu_report` next to torch
+    crashed attnprof on the H200)."""
+    from attnprof.nsight import ncu_report_dir
 
     try:
-        import_ncu_report()
+        ncu_report_dir()
     except NsightUnavailableError as exc:
         pytest.skip(f"no Nsight Compute report module here: {exc.message}")
     rep, page_read = load_counters(NCU / "sdpa-cudnn-fwd.ncu-rep"), load_counters(page("sdpa-cudnn"))
@@ -691,3 +693,69 @@ def test_triton_flash_backward_before_and_after_in_counters():
         "_attn_bwd_dkdv hit L2 on 67.2% of its sector lookups and read 8,353 MB from DRAM (wrote 297 MB)"
     )
     assert "the step moves 10,076 MB through DRAM against the 1,208 MB it must (8.3x)" in thrash.message
+
+
+# --------------------------------------------------------------------------- the .ncu-rep read in a child process
+
+FILE_FAKE = r'''
+"""A stand-in ncu_report.py on disk: load_report reads the given file as a raw page (CSV)."""
+import csv, os, types
+IAction = types.SimpleNamespace(NameBase_FUNCTION=0, NameBase_DEMANGLED=1, WorkloadType_KERNEL=0)
+class Metric:
+    ValueKind_STRING, ValueKind_UINT32, ValueKind_UINT64, ValueKind_DOUBLE = 1, 2, 3, 4
+    def __init__(self, value, unit): self.value, self.u = value, unit
+    def has_value(self): return True
+    def kind(self): return self.ValueKind_STRING if isinstance(self.value, str) else self.ValueKind_DOUBLE
+    def as_string(self): return self.value
+    def as_double(self): return float(self.value)
+    def unit(self): return self.u
+def load_report(path):
+    if os.environ.get("FAKE_NCU_CRASH"):
+        os.kill(os.getpid(), 11)
+    names, units, *rows = [r for r in csv.reader(open(path, newline="")) if r]
+    actions = []
+    for row in rows:
+        metrics = {}
+        for n, u, t in zip(names, units, row):
+            try:
+                metrics[n] = Metric(float(t.replace(",", "")), u)
+            except ValueError:
+                metrics[n] = Metric(t, u)
+        full = row[names.index("Kernel Name")]
+        actions.append(types.SimpleNamespace(
+            name=lambda base=0, full=full: full, metric_names=lambda m=metrics: list(m),
+            metric_by_name=lambda n, m=metrics: m.get(n), workload_type=lambda: 0))
+    found = types.SimpleNamespace(num_actions=lambda: len(actions), action_by_idx=lambda i: actions[i])
+    return types.SimpleNamespace(num_ranges=lambda: 1, range_by_idx=lambda i: found)
+'''
+
+
+@pytest.fixture
+def file_fake_ncu_report(tmp_path, monkeypatch):
+    folder = tmp_path / "extras" / "python"
+    folder.mkdir(parents=True)
+    (folder / "ncu_report.py").write_text(FILE_FAKE)
+    monkeypatch.setenv("ATTNPROF_NCU_REPORT_DIR", str(folder))
+    return tmp_path
+
+
+def test_a_ncu_rep_is_read_by_the_installed_module_in_a_child_process(file_fake_ncu_report):
+    """The module never loads beside torch (its native part crashed attnprof on the H200): a child reads
+    the report and hands back every metric with its unit, which read the same as the raw page."""
+    report = file_fake_ncu_report / "cudnn.ncu-rep"
+    report.write_bytes(page("sdpa-cudnn").read_bytes())
+    got, want = load_counters(report), load_counters(page("sdpa-cudnn"))
+    assert got.form == "ncu-rep" and got.device == want.device == "NVIDIA H200"
+    (a,), (b,) = got.kernels, want.kernels
+    assert a.name == b.name
+    for metric in COUNTER_METRICS:
+        assert getattr(a, metric.field) == pytest.approx(getattr(b, metric.field), rel=1e-9), metric.field
+    assert [s.reason for s in a.stalls] == [s.reason for s in b.stalls]
+
+
+def test_a_reader_that_crashes_is_one_line(file_fake_ncu_report, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_CRASH", "1")
+    report = file_fake_ncu_report / "cudnn.ncu-rep"
+    report.write_bytes(page("sdpa-cudnn").read_bytes())
+    with pytest.raises(CounterReportError, match=r"cudnn\.ncu-rep: Nsight Compute's ncu_report failed on it \(exit"):
+        load_counters(report)

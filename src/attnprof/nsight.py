@@ -1,10 +1,11 @@
-"""Where Nsight Compute is on this machine: the `ncu` command and the `ncu_report` module it ships.
+"""Where Nsight Compute is on this machine: the `ncu` command and the folder of the `ncu_report` module it ships.
 
 attnprof never vendors Nsight Compute. `find_ncu()` looks for `ncu` on PATH, then under CUDA_HOME and
 /usr/local/cuda; `ncu_report_dirs(ncu)` lists the folders that may hold `ncu_report.py`: beside the
 real `ncu` (the CUDA toolkit's `bin/ncu` is often a link or a small script that starts the one in
 the Nsight Compute folder), in folders the script names, and under /opt/nvidia/nsight-compute.
-`import_ncu_report()` imports the module from the first folder that has it. ATTNPROF_NCU (a path to
+`ncu_report_dir()` is the first folder that has it; attnprof loads the module only in a child process
+(`analysis.counters.readers`), never beside torch. ATTNPROF_NCU (a path to
 `ncu`) and ATTNPROF_NCU_REPORT_DIR (the folder holding `ncu_report.py`) override the search.
 
 Every failure is an `NsightUnavailableError` with one line on why and how to fix it.
@@ -12,13 +13,10 @@ Every failure is an `NsightUnavailableError` with one line on why and how to fix
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from attnprof.errors import AttnprofError
 
@@ -77,9 +75,9 @@ def ncu_report_dirs(ncu: Path | None) -> list[Path]:
     return unique
 
 
-def import_ncu_report(ncu: Path | None = None) -> ModuleType:
-    """The `ncu_report` module of the installed Nsight Compute (`ncu`: where to start looking; default
-    `find_ncu()` when it finds one)."""
+def ncu_report_dir(ncu: Path | None = None) -> Path:
+    """The folder holding the installed Nsight Compute's `ncu_report.py` (`ncu`: where to start looking;
+    default `find_ncu()` when it finds one), without importing it."""
     if ncu is None:
         try:
             ncu = find_ncu()
@@ -87,16 +85,7 @@ def import_ncu_report(ncu: Path | None = None) -> ModuleType:
             ncu = None
     for folder in ncu_report_dirs(ncu):
         if (folder / "ncu_report.py").is_file():
-            if str(folder) not in sys.path:
-                sys.path.insert(0, str(folder))
-            try:
-                return importlib.import_module("ncu_report")
-            except Exception as exc:  # its native part may not load on this machine
-                raise NsightUnavailableError(
-                    f"Nsight Compute's ncu_report module in {folder} does not load: {type(exc).__name__}: {exc}",
-                    "read the report where Nsight Compute runs, or export it with "
-                    "`ncu --import FILE.ncu-rep --csv --page raw > FILE.csv` and pass the CSV",
-                ) from None
+            return folder
     where = f" (looked beside {ncu})" if ncu is not None else ""
     raise NsightUnavailableError(
         f"Nsight Compute's ncu_report module was not found{where}",

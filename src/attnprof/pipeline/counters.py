@@ -52,15 +52,15 @@ def attach_counters(
     result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
 ) -> None:
     """Read `report` and set `result.counters` (`analysis.counters.counters_for_cell`: each kernel's counters,
-    placed against `ceiling`). A `.ncu-rep` this machine's `ncu_report` module cannot read is exported as
-    its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that wrote it) and read from that. The
+    placed against `ceiling`). A `.ncu-rep` this machine's `ncu_report` module cannot read (missing, or its
+    reader failed) is exported as its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that wrote it) and read from that. The
     one place that reads a report; any failure is an AttnprofError with one line."""
-    from attnprof.analysis.counters import counters_for_cell, load_counters
+    from attnprof.analysis.counters import CounterReportError, counters_for_cell, load_counters
     from attnprof.profiling.ncu import export_raw_page
 
     try:
         loaded = load_counters(report)
-    except NsightUnavailableError:
+    except (NsightUnavailableError, CounterReportError):
         loaded = load_counters(export_raw_page(ncu, report))
     spec = result.spec if isinstance(result, CellResult) else model_spec(result)
     result.counters = counters_for_cell(loaded, spec, ceiling, seconds=seconds, report_path=str(report))
