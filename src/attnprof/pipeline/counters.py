@@ -53,8 +53,9 @@ def attach_counters(
 ) -> None:
     """Read `report` and set `result.counters` (`analysis.counters.counters_for_cell`: each kernel's counters,
     placed against `ceiling`). A `.ncu-rep` this machine's `ncu_report` module cannot read (missing, or its
-    reader failed) is exported as its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that wrote it) and read from that. The
-    one place that reads a report; any failure is an AttnprofError with one line."""
+    reader failed) is exported as its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that
+    wrote it) and read from that. The one place that reads a report; any failure is an AttnprofError with
+    one line."""
     from attnprof.analysis.counters import CounterReportError, counters_for_cell, load_counters
     from attnprof.profiling.ncu import export_raw_page
 
