@@ -76,7 +76,8 @@ def test_compare_attaches_counters_to_every_ok_row(cli, tmp_path) -> None:
 
 def test_a_model_rows_pass_profiles_its_attention_kernels_only(cli, model_config) -> None:
     pytest.importorskip("transformers")
-    config = model_config(device="cuda", dtype="bf16", implementations=["sdpa"], seq=[128])  # the tiny Llama holds 128 positions
+    # the tiny Llama holds 128 positions
+    config = model_config(device="cuda", dtype="bf16", implementations=["sdpa"], seq=[128])
     result = cli("model", str(config), "--ncu", "--format", "json")
     assert result.exit_code == 0, result.output
     kernels = with_counters(json.loads(result.stdout)["results"][0])
