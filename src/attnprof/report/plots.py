@@ -9,6 +9,7 @@ HTML report embeds. matplotlib is imported inside functions and draws through Ag
 from __future__ import annotations
 
 import io
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -421,18 +422,28 @@ def roofline_figure(rows: list[Row], style: Style) -> Any:
             markersize=8,
             color=kwargs["color"],
         )
+
+    # Colour and marker already say which cell a point is: kernels are named only where a cell has several.
+    def cell(row: Row) -> tuple[Any, ...]:
+        return tuple(row.get(k) for k in ("variant", "batch", "heads", "kv_heads", "seq", "head_dim", "mode"))
+
+    per_cell = Counter(cell(row) for item in drawn for _x, _y, row in item.points)
     if len(points) <= NAMED_POINTS:
+        named = 0
         for item in drawn:
             for x, y, row in item.points:
+                if per_cell[cell(row)] < 2:
+                    continue
                 name = str(row["_kernel"])
                 ax.annotate(
                     name if len(name) <= 28 else name[:27] + "…",
                     (x, y),
                     textcoords="offset points",
-                    xytext=(6, -3),
+                    xytext=(6, (-3, 7, -13)[named % 3]),  # neighbours' labels step apart
                     fontsize=7,
                     color=line_style(item, style)["color"],
                 )
+                named += 1
     ax.set_xlim(low_x, high_x)
     ax.set_ylim(min(ys) / 4, max(ys) * 2)
     log_axis(ax, "x")
