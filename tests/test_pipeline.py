@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import replace
+from unittest.mock import patch
 
 import pytest
 
@@ -344,7 +345,7 @@ def test_the_profilers_own_table_is_built_only_when_asked(tmp_path):
 
 
 class _Analysis:
-    """What `_corroborate_cpu_bound` reads of a TraceAnalysis."""
+    """What `corroborate_cpu_bound` reads of a TraceAnalysis."""
 
     def __init__(self, findings, gpu_time_us):
         self.findings, self.gpu_time_us = findings, gpu_time_us
@@ -353,27 +354,33 @@ class _Analysis:
         return next((f for f in self.findings if f.id == finding_id), None)
 
 
+@pytest.mark.parametrize("row", ["cell", "model"])
 @pytest.mark.parametrize(("latency", "settled"), [(130.0, True), (160.0, False)])
-def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled) -> None:
+def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -> None:
     """Decode at 16k keys on the H200: 155 us of CPU under the profiler against 127 us on the GPU, yet 130 us
-    timed without it: the GPU sets the pace, and cpu-bound becomes info. At 160 us the host does show."""
-    from types import SimpleNamespace
-
+    timed without it: the GPU sets the pace, and cpu-bound becomes info. At 160 us the host does show. A model
+    row (timed without the profiler too) is settled alike; in a training step the words say step."""
     from attnprof.analysis.findings.registry import Finding
-    from attnprof.pipeline.cell import _corroborate_cpu_bound
+    from attnprof.pipeline.cell import corroborate_cpu_bound
+    from attnprof.results import ModelResult
 
     cpu_bound = Finding("cpu-bound", "CPU time per forward (154.7 us) exceeds GPU time.", "problem", 27.8, 18.0)
     other = Finding("bandwidth-bound", "reads at 89%.", "info")
-    result = SimpleNamespace(
-        analysis=_Analysis([cpu_bound, other], 126.9), latency_us=latency, spec=SimpleNamespace(backward=False)
-    )
-    _corroborate_cpu_bound(result)
+    if row == "cell":
+        result = CellResult("sdpa", "built-in", SPEC)
+        unit = "forward"
+    else:
+        result = ModelResult("sdpa", "sdpa", "built-in", "llama", 1, 128, "fwd+bwd", "bf16", "cuda")
+        unit = "step"
+    result.analysis = _Analysis([cpu_bound, other], 126.9)
+    with patch.object(type(result), "latency_us", property(lambda self: latency)):
+        corroborate_cpu_bound(result)
     found = result.analysis.finding("cpu-bound")
     assert result.analysis.findings[1] is other
     if settled:
         assert (found.severity, found.impact_us, found.impact_pct) == ("info", None, None)
         assert found.message.endswith(
-            "a forward takes 130.0 us, within 10% of its 126.9 us on the GPU: the host time above includes the "
+            f"a {unit} takes 130.0 us, within 10% of its 126.9 us on the GPU: the host time above includes the "
             "profiler's own recording, and the GPU sets the pace."
         )
     else:

@@ -297,7 +297,7 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_des
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
     if by_design:
         result.analysis.findings = [f for f in result.analysis.findings if f.id not in by_design]
-    _corroborate_cpu_bound(result)
+    corroborate_cpu_bound(result)
     result.backend = dispatched_backend(result.analysis)
     latency_us = result.latency_us
     if ceiling is not None and latency_us:
@@ -308,11 +308,11 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_des
 CPU_BOUND_LATENCY_MARGIN = 1.10
 
 
-def _corroborate_cpu_bound(result: CellResult) -> None:
+def corroborate_cpu_bound(result: CellResult | ModelResult) -> None:
     """`cpu-bound` rests on the CPU time under the profiler, which also pays for the profiler's own
     recording (every op, their input shapes). The latency timed without it settles the question: when it is
     within 10% of the device time per instance, the GPU sets the pace, and the finding becomes `info`,
-    without impact, saying so."""
+    without impact, saying so. A cell's or a model row's (both time their instance without the profiler)."""
     from dataclasses import replace as with_fields
 
     analysis, latency = result.analysis, result.latency_us
@@ -320,7 +320,8 @@ def _corroborate_cpu_bound(result: CellResult) -> None:
     gpu = analysis.gpu_time_us if analysis is not None else None
     if analysis is None or finding is None or not latency or not gpu or latency > CPU_BOUND_LATENCY_MARGIN * gpu:
         return
-    unit = "step" if result.spec.backward else "forward"
+    step = result.spec.backward if isinstance(result, CellResult) else result.mode != "fwd"  # a model row: its mode
+    unit = "step" if step else "forward"
     note = (
         f" Timed without the profiler, though, a {unit} takes {latency:,.1f} us, within "
         f"{CPU_BOUND_LATENCY_MARGIN - 1:.0%} of its {gpu:,.1f} us on the GPU: the host time above includes the "
