@@ -30,8 +30,8 @@ def _launch_wait(ctx: FindingContext) -> float | None:
     what they cost), and the GPU's busy time is the span of its work less the time it ran nothing. The message
     gives both times, their ratio, and the ops and launch calls per forward; on a training step the CPU time
     leaves out the region's wait inside the autograd engine and counts the backward ops' own CPU time. The CPU time
-    is measured under the profiler, which adds its own recording to every op: in run and compare, where the
-    latency timed without the profiler is within 10% of the GPU time, the finding is kept as info and says so.
+    is measured under the profiler, which adds its own recording to every op: in run, compare and model, where
+    the latency timed without the profiler is within 10% of the GPU time, the finding is kept as info and says so.
     Launch fewer, larger kernels: a fused attention kernel instead of separate matmul, mask and softmax ops,
     torch.compile, CUDA graphs (torch.compile(mode="reduce-overhead") or torch.cuda.CUDAGraph) to replay the
     launches, or more work per launch (a larger batch).
