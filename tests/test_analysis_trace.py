@@ -259,7 +259,8 @@ absorb = builder.TableBuilder.absorb
 builder.TableBuilder.absorb = lambda self, other: merged.append(1) or absorb(self, other)
 two = load_trace(sys.argv[1])
 print(json.dumps({"merged": len(merged), "same": parsed_contents(one) == parsed_contents(two),
-                  "device": len(one.device), "meta": one.metadata, "notes": [one.read_notes, two.read_notes]}))
+                  "device": len(one.device), "meta": one.metadata, "notes": [one.read_notes, two.read_notes],
+                  "concrete_ops": len(two.concrete_inputs_at)}))
 """
 _WRONG_CUT = """
 find = reader.ByteStream.find_event_start
@@ -303,6 +304,12 @@ def test_two_processes_read_what_one_reads(tmp_path, form):
     seen = _read_by_one_and_two(large_trace(tmp_path, form))
     assert seen["merged"] == 1 and seen["same"] and seen["notes"] == [[], []]
     assert seen["device"] >= 540 and (form == "bare" or seen["meta"]["traceName"])
+
+
+def test_two_processes_keep_the_sdpa_ops_concrete_inputs(tmp_path):
+    seen = _read_by_one_and_two(large_trace(tmp_path, "json", name="sdpa_cudnn"))
+    assert seen["merged"] == 1 and seen["same"]
+    assert seen["concrete_ops"] == 60 * 3 * 2  # SDPA and its cuDNN op, 3 steps a copy, on both sides of the cut
 
 
 ALONE = "the trace was read by one process: "

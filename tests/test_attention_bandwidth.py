@@ -16,8 +16,14 @@ from tracegen import FLASH, TraceBuilder, build
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.hardware import datasheet
+from attnprof.analysis.instance.bandwidth import IS_CAUSAL_INPUT, Traffic, call_traffic, causal_pairs
+from attnprof.analysis.roofline import attention_flops
+from attnprof.analysis.trace.decoding import CONCRETE_INPUT_OPS
+from attnprof.analysis.trace.load import load_trace
+from attnprof.registry import RunSpec
 
-MASKS = Path(__file__).parent / "data" / "h200" / "masks"
+DATA = Path(__file__).parent / "data" / "h200"
+MASKS = DATA / "masks"
 DECODE = ("decode-flash", "decode-cudnn", "decode-math", "decode-flex", "decode-efficient-repeat-kv")
 #: 16 sequences x 8 KV heads x 8,192 keys x 128 x 2 bytes, for K and for V; Q and O 16 x 32 x 1 x 128 x 2 each.
 NO_SHAPES = (
@@ -270,3 +276,71 @@ def test_graph_replayed_combine_kernels_finish_the_call_before_them():
     assert ledger["calls_per_forward"] == 2
     pair = ["flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel"]
     assert [c["kernels"] for c in ledger["calls"]] == [pair, pair]
+
+
+def first_op_traffic(path: Path, op_name: str = "aten::scaled_dot_product_attention") -> Traffic | None:
+    """`call_traffic` of the first op named `op_name` in the trace at `path`."""
+    trace = load_trace(path)
+    op = next(i for i in range(len(trace.cpu_ops)) if trace.names[trace.cpu_ops.name[i]] == op_name)
+    return call_traffic(trace, op)
+
+
+def test_an_is_causal_call_counts_the_causal_pairs_only():
+    # is-causal: SDPA at 2x32x2048x128, is_causal=True in its Concrete Inputs (real H200 trace)
+    traffic = first_op_traffic(MASKS / "is-causal.json.gz")
+    assert traffic is not None and traffic.causal is True
+    assert traffic.flops == 4 * 128 * 2 * 32 * (2048 * 2049 // 2) == 68_753_031_168
+    spec = RunSpec("cuda", "bf16", 2, 32, 2048, 128, causal=True)
+    assert traffic.flops == attention_flops(spec)  # the convention run and compare use
+
+
+def test_the_backend_op_reads_its_own_is_causal_position():
+    # the cuDNN op takes is_causal 7th (index 6), the flash op 5th (index 4), math 6th (index 5)
+    cudnn = first_op_traffic(MASKS / "is-causal.json.gz", "aten::_scaled_dot_product_cudnn_attention")
+    flash = first_op_traffic(
+        DATA / "training" / "train_step" / "8x16x1024x64" / "sdpa-flash.json.gz",
+        "aten::_scaled_dot_product_flash_attention",
+    )
+    math = first_op_traffic(MASKS / "sdpa-math-bf16.json.gz", "aten::_scaled_dot_product_attention_math")
+    assert cudnn is not None and (cudnn.causal, cudnn.flops) == (True, 68_753_031_168)
+    assert flash is not None and (flash.causal, flash.flops) == (True, 4 * 64 * 8 * 16 * (1024 * 1025 // 2))
+    assert math is not None and (math.causal, math.flops) == (True, 4 * 128 * 2 * 32 * (1024 * 1025 // 2))
+
+
+def test_a_call_recorded_non_causal_counts_every_pair():
+    dense = first_op_traffic(MASKS / "dense-mask.json.gz")  # a dense causal mask: every pair, as before
+    decode = first_op_traffic(MASKS / "decode-flash.json.gz")
+    assert dense is not None and (dense.causal, dense.flops) == (False, 4 * 128 * 2 * 32 * 2048 * 2048)
+    assert decode is not None and (decode.causal, decode.flops) == (False, 4 * 128 * 16 * 32 * 1 * 8192)
+
+
+def test_a_call_without_concrete_inputs_counts_every_pair_and_says_is_causal_is_unknown(tmp_path):
+    trace = raw("is-causal")
+    stripped = copy.deepcopy(trace)
+    for event in stripped["traceEvents"]:
+        event.get("args", {}).pop("Concrete Inputs", None)
+    path = tmp_path / "no-concrete-inputs.json"
+    path.write_text(json.dumps(stripped))
+    traffic = first_op_traffic(path)
+    assert traffic is not None and traffic.causal is None
+    assert traffic.flops == 4 * 128 * 2 * 32 * 2048 * 2048
+
+
+@pytest.mark.parametrize(
+    ("queries", "keys", "bottom_right", "pairs"),
+    [
+        (4, 4, False, 10),
+        (4, 4, True, 10),
+        (2, 5, False, 1 + 2),  # SDPA's is_causal: query i keeps keys 0..i
+        (2, 5, True, 4 + 5),  # flash's: query i sits at position i + 3
+        (5, 2, False, 1 + 2 + 2 + 2 + 2),
+        (5, 2, True, 1 + 2),  # the first 3 queries keep no key
+    ],
+)
+def test_causal_pairs_by_alignment(queries: int, keys: int, bottom_right: bool, pairs: int):
+    kept = sum(1 for i in range(queries) for j in range(keys) if j <= (i + keys - queries if bottom_right else i))
+    assert causal_pairs(queries, keys, bottom_right) == kept == pairs
+
+
+def test_the_reader_keeps_the_concrete_inputs_of_every_op_whose_is_causal_is_read():
+    assert set(IS_CAUSAL_INPUT) == CONCRETE_INPUT_OPS

@@ -14,6 +14,7 @@ from test_html_report import Page
 from tracegen import BF16, TraceBuilder
 
 from attnprof.analysis.counters import counters_for_cell, load_counters
+from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
@@ -36,14 +37,18 @@ def cudnn_kernel_name() -> str:
     return load_counters(page("sdpa-cudnn")).kernels[0].name
 
 
-def synthetic_cudnn_trace(path: Path, steps: int = 3) -> Path:
-    """SYNTHETIC (tracegen): SDPA on cuDNN at the captured cell, 1x64x16384x128 with 8 KV heads, its shapes
-    recorded, launching the very kernel the cuDNN page measured, once per step."""
+def synthetic_cudnn_trace(path: Path, steps: int = 3, is_causal_recorded: bool = True) -> Path:
+    """SYNTHETIC (tracegen): SDPA on cuDNN at the captured cell, 1x64x16384x128 with 8 KV heads, is_causal=True
+    (the measured kernel's), its shapes and (`is_causal_recorded`) its `Concrete Inputs` recorded as torch
+    2.11 writes them, launching the very kernel the cuDNN page measured, once per step."""
     b = TraceBuilder()
     for _ in range(steps):
         with b.step(), b.region():
-            with b.op("aten::scaled_dot_product_attention", [BF16, BF16, BF16, "", "Scalar"]) as op:
-                op["args"]["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128], [], []]
+            types = [BF16, BF16, BF16, "", "Scalar", "Scalar", "", "Scalar"]
+            with b.op("aten::scaled_dot_product_attention", types) as op:
+                op["args"]["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128]] + [[]] * 5
+                if is_causal_recorded:
+                    op["args"]["Concrete Inputs"] = ["", "", "", "", "0.", "True", "", "True"]
                 with b.op("aten::_scaled_dot_product_cudnn_attention", [BF16, BF16, BF16]):
                     b.kernel(
                         cudnn_kernel_name(),
@@ -112,14 +117,25 @@ def test_analyze_json_has_the_counters_and_places_the_kernel_with_the_traces_flo
         "unmatched": [],
         "text": "1 of 1 report kernel(s) matched the trace's launches by name and order, 1 of them in attention calls",
     }
-    flops = 2 * (128 + 128) * 64 * 16384 * 16384  # every pair, as the trace's calls count them
-    assert counters["flops_per_step"] == flops
+    causal_flops = 4 * 128 * 64 * 16384 * 16385 // 2  # the causal pairs the recorded is_causal=True keeps
+    assert causal_flops == attention_flops(SPEC)  # attnprof's own convention for the cell
+    assert counters["flops_per_step"] == causal_flops
+    assert "is_causal not recorded" not in counters["flops_source"]
     (placement,) = counters["placements"]
-    assert placement["bound"] == "compute" and placement["flops"] == flops
-    assert placement["tflops"] == pytest.approx(flops / 6588.064e-6 / 1e12, rel=1e-4)
+    assert placement["bound"] == "compute" and placement["flops"] == causal_flops
+    assert placement["tflops"] == pytest.approx(causal_flops / 6588.064e-6 / 1e12, rel=1e-4)
     assert counters["kernels"][0]["achieved_occupancy_pct"] == pytest.approx(14.0589)
     assert "occupancy-unreported" not in [f["id"] for f in data["findings"]]
     assert counters["peaks"]["basis"] == "datasheet"
+
+
+def test_analyze_counts_every_pair_and_says_so_where_is_causal_was_not_recorded(cli, tmp_path):
+    trace = synthetic_cudnn_trace(tmp_path / "synthetic-cudnn.json", is_causal_recorded=False)
+    result = cli("analyze", str(trace), "--ncu-report", str(page("sdpa-cudnn")), "--format", "json")
+    assert result.exit_code == 0, result.output
+    counters = json.loads(result.stdout)["counters"]
+    assert counters["flops_per_step"] == 2 * (128 + 128) * 64 * 16384 * 16384
+    assert counters["flops_source"].endswith("; every pair of 1 forward call(s): is_causal not recorded")
 
 
 def test_analyze_names_the_report_kernels_it_could_not_match(cli):

@@ -386,15 +386,19 @@ def build(forward, steps: int = 3, region: str = "attnprof", builder: TraceBuild
 
 
 def parsed_contents(trace: Any) -> tuple[Any, ...]:
-    """Every table column and interned list of a ParsedTrace (not its source), for exact comparison."""
+    """Every table column and interned list of a ParsedTrace (not its source), for exact comparison (the raw
+    JSON lists by value: a trace read from a dict re-encodes them without the file's spaces)."""
     from dataclasses import fields
 
     tables = {}
     for name in ("cpu_ops", "annotations", "runtime", "device", "gpu_annotations"):
         table = getattr(trace, name)
         tables[name] = {f.name: list(getattr(table, f.name)) for f in fields(table)}
-    return (tables, trace.names, trace.threads, trace.input_types, trace.kernel_infos, trace.device_properties,
-            trace.metadata, trace.event_count, trace.overhead_count, trace.python_function_count)
+    raw_lists = [[json.loads(text) for text in texts] for texts in (trace.input_dims, trace.concrete_inputs)]
+    return (tables, trace.names, trace.threads, trace.input_types, raw_lists, trace.concrete_inputs_at,
+            trace.kernel_infos,
+            trace.device_properties, trace.metadata, trace.event_count, trace.overhead_count,
+            trace.python_function_count)
 
 
 def real_trace(name: str = "sdpa_cudnn") -> dict[str, Any]:
@@ -403,10 +407,10 @@ def real_trace(name: str = "sdpa_cudnn") -> dict[str, Any]:
         return json.load(fh)
 
 
-def large_trace(directory: Path, form: str = "json", copies: int = 60) -> Path:
-    """A real trace's events repeated `copies` times (60: about 2 MB), as Kineto lays them out (one key
-    per line), written to `directory` as `form`: "json", "gz" or "bare" (a bare event list)."""
-    data = real_trace("twostream")
+def large_trace(directory: Path, form: str = "json", copies: int = 60, name: str = "twostream") -> Path:
+    """A real trace's events (`name`'s) repeated `copies` times (60: about 2 MB), as Kineto lays them out
+    (one key per line), written to `directory` as `form`: "json", "gz" or "bare" (a bare event list)."""
+    data = real_trace(name)
     data["traceEvents"] = data["traceEvents"] * copies
     if form == "bare":
         data = data["traceEvents"]

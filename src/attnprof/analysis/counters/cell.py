@@ -417,7 +417,7 @@ def _trace_flops(ledger: AttentionLedger | None, per_step: int) -> tuple[float |
 
     if ledger is None or ledger.time_base != "device" or not ledger.calls:
         return None, "it has no attention call on the GPU", None
-    flops = 0.0
+    flops, unknown_mask = 0.0, 0
     for call in ledger.calls:
         origin = call if call.phase == "forward" else None
         if call.phase != "forward" and call.forward_call is not None:
@@ -427,11 +427,14 @@ def _trace_flops(ledger: AttentionLedger | None, per_step: int) -> tuple[float |
         if origin.traffic is None:
             return None, "an attention call's shapes were not recorded (profile with record_shapes=True)", None
         flops += origin.traffic.flops * (1.0 if call.phase == "forward" else MODE_FLOPS_FACTOR["bwd"])
+        unknown_mask += call.phase == "forward" and origin.traffic.causal is None
     launches = sum(1 for call in ledger.calls for k in call.kernels if not k.startswith(("Memcpy", "Memset")))
     share = min(1.0, per_step / launches) if per_step and launches else 1.0
     every_forward = all(call.phase == "forward" for call in ledger.calls)
     compulsory = ledger.bytes_per_forward if every_forward else None
-    text = "the trace's attention calls, from their recorded shapes (forward 4·B·H·D per pair, backward 2.5x)" + (
-        f", times {per_step} of the {launches} attention kernels an instance launches" if share < 1.0 else ""
-    )
+    text = "the trace's attention calls, from their recorded shapes (forward 4·B·H·D per kept pair, backward 2.5x)"
+    if unknown_mask:
+        text += f"; every pair of {unknown_mask} forward call(s): is_causal not recorded"
+    if share < 1.0:
+        text += f", times {per_step} of the {launches} attention kernels an instance launches"
     return flops * share, text, None if compulsory is None else compulsory * share

@@ -5,8 +5,12 @@ template) records its inputs' `Input Dims` and `Input type` with `record_shapes=
 Q, K and V once each as they were passed (K/V repeated for grouped-query attention are read at their
 repeated size: that is what the kernel reads), O (Q's shape with V's head dim) once, and a dense mask
 when an SDPA op's fourth input is a tensor (`attn_mask`, a backend op's `attn_bias`). Its FLOPs are
-2·(D_qk + D_v) per (query, key) pair, 4·D for equal head dims, every pair counted (a causal mask
-halves the work actually needed; decode has one query, where it changes nothing). K and V of batch 1
+2·(D_qk + D_v) per (query, key) pair the op keeps, 4·D for equal head dims: with is_causal=True (read
+from the op's `Concrete Inputs`) the causal pairs (`attnprof.masks`; top-left aligned when the
+queries and keys differ in number, as SDPA's is_causal is, bottom-right for the flash backend op,
+which a lower-right `CausalBias` calls directly), else every pair: a dense mask's pairs are not
+counted from its shape, and an op that did not record is_causal (no `Concrete Inputs`, a fused kernel
+outside SDPA) says so (`Traffic.causal` None). K and V of batch 1
 under a query batch of B are one pool the batch shares (a paged KV cache, as flex reads it): each of
 its positions belongs to one sequence, so the pairs are Q's rows × the pool's positions, not × B, and
 each sequence's keys are the pool's positions / B.
@@ -28,6 +32,7 @@ from typing import Any
 
 from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS, SDPA_OP
 from attnprof.analysis.trace.tables import ParsedTrace
+from attnprof.masks import Mask
 
 #: Bytes per element of the `Input type`s attention inputs take.
 ELEMENT_BYTES = {
@@ -47,12 +52,30 @@ ELEMENT_BYTES = {
     "long int": 8,
 }
 _MASK_INPUT = 3  # SDPA's attn_mask, efficient's and cuDNN's attn_bias; a scalar (or nothing) elsewhere
+#: The position of is_causal among an op's inputs (native_functions.yaml; checked against the
+#: `Concrete Inputs` of torch 2.11's H200 traces in tests/data, the CPU flash op against the yaml only).
+#: The SDPA op and the backend op it dispatched to agreed in every trace there. `_flash_attention_forward`
+#: and `_efficient_attention_forward` are left out: their inputs are (batch, sequence, heads, dim).
+IS_CAUSAL_INPUT = {
+    SDPA_OP: 5,
+    "aten::_scaled_dot_product_attention_math": 5,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+}
+#: The op whose is_causal is bottom-right aligned (flash-attention's; SDPA refuses flash for a
+#: non-square is_causal, so only a lower-right CausalBias reaches it with q_len != kv_len).
+_BOTTOM_RIGHT_CAUSAL_OP = "aten::_scaled_dot_product_flash_attention"
+_CAUSAL = Mask("causal")
 
 
 @dataclass(frozen=True, slots=True)
 class Traffic:
     """What one call moves and computes: `bytes` read and written (Q, K, V, O, mask) and `flops`, with
-    the shape they come from (Q's heads and rows, K's heads and rows)."""
+    the shape they come from (Q's heads and rows, K's heads and rows). `causal`: whether `flops` counts
+    the causal pairs (True), every pair of a call that recorded is_causal=False (False), or every pair
+    of a call whose is_causal is unknown (None: not recorded, or an op that takes none)."""
 
     bytes: int
     flops: int
@@ -61,6 +84,7 @@ class Traffic:
     kv_heads: int = 0
     queries: int = 0
     keys: int = 0
+    causal: bool | None = None
 
 
 def _tensor(dims: object, dtype: str, rank: tuple[int, ...] = (4,)) -> tuple[list[int], int] | None:
@@ -105,6 +129,24 @@ def eager_traffic(trace: ParsedTrace, head: int, tail: int) -> Traffic | None:
     return Traffic(total, 2 * (d_qk + d_v) * rows * queries * keys, batch, heads, kv_heads, queries, keys)
 
 
+def _is_causal(trace: ParsedTrace, op: int, name: str) -> bool | None:
+    """The is_causal `op` (named `name`) recorded in its `Concrete Inputs`; None when it did not."""
+    at = IS_CAUSAL_INPUT.get(name)
+    concrete = trace.concrete_inputs_of(op) if at is not None else None
+    if at is None or concrete is None or len(concrete) <= at:
+        return None
+    return {"True": True, "False": False}.get(concrete[at])
+
+
+def causal_pairs(queries: int, keys: int, bottom_right: bool) -> int:
+    """The (query, key) pairs one head keeps under a causal mask: `Mask.pairs` over the triangle, with
+    the rows beyond it (keys of a top-left mask's later queries; none bottom-right) added whole."""
+    if bottom_right:
+        return _CAUSAL.pairs(min(queries, keys), keys)
+    side = min(queries, keys)
+    return _CAUSAL.pairs(side, side) + max(0, queries - keys) * keys
+
+
 def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
     """The `Traffic` of the attention call whose op is `op` (see the module docstring); None when the
     op recorded no shapes or its first three inputs are not 4-D tensors (batch, heads, sequence, dim)."""
@@ -120,18 +162,21 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
     (q, q_size), (k, k_size), (v, v_size) = qkv  # type: ignore[misc]
     batch, heads, queries, d_qk = q
     keys, d_v = k[2], v[3]
+    name = trace.names[trace.cpu_ops.name[op]]
+    causal = _is_causal(trace, op, name)
     pairs = batch * heads * queries * keys
     if k[0] == 1 < batch:  # a pool the batch shares (paged): every position is one sequence's
         pairs, keys = heads * queries * keys, keys // batch
+    if causal:
+        pairs = batch * heads * causal_pairs(queries, keys, name == _BOTTOM_RIGHT_CAUSAL_OP)
     total = prod(q) * q_size + prod(k) * k_size + prod(v) * v_size
     total += batch * heads * queries * d_v * q_size  # O: Q's shape with V's head dim, in Q's dtype
-    name = trace.names[trace.cpu_ops.name[op]]
     if (name == SDPA_OP or name in SDPA_BACKEND_OPS) and len(dims) > _MASK_INPUT and len(types) > _MASK_INPUT:
         mask = dims[_MASK_INPUT]
         size = ELEMENT_BYTES.get(types[_MASK_INPUT])
         if size is not None and isinstance(mask, list) and mask and all(isinstance(d, int) for d in mask):
             total += prod(mask) * size
-    return Traffic(total, 2 * (d_qk + d_v) * pairs, batch, heads, k[1], queries, keys)
+    return Traffic(total, 2 * (d_qk + d_v) * pairs, batch, heads, k[1], queries, keys, causal)
 
 
 #: GEMM ops by name: the position of their first matrix among the inputs (addmm and baddbmm take

@@ -20,9 +20,10 @@ instances (the whole `attnprof analyze` takes about 3.3 CPU s):
   (`calls.ShapeCalls`). Saves 0.32 s.
 - `timeline`: the device's busy intervals over the whole trace (`stalls.DeviceTimeline`), built the
   first time an instance has a host sync (for the bubble it leaves), never in a trace without one.
-- `traffic`: per forward call's recorded inputs (the op's name, `Input Dims` and `Input type` ids,
-  interned by the reader; for an eager call those of its first and last matmul), the bytes and FLOPs
-  of `bandwidth.call_traffic` / `eager_traffic`, which decode the dims' JSON. Saves about 0.2 s.
+- `traffic`: per forward call's recorded inputs (the op's name, `Input Dims`, `Input type` and
+  `Concrete Inputs` ids, interned by the reader; for an eager call those of its first and last
+  matmul), the bytes and FLOPs of `bandwidth.call_traffic` / `eager_traffic`, which decode the dims'
+  JSON. Saves about 0.2 s.
 
 Each instance's attention ledger is timed from its own calls (`ledger.forward_ledger`): a per-shape
 cache of the ledger saved about 0.17 s of 2.6 s at 1M, and the analysis stays within 1.5x of a bare
@@ -171,7 +172,8 @@ class TraceIndex:
         names, dims, types = ops.name, ops.input_dims, ops.input_types
         first, last = call.first, call.last
         eager = call.backend == "eager"
-        key: tuple[Any, ...] = (names[first], dims[first], types[first])
+        concrete = self.trace.concrete_inputs_at.get(first, -1)
+        key: tuple[Any, ...] = (names[first], dims[first], types[first], concrete)
         if eager:
             key += (names[last], dims[last], types[last]) if last >= 0 else (-1,)
         found = self._traffic.get(key, self)

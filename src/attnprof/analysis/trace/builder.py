@@ -45,6 +45,10 @@ class TableBuilder:
         self.raw_input_type_ids: dict[bytes, int] = {}  # the JSON text of an `Input type` -> its index
         self.input_dims: list[bytes] = []  # the distinct `Input Dims`, as JSON text
         self.input_dims_ids: dict[bytes, int] = {}
+        self.concrete_inputs: list[bytes] = []  # the distinct `Concrete Inputs`, as JSON text
+        self.concrete_inputs_ids: dict[bytes, int] = {}
+        self.concrete_inputs_at: dict[int, int] = {}  # cpu op row -> its index in concrete_inputs
+        self.concrete_input_names: set[int] = set()  # the name ids of `decoding.CONCRETE_INPUT_OPS`
         self.kernel_info_table = decoding.KernelInfos()
         self.kernel_infos: list[KernelInfo] = self.kernel_info_table.items
         self.cpu_ops = CpuTable()
@@ -74,7 +78,10 @@ class TableBuilder:
     def _name(self, name: Any) -> int:
         if not isinstance(name, str):
             name = "" if name is None else str(name)
-        return _intern(self.names, self.name_ids, name)
+        index = _intern(self.names, self.name_ids, name)
+        if name in decoding.CONCRETE_INPUT_OPS:
+            self.concrete_input_names.add(index)
+        return index
 
     def _thread(self, pid: Any, tid: Any) -> int:
         return _intern(self.threads, self.thread_ids, (pid, tid))
@@ -153,6 +160,9 @@ class TableBuilder:
                 del remap[key]  # the same indices on both sides (threads, often): copied as they are
             else:
                 index.append(-1)  # index -1 (none) stays -1
+        concrete = [_intern(self.concrete_inputs, self.concrete_inputs_ids, c) for c in other.concrete_inputs]
+        rows = len(self.cpu_ops)
+        self.concrete_inputs_at.update({rows + op: concrete[i] for op, i in other.concrete_inputs_at.items()})
         for table in ("cpu_ops", "annotations", "runtime", "device", "gpu_annotations"):
             mine, theirs = getattr(self, table), getattr(other, table)
             for column in fields(mine):
@@ -200,6 +210,8 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
     if builder is not None:
         raw_type_ids, raw_input_types = builder.raw_input_type_ids, builder._raw_input_types
         dims_list, dims_ids = builder.input_dims, builder.input_dims_ids
+        concrete_list, concrete_ids = builder.concrete_inputs, builder.concrete_inputs_ids
+        concrete_names, concrete_at, rows = builder.concrete_input_names, builder.concrete_inputs_at, table.ts
     no_raw = decoding.NO_RAW
 
     def write(nid: int, tid_index: int, t: float, d: float, x: int, args: Args, pid: Any, tid: Any) -> None:
@@ -227,6 +239,10 @@ def _cpu_writer(table: CpuTable, builder: TableBuilder | None) -> _RowWriter:
             key = bytes(raw_dims)
             index = dims_ids.get(key)
             dims(index if index is not None else _intern(dims_list, dims_ids, key))
+        if nid in concrete_names and args.concrete_inputs is not no_raw:  # SDPA ops only: a few a trace
+            key = bytes(args.concrete_inputs)
+            index = concrete_ids.get(key)
+            concrete_at[len(rows) - 1] = index if index is not None else _intern(concrete_list, concrete_ids, key)
 
     return write
 

@@ -1,11 +1,13 @@
 """The msgspec schema of a trace event: the one place that says which fields attnprof reads.
 
 Each event of `traceEvents` is decoded into a `Record` holding only the fields the trace tables
-use; every other field (`Input Strides`, `Concrete Inputs`, flow ids, ...) is
+use; every other field (`Input Strides`, flow ids, ...) is
 skipped by msgspec without building a Python object. Most bytes of a Kineto trace are such
 fields. `Input type` is kept as raw JSON bytes (`msgspec.Raw`): the same few lists repeat on
-every op, so they are interned by their bytes and decoded once each; `Input Dims` likewise, kept as
-its bytes and decoded only for the ops that need shapes (`instance.bandwidth`).
+every op, so they are interned by their bytes and decoded once each; `Input Dims` and `Concrete
+Inputs` (the scalar inputs as text, e.g. SDPA's is_causal) likewise, kept as their bytes and decoded
+only for the ops that need them (`instance.bandwidth`); `Concrete Inputs` are kept for the
+`CONCRETE_INPUT_OPS` only.
 
 What Kineto writes (checked against traces from torch 2.11 on an H200, and the Kineto source):
 `cpu_op` and `user_annotation` ranges on CPU threads with `args["External id"]` (and
@@ -34,9 +36,22 @@ import msgspec
 #: The value of a field the event does not have.
 ABSENT: Any = msgspec.UNSET
 _NO_INPUT_TYPE = msgspec.Raw(b"null")
-#: The value of a raw field (`Input type`, `Input Dims`) the event does not have: this very object.
+#: The value of a raw field (`Input type`, `Input Dims`, `Concrete Inputs`) the event does not have: this very object.
 NO_RAW: msgspec.Raw = _NO_INPUT_TYPE
 _f = msgspec.field
+#: The ops whose `Concrete Inputs` the tables keep: SDPA and the backend ops it dispatches to, whose
+#: is_causal `instance.bandwidth` reads. Interning every cpu op's instead cost 0.07 s (3%) of `attnprof
+#: analyze` on the 1M-event scale trace (benchmarks/analysis_scale.py), where half the events are cpu ops.
+CONCRETE_INPUT_OPS = frozenset(
+    {
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+    }
+)
 _Number = int | float | str | None  # pid and tid: numbers, or text in some exporters
 
 
@@ -96,6 +111,7 @@ class CommonArgs(msgspec.Struct, gc=False):
     ext: Any = _f(name="External id", default=ABSENT)
     input_type: msgspec.Raw = _f(name="Input type", default=_NO_INPUT_TYPE)
     input_dims: msgspec.Raw = _f(name="Input Dims", default=_NO_INPUT_TYPE)  # interned by its bytes, decoded on use
+    concrete_inputs: msgspec.Raw = _f(name="Concrete Inputs", default=_NO_INPUT_TYPE)  # likewise
     device: Any = ABSENT
     stream: Any = ABSENT
     corr: Any = _f(name="correlation", default=ABSENT)
@@ -323,7 +339,7 @@ def record_from_object(event: Any) -> Record | None:
             for name, key in zip(Args.__struct_fields__, Args.__struct_encode_fields__, strict=True)
             if key in args
         }
-        for raw in ("input_type", "input_dims"):
+        for raw in ("input_type", "input_dims", "concrete_inputs"):
             if raw in values:
                 values[raw] = _raw_json(values[raw])
         fields["args"] = Args(**values)

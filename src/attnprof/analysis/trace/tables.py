@@ -102,6 +102,11 @@ class ParsedTrace:
     read_notes: tuple[str, ...] = ()
     #: The distinct `Input Dims` (record_shapes) as their JSON text; `input_dims_of` decodes one.
     input_dims: list[bytes] = field(default_factory=list)
+    #: The distinct `Concrete Inputs` (record_shapes) as their JSON text; `concrete_inputs_of` decodes one.
+    concrete_inputs: list[bytes] = field(default_factory=list)
+    #: The cpu ops that recorded them, by row: the index of theirs in `concrete_inputs`. Only the ops of
+    #: `decoding.CONCRETE_INPUT_OPS` are kept, a few in a trace: a map, not a column.
+    concrete_inputs_at: dict[int, int] = field(default_factory=dict)
 
     def input_dims_of(self, op: int) -> list[Any] | None:
         """The `Input Dims` of cpu op `op` (a list with one entry per input), or None when not recorded."""
@@ -109,6 +114,16 @@ class ParsedTrace:
         if index < 0:
             return None
         value = input_type_value(self.input_dims[index])
+        return value if isinstance(value, list) else None
+
+    def concrete_inputs_of(self, op: int) -> list[Any] | None:
+        """The `Concrete Inputs` of cpu op `op` (one text per input: a scalar's value, "" for a tensor
+        or none, e.g. "True" for SDPA's is_causal), or None when not recorded or not kept (an op
+        outside `decoding.CONCRETE_INPUT_OPS`)."""
+        index = self.concrete_inputs_at.get(op)
+        if index is None:
+            return None
+        value = input_type_value(self.concrete_inputs[index])
         return value if isinstance(value, list) else None
 
     def device_properties_for(self, device: int) -> dict[str, Any] | None:
