@@ -26,12 +26,13 @@ from attnprof.analysis.counters import (
     kernel_key,
     load_counters,
 )
-from attnprof.analysis.counters.cell import ceiling_peaks, cell_findings
+from attnprof.analysis.counters.cell import cell_findings
 from attnprof.analysis.counters.metrics import COUNTER_METRICS, STALL_REASONS, stall_metric
 from attnprof.analysis.counters.readers import read_ncu_rep
 from attnprof.analysis.counters.roofline import steps_of
 from attnprof.analysis.counters.units import parse_number, to_base, unit_factor
 from attnprof.nsight import NsightUnavailableError
+from attnprof.peaks import measured_peaks
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.registry import RunSpec
 from attnprof.results import CellResult
@@ -57,7 +58,8 @@ def kernel(variant: str) -> KernelCounters:
 
 
 def counters(variant: str, ceiling: Ceiling | None = None, spec: RunSpec = SPEC) -> CellCounters:
-    return counters_for_cell(load_counters(page(variant)), spec, ceiling, seconds=12.0, report_path=str(page(variant)))
+    peaks = measured_peaks(ceiling)
+    return counters_for_cell(load_counters(page(variant)), spec, peaks, seconds=12.0, report_path=str(page(variant)))
 
 
 def ids(found) -> list[str]:
@@ -380,7 +382,8 @@ def test_a_measured_ceiling_replaces_the_datasheet():
     assert (found.peaks.tensor_tflops, found.peaks.read_gbps) == (760.0, 4300.0)
     assert found.placements[0].pct_of_ceiling == pytest.approx(100 * FLOPS / 8237.856e-6 / 1e12 / 760.0)
     assert "measured on this machine (2026-12-02)" in found.to_dict()["peaks"]["text"]
-    assert ceiling_peaks(None, "a GPU nobody knows") is None
+    unknown = replace(load_counters(page("triton-flash")), device="a GPU nobody knows")
+    assert counters_for_cell(unknown, SPEC, None, seconds=None, report_path=None).peaks is None
 
 
 def test_memory_bound_words_and_no_ceiling():

@@ -455,3 +455,26 @@ def test_a_passs_report_is_read_into_its_rows_counters(config, fake, monkeypatch
     assert final is not None and len(fake.passes()) == 2  # nothing ran again
     assert [row["counters"] for row in final.document["results"]] == [
         row["counters"] for row in outcome.document["results"]]
+
+
+def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_path, isolated_cache) -> None:
+    """`attnprof model` measures no ceiling: its rows' roofline uses the one cached for the report's GPU and
+    dtype, as its trace analysis does, and the datasheet only without one."""
+    from datetime import datetime, timezone
+
+    from attnprof.pipeline.counters import attach_counters
+    from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
+    from attnprof.results import ModelResult
+
+    page = Path(__file__).parent / "data" / "h200" / "ncu" / "sdpa-cudnn-fwd.raw.csv"
+    row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",
+                      device="cuda:0", heads=64, kv_heads=8, head_dim=128, causal=True, mask="causal")
+    attach_counters(row, page, 1.0, None, Path("ncu"))
+    assert row.counters is not None and row.counters.peaks.basis == "datasheet"
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    measured = Ceiling(800.0, 4200.0, "measured", method="matmul", measured_at=now, torch_version="2.11",
+                       read_gbps=4500.0, read_method="sum")
+    write_cache(cache_path(), {"NVIDIA H200|bf16": measured.to_dict()})
+    attach_counters(row, page, 1.0, None, Path("ncu"))
+    assert row.counters.peaks.basis == "measured"
+    assert (row.counters.peaks.tensor_tflops, row.counters.peaks.read_gbps) == (800.0, 4500.0)

@@ -52,7 +52,8 @@ def attach_counters(
     result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
 ) -> None:
     """Read `report` and set `result.counters` (`analysis.counters.counters_for_cell`: each kernel's counters,
-    placed against `ceiling`). A `.ncu-rep` this machine's `ncu_report` module cannot read (missing, or its
+    placed against `ceiling`, the run's, else the ceiling cached for the report's GPU, as `attnprof model`'s
+    analysis uses it, else the datasheet). A `.ncu-rep` this machine's `ncu_report` module cannot read (missing, or its
     reader failed) is exported as its raw page (`profiling.ncu.export_raw_page`, through the `ncu` that
     wrote it) and read from that. The one place that reads a report; any failure is an AttnprofError with
     one line."""
@@ -63,8 +64,12 @@ def attach_counters(
         loaded = load_counters(report)
     except (NsightUnavailableError, CounterReportError):
         loaded = load_counters(export_raw_page(ncu, report))
+    from attnprof.peaks import cached_peaks, measured_peaks
+
     spec = result.spec if isinstance(result, CellResult) else model_spec(result)
-    result.counters = counters_for_cell(loaded, spec, ceiling, seconds=seconds, report_path=str(report))
+    dtype = result.spec.dtype if isinstance(result, CellResult) else result.dtype
+    peaks = measured_peaks(ceiling) or cached_peaks(loaded.device, dtype)
+    result.counters = counters_for_cell(loaded, spec, peaks, seconds=seconds, report_path=str(report))
 
 
 def model_spec(result: ModelResult) -> RunSpec | None:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger import AttentionLedger
     from attnprof.analysis.instance.metrics import KernelStats
     from attnprof.analysis.trace.tables import ParsedTrace
-    from attnprof.profiling.ceiling import Ceiling
 
 UNREPORTED = "occupancy-unreported"
 
@@ -183,11 +182,10 @@ def ceilings_text(peaks: Peaks | None) -> str:
     return f"{figures}, {peaks.source.rsplit(' ', 2)[0]}"
 
 
-def ceiling_peaks(ceiling: Ceiling | None, device: str | None) -> Peaks | None:
-    """The ceilings a placement uses: the matmul ceiling and read bandwidth measured on this machine when
-    `ceiling` has both, else the datasheet of the GPU the report names (None when unknown)."""
-    if ceiling is not None and ceiling.tflops and ceiling.read_gbps:
-        return Peaks.measured(ceiling.read_gbps, ceiling.tflops, ceiling.measured_on)
+def _or_datasheet(peaks: Peaks | None, device: str | None) -> Peaks | None:
+    """`peaks` (measured on this machine), else the datasheet of the GPU the report names (None: unknown)."""
+    if peaks is not None:
+        return peaks
     sheet = datasheet(device)
     return sheet.peaks if sheet else None
 
@@ -195,21 +193,22 @@ def ceiling_peaks(ceiling: Ceiling | None, device: str | None) -> Peaks | None:
 def counters_for_cell(
     report: CounterReport,
     spec: RunSpec | None,
-    ceiling: Ceiling | None,
+    peaks: Peaks | None,
     *,
     seconds: float | None,
     report_path: str | None,
 ) -> CellCounters:
     """A cell's counters from its report: every kernel placed on the roofline with the step's useful FLOPs
-    (`step_flops(spec)`; none without a spec) against `ceiling` (else the datasheet), the counter findings
-    of its median step, `seconds` Nsight Compute took and the report's path."""
+    (`step_flops(spec)`; none without a spec) against `peaks` (measured on this machine: `attnprof.peaks`;
+    else the datasheet of the report's GPU), the counter findings of its median step, `seconds` Nsight
+    Compute took and the report's path."""
     flops = step_flops(spec) if spec is not None else None
     source = flops_convention(spec) if spec is not None else None
     compulsory = bytes_moved(spec) if spec is not None else None
     unit = "forward" if spec is None or spec.mode == "fwd" else "step"
     indices = list(range(len(report.kernels)))
     return _assemble(
-        report, indices, flops, source, compulsory, ceiling_peaks(ceiling, report.device), unit, seconds, report_path
+        report, indices, flops, source, compulsory, _or_datasheet(peaks, report.device), unit, seconds, report_path
     )
 
 
@@ -399,7 +398,7 @@ def counters_for_trace(
         flops,
         how if flops is not None else None,
         compulsory,
-        peaks or (sheet.peaks if (sheet := datasheet(report.device)) else None),
+        _or_datasheet(peaks, report.device),
         unit,
         None,
         report_path,
