@@ -3,9 +3,9 @@ module the installed Nsight Compute ships (`attnprof.nsight.ncu_report_dir`), or
 as CSV (`ncu --import FILE.ncu-rep --csv --page raw > FILE.csv`: a row of metric names, a row of units,
 then one row per kernel). `load_counters(path)` picks the reader by the file's suffix.
 
-The module is loaded in a child Python process that imports nothing else, and the child hands the
-kernels' metrics back as JSON: on the H200 machine (ncu 2025.3.1, torch 2.11) loading `_ncu_report` into a
-process that had imported torch crashed it with a segmentation fault.
+The module is loaded in a child Python process that imports nothing else (`ncu_dump`, run as a script),
+which hands the kernels' metrics back as JSON: on the H200 machine (ncu 2025.3.1, torch 2.11) loading
+`_ncu_report` into a process that had imported torch crashed it with a segmentation fault.
 
 Every failure is a `CounterReportError`: one line saying what is wrong with the file, and a hint.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from attnprof.analysis.counters.kernel import CounterReport, Lookup, kernel_counters
 from attnprof.analysis.counters.metrics import DEVICE_METRIC
+from attnprof.analysis.counters.ncu_dump import report_contents
 from attnprof.analysis.counters.units import parse_number
 from attnprof.errors import AttnprofError
 
@@ -101,73 +102,27 @@ def _csv_lookup(row: list[str], units: list[str], column: dict[str, int]) -> Loo
 # --------------------------------------------------------------------------- the .ncu-rep file
 
 
-#: Run by `read_ncu_rep` in a child process: argv[1] the folder holding ncu_report.py, argv[2] the report.
-#: Prints {"kernels": [{"name": demangled, "metrics": {name: [value, unit]}}]} or {"error": "..."}.
-CHILD_READER = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import ncu_report
-try:
-    context = ncu_report.load_report(sys.argv[2])
-except Exception as exc:
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
-kernel = getattr(ncu_report.IAction, "WorkloadType_KERNEL", None)
-kernels = []
-for r in range(context.num_ranges()):
-    found = context.range_by_idx(r)
-    for a in range(found.num_actions()):
-        action = found.action_by_idx(a)
-        if kernel is not None and hasattr(action, "workload_type") and action.workload_type() != kernel:
-            continue
-        metrics = {}
-        for name in action.metric_names():
-            m = action.metric_by_name(name)
-            if m is None or not m.has_value():
-                continue
-            k = m.kind()
-            if k == m.ValueKind_STRING:
-                value = m.as_string()
-            elif k in (m.ValueKind_UINT32, m.ValueKind_UINT64):
-                value = float(m.as_uint64())
-            else:
-                value = m.as_double()
-            if value is not None:
-                metrics[name] = [value, m.unit() or ""]
-        kernels.append({"name": action.name(ncu_report.IAction.NameBase_DEMANGLED), "metrics": metrics})
-print(json.dumps({"kernels": kernels}))
-"""
 CHILD_TIMEOUT_S = 300.0
 
 
 def read_ncu_rep(path: Path, module: ModuleType | None = None) -> CounterReport:
-    """A `.ncu-rep` report, every kernel of every range in order: through `module` in this process when
-    given (tests), else through the installed `ncu_report` in a child process (`CHILD_READER`)."""
-    if module is None:
-        return _read_in_child(path)
-    try:
-        context = module.load_report(str(path))
-    except Exception as exc:  # the native loader raises its own kinds
-        raise CounterReportError(f"{path}: Nsight Compute cannot load it ({type(exc).__name__}: {exc})") from None
-    demangled = module.IAction.NameBase_DEMANGLED
-    kernel_type = getattr(module.IAction, "WorkloadType_KERNEL", None)
-    named: list[tuple[str, Lookup]] = []
-    for r in range(context.num_ranges()):
-        found = context.range_by_idx(r)
-        for a in range(found.num_actions()):
-            action = found.action_by_idx(a)
-            if kernel_type is not None and hasattr(action, "workload_type") and action.workload_type() != kernel_type:
-                continue
-            named.append((action.name(demangled), _action_lookup(action)))
-    return _report(path, named)
+    """A `.ncu-rep` report, every kernel of every range in order (`ncu_dump.report_contents`): through `module`
+    in this process when given (tests), else through the installed `ncu_report` in a child process."""
+    contents = report_contents(module, str(path)) if module is not None else _contents_in_child(path)
+    if "error" in contents:
+        raise CounterReportError(f"{path}: Nsight Compute cannot load it ({contents['error']})")
+    return _report(path, [(k["name"], _dict_lookup(k["metrics"])) for k in contents.get("kernels", [])])
 
 
-def _read_in_child(path: Path) -> CounterReport:
+def _contents_in_child(path: Path) -> dict[str, Any]:
+    """`ncu_dump.py` run as a script by this Python, next to the installed `ncu_report`; its JSON answer."""
+    from attnprof.analysis.counters import ncu_dump
     from attnprof.nsight import ncu_report_dir
 
     folder = ncu_report_dir()
     try:
         done = subprocess.run(
-            [sys.executable, "-c", CHILD_READER, str(folder), str(path)],
+            [sys.executable, ncu_dump.__file__, str(folder), str(path)],
             capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -181,10 +136,7 @@ def _read_in_child(path: Path) -> CounterReport:
     if not isinstance(answer, dict):
         last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         raise CounterReportError(f"{path}: Nsight Compute's ncu_report failed on it ({last[:200]})", EXPORT_HINT)
-    if "error" in answer:
-        raise CounterReportError(f"{path}: Nsight Compute cannot load it ({answer['error']})")
-    named = [(kernel["name"], _dict_lookup(kernel["metrics"])) for kernel in answer.get("kernels", [])]
-    return _report(path, named)
+    return answer
 
 
 def _report(path: Path, named: list[tuple[str, Lookup]]) -> CounterReport:
@@ -199,22 +151,5 @@ def _dict_lookup(metrics: dict[str, list[Any]]) -> Lookup:
     def lookup(metric: str) -> tuple[float | str, str] | None:
         found = metrics.get(metric)
         return None if found is None else (found[0], found[1])
-
-    return lookup
-
-
-def _action_lookup(action: Any) -> Lookup:
-    def lookup(metric: str) -> tuple[float | str, str] | None:
-        found = action.metric_by_name(metric)
-        if found is None or not found.has_value():
-            return None
-        kind = found.kind()
-        if kind == found.ValueKind_STRING:
-            value: float | str | None = found.as_string()
-        elif kind in (found.ValueKind_UINT32, found.ValueKind_UINT64):
-            value = float(found.as_uint64())
-        else:
-            value = found.as_double()
-        return None if value is None else (value, found.unit() or "")
 
     return lookup
