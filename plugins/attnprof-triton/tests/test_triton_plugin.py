@@ -217,8 +217,8 @@ def _mask_cases() -> list[dict]:
 MASK_CASES = _mask_cases()
 
 
-# The backward kernels (fixed tiles, `_backward.block_sizes`): seq a multiple of the tiles and
-# not, GQA groups of 1, 2 and 4, head_dim 16 to 256, the forward with TMA once, fp32 once.
+# The backward kernels (at `_backward.default_configs`: the interpreter cannot autotune): seq a multiple of
+# the tiles and not, GQA groups of 1, 2 and 4, head_dim 16 to 256, the forward with TMA once, fp32 once.
 GRAD_CASES = [
     dict(id=f"grad-{b}x{h}/kv{kv}x{s}x{d}-{dtype}-{'causal' if causal else 'full'}" + ("-tma" if tma else ""),
          grad=True, batch=b, heads=h, kv_heads=kv, seq=s, head_dim=d, causal=causal, tma=tma, dtype=dtype, seed=7)
