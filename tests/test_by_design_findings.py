@@ -9,7 +9,7 @@ from attnprof.analysis import analyze_trace
 from attnprof.pipeline.cell import _analyse
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 TRACE = Path(__file__).resolve().parent / "data" / "h200" / "8x16x1024x64" / "sdpa-math.json.gz"
 

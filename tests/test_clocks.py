@@ -10,7 +10,7 @@ from attnprof.profiling import clocks
 from attnprof.profiling.clocks import ClockSample, ClockSampler, clock_window, parse_samples, reason_names
 from attnprof.registry import RunSpec
 from attnprof.report.serialize import csv_row
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 
 def stamp(t: float) -> str:
@@ -92,7 +92,7 @@ def test_runner_attaches_the_clock_of_each_timing_window():
     from attnprof.pipeline import attach_clocks
     from attnprof.registry import RunSpec
     from attnprof.report.serialize import csv_row
-    from attnprof.results import CellResult
+    from attnprof.pipeline.measured import CellResult
 
     spec = RunSpec("cuda:0", "bf16", 1, 1, 16, 16)
     timed = CellResult("a", "built-in", spec, timing_window=(T0 + 0.01, T0 + 0.07))
@@ -133,7 +133,7 @@ def test_result_rows_carry_the_clock_fields():
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.registry import RunSpec
     from attnprof.report.serialize import csv_row
-    from attnprof.results import CellResult
+    from attnprof.pipeline.measured import CellResult
 
     result = CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16),
                         clock=ClockWindow(sm_mhz=1845, min_sm_mhz=1650, max_sm_mhz=1980, limits=("sw_power_cap",),

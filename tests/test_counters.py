@@ -35,7 +35,7 @@ from attnprof.nsight import NsightUnavailableError
 from attnprof.peaks import measured_peaks
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.registry import RunSpec
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"

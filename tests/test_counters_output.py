@@ -20,7 +20,7 @@ from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
 from attnprof.report.serialize import results_document
 from attnprof.report.tables import compare_report, run_report
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"

@@ -19,7 +19,7 @@ from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
 from attnprof.report.serialize import json_entry, model_json_entry
 from attnprof.report.tables import compare_report
-from attnprof.results import CellResult, ModelResult
+from attnprof.pipeline.measured import CellResult, ModelResult
 from attnprof.stats import median
 
 H200 = Path(__file__).parent / "data" / "h200"

@@ -21,7 +21,7 @@ from attnprof.registry import RunSpec
 from attnprof.report.export import write_csv
 from attnprof.report.serialize import CSV_FIELDS, TFLOPS_CONVENTION, csv_row, json_entry
 from attnprof.report.tables import run_summary_table, shape_table
-from attnprof.results import CellResult, Throughput
+from attnprof.pipeline.measured import CellResult, Throughput
 
 DATA = Path(__file__).parent / "data" / "h200"
 BLOG = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64, causal=True)

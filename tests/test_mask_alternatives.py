@@ -30,7 +30,7 @@ from attnprof.pipeline.mask_alternatives import (
 from attnprof.plugins import load_variants
 from attnprof.profiling.timing import Timing
 from attnprof.registry import RunSpec
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200" / "masks"
 FAST = MeasureOptions(min_time_s=0.02)
@@ -146,7 +146,7 @@ def test_a_compare_names_the_cells_of_its_alternatives() -> None:
 
 def test_only_a_faster_alternative_gives_an_impact() -> None:
     from attnprof.pipeline.mask_alternatives import saved_by
-    from attnprof.results import MaskAlternative
+    from attnprof.pipeline.measured import MaskAlternative
 
     slower = MaskAlternative(BLOCK_MASK, "flex", "c", THIS_RUN, 250.0, 0.4)
     faster = MaskAlternative(IS_CAUSAL, "sdpa", "c", THIS_RUN, 80.0, 1.25)

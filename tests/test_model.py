@@ -199,7 +199,7 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
     from attnprof.analysis import analyze_trace
     from attnprof.report.model_tables import model_table
     from attnprof.report.serialize import model_csv_row, model_json_entry
-    from attnprof.results import ModelResult
+    from attnprof.pipeline.measured import ModelResult
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))

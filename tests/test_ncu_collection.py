@@ -419,7 +419,7 @@ def test_a_model_rows_pass_profiles_only_its_attention_kernels(cli, model_config
 
 def test_a_model_rows_counters_count_the_flops_of_one_forward_call() -> None:
     from attnprof.pipeline.counters import model_spec
-    from attnprof.results import ModelResult
+    from attnprof.pipeline.measured import ModelResult
 
     row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=2, seq=256, mode="fwd", dtype="bf16",
                       device="cuda:0", heads=16, kv_heads=4, head_dim=64, causal=True, mask="causal")
@@ -464,7 +464,7 @@ def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_pa
 
     from attnprof.pipeline.counters import attach_counters
     from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
-    from attnprof.results import ModelResult
+    from attnprof.pipeline.measured import ModelResult
 
     page = Path(__file__).parent / "data" / "h200" / "ncu" / "sdpa-cudnn-fwd.raw.csv"
     row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",

@@ -28,7 +28,7 @@ from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec
 from attnprof.report.serialize import csv_row
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
 SPEC = RunSpec("cpu", "fp32", **SHAPE)
@@ -362,7 +362,7 @@ def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -
     row (timed without the profiler too) is settled alike; in a training step the words say step."""
     from attnprof.analysis.findings.registry import Finding
     from attnprof.pipeline.cell import corroborate_cpu_bound
-    from attnprof.results import ModelResult
+    from attnprof.pipeline.measured import ModelResult
 
     cpu_bound = Finding("cpu-bound", "CPU time per forward (154.7 us) exceeds GPU time.", "problem", 27.8, 18.0)
     other = Finding("bandwidth-bound", "reads at 89%.", "info")

@@ -30,7 +30,7 @@ from attnprof.profiling import ceiling, read_probe
 from attnprof.profiling.ceiling import CACHE_VERSION, Ceiling
 from attnprof.registry import RunSpec
 from attnprof.report.serialize import csv_row
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 MASKS = Path(__file__).parent / "data" / "h200" / "masks"
 SPEC = RunSpec("cpu", "fp32", 1, 2, 32, 16, causal=True)  # 67,584 FLOPs over 16,384 bytes: 4.125 FLOP/byte

@@ -15,7 +15,7 @@ from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
 from attnprof.report.export import write_csv
 from attnprof.report.serialize import CSV_FIELDS, csv_row, json_entry
-from attnprof.results import CellResult, Throughput, attach_speedups, speed_basis
+from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups, speed_basis
 
 SPEC = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64)
 OTHER = RunSpec("cuda:0", "bf16", 4, 16, 8192, 128)

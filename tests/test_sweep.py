@@ -17,7 +17,7 @@ from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
 from attnprof.report.export import ResultsStream
 from attnprof.report.results_file import ResultsFile, load_results
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ("--no-timing",)

@@ -28,7 +28,7 @@ from attnprof.report.tables import (
     run_report,
     variant_list_table,
 )
-from attnprof.results import CellResult, Throughput, attach_speedups
+from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200"

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
     from attnprof.registry import RunSpec, Variant
     from attnprof.report.results_file import ResultsFile
-    from attnprof.results import CellResult
+    from attnprof.pipeline.measured import CellResult
 
 
 def config_from_options(source: Path | Config | None, overrides: dict[str, Any], **more: Any) -> Config:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from attnprof.models.implementations import Implementation
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.counters import CounterCollector
-    from attnprof.results import ModelResult
+    from attnprof.pipeline.measured import ModelResult
 
 
 def _list(text: str | None) -> list[str] | None:

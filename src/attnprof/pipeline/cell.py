@@ -31,7 +31,7 @@ from attnprof.errors import (
 )
 from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
 from attnprof.registry import RunSpec, Variant
-from attnprof.results import CellResult, ModelResult, Throughput
+from attnprof.pipeline.measured import CellResult, ModelResult, Throughput
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling

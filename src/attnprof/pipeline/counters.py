@@ -30,7 +30,7 @@ from attnprof.config import NCU_LAUNCHES
 from attnprof.errors import AttnprofError, OutputError, one_line
 from attnprof.nsight import NsightUnavailableError
 from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
-from attnprof.results import CellResult, ModelResult
+from attnprof.pipeline.measured import CellResult, ModelResult
 
 if TYPE_CHECKING:
     from attnprof.model_config import ModelConfig

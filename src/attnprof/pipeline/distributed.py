@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from attnprof.errors import ConfigError, DeviceError, DistributedError, one_line
-from attnprof.results import Placement
+from attnprof.pipeline.measured import Placement
 
 #: NVLink multicast stays off in NCCL, PyTorch's symmetric memory and NVSHMEM (shared GPU hosts).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

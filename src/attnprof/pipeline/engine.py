@@ -40,7 +40,7 @@ from attnprof.pipeline.run import Cell, RunOutcome, resolve_config, run_cells
 from attnprof.pipeline.sharded import Job, Recorder, Share, run_sharded
 from attnprof.pipeline.sweep import OomRule
 from attnprof.registry import RunSpec, Variant
-from attnprof.results import CellResult, attach_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import RunCeiling

@@ -18,7 +18,7 @@ from attnprof.pipeline.sharding import call_seconds
 from attnprof.registry import RunSpec, Variant
 
 if TYPE_CHECKING:
-    from attnprof.results import CellResult
+    from attnprof.pipeline.measured import CellResult
 
 #: (index of the cell that just finished, its result, its wall seconds) -> estimated seconds left (None: no
 #: estimate yet).

@@ -29,7 +29,7 @@ from attnprof.errors import VariantFailure, VariantUnavailableError
 from attnprof.masks import SIZED_KINDS, parse_mask
 from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.registry import RunSpec, Variant
-from attnprof.results import CellResult, MaskAlternative
+from attnprof.pipeline.measured import CellResult, MaskAlternative
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions

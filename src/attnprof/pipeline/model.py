@@ -23,7 +23,7 @@ from attnprof.pipeline.counters import CounterCollector
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
 from attnprof.registry import Registry
-from attnprof.results import ModelResult, attach_model_speedups
+from attnprof.pipeline.measured import ModelResult, attach_model_speedups
 
 
 def plan_implementations(config: ModelConfig, registry: Registry) -> list[Implementation]:

@@ -25,7 +25,7 @@ from attnprof.model_config import ModelConfig
 from attnprof.models.implementations import Implementation
 from attnprof.models.source import ModelSource
 from attnprof.pipeline.cell import corroborate_cpu_bound, guard, phase, release_after_failure, warning_lines
-from attnprof.results import ModelResult
+from attnprof.pipeline.measured import ModelResult
 
 LOGGERS = ("transformers",)  # libraries whose log messages a row keeps instead of printing
 

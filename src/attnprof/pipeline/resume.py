@@ -26,7 +26,7 @@ from attnprof.pipeline.run import Cell
 from attnprof.pipeline.sweep import cell_key, row_key
 from attnprof.report.results_file import JSONL_FORMAT, ResultsFile, load_results
 from attnprof.report.serialize import row_cell_key
-from attnprof.results import SPEED_KEYS, SpeedCell, speedups
+from attnprof.pipeline.measured import SPEED_KEYS, SpeedCell, speedups
 
 STREAM_NAME = "results.jsonl"
 RANK_STREAM = re.compile(r"results\.rank(\d+)\.jsonl")

@@ -25,7 +25,7 @@ from attnprof.interrupts import (
 )
 from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
 from attnprof.registry import Registry, RunSpec, Variant
-from attnprof.results import CellResult, ModelResult, attach_speedups
+from attnprof.pipeline.measured import CellResult, ModelResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.pipeline.counters import CounterCollector

@@ -48,7 +48,7 @@ from attnprof.pipeline.run import Cell, RunFolder, RunOutcome, open_run_folder, 
 from attnprof.pipeline.sharding import Split, cell_cost, cell_name, split_cells
 from attnprof.pipeline.sweep import chain_key
 from attnprof.registry import RunSpec, Variant
-from attnprof.results import CellResult, Placement
+from attnprof.pipeline.measured import CellResult, Placement
 
 if TYPE_CHECKING:
     from attnprof.pipeline.distributed import Group

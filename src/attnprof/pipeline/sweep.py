@@ -28,7 +28,7 @@ from attnprof.pipeline.cell import ran_out_of_memory
 from attnprof.pipeline.run import Cell
 from attnprof.registry import RunSpec, Variant
 from attnprof.report.serialize import row_cell_key
-from attnprof.results import CellResult
+from attnprof.pipeline.measured import CellResult
 
 OOM_SKIP = "OOM at smaller size"  # the reason of a cell skipped by the OOM rule
 

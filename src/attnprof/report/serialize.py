@@ -12,7 +12,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from attnprof.results import CellResult, ModelResult
+from attnprof.pipeline.measured import CellResult, ModelResult
 
 
 def _status(r: CellResult | ModelResult) -> str:

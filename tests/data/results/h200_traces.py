@@ -21,7 +21,7 @@ from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
 from attnprof.report.export import to_json
 from attnprof.report.serialize import results_document
-from attnprof.results import CellResult, attach_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 
 HERE = Path(__file__).parent
 TRACES = HERE.parent / "h200"

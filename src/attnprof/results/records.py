@@ -1,0 +1,147 @@
+"""The schema's records of the live analysis objects: `analysis_record` gives the typed `Analysis` of a
+`TraceAnalysis` (the JSON contract of `attnprof analyze`, and the trace part of every row).
+
+Fields are read by name from the live objects (`msgspec.convert(..., from_attributes=True)`), so a field added
+to a record and to its object flows through without code here; only rounding (times to the nanosecond,
+percentages to 0.01) and the few figures that take an argument are written out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+
+from attnprof.results.schema import (
+    Analysis,
+    AttentionRecord,
+    CallRecord,
+    CommRecord,
+    CpuOpRecord,
+    DeviceRecord,
+    FindingRecord,
+    KernelRecord,
+    MinMax,
+    OverheadRecord,
+    PhasesRecord,
+)
+
+if TYPE_CHECKING:
+    from attnprof.analysis import TraceAnalysis
+    from attnprof.analysis.findings import Finding
+    from attnprof.analysis.instance.ledger import AttentionLedger
+
+RecordT = TypeVar("RecordT", bound=msgspec.Struct)
+
+#: Digits kept per field name, wherever it appears: µs to the nanosecond, percentages to 0.01.
+DIGITS = {
+    **dict.fromkeys(("impact_pct", "gpu_time_pct", "cpu_time_pct", "pct_of_read_bandwidth", "self_cpu_pct"), 2),
+    **dict.fromkeys(("comm_time_us", "compute_time_us", "overlapped_us", "exposed_us"), 3),
+    **dict.fromkeys(("impact_us", "kernel_time_us", "backward_kernel_time_us", "overhead_us", "time_us"), 3),
+    **dict.fromkeys(("gpu_time_us", "gpu_annotation_time_us", "cpu_time_us", "self_device_time_total_us"), 3),
+    **dict.fromkeys(("achieved_gbps", "read_bandwidth_gbps", "self_cpu_us", "cpu_total_us"), 3),
+    "overlap_pct": 1,
+}
+
+
+def rounded(record: RecordT) -> RecordT:
+    """The record with its float fields named in `DIGITS` rounded."""
+    changes = {
+        name: round(value, DIGITS[name])
+        for name in record.__struct_fields__
+        if name in DIGITS and isinstance(value := getattr(record, name), float)
+    }
+    return msgspec.structs.replace(record, **changes) if changes else record
+
+
+def record(obj: Any, kind: type[RecordT]) -> RecordT:
+    """`kind` filled from the attributes of `obj` of the same names, rounded."""
+    return rounded(msgspec.convert(obj, kind, from_attributes=True))
+
+
+def finding_record(finding: Finding) -> FindingRecord:
+    """A finding as rows and `analyze` give it."""
+    return record(finding, FindingRecord)
+
+
+def attention_record(ledger: AttentionLedger) -> AttentionRecord:
+    """The attention ledger: its calls with their bytes, GB/s and % of the read bandwidth; `overhead_us`
+    None for a CPU-only trace's ledger."""
+    calls = [
+        rounded(
+            CallRecord(
+                op=c.op,
+                backend=c.backend,
+                phase=c.phase,
+                kernels=list(c.kernels),
+                time_us=c.time_us,
+                bytes=c.traffic.bytes if c.traffic else None,
+                achieved_gbps=c.achieved_gbps,
+                pct_of_read_bandwidth=ledger.pct_of_read_bandwidth(c.achieved_gbps),
+                forward_call=c.forward_call,
+            )
+        )
+        for c in ledger.calls
+    ]
+    on_cpu = ledger.time_base == "cpu"
+    return rounded(
+        AttentionRecord(
+            time_base=ledger.time_base,
+            calls_per_forward=ledger.calls_per_forward,
+            backends=dict(ledger.backends),
+            kernel_time_us=ledger.kernel_time_us,
+            backward_kernel_time_us=ledger.backward_kernel_time_us,
+            gpu_time_pct=ledger.gpu_time_pct,
+            cpu_time_pct=ledger.cpu_time_pct,
+            overhead_us=None if on_cpu else ledger.overhead_us,
+            bytes_per_forward=ledger.bytes_per_forward,
+            achieved_gbps=ledger.achieved_gbps,
+            pct_of_read_bandwidth=ledger.pct_of_read_bandwidth(ledger.achieved_gbps),
+            read_bandwidth_gbps=ledger.read_bandwidth_gbps,
+            read_bandwidth_basis=ledger.read_bandwidth_basis,
+            read_bandwidth_source=ledger.read_bandwidth_source,
+            calls=calls,
+            overhead=[msgspec.convert(item, OverheadRecord) for item in ledger.overhead],
+        )
+    )
+
+
+def analysis_record(analysis: TraceAnalysis) -> Analysis:
+    """The typed `Analysis` of a trace analysis (see `schema.Analysis`)."""
+    phases = None
+    if analysis.phases is not None:
+        phases = msgspec.convert(analysis.phases, PhasesRecord)
+        phases = PhasesRecord(rounded(phases.forward), rounded(phases.backward))
+    counters = None
+    if analysis.counters is not None:
+        counters = analysis.counters.to_dict() | {"occupancy_measured": list(analysis.occupancy_measured)}
+    return rounded(
+        Analysis(
+            region=analysis.region,
+            forwards=analysis.forwards,
+            kernels_per_forward=analysis.kernels_per_forward,
+            memcpy_per_forward=analysis.memcpy_per_forward,
+            memset_per_forward=analysis.memset_per_forward,
+            gpu_time_us=analysis.gpu_time_us,
+            gpu_annotation_time_us=analysis.gpu_annotation_time_us,
+            kernel_time_us=analysis.kernel_time_us,
+            cpu_time_us=analysis.cpu_time_us,
+            self_device_time_total_us=analysis.self_device_time_total_us,
+            launch_apis=dict(analysis.launch_apis),
+            transposes_per_forward=analysis.transposes_per_forward,
+            cpu_ops_per_forward=analysis.cpu_ops_per_forward,
+            kernels=[record(k, KernelRecord) for k in analysis.kernels],
+            findings=[finding_record(f) for f in analysis.findings],
+            spread=msgspec.convert(analysis.spread, dict[str, MinMax]),
+            device=msgspec.convert(analysis.device, DeviceRecord) if analysis.device else None,
+            input_dtype=analysis.input_dtype,
+            annotation_mismatches=analysis.annotation_mismatches,
+            notes=list(analysis.notes),
+            region_choice=analysis.region_choice,
+            phases=phases,
+            comm=record(analysis.comm, CommRecord) if analysis.comm is not None else None,
+            attention=attention_record(analysis.attention) if analysis.attention is not None else None,
+            top_cpu_ops=None if analysis.top_cpu_ops is None else [record(op, CpuOpRecord) for op in analysis.top_cpu_ops],
+            counters=counters,
+        )
+    )

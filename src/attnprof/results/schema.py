@@ -1,0 +1,449 @@
+"""The result row, typed and versioned: one `Row` for a cell of run/compare/sweep and for a row of `attnprof
+model` (`subject` says which), its nested parts, and the document that holds the rows.
+
+The JSON of a results file, its CSV and the rows the renderers read are all this schema: `msgspec` encodes a
+`Row` to JSON, the CSV columns are the scalar fields named in `CELL_COLUMNS` / `MODEL_COLUMNS`, and a file read
+back is decoded into `Row`s (`results.files.load_results`, upgrading older versions first). A missing
+measurement is None, never 0. Field names are those of the JSON, which earlier versions wrote too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+#: The version of the row schema this attnprof writes (`schema_version` of every file). Version 1 is every
+#: file written before the field existed; `results.upgrade` reads it.
+SCHEMA_VERSION = 2
+
+Subject = Literal["cell", "model"]
+
+
+class Record(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A part of a row: a typed struct, encoded field by field."""
+
+
+class FindingRecord(Record):
+    """A finding as the judge finished it: its id, the sentence, its severity, its impact per instance
+    (µs and % of the instance's time; None where nothing measured it) and `evidence`, the numbers behind
+    the sentence by name, so tables, diff and check read them instead of parsing words."""
+
+    id: str
+    message: str = ""
+    severity: str = "problem"
+    impact_us: float | None = None
+    impact_pct: float | None = None
+    evidence: dict[str, float | str | bool | None] = {}
+
+
+class KernelRecord(Record):
+    """One distinct kernel (memcpy, memset) name across the instances (`analysis.instance.metrics.KernelStats`)."""
+
+    name: str
+    short_name: str = ""
+    kind: str = "kernel"
+    family: str = ""
+    library: str | None = None
+    count_per_forward: int = 0
+    time_us: float = 0.0
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = None
+    blocks_per_sm: float | None = None
+    warps_per_sm: float | None = None
+    achieved_occupancy_pct: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    occupancy_limiter: str | None = None
+    occupancy_arithmetic: str | None = None
+    occupancy_note: str | None = None
+    tensor_cores: bool | None = None
+    launch_api: str | None = None
+
+
+class CallRecord(Record):
+    """One attention call of the ledger: its op, backend, phase, kernels and device time, its bytes and GB/s
+    (over its device time) and their % of the read bandwidth."""
+
+    op: str
+    backend: str
+    phase: str = "forward"
+    kernels: list[str] = []
+    time_us: float | None = None
+    bytes: float | None = None
+    achieved_gbps: float | None = None
+    pct_of_read_bandwidth: float | None = None
+    forward_call: int | None = None
+
+
+class OverheadRecord(Record):
+    """Work around the attention calls of one kind (mask-build, kv-repeat, dtype-cast, layout-copy)."""
+
+    kind: str
+    ops: list[str] = []
+    count_per_forward: int = 0
+    time_us: float = 0.0
+
+
+class AttentionRecord(Record):
+    """The attention ledger per instance (`analysis.instance.ledger`): calls, backends, their device time
+    (CPU time with `time_base` "cpu"), overhead, bytes and achieved GB/s over the calls' device time."""
+
+    time_base: str = "device"
+    calls_per_forward: int = 0
+    backends: dict[str, int] = {}
+    kernel_time_us: float | None = None
+    backward_kernel_time_us: float | None = None
+    gpu_time_pct: float | None = None
+    cpu_time_pct: float | None = None
+    overhead_us: float | None = None
+    bytes_per_forward: float | None = None
+    achieved_gbps: float | None = None
+    pct_of_read_bandwidth: float | None = None
+    read_bandwidth_gbps: float | None = None
+    read_bandwidth_basis: str | None = None
+    read_bandwidth_source: str | None = None
+    calls: list[CallRecord] = []
+    overhead: list[OverheadRecord] = []
+
+    @property
+    def backends_text(self) -> str | None:
+        """"cudnn:2" ("eager:1 flex:1" for several); None without calls."""
+        return " ".join(f"{name}:{count}" for name, count in self.backends.items()) or None
+
+
+class PhaseRecord(Record):
+    """One phase (forward or backward) of an instance: medians of its counts and times."""
+
+    kernels: int | None = None
+    memcpy: int | None = None
+    memset: int | None = None
+    kernel_time_us: float | None = None
+    gpu_time_us: float | None = None
+
+
+class BackwardPhaseRecord(PhaseRecord):
+    """The backward phase, and whether some instance's backward ran after its region."""
+
+    outside_region: bool | None = None
+
+
+class PhasesRecord(Record):
+    """Forward and backward work per instance."""
+
+    forward: PhaseRecord
+    backward: BackwardPhaseRecord
+
+
+class CommRecord(Record):
+    """Communication per forward (`analysis.instance.comm.CommStats`)."""
+
+    source: str = "device"
+    kernels_per_forward: int | None = None
+    ops_per_forward: int = 0
+    kernels: list[str] = []
+    comm_time_us: float | None = None
+    compute_time_us: float | None = None
+    overlapped_us: float | None = None
+    exposed_us: float | None = None
+    overlap_pct: float | None = None
+
+
+class CpuOpRecord(Record):
+    """One op name of a CPU-only trace by self CPU time (`analysis.instance.cpu_ops`)."""
+
+    name: str
+    calls_per_forward: int = 0
+    self_cpu_us: float = 0.0
+    self_cpu_pct: float | None = None
+    cpu_total_us: float = 0.0
+    input_shapes: str | None = None
+
+
+class DeviceRecord(Record):
+    """The GPU a trace names."""
+
+    name: str | None = None
+    compute_capability: str | None = None
+    num_sms: int | None = None
+
+
+class MinMax(Record):
+    """The range of a metric over instances that differ."""
+
+    min: float
+    max: float
+
+
+class MaskAlternative(Record):
+    """The way to give a dense-mask cell its mask without the dense tensor, and what it measured: `kind`
+    `is_causal` or `block-mask`, run by `variant` at the cell labelled `cell`. `source` is `this run` (a
+    cell of the same run) or `measured for comparison` (timed after the dense cell, outside its profiled
+    region). `latency_us` is None when it did not run, and `reason` says why; `speedup` is the dense cell's
+    latency over it."""
+
+    kind: str
+    variant: str
+    cell: str
+    source: str
+    latency_us: float | None = None
+    speedup: float | None = None
+    reason: str | None = None
+
+
+class Analysis(Record):
+    """What `analyze` found for one region of one trace: the JSON contract of `attnprof analyze`, and the
+    trace part of a row (see `analysis.analyze`). GPU fields are None for a CPU-only trace."""
+
+    region: str = ""
+    forwards: int = 0
+    kernels_per_forward: int | None = None
+    memcpy_per_forward: int | None = None
+    memset_per_forward: int | None = None
+    gpu_time_us: float | None = None
+    gpu_annotation_time_us: float | None = None
+    kernel_time_us: float | None = None
+    cpu_time_us: float | None = None
+    self_device_time_total_us: float | None = None
+    launch_apis: dict[str, int] = {}
+    transposes_per_forward: int | None = None
+    cpu_ops_per_forward: int | None = None
+    kernels: list[KernelRecord] = []
+    findings: list[FindingRecord] = []
+    spread: dict[str, MinMax] = {}
+    device: DeviceRecord | None = None
+    input_dtype: str | None = None
+    annotation_mismatches: int | None = None
+    notes: list[str] = []
+    region_choice: str | None = None
+    phases: PhasesRecord | None = None
+    comm: CommRecord | None = None
+    attention: AttentionRecord | None = None
+    top_cpu_ops: list[CpuOpRecord] | None = None
+    counters: dict[str, Any] | None = None  # `analysis.counters.CellCounters`'s JSON, read back by its from_dict
+
+
+class Row(Record):
+    """One row: a cell (`subject` "cell": one variant at one shape, dtype, mask and mode) or a row of
+    `attnprof model` (`subject` "model": one attention implementation inside a whole model at one seq and
+    mode). `status` is ok, skipped or failed, and `reason` says why not ok. The scalar fields are the CSV's
+    columns (`CELL_COLUMNS`, `MODEL_COLUMNS`); the nested parts follow them."""
+
+    subject: Subject = "cell"
+    variant: str = ""
+    source: str | None = None
+    # what ran: a cell's spec, or the model's attention as the model states it
+    implementation: str | None = None
+    model: str | None = None
+    params: int | None = None
+    shape: str | None = None
+    batch: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    seq: int | None = None
+    head_dim: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    causal: bool | None = None
+    mode: str = "fwd"
+    mask: str | None = None
+    score_mod: str | None = None
+    q_len: int | None = None
+    kv_len: int | None = None
+    page_size: int | None = None
+    causal_alignment: str | None = None
+    fully_masked_rows: int | None = None
+    dense_mask: bool | None = None
+    status: str = "ok"
+    reason: str | None = None
+    # the trace
+    forwards: int | None = None
+    kernels_per_forward: int | None = None
+    memcpy_per_forward: int | None = None
+    memset_per_forward: int | None = None
+    gpu_time_us: float | None = None
+    kernel_time_us: float | None = None
+    cpu_time_us: float | None = None
+    self_device_time_total_us: float | None = None
+    transposes_per_forward: int | None = None
+    cpu_ops_per_forward: int | None = None
+    forward_kernels: int | None = None
+    forward_kernel_time_us: float | None = None
+    backward_kernels: int | None = None
+    backward_memcpy: int | None = None
+    backward_memset: int | None = None
+    backward_kernel_time_us: float | None = None
+    backward_outside_region: bool | None = None
+    backend: str | None = None
+    attention_calls_per_forward: int | None = None
+    attention_backends: str | None = None  # "cudnn:2"; None: no call
+    attention_time_us: float | None = None
+    attention_gpu_pct: float | None = None
+    attention_overhead_us: float | None = None
+    # timing without the profiler
+    latency_us: float | None = None
+    latency_iqr_us: float | None = None
+    cold_ms: float | None = None
+    unstable: bool | None = None
+    retimed: int | None = None
+    cpu_contention: float | None = None
+    timing_method: str | None = None
+    # throughput
+    flops: float | None = None
+    executed_flops: float | None = None
+    tflops: float | None = None
+    kernel_tflops: float | None = None
+    tflops_convention: str | None = None
+    pct_of_peak: float | None = None
+    kernel_pct_of_peak: float | None = None
+    pct_of_peak_note: str | None = None
+    peak_tflops: float | None = None
+    bytes_moved: float | None = None
+    achieved_gbps: float | None = None
+    kernel_gbps: float | None = None  # the attention calls' bytes over their device time (the ledger's)
+    pct_of_read_bandwidth: float | None = None
+    peak_read_gbps: float | None = None
+    read_bandwidth_note: str | None = None
+    bound: str | None = None
+    peak_memory_mib: float | None = None
+    # correctness
+    rel_error: float | None = None
+    passed: bool | None = None
+    grad_rel_error_dq: float | None = None
+    grad_rel_error_dk: float | None = None
+    grad_rel_error_dv: float | None = None
+    nan_on_fully_masked: bool | None = None
+    logits_baseline: str | None = None
+    logits_max_abs_diff: float | None = None
+    logits_rel_diff: float | None = None
+    # the clock, the timing's details
+    sm_clock_mhz: float | None = None
+    sm_clock_min_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    clock_limits: str | None = None
+    latency_p25_us: float | None = None
+    latency_p75_us: float | None = None
+    latency_min_us: float | None = None
+    timing_reps: int | None = None
+    warmup_reps: int | None = None
+    forwards_per_sample: int | None = None
+    rel_error_threshold: float | None = None
+    grad_rel_error_threshold: float | None = None
+    correctness_scope: str | None = None
+    flops_convention: str | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_reliable: bool | None = None
+    trace: str | None = None
+    ncu_report: str | None = None
+    ncu_note: str | None = None
+    comm_kernels_per_forward: int | None = None
+    comm_time_us: float | None = None
+    comm_overlap_pct: float | None = None
+    comm_exposed_us: float | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    hostname: str | None = None
+    gpu: str | None = None
+    ncu_seconds: float | None = None
+    # nested parts
+    findings: list[FindingRecord] = []
+    grad_rel_error: dict[str, float | None] | None = None
+    launch_apis: dict[str, int] = {}
+    kernels: list[KernelRecord] = []
+    spread: dict[str, MinMax] = {}
+    phases: PhasesRecord | None = None
+    attention: AttentionRecord | None = None
+    trace_device: DeviceRecord | None = None
+    comm: CommRecord | None = None
+    counters: dict[str, Any] | None = None  # `analysis.counters.CellCounters`'s JSON and `occupancy_measured`
+    mask_alternatives: list[MaskAlternative] = []
+    phases_s: dict[str, float] = {}
+    notes: list[str] = []
+    warnings: list[str] = []
+
+    @property
+    def ok(self) -> bool:
+        """True when the row ran to the end and passed its checks."""
+        return self.status == "ok"
+
+    @property
+    def finding_ids(self) -> list[str]:
+        """The ids of its findings, in order."""
+        return [f.id for f in self.findings]
+
+    def finding(self, finding_id: str) -> FindingRecord | None:
+        """The finding with this id, or None."""
+        return next((f for f in self.findings if f.id == finding_id), None)
+
+
+#: The CSV columns of a cell's row, in order.
+CELL_COLUMNS: tuple[str, ...] = (
+    *("variant", "source", "shape", "batch", "heads", "kv_heads", "seq", "head_dim", "dtype", "device"),
+    *("causal", "mode", "mask", "score_mod", "q_len", "kv_len", "page_size", "causal_alignment"),
+    *("fully_masked_rows", "dense_mask", "status", "reason", "forwards", "kernels_per_forward"),
+    *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
+    *("self_device_time_total_us", "transposes_per_forward", "cpu_ops_per_forward", "forward_kernels"),
+    *("forward_kernel_time_us", "backward_kernels", "backward_memcpy", "backward_memset"),
+    *("backward_kernel_time_us", "backward_outside_region", "backend", "attention_calls_per_forward"),
+    *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
+    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "flops"),
+    *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
+    *("pct_of_peak_note", "peak_tflops", "bytes_moved", "achieved_gbps", "kernel_gbps"),
+    *("pct_of_read_bandwidth", "peak_read_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
+    *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
+    *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
+    *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
+    *("forwards_per_sample", "rel_error_threshold", "grad_rel_error_threshold", "correctness_scope"),
+    *("flops_convention", "speedup_vs_baseline", "speedup_reliable", "findings", "trace", "ncu_report"),
+    *("ncu_note", "comm_kernels_per_forward", "comm_time_us", "comm_overlap_pct", "comm_exposed_us"),
+    *("rank", "local_rank", "world_size", "hostname", "gpu", "ncu_seconds"),
+)
+
+#: The CSV columns of a row of `attnprof model`, in order.
+MODEL_COLUMNS: tuple[str, ...] = (
+    *("variant", "implementation", "source", "model", "params", "batch", "shape", "seq", "heads"),
+    *("kv_heads", "head_dim", "dtype", "device", "causal", "mask", "score_mod", "mode", "status", "reason"),
+    *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "cpu_contention"),
+    *("latency_min_us", "speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward"),
+    *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
+    *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),
+    *("attention_gpu_pct", "attention_overhead_us", "kernel_gbps", "logits_baseline", "logits_max_abs_diff"),
+    *("logits_rel_diff", "sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace"),
+    *("ncu_seconds", "ncu_report", "ncu_note"),
+)
+
+
+def columns(subject: Subject) -> tuple[str, ...]:
+    """The CSV columns of rows of this subject."""
+    return MODEL_COLUMNS if subject == "model" else CELL_COLUMNS
+
+
+class Document(Record):
+    """A results file: what wrote it and when, the environment, the config, the ceiling and the rows.
+    `config`, `environment`, `ceiling` and `measure` are kept as written (their own schemas: `config.Config`,
+    `profiling.environment`, `profiling.ceiling.Ceiling`, `config.MeasureOptions`)."""
+
+    schema_version: int = SCHEMA_VERSION
+    attnprof_version: str | None = None
+    command: str | None = None
+    created: str | None = None
+    interrupted: bool = False
+    files: dict[str, str] | None = None
+    environment: dict[str, Any] = {}
+    config: dict[str, Any] | None = None
+    ceiling: dict[str, Any] | None = None
+    measure: dict[str, Any] | None = None
+    resumed_from: str | None = None
+    ceilings: dict[str, Any] | None = None  # one ceiling per dtype, when the run measured several
+    distributed: dict[str, Any] | None = None  # a torchrun group: its ranks and what each ran
+    ncu: dict[str, Any] | None = None  # --ncu: what Nsight Compute took over the run
+    placement: dict[str, Any] | None = None  # a rank's stream: where it ran
+    format: str | None = None  # `STREAM_FORMAT` on the first line of a results stream
+    results: list[Row] = []
+
+    @property
+    def subject(self) -> Subject:
+        """"model" for a document of `attnprof model`, else "cell"."""
+        return "model" if self.command == "model" else "cell"
