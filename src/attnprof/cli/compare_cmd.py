@@ -46,12 +46,12 @@ def compare_command(
 
 
 def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, width: int | None) -> None:
-    from attnprof.report.export import to_json
     from attnprof.report.tables import compare_report
+    from attnprof.results.files import to_json
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    if not outcome.document["results"]:  # interrupted before the first cell finished
+    if not outcome.document.results:  # interrupted before the first cell finished
         return
-    c.emit(compare_report(outcome.document["results"], fmt.value, baseline, width))
+    c.emit(compare_report(outcome.document.results, fmt.value, baseline, width))

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from attnprof.pipeline.run import Cell
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
     from attnprof.registry import RunSpec, Variant
-    from attnprof.report.results_file import ResultsFile
+    from attnprof.results.files import ResultsFile
+    from attnprof.results.schema import Row
     from attnprof.pipeline.measured import CellResult
 
 
@@ -214,9 +215,9 @@ def execute(job: Job) -> tuple[RunOutcome, int]:
     if outcome is None:
         raise typer.Exit(code)
     if job.measure.ncu:
-        note(counters_text(outcome.document.get("ncu"), len(outcome.results)))
+        note(counters_text(outcome.document.ncu, len(outcome.results)))
     if outcome.interrupted:
-        rows = len(outcome.document["results"])
+        rows = len(outcome.document.results)
         goes_on = f"; --resume {outcome.folder.dir} goes on" if job.command in RESUMABLE else ""
         note(f"interrupted: keeping the {rows} finished cell(s){goes_on}")
     return outcome, code
@@ -224,7 +225,7 @@ def execute(job: Job) -> tuple[RunOutcome, int]:
 
 def resumed_rows(
     previous: ResultsFile | None, config: Config, measure: MeasureOptions, device: str, cells: list[Cell]
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """The rows of `previous` a resume keeps (none without one), after the engine checked that it may be
     continued with these settings (`pipeline.engine.resume_rows`); says on stderr (rank 0 only) what is
     kept and what runs."""

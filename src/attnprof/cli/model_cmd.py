@@ -215,16 +215,16 @@ def _run(
     if outcome.interrupted:
         c.note(f"interrupted: keeping the {len(outcome.results)} finished row(s)")
     if counters is not None:
-        c.note(counters_text(outcome.document.get("ncu"), len(outcome.results)))
+        c.note(counters_text(outcome.document.ncu, len(outcome.results)))
     return outcome
 
 
 def _print(outcome: RunOutcome[ModelResult], fmt: c.OutputFormat, width: int | None) -> None:
-    from attnprof.report.export import to_json
     from attnprof.report.model_tables import model_report
+    from attnprof.results.files import to_json
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    if outcome.document["results"]:
-        c.emit(model_report(outcome.document["results"], fmt.value, outcome.results[0].variant, width))
+    if outcome.document.results:
+        c.emit(model_report(outcome.document.results, fmt.value, outcome.results[0].variant, width))

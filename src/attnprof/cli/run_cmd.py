@@ -46,9 +46,9 @@ def run_command(
     outcome, code = execute(Job("run", cfg, device, measure, cells))
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)
-    failed = [row for row in outcome.document["results"] if str(row["status"]).startswith("failed")]
+    failed = [row for row in outcome.document.results if row.status.startswith("failed")]
     if failed:
-        c.fail(f"{failed[0]['variant']} failed: {failed[0]['reason']}", code=code)
+        c.fail(f"{failed[0].variant} failed: {failed[0].reason}", code=code)
     raise typer.Exit(code)
 
 
@@ -65,15 +65,17 @@ def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> 
 
 
 def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
-    from attnprof.report.export import to_json
-    from attnprof.report.serialize import row_cell_key
     from attnprof.report.tables import run_report
+    from attnprof.results.files import to_json
+    from attnprof.results.keys import cell_key
+    from attnprof.results.records import analysis_record
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
     mine = {(r.variant, r.spec.cell_key, r.placement.rank if r.placement else None): r for r in outcome.results}
-    for entry in outcome.document["results"]:
-        result = mine.get((entry["variant"], row_cell_key(entry), entry.get("rank")))  # None: another rank's row
-        analysis, table = (result.analysis, result.key_averages_table) if result is not None else (None, None)
-        c.emit(run_report(entry, analysis, table, fmt.value, width))
+    for row in outcome.document.results:
+        result = mine.get((row.variant, cell_key(row), row.rank))  # None: another rank's row
+        analysis = analysis_record(result.analysis) if result is not None and result.analysis is not None else None
+        table = result.key_averages_table if result is not None else None
+        c.emit(run_report(row, analysis, table, fmt.value, width))

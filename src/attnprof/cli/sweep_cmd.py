@@ -63,7 +63,7 @@ def sweep_command(
     outcome, code = execute(Job("sweep", cfg, device, measure, cells, previous, kept, sweep=True))
     _print(outcome, fmt, cfg.baseline, c.table_width(fmt, wide), per_point)
     note_outputs(outcome)
-    files = outcome.document["files"]
+    files = outcome.document.files or {}
     streams = files["rank_streams"] if "rank_streams" in files else [files["results_jsonl"]]
     c.note(f"stream: {', '.join(streams)} (one line per cell, written as it finished)")
     raise typer.Exit(code)
@@ -79,11 +79,11 @@ def fixed_axes(overrides: dict[str, Any]) -> list[str]:
 
 
 def _print(outcome: RunOutcome, fmt: c.OutputFormat, baseline: str | None, width: int | None, per_point: bool) -> None:
-    from attnprof.report.export import to_json
     from attnprof.report.sweep_tables import sweep_report
     from attnprof.report.tables import compare_report
+    from attnprof.results.files import to_json
 
-    rows = outcome.document["results"]
+    rows = outcome.document.results
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
     elif rows:

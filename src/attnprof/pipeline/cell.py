@@ -30,8 +30,8 @@ from attnprof.errors import (
     one_line,
 )
 from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
-from attnprof.registry import RunSpec, Variant
 from attnprof.pipeline.measured import CellResult, ModelResult, Throughput
+from attnprof.registry import RunSpec, Variant
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import Ceiling, RunCeiling

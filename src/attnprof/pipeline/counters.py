@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from attnprof.config import NCU_LAUNCHES
 from attnprof.errors import AttnprofError, OutputError, one_line
 from attnprof.nsight import NsightUnavailableError
-from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
 from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from attnprof.model_config import ModelConfig

@@ -35,16 +35,17 @@ from attnprof.pipeline import distributed
 from attnprof.pipeline.counters import CounterCollector
 from attnprof.pipeline.eta import TimeLeft, time_left
 from attnprof.pipeline.mask_alternatives import Alternatives
+from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.pipeline.resume import check_resumable, kept_rows, still_to_run
 from attnprof.pipeline.run import Cell, RunOutcome, resolve_config, run_cells
 from attnprof.pipeline.sharded import Job, Recorder, Share, run_sharded
 from attnprof.pipeline.sweep import OomRule
 from attnprof.registry import RunSpec, Variant
-from attnprof.pipeline.measured import CellResult, attach_speedups
 
 if TYPE_CHECKING:
     from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.report.results_file import ResultsFile
+    from attnprof.results.files import ResultsFile
+    from attnprof.results.schema import Row
 
 __all__ = ["CellWatch", "Job", "Resumed", "Watcher", "resume_rows", "run_job", "start_on_device"]
 
@@ -118,7 +119,7 @@ class Resumed:
     """What a `--resume` keeps of the earlier run: its finished rows, and how many of the plan's cells are
     still to run; `announce` when this process is the one to say so (rank 0, or alone)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     to_run: int
     planned: int
     announce: bool
@@ -156,7 +157,7 @@ def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome[CellRe
 
 
 def run_share(
-    job: Job, watcher: Watcher, cells: list[Cell], kept: list[dict[str, Any]], trace_dir: Path, record: Recorder
+    job: Job, watcher: Watcher, cells: list[Cell], kept: list[Row], trace_dir: Path, record: Recorder
 ) -> Share:
     """This process's `cells` (`pipeline.sharded.RunShare`), dtype by dtype, each after its ceiling; each
     finished result goes to `record` and then to the watcher. `kept`: the resumed rows (the OOM rule's)."""

@@ -25,11 +25,14 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from attnprof.errors import VariantFailure, VariantUnavailableError
 from attnprof.masks import SIZED_KINDS, parse_mask
 from attnprof.pipeline.cell import guard, phase, warning_lines
+from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec, Variant
-from attnprof.pipeline.measured import CellResult, MaskAlternative
+from attnprof.results.schema import MaskAlternative, Row
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
@@ -223,65 +226,46 @@ def _amend_result(result: CellResult, found: list[MaskAlternative], dense: float
     ]
 
 
-def _row_finding(row: dict[str, Any]) -> dict[str, Any] | None:
-    return next((f for f in row.get("findings") or [] if isinstance(f, dict) and f.get("id") == DENSE_MASK), None)
+def _row_latency(row: Row) -> float | None:
+    value = row.latency_us
+    return float(value) if row.ok and value is not None and value > 0 else None
 
 
-def _row_latency(row: dict[str, Any]) -> float | None:
-    value = row.get("latency_us")
-    if row.get("status") != "ok" or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value)
-
-
-def _from_row(kind: str, row: dict[str, Any], dense: float) -> MaskAlternative:
+def _from_row(kind: str, row: Row, dense: float) -> MaskAlternative:
     latency = _row_latency(row)
     if latency is None:
-        reason = row.get("reason") or str(row.get("status"))
-        return MaskAlternative(kind, str(row["variant"]), str(row.get("shape")), THIS_RUN, reason=reason)
-    return MaskAlternative(kind, str(row["variant"]), str(row.get("shape")), THIS_RUN, latency, dense / latency)
+        return MaskAlternative(kind, row.variant, str(row.shape), THIS_RUN, reason=row.reason or row.status)
+    return MaskAlternative(kind, row.variant, str(row.shape), THIS_RUN, latency, dense / latency)
 
 
-def attach_row_alternatives(rows: list[dict[str, Any]], results: list[CellResult] | None = None) -> None:
+def attach_row_alternatives(rows: list[Row]) -> None:
     """Join each dense-mask row with its alternatives among `rows` (the whole run's, after it): their
-    numbers go into its `mask_alternatives` and its dense-mask finding's message, and into that finding
-    on the matching `results` (this process's cells, which `run` prints). An ok alternative row is
-    preferred; one that was skipped or failed is named with its reason. A row joined before (a resumed
-    one) is left as it is."""
-    from attnprof.report.serialize import row_cell_key
+    numbers go into its `mask_alternatives` and its dense-mask finding's message and impact. An ok
+    alternative row is preferred; one that was skipped or failed is named with its reason. A row joined
+    before (a resumed one) is left as it is."""
+    from attnprof.results.keys import cell_key
 
-    index: dict[tuple[Any, ...], dict[str, Any]] = {}
+    index: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        index.setdefault((row.get("variant"), row_cell_key(row)), row)
+        index.setdefault((row.variant, cell_key(row)), row)
     for row in rows:
-        finding, dense = _row_finding(row), _row_latency(row)
-        known = row.get("mask_alternatives") or []
-        if finding is None or dense is None or any(a.get("source") == THIS_RUN for a in known):
+        finding, dense = row.finding(DENSE_MASK), _row_latency(row)
+        known = row.mask_alternatives
+        if finding is None or dense is None or any(a.source == THIS_RUN for a in known):
             continue
-        key = row_cell_key(row)
         found = []
-        for w in wanted(str(row["variant"]), str(row.get("mask") or "causal"), int(row.get("kv_len") or 0), key):
+        for w in wanted(row.variant, row.mask or "causal", row.kv_len or 0, cell_key(row)):
             hits = [hit for name in w.variants if (hit := index.get((name, w.key))) is not None]
             if hits:
                 best = next((hit for hit in hits if _row_latency(hit) is not None), hits[0])
                 found.append(_from_row(w.kind, best, dense))
         if found:
-            row["mask_alternatives"] = known + [a.to_dict() for a in found]
-            finding["message"] = amended(str(finding["message"]), found, dense)
-            saved = saved_by(found, dense)
-            if saved is not None:
-                finding["impact_us"], finding["impact_pct"] = round(saved[0], 3), round(saved[1], 2)
-            _sync(results or [], row, key, finding)
-
-
-def _sync(results: list[CellResult], row: dict[str, Any], key: tuple[Any, ...], finding: dict[str, Any]) -> None:
-    """Give this process's result of `row` the row's dense-mask finding (message and impact)."""
-    for result in results:
-        rank = result.placement.rank if result.placement is not None else None
-        if (result.variant, result.spec.cell_key, rank) != (row.get("variant"), key, row.get("rank")):
-            continue
-        if result.analysis is not None:
-            fields = {k: finding[k] for k in ("message", "impact_us", "impact_pct") if k in finding}
-            result.analysis.findings = [
-                replace(f, **fields) if f.id == DENSE_MASK else f for f in result.analysis.findings
-            ]
+            row.mask_alternatives = known + found
+            fields = _measured_impact(finding, found, dense)
+            if "impact_us" in fields:
+                fields["impact_us"], fields["impact_pct"] = (
+                    round(fields["impact_us"], 3),
+                    round(fields["impact_pct"], 2),
+                )
+            amended_finding = msgspec.structs.replace(finding, **fields)
+            row.findings = [amended_finding if f.id == DENSE_MASK else f for f in row.findings]

@@ -6,11 +6,12 @@ into JSON and CSV rows at the edge. A missing measurement is None, never 0.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from attnprof.registry import RunSpec
+from attnprof.results.schema import MaskAlternative
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
@@ -45,27 +46,6 @@ class Throughput:
     pct_of_read_bandwidth: float | None = None  # never above 100; None without a read ceiling
     peak_read_gbps: float | None = None  # the measured read bandwidth (profiling.ceiling), GB/s
     read_bandwidth_note: str | None = None  # set when achieved_gbps beat the measured read bandwidth
-
-
-@dataclass(frozen=True)
-class MaskAlternative:
-    """The way to give a dense-mask cell its mask without the dense tensor, and what it measured: `kind`
-    `is_causal` (SDPA told the mask is causal) or `block-mask` (FlexAttention's BlockMask), run by
-    `variant` at the cell labelled `cell`. `source` is `this run` (a cell of the same run) or `measured
-    for comparison` (timed after the dense cell, outside its profiled region). `latency_us` is None when
-    it did not run, and `reason` says why; `speedup` is the dense cell's latency over it."""
-
-    kind: str
-    variant: str
-    cell: str
-    source: str
-    latency_us: float | None = None
-    speedup: float | None = None
-    reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, JSON-ready."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from attnprof.models.factory import AS_BUILT
 from attnprof.models.implementations import Implementation, resolve_implementations
 from attnprof.models.source import FactorySource, ModelSource, open_source
 from attnprof.pipeline.counters import CounterCollector
+from attnprof.pipeline.measured import ModelResult, attach_model_speedups
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
 from attnprof.registry import Registry
-from attnprof.pipeline.measured import ModelResult, attach_model_speedups
 
 
 def plan_implementations(config: ModelConfig, registry: Registry) -> list[Implementation]:
@@ -164,15 +164,16 @@ def finish_model_run(
 ) -> RunOutcome[ModelResult]:
     """Write the rows as `results.json` (the results document, `command` "model"; with `counters`, what
     --ncu did as `ncu`) and `results.csv` into `folder`."""
+    from attnprof.pipeline.rows import model_row, results_document
     from attnprof.profiling.environment import collect_environment, package_version
-    from attnprof.report.export import write_csv, write_json
-    from attnprof.report.serialize import MODEL_CSV_FIELDS, model_csv_row, results_document
+    from attnprof.results.files import write_csv, write_json
 
     environment = collect_environment(device)
     environment["transformers"] = package_version("transformers")
-    document = results_document("model", config, environment, None, results, interrupted, files=folder.to_dict())
+    rows = [model_row(r) for r in results]
+    document = results_document("model", config, environment, None, rows, interrupted, files=folder.to_dict())
     if counters is not None:
-        document["ncu"] = counters.summary()
+        document.ncu = counters.summary()
     write_json(folder.results_json, document)
-    write_csv(folder.results_csv, [model_csv_row(r) for r in results], MODEL_CSV_FIELDS)
+    write_csv(folder.results_csv, rows, "model")
     return RunOutcome("model", results, document, folder, interrupted)

@@ -22,11 +22,12 @@ from typing import Any
 from attnprof.config import Config, MeasureOptions, parse_config
 from attnprof.errors import ConfigError, ResultsFileError
 from attnprof.pipeline.cell import ran_out_of_memory
+from attnprof.pipeline.measured import SPEED_KEYS, SpeedCell, speedups
 from attnprof.pipeline.run import Cell
 from attnprof.pipeline.sweep import cell_key, row_key
-from attnprof.report.results_file import JSONL_FORMAT, ResultsFile, load_results
-from attnprof.report.serialize import row_cell_key
-from attnprof.pipeline.measured import SPEED_KEYS, SpeedCell, speedups
+from attnprof.results.files import ResultsFile, load_results
+from attnprof.results.keys import cell_key as row_cell_key
+from attnprof.results.schema import Row
 
 STREAM_NAME = "results.jsonl"
 RANK_STREAM = re.compile(r"results\.rank(\d+)\.jsonl")
@@ -64,7 +65,7 @@ def open_previous(path: Path, command: str = "sweep") -> ResultsFile:
     """The results of the `command` run to resume: the file `path`, or what the folder `path` holds
     (`read_folder`). ResultsFileError (exit 2) for anything else; a sweep resumes from its stream(s) only."""
     previous = read_folder(path) if path.is_dir() else load_results(path)
-    stream = previous.header.get("format") == JSONL_FORMAT
+    stream = previous.is_stream
     if previous.command != command or (command == "sweep" and not stream):
         what = "the results stream" if command == "sweep" else "the results"
         raise ResultsFileError(
@@ -76,12 +77,12 @@ def open_previous(path: Path, command: str = "sweep") -> ResultsFile:
 
 def recorded_config(previous: ResultsFile) -> Config:
     """The config the earlier run ran with, as recorded in its results."""
-    return parse_config(previous.header.get("config"), f"{previous.path} (its recorded config)")
+    return parse_config(previous.header.config, f"{previous.path} (its recorded config)")
 
 
 def inherit_measure(measure: MeasureOptions, previous: ResultsFile) -> MeasureOptions:
     """`measure` with each option left at its default taken from the earlier run instead."""
-    recorded = previous.header.get("measure") or {}
+    recorded = previous.header.measure or {}
     defaults = MeasureOptions()
     given = measure.model_dump()
     inherited = {
@@ -95,7 +96,7 @@ def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptio
     a cell measures: the device, the profiler schedule, the seed, the region, the timing options (when
     it recorded them). (Variants, shapes, axes and the baseline may differ: they choose cells, they do
     not change one.) Under torchrun, rank 0 checks its device against the earlier rank 0's."""
-    recorded = previous.header.get("config") or {}
+    recorded = previous.header.config or {}
     now = config.model_dump(mode="json")
     differences = []
     was_device = previous.environment.get("device")
@@ -104,8 +105,8 @@ def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptio
     differences += [
         f"{name} {recorded.get(name)} (now {now[name]})" for name in CONFIG_MEANING if recorded.get(name) != now[name]
     ]
-    if "measure" in previous.header:
-        was_measure = previous.header.get("measure") or {}
+    if previous.header.measure is not None:
+        was_measure = previous.header.measure
         differences += [
             f"{name} {was_measure.get(name)} (now {getattr(measure, name)})"
             for name in MEASURE_MEANING
@@ -118,69 +119,67 @@ def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptio
         )
 
 
-def _finished(row: dict[str, Any]) -> bool:
-    status = str(row.get("status", ""))
-    return status == "ok" or status.startswith("skipped") or ran_out_of_memory(status, row.get("reason"))
+def _finished(row: Row) -> bool:
+    return row.ok or row.status.startswith("skipped") or ran_out_of_memory(row.status, row.reason)
 
 
-def kept_rows(previous: ResultsFile, collective: Collection[str] = ()) -> list[dict[str, Any]]:
+def kept_rows(previous: ResultsFile, collective: Collection[str] = ()) -> list[Row]:
     """The rows of finished cells that a resume keeps (see the module's docstring); `collective` names
     the variants whose cells every rank ran together."""
-    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    cells: dict[tuple[Any, ...], list[Row]] = {}
     for row in previous.rows:
         if _finished(row):
             cells.setdefault(row_key(row), []).append(row)
-    kept: list[dict[str, Any]] = []
+    kept: list[Row] = []
     for rows in cells.values():
-        kept += _complete(rows) if rows[0].get("variant") in collective else rows[:1]
+        kept += _complete(rows) if rows[0].variant in collective else rows[:1]
     return kept
 
 
-def _complete(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _complete(rows: list[Row]) -> list[Row]:
     """One row per rank, in rank order, when the rows cover every rank of their run; else none."""
-    if len(rows) == 1 and rows[0].get("rank") is None:
+    if len(rows) == 1 and rows[0].rank is None:
         return rows  # a single process's row (the variant was skipped there)
-    by_rank = {row.get("rank"): row for row in rows if isinstance(row.get("rank"), int)}
-    worlds = {row.get("world_size") for row in by_rank.values()}
+    by_rank = {row.rank: row for row in rows if row.rank is not None}
+    worlds = {row.world_size for row in by_rank.values()}
     world = worlds.pop() if len(worlds) == 1 else None
     if not isinstance(world, int) or set(by_rank) != set(range(world)):
         return []
     return [by_rank[r] for r in range(world)]
 
 
-def still_to_run(cells: Sequence[Cell], kept: list[dict[str, Any]]) -> list[int]:
+def still_to_run(cells: Sequence[Cell], kept: list[Row]) -> list[int]:
     """The indices of the planned cells that have no kept row."""
     done = {row_key(row) for row in kept}
     return [i for i, (variant, spec) in enumerate(cells) if cell_key(variant.name, spec) not in done]
 
 
-def ordered_rows(cells: Sequence[Cell], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered_rows(cells: Sequence[Cell], rows: list[Row]) -> list[Row]:
     """`rows` in the plan's cell order (a cell's rows by rank), rows of no planned cell last."""
     index = {cell_key(variant.name, spec): i for i, (variant, spec) in enumerate(cells)}
 
-    def position(row: dict[str, Any]) -> tuple[int, int]:
-        rank = row.get("rank")
-        return index.get(row_key(row), len(cells)), rank if isinstance(rank, int) else -1
+    def position(row: Row) -> tuple[int, int]:
+        return index.get(row_key(row), len(cells)), row.rank if row.rank is not None else -1
 
     return sorted(rows, key=position)
 
 
-def attach_row_speedups(rows: list[dict[str, Any]], baseline: str | None) -> None:
-    """Set `speedup_vs_baseline` and `speedup_reliable` on serialized rows, as `attach_speedups` does on
-    results (rows from several ranks and runs compare by their cell)."""
+def attach_row_speedups(rows: list[Row], baseline: str | None) -> None:
+    """Set `speedup_vs_baseline` and `speedup_reliable` on rows, as `attach_speedups` does on results (rows
+    from several ranks and runs compare by their cell)."""
 
-    def positive(value: Any) -> float | None:
-        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    def positive(value: float | None) -> float | None:
+        return float(value) if value is not None and value > 0 else None
 
     cells = [
         SpeedCell(
-            row["variant"],
+            row.variant,
             row_cell_key(row),
-            row.get("status") == "ok",
-            {key: positive(row.get(key)) for key in SPEED_KEYS},
-            bool(row.get("unstable")),
+            row.ok,
+            {key: positive(getattr(row, key)) for key in SPEED_KEYS},
+            bool(row.unstable),
         )
         for row in rows
     ]
     for row, found in zip(rows, speedups(cells, baseline), strict=True):
-        row["speedup_vs_baseline"], row["speedup_reliable"] = found if found is not None else (None, None)
+        row.speedup_vs_baseline, row.speedup_reliable = found if found is not None else (None, None)

@@ -24,8 +24,9 @@ from attnprof.interrupts import (
     recording_interrupts,
 )
 from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
-from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.pipeline.measured import CellResult, ModelResult, attach_speedups
+from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.results.schema import Document, Row
 
 if TYPE_CHECKING:
     from attnprof.pipeline.counters import CounterCollector
@@ -77,7 +78,7 @@ class RunOutcome(Generic[ResultT]):
 
     command: str
     results: list[ResultT]
-    document: dict[str, Any]
+    document: Document
     folder: RunFolder
     interrupted: bool
 
@@ -89,22 +90,22 @@ class RunOutcome(Generic[ResultT]):
     @property
     def traces(self) -> list[Path]:
         """The traces of the document's rows (on several ranks: every rank's)."""
-        return [Path(row["trace"]) for row in self.document["results"] if row.get("trace")]
+        return [Path(row.trace) for row in self.document.results if row.trace]
 
     @property
     def exit_code(self) -> int:
         """130 after Ctrl-C, 1 if any row of the document failed, else 0 (a skipped one is not a failure)."""
-        return rows_exit_code(self.document["results"], self.interrupted)
+        return rows_exit_code(self.document.results, self.interrupted)
 
 
-def rows_exit_code(rows: list[dict[str, Any]], interrupted: bool, out_of_memory_fails: bool = True) -> int:
+def rows_exit_code(rows: list[Row], interrupted: bool, out_of_memory_fails: bool = True) -> int:
     """130 after Ctrl-C; 1 when a row failed (with `out_of_memory_fails` False, as in a sweep: for another
     reason than running out of memory); else 0 (a skipped cell is not a failure)."""
     if interrupted:
         return 130
-    failed = [row for row in rows if str(row.get("status", "")).startswith("failed")]
+    failed = [row for row in rows if row.status.startswith("failed")]
     if not out_of_memory_fails:
-        failed = [row for row in failed if not ran_out_of_memory(str(row["status"]), row.get("reason"))]
+        failed = [row for row in failed if not ran_out_of_memory(row.status, row.reason)]
     return 1 if failed else 0
 
 

@@ -33,10 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from msgspec.structs import replace
+
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.distributed import MULTICAST_OFF
 from attnprof.pipeline.mask_alternatives import attach_row_alternatives
+from attnprof.pipeline.measured import CellResult, Placement
 from attnprof.pipeline.resume import (
     STREAM_NAME,
     attach_row_speedups,
@@ -48,12 +51,12 @@ from attnprof.pipeline.run import Cell, RunFolder, RunOutcome, open_run_folder, 
 from attnprof.pipeline.sharding import Split, cell_cost, cell_name, split_cells
 from attnprof.pipeline.sweep import chain_key
 from attnprof.registry import RunSpec, Variant
-from attnprof.pipeline.measured import CellResult, Placement
+from attnprof.results.schema import Document, Row
 
 if TYPE_CHECKING:
     from attnprof.pipeline.distributed import Group
     from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.report.results_file import ResultsFile
+    from attnprof.results.files import ResultsFile
 
 T = TypeVar("T")
 
@@ -71,7 +74,7 @@ class Job:
     measure: MeasureOptions
     cells: list[Cell]
     previous: ResultsFile | None = None
-    kept: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[Row] = field(default_factory=list)
     sweep: bool = False
 
     @property
@@ -99,7 +102,7 @@ class Share:
 #: Takes each finished result of this rank: sets its placement and streams its row.
 Recorder = Callable[[CellResult], None]
 #: Runs this rank's cells: (its cells, the kept rows, its traces folder, the Recorder) -> its Share.
-RunShare = Callable[[list[Cell], list[dict[str, Any]], Path, Recorder], Share]
+RunShare = Callable[[list[Cell], list[Row], Path, Recorder], Share]
 
 
 def _on_main(group: Group | None, make: Callable[[], T]) -> T:
@@ -140,10 +143,9 @@ def run_sharded(
 ) -> tuple[RunOutcome | None, int]:
     """Run `job` as the module docstring says; (the outcome on rank 0, None elsewhere; the exit code,
     the same on every rank). `where` is this rank's placement, set on each of its rows."""
+    from attnprof.pipeline.rows import cell_row
     from attnprof.profiling.environment import collect_environment
-    from attnprof.report.export import ResultsStream
-    from attnprof.report.results_file import stream_header
-    from attnprof.report.serialize import json_entry
+    from attnprof.results.files import ResultsStream, stream_header
 
     rank = 0 if group is None else group.ctx.rank
     world = 1 if group is None else group.ctx.world_size
@@ -160,14 +162,14 @@ def run_sharded(
     stream = None
     if streams:
         header = stream_header(_document(job, folder, environment, [], False, {}, streams, group is not None))
-        stream = ResultsStream(Path(streams[rank]), header | {"placement": None if where is None else asdict(where)})
+        stream = ResultsStream(Path(streams[rank]), replace(header, placement=None if where is None else asdict(where)))
         for row in job.kept if rank == 0 else []:
             stream.append(row)
 
     def record(result: CellResult) -> None:
         result.placement = where
         if stream is not None:
-            stream.append(json_entry(result))
+            stream.append(cell_row(result))
 
     failure: AttnprofError | None = None
     share = Share([], False)
@@ -181,7 +183,7 @@ def run_sharded(
     estimated_s = split.costs[rank] + sum(cell_cost(job.cells[i][1]) for i in collective)
     sent: dict[str, Any] = {
         "rank": rank,
-        "rows": [json_entry(r) for r in share.results],
+        "rows": [cell_row(r) for r in share.results],
         "interrupted": share.interrupted,
         "error": failure,
         "placement": None if where is None else asdict(where),
@@ -198,16 +200,16 @@ def run_sharded(
         assert shares is not None
         rows = ordered_rows(job.cells, job.kept + [row for s in shares for row in s["rows"]])
         attach_row_speedups(rows, job.config.baseline)
-        attach_row_alternatives(rows, share.results)
+        attach_row_alternatives(rows)
         interrupted = any(s["interrupted"] for s in shares)
         ceilings: dict[str, Any] = {}
         for s in shares:
             ceilings = s["ceilings"] | ceilings  # rank 0's first, then the lowest rank that measured one
         document = _document(job, folder, environment, rows, interrupted, ceilings, streams, group is not None)
         if group is not None:
-            document["distributed"] = _distributed(group, shares)
+            document.distributed = _distributed(group, shares)
         if job.measure.ncu:
-            document["ncu"] = share.counters
+            document.ncu = share.counters
         _write(folder, document)
         made["outcome"] = RunOutcome(job.command, share.results, document, folder, interrupted)
         failed = next((s for s in shares if s["error"] is not None), None)
@@ -232,39 +234,37 @@ def _document(
     job: Job,
     folder: RunFolder,
     environment: dict[str, Any],
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     interrupted: bool,
     ceilings: dict[str, Any],
     streams: list[str],
     grouped: bool,
-) -> dict[str, Any]:
+) -> Document:
     """The results document: the rows, the measurement options and what the run resumed (so a later
     `--resume` can check it continues alike), the ceiling (one dtype) or `ceilings` by dtype, and the
     streams among its files (`results_jsonl` of a single process, `rank_streams` of a group)."""
-    from attnprof.report.serialize import results_document
+    from attnprof.pipeline.rows import results_document
 
     files: dict[str, Any] = folder.to_dict()
     if grouped:
         files["rank_streams"] = streams
     elif streams:
         files["results_jsonl"] = streams[0]
-    document = results_document(job.command, job.config, environment, None, [], interrupted, files=files)
-    document["ceiling"] = next(iter(ceilings.values())) if len(ceilings) == 1 else None
-    document["results"] = rows
-    document["measure"] = job.measure.model_dump(mode="json")
-    document["resumed_from"] = str(job.previous.path) if job.previous is not None else None
+    document = results_document(job.command, job.config, environment, None, rows, interrupted, files=files)
+    document.ceiling = next(iter(ceilings.values())) if len(ceilings) == 1 else None
+    document.measure = job.measure.model_dump(mode="json")
+    document.resumed_from = str(job.previous.path) if job.previous is not None else None
     if len(ceilings) > 1:
-        document["ceilings"] = ceilings
+        document.ceilings = ceilings
     return document
 
 
-def _write(folder: RunFolder, document: dict[str, Any]) -> None:
+def _write(folder: RunFolder, document: Document) -> None:
     """`results.json` and `results.csv` of every row of the document."""
-    from attnprof.report.export import write_csv, write_json
-    from attnprof.report.serialize import CSV_FIELDS, entry_csv_row
+    from attnprof.results.files import write_csv, write_json
 
     write_json(folder.results_json, document)
-    write_csv(folder.results_csv, [entry_csv_row(entry) for entry in document["results"]], CSV_FIELDS)
+    write_csv(folder.results_csv, document.results)
 
 
 def _distributed(group: Group, shares: list[dict[str, Any]]) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def _distributed(group: Group, shares: list[dict[str, Any]]) -> dict[str, Any]:
     ranks = [
         {key: s[key] for key in ("rank", "cells", "collective_cells", "estimated_s", "interrupted")}
         | (s["placement"] or {})
-        | {"ceilings": {dtype: c.get("tflops") for dtype, c in s["ceilings"].items()}}
+        | {"ceilings": {dtype: c["tflops"] for dtype, c in s["ceilings"].items()}}
         for s in shares
     ]
     return {

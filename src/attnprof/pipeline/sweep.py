@@ -20,15 +20,17 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 from pydantic import ValidationError
 
 from attnprof.config import Config, Shape
 from attnprof.errors import ConfigError
 from attnprof.pipeline.cell import ran_out_of_memory
+from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.run import Cell
 from attnprof.registry import RunSpec, Variant
-from attnprof.report.serialize import row_cell_key
-from attnprof.pipeline.measured import CellResult
+from attnprof.results.keys import cell_key as row_cell_key
+from attnprof.results.schema import Row
 
 OOM_SKIP = "OOM at smaller size"  # the reason of a cell skipped by the OOM rule
 
@@ -91,9 +93,9 @@ def cell_key(variant: str, spec: RunSpec) -> Key:
     return (variant, *spec.cell_key)
 
 
-def row_key(row: dict[str, Any]) -> Key:
+def row_key(row: Row) -> Key:
     """The key of a results row (`cell_key`)."""
-    return (row.get("variant"), *row_cell_key(row))
+    return (row.variant, *row_cell_key(row))
 
 
 def chain_key(variant: str, spec: RunSpec) -> Key:
@@ -117,11 +119,14 @@ class OomRule:
         """Take a finished cell into account."""
         self._note(chain_key(result.variant, result.spec), result.spec.seq, result.status, result.reason)
 
-    def note_row(self, row: dict[str, Any]) -> None:
+    def note_row(self, row: Row) -> None:
         """Take a row of an earlier run (`--resume`) into account."""
-        square = {name: None for name in ("q_len", "kv_len") if row.get(name) == row.get("seq")}
-        chain = (row.get("variant"), *row_cell_key(row | square | {"seq": 0}))  # as chain_key: lengths = seq drop
-        self._note(chain, row.get("seq") or 0, str(row.get("status", "")), row.get("reason"))
+        square = {name: None for name in ("q_len", "kv_len") if getattr(row, name) == row.seq}
+        chain = (
+            row.variant,
+            *row_cell_key(msgspec.structs.replace(row, **square, seq=0)),
+        )  # as chain_key: lengths = seq drop
+        self._note(chain, row.seq or 0, row.status, row.reason)
 
     def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:
         """`OOM at smaller size (seq S)` when `variant` ran out of memory at a smaller S; else None."""

@@ -141,7 +141,9 @@ def analysis_record(analysis: TraceAnalysis) -> Analysis:
             phases=phases,
             comm=record(analysis.comm, CommRecord) if analysis.comm is not None else None,
             attention=attention_record(analysis.attention) if analysis.attention is not None else None,
-            top_cpu_ops=None if analysis.top_cpu_ops is None else [record(op, CpuOpRecord) for op in analysis.top_cpu_ops],
+            top_cpu_ops=None
+            if analysis.top_cpu_ops is None
+            else [record(op, CpuOpRecord) for op in analysis.top_cpu_ops],
             counters=counters,
         )
     )

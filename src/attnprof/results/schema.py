@@ -109,7 +109,7 @@ class AttentionRecord(Record):
 
     @property
     def backends_text(self) -> str | None:
-        """"cudnn:2" ("eager:1 flex:1" for several); None without calls."""
+        """ "cudnn:2" ("eager:1 flex:1" for several); None without calls."""
         return " ".join(f"{name}:{count}" for name, count in self.backends.items()) or None
 
 
@@ -430,7 +430,7 @@ class Document(Record):
     command: str | None = None
     created: str | None = None
     interrupted: bool = False
-    files: dict[str, str] | None = None
+    files: dict[str, Any] | None = None
     environment: dict[str, Any] = {}
     config: dict[str, Any] | None = None
     ceiling: dict[str, Any] | None = None
@@ -445,5 +445,5 @@ class Document(Record):
 
     @property
     def subject(self) -> Subject:
-        """"model" for a document of `attnprof model`, else "cell"."""
+        """ "model" for a document of `attnprof model`, else "cell"."""
         return "model" if self.command == "model" else "cell"

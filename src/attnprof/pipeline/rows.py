@@ -1,0 +1,260 @@
+"""The row of a measured cell or model row (`results.schema.Row`), made once when the measurement ends, and
+the results document of a run.
+
+What a row holds is computed here or in analysis/ (FLOPs, conventions, the attention ledger's figures), never
+by the renderers. A part that was not measured gives None, never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.results.records import analysis_record, finding_record
+from attnprof.results.schema import SCHEMA_VERSION, Analysis, Document, Row
+
+if TYPE_CHECKING:
+    from attnprof.analysis import TraceAnalysis
+
+#: What each TFLOP/s figure divides the FLOPs by.
+TFLOPS_CONVENTION = (
+    "tflops: FLOPs / latency (host launch time included); "
+    "kernel_tflops: FLOPs / the attention calls' device time per step in the trace"
+)
+
+
+def _r3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> dict[str, Any]:
+    """The row's fields that come from its trace analysis (None without one)."""
+    if analysis is None or record is None:
+        return {}
+    ledger = analysis.attention
+    on_device = ledger is not None and ledger.time_base == "device"
+    phases = record.phases
+    comm = analysis.comm
+    return {
+        "forwards": analysis.forwards,
+        "kernels_per_forward": analysis.kernels_per_forward,
+        "memcpy_per_forward": analysis.memcpy_per_forward,
+        "memset_per_forward": analysis.memset_per_forward,
+        "gpu_time_us": _r3(analysis.gpu_time_us),
+        "kernel_time_us": _r3(analysis.kernel_time_us),
+        "cpu_time_us": _r3(analysis.cpu_time_us),
+        "self_device_time_total_us": _r3(analysis.self_device_time_total_us),
+        "transposes_per_forward": analysis.transposes_per_forward,
+        "cpu_ops_per_forward": analysis.cpu_ops_per_forward,
+        "forward_kernels": phases.forward.kernels if phases else None,
+        "forward_kernel_time_us": phases.forward.kernel_time_us if phases else None,
+        "backward_kernels": phases.backward.kernels if phases else None,
+        "backward_memcpy": phases.backward.memcpy if phases else None,
+        "backward_memset": phases.backward.memset if phases else None,
+        "backward_kernel_time_us": phases.backward.kernel_time_us if phases else None,
+        "backward_outside_region": phases.backward.outside_region if phases else None,
+        "attention_calls_per_forward": ledger.calls_per_forward if ledger else None,
+        "attention_backends": (ledger.backends_text or None) if ledger else None,
+        "attention_time_us": _r3(ledger.kernel_time_us) if ledger else None,
+        "attention_gpu_pct": _r3(ledger.gpu_time_pct) if ledger else None,
+        "attention_overhead_us": _r3(ledger.overhead_us) if on_device and ledger else None,
+        "kernel_gbps": ledger.achieved_gbps if on_device and ledger else None,
+        "comm_kernels_per_forward": comm.kernels_per_forward if comm else None,
+        "comm_time_us": _r3(comm.comm_time_us) if comm else None,
+        "comm_overlap_pct": _r3(comm.overlap_pct) if comm else None,
+        "comm_exposed_us": _r3(comm.exposed_us) if comm else None,
+        "launch_apis": record.launch_apis,
+        "kernels": record.kernels,
+        "spread": record.spread,
+        "phases": record.phases,
+        "attention": record.attention,
+        "trace_device": record.device,
+        "comm": record.comm,
+    }
+
+
+def _timing_fields(result: CellResult | ModelResult) -> dict[str, Any]:
+    timing = result.timing
+    if timing is None:
+        return {}
+    return {
+        "latency_us": timing.median_us,
+        "latency_iqr_us": timing.iqr_us,
+        "cold_ms": timing.cold_ms,
+        "unstable": timing.unstable,
+        "cpu_contention": timing.cpu_contention,
+        "timing_method": timing.method,
+        "latency_p25_us": timing.p25_us,
+        "latency_p75_us": timing.p75_us,
+        "latency_min_us": timing.min_us,
+        "timing_reps": timing.reps,
+        "warmup_reps": timing.warmup_reps,
+        "forwards_per_sample": timing.forwards_per_sample,
+    }
+
+
+def _shared_fields(result: CellResult | ModelResult) -> dict[str, Any]:
+    """What a cell's row and a model's row both take the same way."""
+    record = analysis_record(result.analysis) if result.analysis is not None else None
+    clock = result.clock
+    counters = None
+    if result.counters is not None:
+        from attnprof.analysis.counters import occupancy_notes
+
+        kernels = result.analysis.kernels if result.analysis is not None else []
+        counters = result.counters.to_dict() | {"occupancy_measured": occupancy_notes(kernels, result.counters)}
+    report = result.ncu_report or (result.counters.report_path if result.counters is not None else None)
+    seconds = result.counters.seconds if result.counters is not None else None
+    return {
+        "status": result.status if result.ok else f"{result.status}: {result.reason}",
+        "reason": result.reason,
+        "peak_memory_mib": result.memory_mib,
+        "sm_clock_mhz": clock.sm_mhz if clock else None,
+        "sm_clock_min_mhz": clock.min_sm_mhz if clock else None,
+        "sm_clock_max_mhz": clock.max_sm_mhz if clock else None,
+        "clock_limits": clock.limits_text if clock else None,
+        "speedup_vs_baseline": result.speedup_vs_baseline,
+        "speedup_reliable": result.speedup_reliable,
+        "findings": [finding_record(f) for f in result.findings],
+        "trace": str(result.trace_path) if result.trace_path else None,
+        "ncu_report": None if report is None else str(report),
+        "ncu_note": result.ncu_note,
+        "ncu_seconds": None if seconds is None else round(seconds, 3),
+        "counters": counters,
+        "phases_s": dict(result.phases_s),
+        "notes": list(result.analysis.notes) if result.analysis is not None else [],
+        "warnings": list(result.warnings),
+        **_timing_fields(result),
+        **_trace_fields(result.analysis, record),
+    }
+
+
+def cell_row(result: CellResult) -> Row:
+    """The row of one cell."""
+    from attnprof.analysis.roofline import EXECUTED_CONVENTION, flops_convention, step_flops
+
+    spec, rates, check, grads, where = result.spec, result.throughput, result.check, result.grad_check, result.placement
+    has_flops = rates is not None or result.executed_flops is not None
+    convention = None
+    if has_flops:
+        convention = flops_convention(spec)
+        convention = convention if result.executed_flops is None else f"{convention}; {EXECUTED_CONVENTION}"
+    scope = check.scope if check is not None else None
+    if check is not None and grads is not None:
+        scope = f"output: {check.scope}; gradients: {grads.scope}"
+    kernel_tflops = result.kernel_tflops
+    return Row(
+        subject="cell",
+        variant=result.variant,
+        source=result.source,
+        shape=spec.shape_label,
+        batch=spec.batch,
+        heads=spec.heads,
+        kv_heads=spec.n_kv_heads,
+        seq=spec.seq,
+        head_dim=spec.head_dim,
+        dtype=spec.dtype,
+        device=spec.device,
+        causal=spec.causal,
+        mode=spec.mode,
+        mask=spec.mask,
+        score_mod=spec.score_mod,
+        q_len=spec.n_queries,
+        kv_len=spec.n_keys,
+        page_size=spec.page_size,
+        causal_alignment=spec.causal_alignment,
+        fully_masked_rows=spec.fully_masked_rows,
+        dense_mask=result.dense_mask,
+        backend=result.backend,
+        retimed=result.retimed if result.timing is not None else None,
+        flops=step_flops(spec) if has_flops else None,
+        executed_flops=result.executed_flops,
+        tflops=rates.tflops if rates else None,
+        kernel_tflops=kernel_tflops,
+        tflops_convention=TFLOPS_CONVENTION if rates is not None or kernel_tflops is not None else None,
+        pct_of_peak=rates.pct_of_peak if rates else None,
+        kernel_pct_of_peak=result.kernel_pct_of_peak,
+        pct_of_peak_note=rates.pct_of_peak_note if rates else None,
+        peak_tflops=rates.peak_tflops if rates else None,
+        bytes_moved=rates.bytes_moved if rates else None,
+        achieved_gbps=rates.achieved_gbps if rates else None,
+        pct_of_read_bandwidth=rates.pct_of_read_bandwidth if rates else None,
+        peak_read_gbps=rates.peak_read_gbps if rates else None,
+        read_bandwidth_note=rates.read_bandwidth_note if rates else None,
+        bound=rates.bound if rates else None,
+        rel_error=check.rel_error if check else None,
+        passed=result.passed,
+        grad_rel_error_dq=grads.rel_errors.get("dq") if grads else None,
+        grad_rel_error_dk=grads.rel_errors.get("dk") if grads else None,
+        grad_rel_error_dv=grads.rel_errors.get("dv") if grads else None,
+        nan_on_fully_masked=result.nan_on_fully_masked,
+        rel_error_threshold=check.threshold if check else None,
+        grad_rel_error_threshold=grads.threshold if grads else None,
+        correctness_scope=scope,
+        flops_convention=convention,
+        rank=where.rank if where else None,
+        local_rank=where.local_rank if where else None,
+        world_size=where.world_size if where else None,
+        hostname=where.hostname if where else None,
+        gpu=where.gpu if where else None,
+        grad_rel_error=dict(grads.rel_errors) if grads is not None else None,
+        mask_alternatives=list(result.mask_alternatives),
+        **_shared_fields(result),
+    )
+
+
+def model_row(result: ModelResult) -> Row:
+    """The row of one implementation inside a whole model."""
+    logits = result.logits
+    return Row(
+        subject="model",
+        variant=result.variant,
+        implementation=result.implementation,
+        source=result.source,
+        model=result.model,
+        params=result.params,
+        shape=result.shape,
+        batch=result.batch,
+        seq=result.seq,
+        heads=result.heads,
+        kv_heads=result.kv_heads,
+        head_dim=result.head_dim,
+        dtype=result.dtype,
+        device=result.device,
+        causal=result.causal,
+        mask=result.mask,
+        score_mod=result.score_mod,
+        mode=result.mode,
+        logits_baseline=logits.baseline if logits else None,
+        logits_max_abs_diff=logits.max_abs_diff if logits else None,
+        logits_rel_diff=logits.rel_diff if logits else None,
+        **_shared_fields(result),
+    )
+
+
+def results_document(
+    command: str,
+    config: Any,
+    environment: dict[str, Any],
+    ceiling: Any,
+    rows: list[Row],
+    interrupted: bool,
+    files: dict[str, str] | None = None,
+) -> Document:
+    """The self-contained results document: what wrote it, the files it went to, environment, config,
+    ceiling and the rows."""
+    from attnprof import __version__
+
+    return Document(
+        schema_version=SCHEMA_VERSION,
+        attnprof_version=__version__,
+        command=command,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        interrupted=interrupted,
+        files=files,
+        environment=environment,
+        config=config.model_dump(mode="json"),
+        ceiling=None if ceiling is None else ceiling.to_dict(),
+        results=rows,
+    )
