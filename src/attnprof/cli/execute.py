@@ -30,12 +30,12 @@ if TYPE_CHECKING:
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.engine import Job
     from attnprof.pipeline.eta import TimeLeft
+    from attnprof.pipeline.measured import CellResult
     from attnprof.pipeline.run import Cell
     from attnprof.profiling.ceiling import Ceiling, RunCeiling
     from attnprof.registry import RunSpec, Variant
     from attnprof.results.files import ResultsFile
     from attnprof.results.schema import Row
-    from attnprof.pipeline.measured import CellResult
 
 
 def config_from_options(source: Path | Config | None, overrides: dict[str, Any], **more: Any) -> Config:

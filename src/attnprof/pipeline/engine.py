@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError
