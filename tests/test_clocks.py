@@ -9,7 +9,7 @@ import pytest
 from attnprof.profiling import clocks
 from attnprof.profiling.clocks import ClockSample, ClockSampler, clock_window, parse_samples, reason_names
 from attnprof.registry import RunSpec
-from attnprof.report.serialize import csv_row
+from attnprof.pipeline.rows import cell_row
 from attnprof.pipeline.measured import CellResult
 
 
@@ -39,8 +39,8 @@ def test_parse_samples_reads_nvidia_smi_lines_and_skips_junk():
 def test_window_median_min_max_and_reasons():
     w = clock_window(SAMPLES, [(T0 + 0.01, T0 + 0.07)])
     assert (w.sm_mhz, w.min_sm_mhz, w.max_sm_mhz, w.limits, w.samples) == (1845, 1845, 1980, ("sw_power_cap",), 3)
-    row = csv_row(CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16), clock=w))
-    assert {k: row[k] for k in ("sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits")} == {
+    row = cell_row(CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16), clock=w))
+    assert {k: getattr(row, k) for k in ("sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits")} == {
         "sm_clock_mhz": 1845, "sm_clock_min_mhz": 1845, "sm_clock_max_mhz": 1980, "clock_limits": "sw_power_cap"}
     both = clock_window(SAMPLES, [(T0 - 0.01, T0 + 0.01), (T0 + 0.05, T0 + 0.07), (T0 + 0.9, T0 + 1.1)])
     assert (both.sm_mhz, both.min_sm_mhz, both.limits) == (1980, 1965, ())  # idle is not a limit
@@ -91,7 +91,7 @@ case "$*" in *-lms*) echo "{stamp(T0)}, 1980, 1980, 0x0"; echo "{stamp(T0 + 0.02
 def test_runner_attaches_the_clock_of_each_timing_window():
     from attnprof.pipeline import attach_clocks
     from attnprof.registry import RunSpec
-    from attnprof.report.serialize import csv_row
+    from attnprof.pipeline.rows import cell_row
     from attnprof.pipeline.measured import CellResult
 
     spec = RunSpec("cuda:0", "bf16", 1, 1, 16, 16)
@@ -99,7 +99,7 @@ def test_runner_attaches_the_clock_of_each_timing_window():
     untimed = CellResult("b", "built-in", spec)
     other = CellResult("c", "built-in", RunSpec("cuda:1", "bf16", 1, 1, 16, 16), timing_window=(T0, T0 + 1))
     attach_clocks([timed, untimed, other], "cuda:0", SAMPLES)
-    assert csv_row(timed)["sm_clock_mhz"] == 1845 and csv_row(timed)["clock_limits"] == "sw_power_cap"
+    assert cell_row(timed).sm_clock_mhz == 1845 and cell_row(timed).clock_limits == "sw_power_cap"
     assert untimed.clock is None and other.clock is None
 
 
@@ -132,13 +132,13 @@ def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
 def test_result_rows_carry_the_clock_fields():
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.registry import RunSpec
-    from attnprof.report.serialize import csv_row
+    from attnprof.pipeline.rows import cell_row
     from attnprof.pipeline.measured import CellResult
 
     result = CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16),
                         clock=ClockWindow(sm_mhz=1845, min_sm_mhz=1650, max_sm_mhz=1980, limits=("sw_power_cap",),
                                           samples=4))
-    row = csv_row(result)
-    assert (row["sm_clock_mhz"], row["sm_clock_max_mhz"], row["clock_limits"]) == (1845, 1980, "sw_power_cap")
-    assert row["sm_clock_min_mhz"] == 1650
-    assert csv_row(CellResult("b", "built-in", result.spec))["sm_clock_mhz"] is None
+    row = cell_row(result)
+    assert (row.sm_clock_mhz, row.sm_clock_max_mhz, row.clock_limits) == (1845, 1980, "sw_power_cap")
+    assert row.sm_clock_min_mhz == 1650
+    assert cell_row(CellResult("b", "built-in", result.spec)).sm_clock_mhz is None

@@ -18,7 +18,7 @@ from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
-from attnprof.report.serialize import results_document
+from attnprof.pipeline.rows import results_document
 from attnprof.report.tables import compare_report, run_report
 from attnprof.pipeline.measured import CellResult
 

@@ -12,7 +12,7 @@ from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.pipeline import run_cell
 from attnprof.plugins import load_variants
 from attnprof.registry import ExecutedPairs, RunSpec, Variant
-from attnprof.report.serialize import csv_row, json_entry
+from attnprof.pipeline.rows import cell_row
 
 torch = pytest.importorskip("torch")
 
@@ -113,17 +113,17 @@ def test_a_cell_carries_the_variants_executed_flops(config, mode) -> None:
     assert seen == ["state"]  # called once, with setup's state
     expected = 4 * 16 * 2 * 32 * 32 + (2.5 * 4 * 16 * 2 * 32 * 24 if mode == "fwd+bwd" else 0)
     assert result.executed_flops == expected
-    entry = json_entry(result)
-    assert entry["executed_flops"] == expected and entry["flops"] == step_flops(rs)
-    assert entry["flops_convention"].endswith(f"; {EXECUTED_CONVENTION}")
+    entry = cell_row(result)
+    assert entry.executed_flops == expected and entry.flops == step_flops(rs)
+    assert entry.flops_convention.endswith(f"; {EXECUTED_CONVENTION}")
 
 
 def test_a_dense_variant_has_no_executed_flops(config) -> None:
     naive = load_variants(no_plugins=True).registry.get("naive")
     rs = RunSpec("cpu", "fp32", **SHAPE)
-    row = csv_row(run_cell(naive, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
-    assert row["executed_flops"] is None and row["flops"] == 4 * 2 * 16 * (32 * 33 // 2)
-    assert "executed_flops" not in row["flops_convention"]
+    row = cell_row(run_cell(naive, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
+    assert row.executed_flops is None and row.flops == 4 * 2 * 16 * (32 * 33 // 2)
+    assert "executed_flops" not in row.flops_convention
 
 
 def test_a_hook_that_raises_fails_the_cell_in_one_line(config) -> None:
@@ -152,8 +152,8 @@ def test_tables_show_executed_over_useful_where_a_row_has_it(config) -> None:
                       executed_pairs=lambda rs, state: ExecutedPairs(forward=2 * 32 * 32))
     naive = load_variants(no_plugins=True).registry.get("naive")
     rs = RunSpec("cpu", "fp32", **SHAPE)
-    blocky_row = csv_row(run_cell(variant, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
-    naive_row = csv_row(run_cell(naive, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
+    blocky_row = cell_row(run_cell(variant, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
+    naive_row = cell_row(run_cell(naive, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
     ratio = f"{32 * 32 / (32 * 33 / 2):.2f}×"  # every tile of the causal square over its kept pairs: 1.94×
     wide = shape_table([blocky_row, naive_row], "table", width=None)
     assert "executed/useful FLOPs" in wide.splitlines()[0] and ratio in wide

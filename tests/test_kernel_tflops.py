@@ -18,8 +18,9 @@ from attnprof.pipeline import run_cell
 from attnprof.plugins import load_variants
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
-from attnprof.report.export import write_csv
-from attnprof.report.serialize import CSV_FIELDS, TFLOPS_CONVENTION, csv_row, json_entry
+from attnprof.results.files import to_json, write_csv
+from attnprof.results.schema import CELL_COLUMNS
+from attnprof.pipeline.rows import TFLOPS_CONVENTION, cell_row
 from attnprof.report.tables import run_summary_table, shape_table
 from attnprof.pipeline.measured import CellResult, Throughput
 
@@ -118,15 +119,15 @@ def cudnn_result(peak: float | None = 989.0) -> CellResult:
 
 def test_the_row_json_and_csv_carry_both_figures_and_say_which_is_which(tmp_path) -> None:
     result = cudnn_result()
-    row, entry = csv_row(result), json_entry(result)
-    assert row["tflops"] == 223.4 and row["kernel_tflops"] == pytest.approx(294.3, abs=0.1)
-    assert row["kernel_pct_of_peak"] == pytest.approx(100 * row["kernel_tflops"] / 989.0)
-    assert row["tflops_convention"] == TFLOPS_CONVENTION and "latency" in TFLOPS_CONVENTION
-    assert entry["kernel_tflops"] == row["kernel_tflops"] and entry["pct_of_peak"] == 22.6
-    assert json.loads(json.dumps(entry))["tflops_convention"] == TFLOPS_CONVENTION
-    path = write_csv(tmp_path / "r.csv", [row], CSV_FIELDS)
+    row, entry = cell_row(result), cell_row(result)
+    assert row.tflops == 223.4 and row.kernel_tflops == pytest.approx(294.3, abs=0.1)
+    assert row.kernel_pct_of_peak == pytest.approx(100 * row.kernel_tflops / 989.0)
+    assert row.tflops_convention == TFLOPS_CONVENTION and "latency" in TFLOPS_CONVENTION
+    assert entry.kernel_tflops == row.kernel_tflops and entry.pct_of_peak == 22.6
+    assert json.loads(to_json(entry))["tflops_convention"] == TFLOPS_CONVENTION
+    path = write_csv(tmp_path / "r.csv", [row])
     line = next(csv.DictReader(path.open()))
-    assert float(line["kernel_tflops"]) == pytest.approx(row["kernel_tflops"])
+    assert float(line["kernel_tflops"]) == pytest.approx(row.kernel_tflops)
     assert line["tflops_convention"] == TFLOPS_CONVENTION
 
 
@@ -137,7 +138,7 @@ def test_kernel_percentage_is_none_without_a_ceiling_or_above_it() -> None:
 
 
 def test_tables_show_the_kernel_figure_beside_the_latency_one() -> None:
-    row = csv_row(cudnn_result())
+    row = cell_row(cudnn_result())
     text = shape_table([row], "table", width=None)
     header = " ".join(text.splitlines()[0].split())
     assert "TFLOP/s (latency) TFLOP/s (kernels) % peak" in header
@@ -160,5 +161,5 @@ def test_a_cpu_cell_has_no_kernel_figure(tmp_path) -> None:
     result = run_cell(variant, RunSpec("cpu", "fp32", **shape), config, MeasureOptions(min_time_s=0.02))
     assert result.ok and result.analysis is not None
     assert result.kernel_tflops is None and result.kernel_pct_of_peak is None
-    row = csv_row(result)
-    assert row["kernel_tflops"] is None and row["tflops_convention"] is None  # no ceiling: no latency figure either
+    row = cell_row(result)
+    assert row.kernel_tflops is None and row.tflops_convention is None  # no ceiling: no latency figure either

@@ -9,7 +9,7 @@ from attnprof.errors import ConfigError
 from attnprof.pipeline.run import cell_specs
 from attnprof.pipeline.sweep import chain_key, sweep_specs
 from attnprof.registry import RunSpec
-from attnprof.report.serialize import row_cell_key
+from attnprof.results.keys import cell_key as row_cell_key
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 64, "head_dim": 16}
 

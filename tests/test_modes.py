@@ -14,7 +14,7 @@ from attnprof.pipeline import plan_cells, run_cell, run_cells
 from attnprof.pipeline.engine import Job, run_job
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.report.serialize import csv_row, json_entry
+from attnprof.pipeline.rows import cell_row
 
 torch = pytest.importorskip("torch")
 
@@ -47,33 +47,33 @@ def config(tmp_path) -> Config:
 def test_backward_cells_run_and_their_gradients_pass(config, mode, name) -> None:
     result = run_cell(builtin(name), spec(mode), config, FAST, ceiling())
     assert result.ok, result.reason
-    entry = json_entry(result)
-    assert entry["mode"] == mode and entry["status"] == "ok" and entry["passed"] is True
-    assert set(entry["grad_rel_error"]) == {"dq", "dk", "dv"}
-    assert all(0 <= err < 2e-5 for err in entry["grad_rel_error"].values())
-    assert entry["grad_rel_error_dq"] == entry["grad_rel_error"]["dq"]
-    assert entry["grad_rel_error_threshold"] == 2e-5
-    assert entry["correctness_scope"] == "output: full; gradients: full"
+    entry = cell_row(result)
+    assert entry.mode == mode and entry.status == "ok" and entry.passed is True
+    assert set(entry.grad_rel_error) == {"dq", "dk", "dv"}
+    assert all(0 <= err < 2e-5 for err in entry.grad_rel_error.values())
+    assert entry.grad_rel_error_dq == entry.grad_rel_error["dq"]
+    assert entry.grad_rel_error_threshold == 2e-5
+    assert entry.correctness_scope == "output: full; gradients: full"
     factor = "2.5" if mode == "bwd" else "3.5"
-    assert entry["flops_convention"].startswith(f"{mode} = {factor} × fwd; fwd = 4·B·H·D × the ")
-    assert "pairs causal keeps" in entry["flops_convention"]
-    assert entry["forwards"] == 2 and entry["latency_us"] > 0
+    assert entry.flops_convention.startswith(f"{mode} = {factor} × fwd; fwd = 4·B·H·D × the ")
+    assert "pairs causal keeps" in entry.flops_convention
+    assert entry.forwards == 2 and entry.latency_us > 0
     forward_flops = 4 * 1 * 2 * (32 * 33 // 2) * 16  # the causal pairs, exactly
-    assert entry["tflops"] == pytest.approx(float(factor) * forward_flops / (entry["latency_us"] * 1e-6) / 1e12)
-    assert f"_causal_{mode}_cpu" in entry["trace"]
+    assert entry.tflops == pytest.approx(float(factor) * forward_flops / (entry.latency_us * 1e-6) / 1e12)
+    assert f"_causal_{mode}_cpu" in entry.trace
 
 
 def test_the_default_mode_keeps_todays_row_and_adds_mode_and_convention(config) -> None:
-    entry = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST, ceiling()))
-    assert entry["mode"] == "fwd" and entry["grad_rel_error"] is None
-    assert entry["grad_rel_error_dq"] is None and entry["grad_rel_error_threshold"] is None
-    assert entry["correctness_scope"] == "full" and entry["passed"] is True
-    assert entry["flops_convention"].startswith("fwd = 4·B·H·D × the ")
-    assert entry["flops_convention"].endswith("(query, key) pairs causal keeps (exact pairs; backward factor of "
+    entry = cell_row(run_cell(builtin("naive"), spec("fwd"), config, FAST, ceiling()))
+    assert entry.mode == "fwd" and entry.grad_rel_error is None
+    assert entry.grad_rel_error_dq is None and entry.grad_rel_error_threshold is None
+    assert entry.correctness_scope == "full" and entry.passed is True
+    assert entry.flops_convention.startswith("fwd = 4·B·H·D × the ")
+    assert entry.flops_convention.endswith("(query, key) pairs causal keeps (exact pairs; backward factor of "
                                               "tritonbench / flash-attention)")
-    assert entry["trace"].endswith("_causal_cpu.json.gz")
-    without = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
-    assert without["tflops"] is None and without["flops_convention"] is None  # no FLOP figure, no convention
+    assert entry.trace.endswith("_causal_cpu.json.gz")
+    without = cell_row(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    assert without.tflops is None and without.flops_convention is None  # no FLOP figure, no convention
 
 
 def test_bwd_times_only_the_backward(config) -> None:
@@ -143,7 +143,7 @@ def test_a_variant_without_backward_is_skipped(config) -> None:
     for mode in ("bwd", "fwd+bwd"):
         result = run_cell(naive, spec(mode), config, FAST)
         assert (result.status, result.reason) == ("skipped", "no backward")
-        assert csv_row(result)["status"] == "skipped: no backward"
+        assert cell_row(result)["status"] == "skipped: no backward"
     assert run_cell(naive, spec("fwd"), config, FAST).ok
 
 
@@ -176,7 +176,7 @@ def test_a_wrong_gradient_fails_with_the_tensor_named(config) -> None:
     result = run_cell(replace(naive, forward=wrong), spec("bwd"), config, FAST)
     assert result.status == "failed"
     assert result.reason.startswith("gradient relative error dv 5.0e-01 > 2e-05 (fp32 limit)")
-    assert result.grad_check.rel_errors["dq"] < 2e-5 and not csv_row(result)["passed"]
+    assert result.grad_check.rel_errors["dq"] < 2e-5 and not cell_row(result)["passed"]
 
 
 def test_plan_crosses_shapes_modes_and_variants_and_speedups_stay_within_a_mode(config) -> None:
@@ -190,9 +190,9 @@ def test_plan_crosses_shapes_modes_and_variants_and_speedups_stay_within_a_mode(
     assert results[2].speedup_vs_baseline == pytest.approx(results[3].latency_us / results[2].latency_us)
     outcome, _ = run_job(Job("compare", config, "cpu", FAST, cells))
     assert outcome is not None
-    assert [r["speedup_vs_baseline"] for r in outcome.document["results"][1::2]] == [pytest.approx(1.0)] * 2
+    assert [r.speedup_vs_baseline for r in outcome.document["results"][1::2]] == [pytest.approx(1.0)] * 2
     document = json.loads(outcome.files[0].read_text())
-    assert [r["mode"] for r in document["results"]] == ["fwd", "fwd", "fwd+bwd", "fwd+bwd"]
+    assert [r.mode for r in document["results"]] == ["fwd", "fwd", "fwd+bwd", "fwd+bwd"]
     assert document["config"]["modes"] == ["fwd", "fwd+bwd"]
     header = outcome.files[1].read_text().splitlines()[0].split(",")
     assert {"mode", "flops_convention", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"} <= set(header)
@@ -217,8 +217,8 @@ def test_mode_option_overrides_the_config(cli, write_config) -> None:
     result = cli("compare", str(path), "--mode", "fwd+bwd,bwd", "--min-time", "0.02", "--format", "json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert [r["mode"] for r in document["results"]] == ["fwd+bwd", "bwd"]
-    assert all(r["grad_rel_error"] is not None for r in document["results"])
+    assert [r.mode for r in document["results"]] == ["fwd+bwd", "bwd"]
+    assert all(r.grad_rel_error is not None for r in document["results"])
 
 
 def test_a_bad_mode_is_one_line_and_no_traceback(cli, write_config) -> None:
@@ -266,18 +266,18 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     data = Path(__file__).parent / "data" / "h200" / "training"
     result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
     step = replace(result, analysis=analyze_trace(data / "fwd+bwd/8x16x1024x64/sdpa-flash.json.gz"))
-    entry = json_entry(step)
-    assert (entry["forward_kernels"], entry["backward_kernels"]) == (1, 5)
-    assert (entry["backward_memcpy"], entry["backward_memset"], entry["backward_outside_region"]) == (0, 0, False)
-    assert entry["backward_kernel_time_us"] > entry["forward_kernel_time_us"] > 0
-    assert entry["phases"]["backward"]["kernels"] == 5 and entry["kernels_per_forward"] == 6
-    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(csv_row(step))
+    entry = cell_row(step)
+    assert (entry.forward_kernels, entry.backward_kernels) == (1, 5)
+    assert (entry.backward_memcpy, entry.backward_memset, entry.backward_outside_region) == (0, 0, False)
+    assert entry.backward_kernel_time_us > entry.forward_kernel_time_us > 0
+    assert entry.phases["backward"]["kernels"] == 5 and entry.kernels_per_forward == 6
+    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(cell_row(step))
     summary = run_summary_table(entry, "table")
     assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
     after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
-    assert "(backward after the region)" in run_summary_table(json_entry(after), "table")
+    assert "(backward after the region)" in run_summary_table(cell_row(after), "table")
     report = compare_report([entry], "table", None, width=200)
     assert "kernels/step" in report and "kernels/fwd" not in report
-    forward_only = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
-    assert forward_only["forward_kernels"] is None and forward_only["phases"] is None  # CPU: no device work
+    forward_only = cell_row(run_cell(builtin("naive"), spec("fwd"), config, FAST))
+    assert forward_only.forward_kernels is None and forward_only.phases is None  # CPU: no device work
     assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)

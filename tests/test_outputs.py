@@ -84,7 +84,7 @@ def test_open_run_folder_names_time_and_command(tmp_path: Path, monkeypatch) -> 
 
 def test_the_engine_names_its_folder_and_never_overwrites_a_results_file(tmp_path: Path) -> None:
     from attnprof.pipeline.engine import Job, run_job
-    from attnprof.report.export import write_json
+    from attnprof.results.files import write_json
 
     config = Config(device="cpu", dtype="fp32", shapes=[SHAPE], output_dir=tmp_path)
     outcome, code = run_job(Job("run", config, "cpu", MeasureOptions(timing=False), []))
@@ -109,7 +109,7 @@ def test_json_names_the_files_and_stderr_says_where_they_are(cli, write_config, 
                      "results_csv": str(folder / "results.csv"), "traces": str(folder / "traces")}
     assert json.loads(Path(files["results_json"]).read_text())["results"] == document["results"]
     assert Path(files["results_csv"]).read_text().startswith("variant,")
-    assert {r["trace"] for r in document["results"]} == {str(p) for p in Path(files["traces"]).iterdir()}
+    assert {r.trace for r in document["results"]} == {str(p) for p in Path(files["traces"]).iterdir()}
     assert f"results: {files['results_json']} and results.csv" in result.stderr
     assert f"traces: 3 files in {files['traces']}{os.sep} (open in Perfetto, https://ui.perfetto.dev, " \
            "or in chrome://tracing)" in result.stderr

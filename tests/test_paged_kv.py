@@ -14,7 +14,7 @@ from attnprof.pipeline.run import cell_specs
 from attnprof.pipeline.sweep import sweep_specs
 from attnprof.plugins import load_variants
 from attnprof.registry import PAGED_NO_BACKWARD, RunSpec, Variant
-from attnprof.report.serialize import row_cell_key
+from attnprof.results.keys import cell_key as row_cell_key
 
 DECODE = {"batch": 32, "heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 4096, "head_dim": 128}
 PAGED = DECODE | {"kv_cache": {"page_size": 64}}

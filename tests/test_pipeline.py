@@ -27,7 +27,7 @@ from attnprof.pipeline.engine import Job, run_job
 from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec
-from attnprof.report.serialize import csv_row
+from attnprof.pipeline.rows import cell_row
 from attnprof.pipeline.measured import CellResult
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
@@ -81,9 +81,9 @@ def test_a_ceiling_gives_throughput(config) -> None:
     assert result.throughput.tflops > 0 and result.throughput.bound in {"compute", "memory"}
     assert 0 < result.throughput.pct_of_peak < 100 and result.throughput.pct_of_peak_note is None
     assert result.throughput.peak_read_gbps == 20.0 and 0 < result.throughput.pct_of_read_bandwidth < 100
-    row = csv_row(result)
-    assert row["pct_of_read_bandwidth"] == result.throughput.pct_of_read_bandwidth and row["peak_read_gbps"] == 20.0
-    assert row["read_bandwidth_note"] is None
+    row = cell_row(result)
+    assert row.pct_of_read_bandwidth == result.throughput.pct_of_read_bandwidth and row.peak_read_gbps == 20.0
+    assert row.read_bandwidth_note is None
 
 
 def test_an_exceeded_ceiling_is_measured_again_once_then_is_na_with_a_reason(config) -> None:
@@ -98,8 +98,8 @@ def test_an_exceeded_ceiling_is_measured_again_once_then_is_na_with_a_reason(con
                                    f"({tp.tflops:.3g} TFLOP/s): no ceiling")
     second = run_cell(builtin("naive"), SPEC, config, FAST, ceiling)
     assert calls == ["fp32"] and second.throughput.pct_of_peak is None  # once per run
-    row = csv_row(first)
-    assert row["pct_of_peak"] is None and row["pct_of_peak_note"] == tp.pct_of_peak_note
+    row = cell_row(first)
+    assert row.pct_of_peak is None and row.pct_of_peak_note == tp.pct_of_peak_note
 
 
 def test_a_fresh_ceiling_that_holds_gives_a_percentage(config) -> None:
@@ -205,7 +205,7 @@ def test_the_engine_writes_json_and_csv(config) -> None:
     assert document["command"] == "compare" and document["interrupted"] is False
     assert document["results"][0]["variant"] == "naive" and document["results"][0]["timing_reps"] >= 10
     [row] = list(csv.DictReader(csv_path.open()))
-    assert row["variant"] == "naive" and row["status"] == "ok"
+    assert row.variant == "naive" and row.status == "ok"
     assert outcome.exit_code == 0
 
 

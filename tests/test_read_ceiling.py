@@ -29,7 +29,7 @@ from attnprof.pipeline.cell import throughput
 from attnprof.profiling import ceiling, read_probe
 from attnprof.profiling.ceiling import CACHE_VERSION, Ceiling
 from attnprof.registry import RunSpec
-from attnprof.report.serialize import csv_row
+from attnprof.pipeline.rows import cell_row
 from attnprof.pipeline.measured import CellResult
 
 MASKS = Path(__file__).parent / "data" / "h200" / "masks"
@@ -64,8 +64,8 @@ def test_an_achieved_rate_above_the_read_ceiling_is_the_reference_and_the_row_sa
         "% of read bandwidth and bound use the achieved figure"
     )
     assert tp.bound == "memory"  # ridge 1e12 / 16.4e9 = 61 FLOP/byte, still above 4.125
-    row = csv_row(CellResult("sdpa-math", "built-in", SPEC, throughput=tp))
-    assert row["pct_of_read_bandwidth"] == 100.0 and row["read_bandwidth_note"] == tp.read_bandwidth_note
+    row = cell_row(CellResult("sdpa-math", "built-in", SPEC, throughput=tp))
+    assert row.pct_of_read_bandwidth == 100.0 and row.read_bandwidth_note == tp.read_bandwidth_note
 
 
 def test_achieved_uses_the_higher_figure_for_every_percentage():
@@ -95,7 +95,7 @@ def test_no_percentage_above_100_on_any_row_path():
         tp = throughput(spec, latency_us, c)
         for value in (tp.pct_of_peak, tp.pct_of_read_bandwidth):
             assert value is None or 0 <= value <= 100
-        row = csv_row(CellResult("v", "built-in", spec, throughput=tp))
+        row = cell_row(CellResult("v", "built-in", spec, throughput=tp))
         assert all(0 <= p <= 100 for p in percentages(row))
         if tp.read_bandwidth_note:
             assert tp.pct_of_read_bandwidth == 100.0 and tp.achieved_gbps > (c.read_gbps or 0)

@@ -13,8 +13,12 @@ from attnprof.profiling.clocks import ClockWindow
 from attnprof.profiling.correctness import Check
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
-from attnprof.report.export import write_csv
-from attnprof.report.serialize import CSV_FIELDS, csv_row, json_entry
+from attnprof.config import Config
+from attnprof.pipeline.rows import results_document
+from attnprof.results.files import load_results, to_builtins, to_json, write_csv, write_json
+from attnprof.results.records import attention_record
+from attnprof.results.schema import CELL_COLUMNS
+from attnprof.pipeline.rows import cell_row
 from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups, speed_basis
 
 SPEC = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64)
@@ -41,53 +45,52 @@ def full_result() -> CellResult:
 
 
 def test_every_part_reaches_the_row() -> None:
-    row = csv_row(full_result())
-    assert row["latency_us"] == pytest.approx(100.0)
-    assert row["latency_p25_us"] < row["latency_us"] < row["latency_p75_us"]
-    assert row["latency_min_us"] == pytest.approx(90.0)
-    assert (row["timing_reps"], row["warmup_reps"], row["forwards_per_sample"]) == (4, 3, 1)
-    assert row["cold_ms"] == pytest.approx(500.0)
-    assert (row["rel_error"], row["passed"], row["rel_error_threshold"]) == (1e-3, True, 1.5e-2)
-    assert row["correctness_scope"] == "subset: batches [0]"
-    assert (row["sm_clock_mhz"], row["sm_clock_min_mhz"], row["clock_limits"]) == (1845, 1650, "sw_power_cap")
-    assert (row["tflops"], row["pct_of_peak"], row["bound"]) == (500.0, 65.0, "compute")
-    assert row["peak_memory_mib"] == 12.5 and row["backend"] == "cudnn"
-    assert row["kernels_per_forward"] == 1 and row["findings"].split()[0]
+    row = cell_row(full_result())
+    assert row.latency_us == pytest.approx(100.0)
+    assert row.latency_p25_us < row.latency_us < row.latency_p75_us
+    assert row.latency_min_us == pytest.approx(90.0)
+    assert (row.timing_reps, row.warmup_reps, row.forwards_per_sample) == (4, 3, 1)
+    assert row.cold_ms == pytest.approx(500.0)
+    assert (row.rel_error, row.passed, row.rel_error_threshold) == (1e-3, True, 1.5e-2)
+    assert row.correctness_scope == "subset: batches [0]"
+    assert (row.sm_clock_mhz, row.sm_clock_min_mhz, row.clock_limits) == (1845, 1650, "sw_power_cap")
+    assert (row.tflops, row.pct_of_peak, row.bound) == (500.0, 65.0, "compute")
+    assert row.peak_memory_mib == 12.5 and row.backend == "cudnn"
+    assert row.kernels_per_forward == 1 and row.finding_ids[0]
     # the attention ledger: one cuDNN call (186.3 us kernel + 0.8 us memset) per forward, no overhead
-    assert (row["attention_calls_per_forward"], row["attention_backends"]) == (1, "cudnn:1")
-    assert row["attention_time_us"] == pytest.approx(187.1) and row["attention_overhead_us"] == 0.0
-    assert 90.0 < row["attention_gpu_pct"] <= 100.0
+    assert (row.attention_calls_per_forward, row.attention_backends) == (1, "cudnn:1")
+    assert row.attention_time_us == pytest.approx(187.1) and row.attention_overhead_us == 0.0
+    assert 90.0 < row.attention_gpu_pct <= 100.0
 
 
 def test_a_skipped_cell_has_no_numbers_and_says_why() -> None:
-    row = csv_row(CellResult("v", "built-in", SPEC, status="skipped", reason="needs CUDA"))
-    assert row["status"] == "skipped: needs CUDA" and row["reason"] == "needs CUDA"
-    measured = [k for k in CSV_FIELDS if k not in {"variant", "source", "shape", "batch", "heads", "kv_heads", "seq",
+    row = cell_row(CellResult("v", "built-in", SPEC, status="skipped", reason="needs CUDA"))
+    assert row.status == "skipped: needs CUDA" and row.reason == "needs CUDA"
+    measured = [k for k in CELL_COLUMNS if k not in {"variant", "source", "shape", "batch", "heads", "kv_heads", "seq",
                                                    "head_dim", "dtype", "device", "causal", "mode", "status", "reason",
                                                    "findings", "mask", "score_mod", "q_len", "kv_len",
                                                    "causal_alignment", "fully_masked_rows"}]
-    assert all(row[k] is None for k in measured), {k: row[k] for k in measured if row[k] is not None}
-    assert row["findings"] == ""
+    assert all(getattr(row, k) is None for k in measured), {k: getattr(row, k) for k in measured if getattr(row, k)}
+    assert row.findings == []
 
 
-def test_json_entry_is_the_row_plus_the_nested_parts() -> None:
+def test_the_row_holds_the_nested_parts_and_reads_back_the_same(tmp_path) -> None:
     result = full_result()
-    entry = json_entry(result)
-    row = csv_row(result)
-    assert {k: entry[k] for k in row if k != "findings"} == {k: v for k, v in row.items() if k != "findings"}
-    assert entry["finding_ids"] == row["findings"]
-    assert [f["id"] for f in entry["findings"]] == row["findings"].split()
-    assert entry["kernels"] and entry["launch_apis"] and entry["trace_device"]["name"] == "NVIDIA H200"
-    assert entry["phases_s"] == {"timing": 0.3}
-    assert entry["attention"] == result.analysis.attention.to_dict() and entry["attention"]["backends"] == {"cudnn": 1}
-    assert json.loads(json.dumps(entry)) == entry
+    row = cell_row(result)
+    assert row.finding_ids == [f.id for f in result.findings]
+    assert row.kernels and row.launch_apis and row.trace_device.name == "NVIDIA H200"
+    assert row.phases_s == {"timing": 0.3}
+    assert row.attention == attention_record(result.analysis.attention) and row.attention.backends == {"cudnn": 1}
+    path = write_json(tmp_path / "results.json", results_document("compare", Config(shapes=[{"batch": 1, "heads": 1, "seq": 16, "head_dim": 16}]), {}, None, [row], False))
+    [read] = load_results(path).rows
+    assert read == row and json.loads(to_json(read)) == to_builtins(row)
 
 
 def test_csv_flattens_the_same_row(tmp_path) -> None:
-    path = write_csv(tmp_path / "r.csv", [csv_row(full_result())], CSV_FIELDS)
+    path = write_csv(tmp_path / "r.csv", [cell_row(full_result())])
     [line] = list(csv.DictReader(path.open()))
-    assert list(line) == list(CSV_FIELDS)
-    assert float(line["latency_p75_us"]) == pytest.approx(csv_row(full_result())["latency_p75_us"])
+    assert list(line) == list(CELL_COLUMNS)
+    assert float(line["latency_p75_us"]) == pytest.approx(cell_row(full_result()).latency_p75_us)
 
 
 def test_speed_basis_prefers_the_latency() -> None:
@@ -149,10 +152,10 @@ def test_profiler_time_speedups_are_not_marked_and_missing_ones_have_no_verdict(
 def test_retimed_and_speedup_reliable_reach_json_and_csv(tmp_path) -> None:
     result = full_result()
     result.retimed, result.speedup_vs_baseline, result.speedup_reliable = 1, 4.1, False
-    row, entry = csv_row(result), json_entry(result)
-    assert (row["retimed"], row["speedup_vs_baseline"], row["speedup_reliable"]) == (1, 4.1, False)
-    assert (entry["retimed"], entry["speedup_reliable"]) == (1, False)
-    path = write_csv(tmp_path / "r.csv", [row], CSV_FIELDS)
+    row, entry = cell_row(result), cell_row(result)
+    assert (row.retimed, row.speedup_vs_baseline, row.speedup_reliable) == (1, 4.1, False)
+    assert (entry.retimed, entry.speedup_reliable) == (1, False)
+    path = write_csv(tmp_path / "r.csv", [row])
     [line] = list(csv.DictReader(path.open()))
     assert (line["retimed"], line["speedup_reliable"]) == ("1", "False")
-    assert csv_row(CellResult("v", "built-in", SPEC))["retimed"] is None  # not timed: no count, not 0
+    assert cell_row(CellResult("v", "built-in", SPEC)).retimed is None  # not timed: no count, not 0

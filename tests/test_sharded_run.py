@@ -13,7 +13,7 @@ import pytest
 import yaml
 from test_distributed import torchrun
 
-from attnprof.report.results_file import load_results
+from attnprof.results.files import load_results
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 64, "head_dim": 16}
 SPREAD = ["sdpa-math", "naive", "inplace"]  # split across the ranks
@@ -54,22 +54,22 @@ def test_every_cell_runs_once_and_rank_0_writes_one_results_file(sharded) -> Non
     document = json.loads(done.stdout)  # only rank 0 prints, and only the document
     assert document == json.loads((folder / "results.json").read_text())
     rows = document["results"]
-    spread = [r for r in rows if r["variant"] in SPREAD]
-    assert sorted(r["variant"] for r in spread) == sorted(SPREAD)  # each exactly once
-    assert {r["rank"] for r in spread} == {0, 1}  # both ranks got a share
-    assert all(r["status"] == "ok" and r["world_size"] == 2 and r["hostname"] for r in rows)
-    ring = [r for r in rows if r["variant"] == "cp-ring"]
-    assert [r["rank"] for r in ring] == [0, 1] and all(r["passed"] for r in ring)
-    assert all(r["correctness_scope"] == "this process's 32 of 64 query rows" for r in ring)
-    assert all(r["comm"]["source"] == "cpu ops" and r["comm"]["ops_per_forward"] == 2 for r in ring)
-    assert [r["variant"] for r in rows][:2] == ["sdpa-math", "naive"]  # the plan's order, not the ranks'
-    assert next(r for r in rows if r["variant"] == "sdpa-math")["speedup_vs_baseline"] == 1.0
-    assert all(r["speedup_vs_baseline"] is not None for r in rows)  # across ranks: cells compare by their key
+    spread = [r for r in rows if r.variant in SPREAD]
+    assert sorted(r.variant for r in spread) == sorted(SPREAD)  # each exactly once
+    assert {r.rank for r in spread} == {0, 1}  # both ranks got a share
+    assert all(r.status == "ok" and r.world_size == 2 and r.hostname for r in rows)
+    ring = [r for r in rows if r.variant == "cp-ring"]
+    assert [r.rank for r in ring] == [0, 1] and all(r.passed for r in ring)
+    assert all(r.correctness_scope == "this process's 32 of 64 query rows" for r in ring)
+    assert all(r.comm["source"] == "cpu ops" and r.comm["ops_per_forward"] == 2 for r in ring)
+    assert [r.variant for r in rows][:2] == ["sdpa-math", "naive"]  # the plan's order, not the ranks'
+    assert next(r for r in rows if r.variant == "sdpa-math")["speedup_vs_baseline"] == 1.0
+    assert all(r.speedup_vs_baseline is not None for r in rows)  # across ranks: cells compare by their key
     ranks = document["distributed"]["ranks"]
-    assert document["distributed"]["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
-    assert sum(r["cells"] for r in ranks) == len(SPREAD) + 2 and all(r["collective_cells"] == 1 for r in ranks)
+    assert document["distributed"]["world_size"] == 2 and [r.rank for r in ranks] == [0, 1]
+    assert sum(r.cells for r in ranks) == len(SPREAD) + 2 and all(r.collective_cells == 1 for r in ranks)
     with (folder / "results.csv").open() as handle:
-        assert [row["rank"] for row in csv.DictReader(handle)] == [str(r["rank"]) for r in rows]
+        assert [row.rank for row in csv.DictReader(handle)] == [str(r.rank) for r in rows]
 
 
 @pytest.mark.slow
@@ -79,10 +79,10 @@ def test_each_rank_streams_its_rows_and_keeps_its_traces(sharded) -> None:
     for rank in (0, 1):
         stream = load_results(folder / f"results.rank{rank}.jsonl")
         assert stream.header["format"] == "attnprof-results-jsonl" and stream.header["placement"]["rank"] == rank
-        mine = [(r["variant"], r["rank"]) for r in rows if r["rank"] == rank]
-        assert sorted((r["variant"], r["rank"]) for r in stream.rows) == sorted(mine)
+        mine = [(r.variant, r.rank) for r in rows if r.rank == rank]
+        assert sorted((r.variant, r.rank) for r in stream.rows) == sorted(mine)
         traces = {p.name for p in (folder / "traces" / f"rank{rank}").iterdir()}
-        assert {Path(r["trace"]).name for r in rows if r["rank"] == rank} == traces
+        assert {Path(r.trace).name for r in rows if r.rank == rank} == traces
     assert "[rank 0] [1/" in done.stderr and "[rank 1] [1/" in done.stderr
 
 
@@ -100,15 +100,15 @@ def test_resume_after_a_rank_died_redoes_only_the_missing_cells(sharded, tmp_pat
     (resumed,) = (tmp_path / "again").iterdir()
     document = json.loads((resumed / "results.json").read_text())
     rows = document["results"]
-    assert sorted(r["variant"] for r in rows) == sorted([*SPREAD, "cp-ring", "cp-ring"])
-    kept = [r for r in survived if r["variant"] in SPREAD]
+    assert sorted(r.variant for r in rows) == sorted([*SPREAD, "cp-ring", "cp-ring"])
+    kept = [r for r in survived if r.variant in SPREAD]
     for old in kept:  # rank 0's finished cells are kept as they were
-        new = next(r for r in rows if r["variant"] == old["variant"])
+        new = next(r for r in rows if r.variant == old["variant"])
         assert new["latency_us"] == old["latency_us"] and new["trace"] == old["trace"]
     new_rows = rows_of(resumed / "results.rank0.jsonl")[len(kept):] + rows_of(resumed / "results.rank1.jsonl")
-    redone = sorted(r["variant"] for r in new_rows)
+    redone = sorted(r.variant for r in new_rows)
     # cp-ring had only rank 0's row: incomplete, so both ranks ran it again; of the rest only what rank 1 held.
-    assert redone == sorted(["cp-ring", "cp-ring", *(v for v in SPREAD if v not in {r["variant"] for r in kept})])
+    assert redone == sorted(["cp-ring", "cp-ring", *(v for v in SPREAD if v not in {r.variant for r in kept})])
     assert document["resumed_from"] == str(dead / "results.rank0.jsonl")
     assert f"{len(kept)} finished cell(s) kept, {len(redone) - 1} of {len(SPREAD) + 1} to run" in done.stderr
 
@@ -130,7 +130,7 @@ def test_a_single_process_resumes_from_its_results_json(cli, write_config, tmp_p
     assert again.exit_code == 0, again.output  # no config and no --no-timing: both are the earlier run's
     assert "1 finished cell(s) kept, 1 of 2 to run" in again.stderr
     merged = json.loads(again.stdout)
-    assert [r["variant"] for r in merged["results"]] == ["sdpa-math", "naive"]
+    assert [r.variant for r in merged["results"]] == ["sdpa-math", "naive"]
     assert merged["results"][0]["trace"] == document["results"][0]["trace"]  # kept, not run again
     assert merged["results"][1]["timing_method"] is None  # --no-timing was taken over
     resumed = Path(merged["files"]["dir"])

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_distributed import torchrun
 
-from attnprof.report.results_file import load_results
+from attnprof.results.files import load_results
 
 WORKER = str(Path(__file__).with_name("oom_worker.py"))
 VARIANTS = ["sdpa-math", "naive", "inplace"]
@@ -31,7 +31,7 @@ def config(tmp_path: Path) -> Path:
 
 
 def cell(row: dict) -> tuple:
-    return row["variant"], row["seq"], row["head_dim"]
+    return row.variant, row.seq, row.head_dim
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +51,12 @@ def test_each_cell_runs_once_and_each_chain_on_one_rank(sharded) -> None:
     assert document == json.loads((folder / "results.json").read_text())  # only rank 0 prints
     rows = document["results"]
     assert sorted(cell(r) for r in rows) == sorted((v, s, d) for v in VARIANTS for s in SEQS for d in HEAD_DIMS)
-    assert [(r["seq"], r["variant"] == "sdpa-math") for r in rows][:2] == [(32, True), (32, False)]  # the plan's order
-    chains = {(r["variant"], r["head_dim"]): {x["rank"] for x in rows if (x["variant"], x["head_dim"]) ==
-                                              (r["variant"], r["head_dim"])} for r in rows}
+    assert [(r.seq, r.variant == "sdpa-math") for r in rows][:2] == [(32, True), (32, False)]  # the plan's order
+    chains = {(r.variant, r.head_dim): {x["rank"] for x in rows if (x["variant"], x["head_dim"]) ==
+                                              (r.variant, r.head_dim)} for r in rows}
     assert all(len(ranks) == 1 for ranks in chains.values()), chains
     assert {rank for ranks in chains.values() for rank in ranks} == {0, 1}
-    assert all(r["world_size"] == 2 and r["hostname"] for r in rows)
+    assert all(r.world_size == 2 and r.hostname for r in rows)
     assert document["distributed"]["world_size"] == 2 and document["measure"]["timing"] is False
     assert "[rank 0] [1/" in stderr and "[rank 1] [1/" in stderr
 
@@ -64,13 +64,13 @@ def test_each_cell_runs_once_and_each_chain_on_one_rank(sharded) -> None:
 @pytest.mark.slow
 def test_the_oom_rule_holds_on_the_rank_of_the_chain(sharded) -> None:
     _, document, _, _ = sharded
-    naive = {(r["seq"], r["head_dim"]): r for r in document["results"] if r["variant"] == "naive"}
+    naive = {(r.seq, r.head_dim): r for r in document["results"] if r.variant == "naive"}
     for head_dim in HEAD_DIMS:
         assert naive[32, head_dim]["status"] == "ok"
         assert naive[64, head_dim]["status"].startswith("failed: out of memory")
         assert naive[128, head_dim]["status"] == "skipped: OOM at smaller size (seq 64)"
-    ok = [r for r in document["results"] if r["status"] == "ok"]
-    assert all(r["speedup_vs_baseline"] is not None for r in ok)  # baselines on the other rank count too
+    ok = [r for r in document["results"] if r.status == "ok"]
+    assert all(r.speedup_vs_baseline is not None for r in ok)  # baselines on the other rank count too
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ def test_each_rank_streams_its_own_rows(sharded) -> None:
     for rank, path in enumerate(streams):
         stream = load_results(path)
         assert stream.command == "sweep" and stream.header["placement"]["rank"] == rank
-        assert sorted(map(cell, stream.rows)) == sorted(cell(r) for r in document["results"] if r["rank"] == rank)
+        assert sorted(map(cell, stream.rows)) == sorted(cell(r) for r in document["results"] if r.rank == rank)
     assert not (folder / "results.jsonl").exists()
 
 
@@ -91,12 +91,12 @@ def test_resume_after_a_rank_died_redoes_only_its_cells(sharded, tmp_path: Path)
     rows = document["results"]
     # The rank holding a naive chain survived, but died before that chain's seq 128 (its out-of-memory row at 64
     # is kept); the other rank's stream is lost.
-    survivor = next(r["rank"] for r in rows if r["variant"] == "naive" and r["status"].startswith("failed"))
+    survivor = next(r.rank for r in rows if r.variant == "naive" and r.status.startswith("failed"))
     dead = tmp_path / "dead-run"
     dead.mkdir()
     name = f"results.rank{survivor}.jsonl"
     header, *lines = (folder / name).read_text().splitlines()
-    lines = [line for line in lines if not ((r := json.loads(line))["variant"] == "naive" and r["seq"] == 128)]
+    lines = [line for line in lines if not ((r := json.loads(line))["variant"] == "naive" and r.seq == 128)]
     (dead / name).write_text("\n".join([header, *lines]) + "\n")
     kept = load_results(dead / name).rows
     done = torchrun(2, "-m", "attnprof", "--no-plugins", "sweep", "--resume", str(dead), "-o", str(tmp_path / "out"),
@@ -107,7 +107,7 @@ def test_resume_after_a_rank_died_redoes_only_its_cells(sharded, tmp_path: Path)
     again = json.loads(done.stdout)
     assert again["resumed_from"] == str(dead / name)
     assert sorted(map(cell, again["results"])) == sorted(map(cell, rows))  # every cell, once
-    assert all(r["timing_method"] is None for r in again["results"])  # --no-timing was taken over
+    assert all(r.timing_method is None for r in again["results"])  # --no-timing was taken over
     (resumed,) = (tmp_path / "out").iterdir()
     new = [load_results(resumed / f"results.rank{rank}.jsonl").rows for rank in (0, 1)]
     assert new[0][: len(kept)] == kept  # rank 0's stream starts with the kept rows
@@ -115,7 +115,7 @@ def test_resume_after_a_rank_died_redoes_only_its_cells(sharded, tmp_path: Path)
     assert redone == sorted(cell(r) for r in rows if cell(r) not in set(map(cell, kept)))
     by_cell = {cell(r): r for r in again["results"]}
     for row in kept:  # kept as they were
-        assert by_cell[cell(row)]["trace"] == row["trace"]
+        assert by_cell[cell(row)]["trace"] == row.trace
     for head_dim in HEAD_DIMS:  # this run's naive does not run out of memory: only a kept OOM row skips seq 128
         expected = "skipped: OOM at smaller size (seq 64)" if ("naive", 64, head_dim) in map(cell, kept) else "ok"
         assert by_cell["naive", 128, head_dim]["status"] == expected

@@ -22,7 +22,7 @@ from attnprof.pipeline.sharding import (
     split_cells,
 )
 from attnprof.registry import RunSpec, Variant
-from attnprof.report.results_file import ResultsFile
+from attnprof.results.files import ResultsFile
 
 
 def spec(seq: int = 1024, causal: bool = True, mode: str = "fwd", device: str = "cuda:0", **kw) -> RunSpec:
@@ -201,7 +201,7 @@ def test_resume_keeps_each_finished_cell_once_and_collective_cells_only_whole() 
         row("zzz", spec(1024)),  # a variant the plan does not hold: kept, as a sweep's resume keeps it
     ]
     kept = kept_rows(ResultsFile(Path("run"), {"command": "compare"}, rows), {"ring"})
-    assert [(r["variant"], r.get("rank")) for r in kept] == [("a", 1), ("ring", 0), ("ring", 1), ("zzz", None)]
+    assert [(r.variant, r.get("rank")) for r in kept] == [("a", 1), ("ring", 0), ("ring", 1), ("zzz", None)]
     assert still_to_run(cells, kept) == [1, 3, 4]
 
 
@@ -214,7 +214,7 @@ def test_merged_rows_follow_the_plan_and_get_their_speedups_again() -> None:
         row("other", spec(4096), latency_us=1.0),
     ]
     ordered = ordered_rows(cells, rows)
-    assert [r["variant"] for r in ordered] == ["base", "a", "other"]
+    assert [r.variant for r in ordered] == ["base", "a", "other"]
     attach_row_speedups(ordered, "base")
-    assert [r["speedup_vs_baseline"] for r in ordered] == [1.0, 2.0, None]
-    assert [r["speedup_reliable"] for r in ordered] == [True, True, None]
+    assert [r.speedup_vs_baseline for r in ordered] == [1.0, 2.0, None]
+    assert [r.speedup_reliable for r in ordered] == [True, True, None]

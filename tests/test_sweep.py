@@ -16,7 +16,7 @@ from attnprof.pipeline.sweep import OomRule, cell_key, plan_sweep, row_key, swee
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
 from attnprof.report.export import ResultsStream
-from attnprof.report.results_file import ResultsFile, load_results
+from attnprof.results.files import ResultsFile, load_results
 from attnprof.pipeline.measured import CellResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_sweep_streams_every_cell_and_an_option_fixes_an_axis(cli, write_config,
     result = cli("sweep", str(config), "--head-dim", "16", "--format", "json", *QUICK)
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    cells = [(r["variant"], r["seq"], r["head_dim"]) for r in document["results"]]
+    cells = [(r.variant, r.seq, r.head_dim) for r in document["results"]]
     assert cells == [("sdpa-math", 32, 16), ("naive", 32, 16), ("sdpa-math", 48, 16), ("naive", 48, 16)]
     [folder] = (tmp_path / "out").glob("*-sweep")
     streamed = load_results(folder / "results.jsonl")
@@ -130,7 +130,7 @@ def test_the_oom_rule_skips_larger_sequences_of_that_variant(cli, write_config, 
     result = cli("sweep", str(config), *QUICK)
     assert result.exit_code == 0, result.output  # out of memory is recorded, not a failure of the sweep
     [folder] = (tmp_path / "out").glob("*-sweep")
-    rows = {(r["variant"], r["seq"], r["head_dim"]): r for r in stream_rows(folder)}
+    rows = {(r.variant, r.seq, r.head_dim): r for r in stream_rows(folder)}
     assert len(rows) == 12
     for head_dim in (16, 32):
         assert rows["naive", 32, head_dim]["status"] == "ok"
@@ -171,10 +171,10 @@ def test_the_oom_rule_groups_by_every_other_axis() -> None:
 
 
 def test_cell_and_row_keys_agree() -> None:
-    from attnprof.report.serialize import json_entry
+    from attnprof.pipeline.rows import cell_row
 
     spec = RunSpec("cpu", "bf16", 2, 8, 64, 32, kv_heads=2, causal=False, mode="fwd+bwd")
-    assert cell_key("naive", spec) == row_key(json_entry(CellResult("naive", "built-in", spec)))
+    assert cell_key("naive", spec) == row_key(cell_row(CellResult("naive", "built-in", spec)))
 
 
 def interrupt_at(seq: int, monkeypatch) -> None:
@@ -198,7 +198,7 @@ def test_resume_after_ctrl_c_runs_only_the_unfinished_cells(cli, write_config, t
     assert first.exit_code == 130, first.output
     [folder] = (tmp_path / "out").glob("*-sweep")
     done = stream_rows(folder)
-    assert [(r["variant"], r["seq"]) for r in done] == [
+    assert [(r.variant, r.seq) for r in done] == [
         ("sdpa-math", 32),
         ("naive", 32),
         ("inplace", 32),
@@ -213,7 +213,7 @@ def test_resume_after_ctrl_c_runs_only_the_unfinished_cells(cli, write_config, t
     assert "5 finished cell(s) kept, 4 of 9 to run" in again.stderr
     document = json.loads(again.stdout)
     keys = [row_key(r) for r in document["results"]]
-    assert len(keys) == len(set(keys)) == 9 and all(r["status"] == "ok" for r in document["results"])
+    assert len(keys) == len(set(keys)) == 9 and all(r.status == "ok" for r in document["results"])
     assert document["resumed_from"] == str(folder / "results.jsonl")
     [resumed] = [f for f in (tmp_path / "out").glob("*-sweep*") if f != folder]
     assert len(stream_rows(resumed)) == 9
@@ -249,7 +249,7 @@ def test_resume_keeps_finished_and_out_of_memory_rows_and_redoes_other_failures(
         {"variant": "e", "status": "failed: NaN in output", "reason": "NaN in output"},
     ]
     kept = kept_rows(ResultsFile(Path("s.jsonl"), {"command": "sweep"}, rows))
-    assert [r["variant"] for r in kept] == ["a", "b", "c", "d"]
+    assert [r.variant for r in kept] == ["a", "b", "c", "d"]
 
 
 def test_the_stream_is_created_once_and_read_back_line_by_line(tmp_path) -> None:
