@@ -1,8 +1,8 @@
 """Build compare.json beside this file: the results document of the H200 compare of 2026-11-30
-(`attnprof compare configs/h200.yaml` on 2026-11-30; its CSV is docs/results/h200-compare.csv).
+(`attnprof compare configs/h200.yaml` on 2026-11-30; its CSV is compare.csv beside this file).
 
 Its measured fields (status, latency, throughput, memory, correctness, speed-ups) are that run's
-docs/results/h200-compare.csv; its trace fields (kernels, memcpy, findings with their messages, ...)
+compare.csv; its trace fields (kernels, memcpy, findings with their messages, ...)
 are today's analysis of the same run's traces, checked in under tests/data/h200/<shape>/ (their GPU
 times match the CSV's to the nanosecond). Fields the CSV predates (mode, clocks, gradients) are null
 or their fwd-mode value. Run from the project root:  python tests/data/h200/results/build.py
@@ -22,7 +22,7 @@ from attnprof.report.serialize import CSV_FIELDS
 
 ROOT = Path(__file__).resolve().parents[4]
 HERE = Path(__file__).resolve().parent
-CSV = ROOT / "docs" / "results" / "h200-compare.csv"
+CSV = HERE / "compare.csv"
 TRACES = HERE.parent
 ANALYSIS_FIELDS = (
     "forwards",
