@@ -6,20 +6,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
 from attnprof.errors import ExpectationsError
 from attnprof.report.expectations import check_rows, counts, load_expectations, parse_expectations
+from attnprof.results.files import load_results
+from attnprof.results.schema import Row
 
 REPO = Path(__file__).resolve().parents[1]
 BLOG_EXPECTATIONS = REPO / "configs" / "expect-blog.yaml"
 H200 = Path(__file__).parent / "data" / "h200" / "results" / "compare.json"
 
 
-def h200_rows(shape: str | None = "8x16x1024x64") -> list[dict]:
-    rows = json.loads(H200.read_text())["results"]
-    return [r for r in rows if shape is None or r["shape"] == shape]
+def h200_rows(shape: str | None = "8x16x1024x64") -> list[Row]:
+    return [r for r in load_results(H200).rows if shape is None or r.shape == shape]
+
+
+def h200_entries(shape: str) -> list[dict]:
+    """The rows of one shape as the file holds them (JSON), to write a results file of them."""
+    return [r for r in json.loads(H200.read_text())["results"] if r["shape"] == shape]
 
 
 def expect(tmp_path: Path, data: dict) -> Path:
@@ -28,7 +35,7 @@ def expect(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-def verdicts(data: dict, rows: list[dict], tmp_path: Path) -> list[tuple[str, str, str, str]]:
+def verdicts(data: dict, rows: list[Row], tmp_path: Path) -> list[tuple[str, str, str, str]]:
     outcomes = check_rows(parse_expectations(data, tmp_path / "e.yaml"), rows)
     return [(o.verdict, o.expectation.pattern, o.expectation.expected_text, o.measured) for o in outcomes]
 
@@ -44,7 +51,7 @@ def test_expect_blog_is_valid_and_names_the_blog_config() -> None:
 def test_expect_blog_holds_on_the_real_h200_compare(cli, tmp_path) -> None:
     results = tmp_path / "blog.json"
     document = json.loads(H200.read_text())
-    results.write_text(json.dumps(document | {"results": h200_rows()}))
+    results.write_text(json.dumps(document | {"results": h200_entries("8x16x1024x64")}))
     result = cli("check", str(BLOG_EXPECTATIONS), str(results), "--wide")
     assert result.exit_code == 0, result.output
     assert "checked at 8x16x1024x64 bf16 causal fwd" in result.output
@@ -97,7 +104,7 @@ def test_each_rule(tmp_path) -> None:
 
 def test_a_failed_row_is_a_miss() -> None:
     declared = parse_expectations({"*": {"kernels_per_forward": 1}}, Path("e.yaml"))
-    failed = {"variant": "x", "status": "failed: out of memory: 8 GiB", "kernels_per_forward": None}
+    failed = Row(variant="x", status="failed: out of memory: 8 GiB", kernels_per_forward=None)
     [outcome] = check_rows(declared, [failed])
     assert outcome.verdict == "missed" and outcome.measured == "failed: out of memory: 8 GiB"
     assert counts([outcome]) == {"held": 0, "missed": 1, "not run": 0}
@@ -202,11 +209,14 @@ def test_where_lists_findings_any_and_faster_than(tmp_path) -> None:
 
 
 def test_faster_than_changes_the_mask_of_the_cell(tmp_path) -> None:
-    def row(variant: str, mask: str, latency: float, q_len: int = 64) -> dict:
+    def row(variant: str, mask: str, latency: float, q_len: int = 64) -> Row:
         causal = mask == "causal"
-        return {"variant": variant, "status": "ok", "latency_us": latency, "device": "cuda:0", "dtype": "bf16",
-                "batch": 1, "heads": 2, "kv_heads": 2, "seq": 64, "head_dim": 16, "mode": "fwd", "causal": causal,
-                "mask": mask, "score_mod": None, "q_len": q_len, "kv_len": 64}  # fmt: skip
+        return msgspec.convert(
+            {"variant": variant, "status": "ok", "latency_us": latency, "device": "cuda:0", "dtype": "bf16",
+             "batch": 1, "heads": 2, "kv_heads": 2, "seq": 64, "head_dim": 16, "mode": "fwd", "causal": causal,
+             "mask": mask, "score_mod": None, "q_len": q_len, "kv_len": 64},
+            Row,
+        )  # fmt: skip
 
     rows = [row("sdpa", "causal", 10.0), row("sdpa", "prefix:1", 30.0), row("sdpa", "causal", 5.0, q_len=1)]
     data = {"sdpa": {"where": {"mask": "causal", "q_len": 64}, "faster_than": {"variant": "sdpa", "mask": "prefix:1"}}}
@@ -219,6 +229,10 @@ def test_faster_than_changes_the_mask_of_the_cell(tmp_path) -> None:
     "data, message",
     [
         ({"naive": {"where": {"kernels": 1}, "status": "ok"}}, "naive.where.kernels: unknown field"),
+        (
+            {"naive": {"where": {"latncy_us": 1}, "status": "ok"}},
+            "naive.where.latncy_us: unknown field; did you mean latency_us",
+        ),
         ({"naive": {"where": {"seq": [[1]]}, "status": "ok"}}, "naive.where.seq: expected a value or a list"),
         ({"naive": {"where": {"seq": 1}}}, "naive: expected a mapping of fields to expected values"),
         ({"naive": [{"status": "ok"}, 5]}, "naive[1]: expected a mapping of fields"),
@@ -247,3 +261,19 @@ def test_without_results_check_runs_a_compare_per_config(cli, write_config, tmp_
     document = json.loads(result.stdout)
     assert len(document["results"]) == 2 and document["held"] == 2 * 2 * 3
     assert {c["cell"].split()[0] for c in document["checks"]} == {"1x2x32x16", "1x2x16x16"}
+
+
+def test_fields_are_resolved_against_the_row_schema_when_loaded(tmp_path) -> None:
+    """An expectation names a scalar field of `Row` (a cell's or a model row's column), checked by attribute."""
+    declared = parse_expectations(
+        {"sdpa-flash": {"where": {"mask": None}, "kernel_gbps": {"min": 0}, "logits_max_abs_diff": {"max": 1}}},
+        tmp_path / "e.yaml",
+    )
+    assert [(e.field, e.where) for e in declared.items] == [
+        ("kernel_gbps", (("mask", (None,)),)),
+        ("logits_max_abs_diff", (("mask", (None,)),)),
+    ]
+    assert all(e.field in Row.__struct_fields__ for e in declared.items)
+    for nested in ("attention", "spread", "counters"):
+        with pytest.raises(ExpectationsError, match=f"naive.{nested}: unknown field"):
+            parse_expectations({"naive": {nested: 1}}, tmp_path / "e.yaml")

@@ -10,15 +10,21 @@ import copy
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from attnprof.errors import UsageError
 from attnprof.report.diff import compare_rows, diff_results, parse_threshold
+from attnprof.results.schema import Row
+from attnprof.results.upgrade import upgrade_row
 
 H200 = Path(__file__).parent / "data" / "h200" / "results" / "compare.json"
 
 
-def row(variant="sdpa-flash", latency=100.0, iqr=2.0, status="ok", findings="single-fused-kernel", **more):
+def row(variant="sdpa-flash", latency=100.0, iqr=2.0, status="ok", findings="single-fused-kernel", **more) -> Row:
+    """A typed cell row, read as the reader reads one: `findings` are ids (space-separated) or finding dicts,
+    and a finding without a severity gets its rule's."""
+    listed = findings.split() if isinstance(findings, str) else findings
     base = {
         "variant": variant,
         "shape": "8x16x1024x64",
@@ -31,11 +37,11 @@ def row(variant="sdpa-flash", latency=100.0, iqr=2.0, status="ok", findings="sin
         "latency_us": latency,
         "latency_iqr_us": iqr,
         "forwards": 3,
-        "finding_ids": findings,
+        "findings": [f if isinstance(f, dict) else {"id": f} for f in listed],
         "kernels_per_forward": 1,
         "peak_memory_mib": 16.0,
     }
-    return base | more
+    return msgspec.convert(upgrade_row(base | more, "cell"), Row)
 
 
 @pytest.mark.parametrize("text, fraction", [("5%", 0.05), ("0.05", 0.05), ("12.5 %", 0.125), ("0", 0.0)])
@@ -79,8 +85,9 @@ def test_failures_and_findings() -> None:
     facts = compare_rows(row(), row(findings="single-fused-kernel occupancy-unreported low-occupancy-by-design"), 0.05)
     assert facts.gained == [] and facts.gained_info == ["occupancy-unreported", "low-occupancy-by-design"]
     assert not facts.regressions
-    said = row(findings="single-fused-kernel cpu-bound")
-    said["findings"] = [{"id": "cpu-bound", "message": "settled by the latency", "severity": "info"}]
+    said = row(
+        findings=["single-fused-kernel", {"id": "cpu-bound", "message": "settled by the latency", "severity": "info"}]
+    )
     assert not compare_rows(row(), said, 0.05).regressions
     lost = compare_rows(row(findings="single-fused-kernel cpu-bound"), row(), 0.05)
     assert lost.lost == ["cpu-bound"] and not lost.regressions
@@ -92,10 +99,10 @@ def test_rows_match_by_variant_shape_dtype_causal_and_mode() -> None:
     base = [row(), row(variant="naive"), row(mode="bwd")]
     new = [row(latency=120.0), row(variant="naive", dtype="fp16"), row(mode="bwd"), row(variant="flex")]
     diff = diff_results(base, new, 0.05)
-    assert [(p.new["variant"], p.new["mode"]) for p in diff.rows] == [("sdpa-flash", "fwd"), ("sdpa-flash", "bwd")]
-    assert [r["variant"] for r in diff.only_base] == ["naive"]
-    assert [(r["variant"], r["dtype"]) for r in diff.only_new] == [("naive", "fp16"), ("flex", "bf16")]
-    assert [p.new["mode"] for p in diff.regressions] == ["fwd"]
+    assert [(p.new.variant, p.new.mode) for p in diff.rows] == [("sdpa-flash", "fwd"), ("sdpa-flash", "bwd")]
+    assert [r.variant for r in diff.only_base] == ["naive"]
+    assert [(r.variant, r.dtype) for r in diff.only_new] == [("naive", "fp16"), ("flex", "bf16")]
+    assert [p.new.mode for p in diff.regressions] == ["fwd"]
 
 
 def write(tmp_path: Path, name: str, change=None) -> Path:
@@ -125,9 +132,7 @@ def test_the_same_results_are_no_regression(cli) -> None:
             "started failing: out of memory: x",
         ),
         (
-            lambda rows: rows["inplace", "8x16x1024x64"].update(
-                finding_ids=rows["inplace", "8x16x1024x64"]["finding_ids"] + " hidden-memcpy"
-            ),
+            lambda rows: rows["inplace", "8x16x1024x64"]["findings"].append({"id": "hidden-memcpy"}),
             "gained hidden-memcpy",
         ),
     ],
@@ -178,12 +183,13 @@ def test_bad_input_exits_2(cli, tmp_path) -> None:
 
 
 def test_diff_reads_a_sweep_stream(cli, tmp_path) -> None:
-    from attnprof.report.results_file import stream_header
+    from attnprof.results.files import STREAM_FORMAT
 
     document = json.loads(H200.read_text())
     rows = copy.deepcopy(document["results"])
+    header = {key: value for key, value in document.items() if key != "results"} | {"format": STREAM_FORMAT}
     stream = tmp_path / "results.jsonl"
-    stream.write_text("\n".join([json.dumps(stream_header(document))] + [json.dumps(r) for r in rows[:5]]))
+    stream.write_text("\n".join([json.dumps(header)] + [json.dumps(r) for r in rows[:5]]))
     result = cli("diff", str(H200), str(stream))
     assert result.exit_code == 0 and "5 row(s) matched" in result.output
 
@@ -197,12 +203,21 @@ def cpu_row(latency=500.0, iqr=20.0, fastest=450.0, contention=0.05, **more):
     [
         (cpu_row(700.0, fastest=640.0), "within noise: +40.0% is under the cpu noise floor of 50%", False),
         (cpu_row(1000.0, fastest=900.0), "slower by 100.0%", True),
-        (cpu_row(1000.0, iqr=600.0, fastest=900.0), "within noise: +100.0% is within the runs' IQRs (620 µs together)",
-         False),
-        (cpu_row(1000.0, fastest=460.0), "within noise: +100.0%, but the fastest call is only +2.2% (slower calls, "
-         "not all)", False),
-        (cpu_row(1000.0, fastest=900.0, contention=0.77),
-         "not judged: other processes took 77% of the CPU while NEW was timed", False),
+        (
+            cpu_row(1000.0, iqr=600.0, fastest=900.0),
+            "within noise: +100.0% is within the runs' IQRs (620 µs together)",
+            False,
+        ),
+        (
+            cpu_row(1000.0, fastest=460.0),
+            "within noise: +100.0%, but the fastest call is only +2.2% (slower calls, not all)",
+            False,
+        ),
+        (
+            cpu_row(1000.0, fastest=900.0, contention=0.77),
+            "not judged: other processes took 77% of the CPU while NEW was timed",
+            False,
+        ),
         (cpu_row(250.0, fastest=225.0), "within noise: -50.0% is under the cpu noise floor of 50%", False),
     ],
 )

@@ -13,6 +13,7 @@ from attnprof.cli.options import exclude_given, shared_options
 
 if TYPE_CHECKING:
     from attnprof.config import MeasureOptions
+    from attnprof.results.schema import Row
 
 ExpectationsArg = Annotated[Path, typer.Argument(help="YAML: variant name or pattern → expected fields.")]
 CheckConfigOpt = Annotated[
@@ -58,11 +59,10 @@ def check_command(
     from attnprof.pipeline import plan_cells
     from attnprof.pipeline.engine import Job
     from attnprof.report.expectations import check_json, check_rows, check_table, counts, load_expectations
-    from attnprof.report.export import to_json
-    from attnprof.report.results_file import load_results
+    from attnprof.results.files import load_results, to_json
 
     declared = load_expectations(expectations)
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     sources: list[str] = []
     code = 0
     if results:
@@ -82,7 +82,7 @@ def check_command(
             cfg, device, chosen = choose_variants(config_from_options(config_path, overrides), exclude_given(overrides))
             outcome, _ = execute(Job("check", cfg, device, measure, plan_cells(cfg, chosen, device)))
             note_outputs(outcome)
-            rows += outcome.document["results"]
+            rows += load_results(outcome.folder.results_json).rows  # the rows as written: what is checked
             sources.append(str(outcome.folder.results_json))
             if outcome.interrupted:
                 code = 130

@@ -49,14 +49,13 @@ def diff_command(
     """
     from attnprof.errors import UsageError
     from attnprof.report.diff import diff_json, diff_results, diff_table, parse_threshold
-    from attnprof.report.export import to_json
-    from attnprof.report.results_file import load_results
+    from attnprof.results.files import load_results, to_json
 
     fraction = parse_threshold(threshold)
     floor = parse_threshold(noise_floor, "--noise-floor") if noise_floor is not None else None
     before, after = load_results(base), load_results(new)
     for loaded in (before, after):
-        if loaded.truncated or loaded.header.get("interrupted"):
+        if loaded.truncated or loaded.header.interrupted:
             c.note(f"{loaded.path}: an interrupted run; its unfinished cells have no row")
     diff = diff_results(before.rows, after.rows, fraction, floor)
     if not diff.rows:

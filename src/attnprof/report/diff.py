@@ -16,7 +16,8 @@ pair either of whose rows was timed while other processes took more than `CONTEN
 the machine's CPU (`cpu_contention`, see `profiling.contention`) is not judged on its latency: on a small CPU
 such a run measures the other work (the same cell took 787 µs and 370 ms in two back-to-back compares).
 Faster rows, fixed rows, lost findings, kernel-count and memory changes are shown, never gated on.
-Pure functions on rows read back by `report.results_file`; formatting at the end.
+Pure functions on typed rows (`results.schema.Row`, as `results.files.load_results` reads them); formatting
+at the end.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from typing import Any
 from attnprof.errors import UsageError
 from attnprof.profiling.contention import CONTENTION_LIMIT
 from attnprof.report.formatting import fmt_count, fmt_number
-from attnprof.report.impact import severity
 from attnprof.report.layout import Column, bullets, limit, table, wrap
-from attnprof.report.serialize import row_finding_ids
-from attnprof.report.tables import cell_label
+from attnprof.results.keys import cell_label
+from attnprof.results.schema import Row
 
 MATCH_FIELDS = ("variant", "shape", "dtype", "causal", "mode")
 #: The least latency change, as a fraction of the base, that two runs of a device kind tell from noise:
@@ -65,25 +65,39 @@ def parse_threshold(text: str, option: str = "--threshold") -> float:
     return value / 100 if found.group(2) else value
 
 
-def match_key(row: dict[str, Any]) -> tuple[Any, ...]:
+def _identity(row: Row) -> tuple[Any, ...]:
+    """The row's `MATCH_FIELDS`, in order, as the row holds them."""
+    return (row.variant, row.shape, row.dtype, row.causal, row.mode)
+
+
+def match_key(row: Row) -> tuple[Any, ...]:
     """What a row is matched by (`MATCH_FIELDS`); a row without a mode is `fwd`."""
-    return tuple((row.get(name) or "fwd") if name == "mode" else row.get(name) for name in MATCH_FIELDS)
+    variant, shape, dtype, causal, mode = _identity(row)
+    return (variant, shape, dtype, causal, mode or "fwd")
 
 
-def _failing(row: dict[str, Any]) -> bool:
-    return str(row.get("status", "")).startswith("failed")
+def _identity_json(row: Row) -> dict[str, Any]:
+    return dict(zip(MATCH_FIELDS, _identity(row), strict=True))
 
 
-def _analysed(row: dict[str, Any]) -> bool:
-    return row.get("forwards") is not None
+def _failing(row: Row) -> bool:
+    return row.status.startswith("failed")
 
 
-def device_kind(row: dict[str, Any]) -> str:
+def _skipped(row: Row) -> bool:
+    return row.status.startswith("skipped")
+
+
+def _analysed(row: Row) -> bool:
+    return row.forwards is not None
+
+
+def device_kind(row: Row) -> str:
     """`cpu` or `cuda` (any `cuda:N`), from the row's device; `cpu` when it names none."""
-    return str(row.get("device") or "cpu").split(":", 1)[0]
+    return (row.device or "cpu").split(":", 1)[0]
 
 
-def noise_floor(base: dict[str, Any], new: dict[str, Any], override: float | None = None) -> float:
+def noise_floor(base: Row, new: Row, override: float | None = None) -> float:
     """`override`, else the larger `NOISE_FLOOR` of the two rows' device kinds (0 for a kind not listed)."""
     if override is not None:
         return override
@@ -95,8 +109,8 @@ class RowDiff:
     """One matched pair of rows and what changed between them. `noise` says why a latency change beyond
     the threshold was not taken as one (None: it was, or there was none)."""
 
-    base: dict[str, Any]
-    new: dict[str, Any]
+    base: Row
+    new: Row
     threshold: float
     floor: float = 0.0
     change: float | None = None  # (new − base) / base latency, when both were timed
@@ -129,7 +143,7 @@ class RowDiff:
         if self.slower and self.change is not None:
             found.append(f"slower by {self.change:.1%}")
         if self.started_failing:
-            found.append(f"started failing: {self.new.get('reason') or self.new.get('status')}")
+            found.append(f"started failing: {self.new.reason or self.new.status}")
         found += [f"gained {finding}" for finding in self.gained]
         return found
 
@@ -143,8 +157,8 @@ class RowDiff:
             return "fixed"
         if _failing(self.new):
             return "still failing"
-        if str(self.new.get("status", "")).startswith("skipped"):
-            return "skipped" if str(self.base.get("status", "")).startswith("skipped") else "now skipped"
+        if _skipped(self.new):
+            return "skipped" if _skipped(self.base) else "now skipped"
         if self.faster and self.change is not None:
             return f"faster by {-self.change:.1%}"
         return self.noise or "ok"
@@ -155,8 +169,8 @@ class Diff:
     """Every matched pair, in the new file's order, and the rows only one side has."""
 
     rows: list[RowDiff]
-    only_base: list[dict[str, Any]]
-    only_new: list[dict[str, Any]]
+    only_base: list[Row]
+    only_new: list[Row]
     threshold: float
     floor_override: float | None = None
 
@@ -166,30 +180,28 @@ class Diff:
         return [row for row in self.rows if row.regressions]
 
 
-def _contended(base: dict[str, Any], new: dict[str, Any]) -> str | None:
+def _contended(base: Row, new: Row) -> str | None:
     """`not judged: ...` when either row was timed while other processes took over `CONTENTION_LIMIT` of
     the CPU; None otherwise (or when the rows do not say)."""
     for side, row in (("BASE", base), ("NEW", new)):
-        share = row.get("cpu_contention")
+        share = row.cpu_contention
         if share is not None and share > CONTENTION_LIMIT:
             return f"not judged: other processes took {share:.0%} of the CPU while {side} was timed"
     return None
 
 
-def _latency_noise(
-    base: dict[str, Any], new: dict[str, Any], change: float, threshold: float, floor: float
-) -> str | None:
+def _latency_noise(base: Row, new: Row, change: float, threshold: float, floor: float) -> str | None:
     """Why a latency change beyond the threshold is noise (`within noise: ...`), or None when it is real:
     beyond the noise floor, beyond both runs' IQRs together, and the fastest call moved beyond the
     threshold and the floor as well."""
-    before, after = base["latency_us"], new["latency_us"]
+    before, after = base.latency_us or 0.0, new.latency_us or 0.0  # both timed: compare_rows asks first
     how = "slower" if change > 0 else "faster"
     if abs(change) <= floor:
         return f"within noise: {change:+.1%} is under the {device_kind(new)} noise floor of {floor:.0%}"
-    spread = (base.get("latency_iqr_us") or 0.0) + (new.get("latency_iqr_us") or 0.0)
+    spread = (base.latency_iqr_us or 0.0) + (new.latency_iqr_us or 0.0)
     if abs(after - before) <= spread:
         return f"within noise: {change:+.1%} is within the runs' IQRs ({fmt_number(spread)} µs together)"
-    fastest_before, fastest_after = base.get("latency_min_us"), new.get("latency_min_us")
+    fastest_before, fastest_after = base.latency_min_us, new.latency_min_us
     if fastest_before and fastest_after is not None:
         fastest = fastest_after / fastest_before - 1
         if (fastest if change > 0 else -fastest) <= max(threshold, floor):
@@ -197,11 +209,11 @@ def _latency_noise(
     return None
 
 
-def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float, floor: float | None = None) -> RowDiff:
+def compare_rows(base: Row, new: Row, threshold: float, floor: float | None = None) -> RowDiff:
     """The change from `base` to `new` (two rows of one cell), judged against `threshold` and the noise
     between runs (the module docstring); `floor` overrides the device kind's noise floor."""
     diff = RowDiff(base, new, threshold, noise_floor(base, new, floor))
-    before, after = base.get("latency_us"), new.get("latency_us")
+    before, after = base.latency_us, new.latency_us
     if before and after is not None and not _failing(base) and not _failing(new):
         diff.change = after / before - 1
         if abs(diff.change) > threshold:
@@ -209,18 +221,15 @@ def compare_rows(base: dict[str, Any], new: dict[str, Any], threshold: float, fl
             diff.slower = diff.noise is None and diff.change > 0
             diff.faster = diff.noise is None and diff.change < 0
     if _analysed(base) and _analysed(new):
-        was, now = row_finding_ids(base), row_finding_ids(new)
-        found = {f["id"]: f for f in new.get("findings") or [] if isinstance(f, dict) and "id" in f}
-        gained = [f for f in now if f not in was]
-        diff.gained = [f for f in gained if severity(found.get(f, {"id": f})) != "info"]
-        diff.gained_info = [f for f in gained if f not in diff.gained]
+        was, now = base.finding_ids, new.finding_ids
+        gained = [f for f in new.findings if f.id not in was]  # each with its severity, as the reader filled it
+        diff.gained = [f.id for f in gained if f.severity != "info"]
+        diff.gained_info = [f.id for f in gained if f.id not in diff.gained]
         diff.lost = [f for f in was if f not in now]
     return diff
 
 
-def diff_results(
-    base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]], threshold: float, floor: float | None = None
-) -> Diff:
+def diff_results(base_rows: list[Row], new_rows: list[Row], threshold: float, floor: float | None = None) -> Diff:
     """Match the rows of two results files (`MATCH_FIELDS`; the last of repeated keys counts) and
     compare each pair; `floor` overrides every device kind's noise floor."""
     base = {match_key(row): row for row in base_rows}
@@ -235,12 +244,12 @@ def diff_results(
     )
 
 
-def _latency(row: dict[str, Any]) -> str:
-    if _failing(row) or str(row.get("status", "")).startswith("skipped"):
-        return str(row.get("status", "")).partition(":")[0]
-    if row.get("latency_us") is None:
+def _latency(row: Row) -> str:
+    if _failing(row) or _skipped(row):
+        return row.status.partition(":")[0]
+    if row.latency_us is None:
         return "n/a"
-    return f"{fmt_number(row['latency_us'])} ± {fmt_number(row.get('latency_iqr_us'))}"
+    return f"{fmt_number(row.latency_us)} ± {fmt_number(row.latency_iqr_us)}"
 
 
 def _arrow(before: Any, after: Any, show: Any = fmt_number) -> str:
@@ -259,21 +268,21 @@ def diff_table(diff: Diff, fmt: str, width: int | None = None) -> str:
     width = limit(width, fmt)
     body = [
         [
-            pair.new.get("variant", ""),
+            pair.new.variant,
             cell_label(pair.new),
             _latency(pair.base),
             _latency(pair.new),
             "n/a" if pair.change is None else f"{pair.change:+.1%}",
-            _arrow(pair.base.get("kernels_per_forward"), pair.new.get("kernels_per_forward"), fmt_count),
-            _arrow(pair.base.get("peak_memory_mib"), pair.new.get("peak_memory_mib")),
+            _arrow(pair.base.kernels_per_forward, pair.new.kernels_per_forward, fmt_count),
+            _arrow(pair.base.peak_memory_mib, pair.new.peak_memory_mib),
             _findings(pair),
             pair.verdict,
         ]
         for pair in diff.rows
     ]
     parts = [table(COLUMNS, body, fmt, width)]
-    unmatched = [f"only in BASE: {row.get('variant')} @ {cell_label(row)}" for row in diff.only_base]
-    unmatched += [f"only in NEW: {row.get('variant')} @ {cell_label(row)}" for row in diff.only_new]
+    unmatched = [f"only in BASE: {row.variant} @ {cell_label(row)}" for row in diff.only_base]
+    unmatched += [f"only in NEW: {row.variant} @ {cell_label(row)}" for row in diff.only_new]
     if unmatched:
         parts += ["", bullets(unmatched, width)]
     parts += ["", *wrap(summary(diff), width)]
@@ -313,43 +322,45 @@ def summary(diff: Diff) -> str:
 
 
 def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
-    """The diff as a JSON-ready document."""
+    """The diff as a JSON-ready document (`results.files.to_json` writes it)."""
     return {
         "base": base_path,
         "new": new_path,
         "threshold": diff.threshold,
         "noise_floor": diff.floor_override if diff.floor_override is not None else dict(NOISE_FLOOR),
         "contention_limit": CONTENTION_LIMIT,
-        "rows": [
-            {
-                **{name: pair.new.get(name) for name in MATCH_FIELDS},
-                "base_status": pair.base.get("status"),
-                "new_status": pair.new.get("status"),
-                "base_latency_us": pair.base.get("latency_us"),
-                "new_latency_us": pair.new.get("latency_us"),
-                "base_latency_iqr_us": pair.base.get("latency_iqr_us"),
-                "new_latency_iqr_us": pair.new.get("latency_iqr_us"),
-                "base_latency_min_us": pair.base.get("latency_min_us"),
-                "new_latency_min_us": pair.new.get("latency_min_us"),
-                "base_cpu_contention": pair.base.get("cpu_contention"),
-                "new_cpu_contention": pair.new.get("cpu_contention"),
-                "latency_change": pair.change,
-                "noise_floor": pair.floor,
-                "noise": pair.noise,
-                "base_kernels_per_forward": pair.base.get("kernels_per_forward"),
-                "new_kernels_per_forward": pair.new.get("kernels_per_forward"),
-                "base_peak_memory_mib": pair.base.get("peak_memory_mib"),
-                "new_peak_memory_mib": pair.new.get("peak_memory_mib"),
-                "findings_gained": pair.gained,
-                "findings_gained_info": pair.gained_info,
-                "findings_lost": pair.lost,
-                "regressions": pair.regressions,
-                "verdict": pair.verdict,
-            }
-            for pair in diff.rows
-        ],
-        "only_in_base": [{name: row.get(name) for name in MATCH_FIELDS} for row in diff.only_base],
-        "only_in_new": [{name: row.get(name) for name in MATCH_FIELDS} for row in diff.only_new],
+        "rows": [_pair_json(pair) for pair in diff.rows],
+        "only_in_base": [_identity_json(row) for row in diff.only_base],
+        "only_in_new": [_identity_json(row) for row in diff.only_new],
         "regressions": len(diff.regressions),
         "summary": summary(diff),
+    }
+
+
+def _pair_json(pair: RowDiff) -> dict[str, Any]:
+    base, new = pair.base, pair.new
+    return {
+        **_identity_json(new),
+        "base_status": base.status,
+        "new_status": new.status,
+        "base_latency_us": base.latency_us,
+        "new_latency_us": new.latency_us,
+        "base_latency_iqr_us": base.latency_iqr_us,
+        "new_latency_iqr_us": new.latency_iqr_us,
+        "base_latency_min_us": base.latency_min_us,
+        "new_latency_min_us": new.latency_min_us,
+        "base_cpu_contention": base.cpu_contention,
+        "new_cpu_contention": new.cpu_contention,
+        "latency_change": pair.change,
+        "noise_floor": pair.floor,
+        "noise": pair.noise,
+        "base_kernels_per_forward": base.kernels_per_forward,
+        "new_kernels_per_forward": new.kernels_per_forward,
+        "base_peak_memory_mib": base.peak_memory_mib,
+        "new_peak_memory_mib": new.peak_memory_mib,
+        "findings_gained": pair.gained,
+        "findings_gained_info": pair.gained_info,
+        "findings_lost": pair.lost,
+        "regressions": pair.regressions,
+        "verdict": pair.verdict,
     }
