@@ -113,3 +113,63 @@ def test_the_walker_sees_imports_inside_functions_and_relative_ones(tmp_path):
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert graph == {"attnprof.a": {"attnprof.b"}, "attnprof.b": {"attnprof.pkg.c"}, "attnprof.pkg.c": {"attnprof.a"}}
     assert find_cycle(graph) == ["attnprof.a", "attnprof.b", "attnprof.pkg.c", "attnprof.a"]
+
+
+def package_of(module: str) -> str:
+    """The subpackage a module belongs to, for package-level edges: `attnprof.analysis.counters` for
+    `attnprof.analysis.counters.cell`, `attnprof.pipeline` for `attnprof.pipeline.rows`, and a top-level
+    module (`attnprof.config`) as itself."""
+    modules = module_names()
+    path = modules[module]
+    parts = module.split(".")
+    return module if path.name == "__init__.py" or len(parts) == 2 else ".".join(parts[:-1])
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The import graph between packages: an edge for every import from a module of one package into another."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        source = package_of(module)
+        edges = graph.setdefault(source, set())
+        for target in targets:
+            if (package := package_of(target)) != source and not source.startswith(package + "."):
+                edges.add(package)
+    return graph
+
+
+def test_no_import_cycles_between_packages():
+    """Module-level acyclicity is not enough: two packages importing each other (analysis/counters and
+    analysis/findings, say) are one package cut in the wrong place. A package may import its own parent's
+    `__init__`-free modules below it, never a sibling that imports it back."""
+    cycle = find_cycle(package_graph())
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle or [])
+
+
+#: Which layers a layer may never import (dependencies point one way: cli -> pipeline, report -> results ->
+#: profiling / analysis -> registry / config -> errors).
+FORBIDDEN = {
+    "attnprof.pipeline": ("attnprof.report", "attnprof.cli"),
+    "attnprof.report": ("attnprof.pipeline", "attnprof.cli"),
+    "attnprof.results": ("attnprof.pipeline", "attnprof.report", "attnprof.cli"),
+    "attnprof.analysis": ("attnprof.results", "attnprof.pipeline", "attnprof.report", "attnprof.cli"),
+    "attnprof.profiling": ("attnprof.analysis", "attnprof.report", "attnprof.results", "attnprof.pipeline"),
+}
+
+
+def test_layers_import_only_downwards():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for layer, banned in FORBIDDEN.items()
+        if module == layer or module.startswith(layer + ".")
+        for target in targets
+        if any(target == b or target.startswith(b + ".") for b in banned)
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_package_graph_sees_a_cycle_between_subpackages(monkeypatch):
+    graph = {"attnprof.analysis.counters": {"attnprof.analysis.findings"}, "attnprof.analysis.findings": set()}
+    assert find_cycle(graph) is None
+    graph["attnprof.analysis.findings"].add("attnprof.analysis.counters")
+    assert find_cycle(graph) == ["attnprof.analysis.counters", "attnprof.analysis.findings", "attnprof.analysis.counters"]
