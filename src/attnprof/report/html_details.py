@@ -120,9 +120,8 @@ def kernels_section(rows: list[Row]) -> str:
     return "\n".join(parts)
 
 
-def _counters_notes(counters: dict[str, Any], one_ceiling: bool) -> list[str]:
+def _counters_notes(counters: dict[str, Any], typed: CellCounters, one_ceiling: bool) -> list[str]:
     """A row's facts under the counters table, its match with the trace, and the counters' notes."""
-    typed = CellCounters.from_dict(counters)
     notes = [counters_facts(counters, ceilings=not one_ceiling)]
     if typed.match is not None:
         notes.append(typed.match.text + ".")
@@ -155,8 +154,9 @@ def counters_section(rows: list[Row]) -> str:
     parts.append(html_table(headers, body, "counters"))
     items = []
     for row, counters in counted:
-        notes = _counters_notes(counters, one_ceiling)
-        ids = [f.id for f in CellCounters.from_dict(counters).findings]
+        typed = CellCounters.from_dict(counters)
+        notes = _counters_notes(counters, typed, one_ceiling)
+        ids = [f.id for f in typed.findings]
         found = f" Counter findings: {', '.join(finding_link(i) for i in ids)}." if ids else ""
         every = shown_kernels(counters, every=True)
         folded = ""
