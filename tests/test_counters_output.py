@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_html_report import Page
 from tracegen import BF16, TraceBuilder
@@ -16,11 +17,13 @@ from tracegen import BF16, TraceBuilder
 from attnprof.analysis.counters import counters_for_cell, load_counters
 from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
+from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
 from attnprof.pipeline.rows import results_document
 from attnprof.report.tables import compare_report, run_report
-from attnprof.pipeline.measured import CellResult
+from attnprof.results.schema import Document, Row
+from attnprof.results.upgrade import upgrade_document
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -213,6 +216,11 @@ def test_markdown_has_the_full_table():
 # --------------------------------------------------------------------------- the HTML report and the plot
 
 
+def typed_rows(written: dict) -> list[Row]:
+    """The document's rows as the report and the plots read them: typed, as `load_results` gives them."""
+    return msgspec.convert(upgrade_document(json.loads(json.dumps(written))), Document).results
+
+
 def test_the_html_report_has_the_counters_section(cli, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "results.json"
@@ -237,14 +245,14 @@ def test_the_html_report_has_the_counters_section(cli, tmp_path):
 def test_no_counters_no_section():
     from attnprof.report.html import counters_section
 
-    assert counters_section(document([CellResult("sdpa", "built-in", SPEC)])["results"]) == ""
+    assert counters_section(typed_rows(document([CellResult("sdpa", "built-in", SPEC)]))) == ""
 
 
 def test_the_roofline_plot_places_every_counted_kernel():
     pytest.importorskip("matplotlib")
     from attnprof.report.plots import figures
 
-    drawn, skipped = figures(document(counted_rows())["results"], ["roofline"])
+    drawn, skipped = figures(typed_rows(document(counted_rows())), ["roofline"])
     assert list(drawn) == ["roofline"] and not skipped
     (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     # one kernel per cell: colour and marker name it, so the points go unlabelled
@@ -257,7 +265,7 @@ def test_the_roofline_plot_places_every_counted_kernel():
     }
     flops = 4.0 * 64 * 128 * 16384 * 16385 / 2
     assert (round(flops / (2.140049e9 + 252_116_224)), round(flops / 8237.856e-6 / 1e12)) in points
-    _, skipped = figures(document([CellResult("sdpa", "built-in", SPEC)])["results"], ["roofline"])
+    _, skipped = figures(typed_rows(document([CellResult("sdpa", "built-in", SPEC)])), ["roofline"])
     assert skipped == {"roofline": "no row has hardware counters (--ncu)"}
 
 
@@ -273,7 +281,7 @@ def test_the_roofline_names_the_kernels_of_a_cell_that_runs_several():
     result = CellResult("triton-flash", "built-in", spec)
     report = NCU / "triton-flash-bwd.raw.csv"
     result.counters = counters_for_cell(load_counters(report), spec, None, seconds=19.0, report_path=str(report))
-    drawn, _ = figures(document([result])["results"], ["roofline"])
+    drawn, _ = figures(typed_rows(document([result])), ["roofline"])
     (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     labels = [text.get_text() for text in ax.texts]
     assert sorted(labels) == ["_attn_bwd_dkdv", "_attn_bwd_dq", "ridge 206"], labels

@@ -65,9 +65,9 @@ def test_every_plot_is_drawn_from_a_gpu_compare(cli, results, tmp_path):
 
 
 def test_naive_memory_grows_quadratically(results):
-    from attnprof.report.results_file import load_results
+    from attnprof.results.files import load_results
 
-    naive = {r["seq"]: r["peak_memory_mib"] for r in load_results(results).rows if r["variant"] == "naive"}
+    naive = {r.seq: r.peak_memory_mib for r in load_results(results).rows if r.variant == "naive"}
     assert naive[4096] > 3 * naive[2048] > 9 * naive[1024]  # the B·H·S² scores dominate
 
 

@@ -7,7 +7,6 @@ kernels and trace links, that it loads nothing from outside, escaping, and the c
 from __future__ import annotations
 
 import base64
-import copy
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -15,11 +14,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
 
+import msgspec
 import pytest
 
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html import PERFETTO, report_html
-from attnprof.report.results_file import ResultsFile, load_results
+from attnprof.results.files import ResultsFile, load_results
+from attnprof.results.schema import Document, FindingRecord, Row
 
 RESULTS = Path(__file__).parent / "data" / "results"
 SEQS = RESULTS / "cpu-seqs.json"
@@ -137,11 +138,11 @@ def test_the_headline_names_the_fastest_of_each_shape_and_mode(tmp_path):
     for line in headline[1:]:
         cell = dict(zip(header, line, strict=True))
         shape, _dtype, _masking, mode = cell["shape × mode"].split(" on ")[0].split()
-        ran = [r for r in rows if r["shape"] == shape and r["mode"] == mode and r["status"] == "ok"]
-        best = min(ran, key=lambda r: r["latency_us"])
-        assert cell["fastest"] == best["variant"]
-        assert cell["latency µs"] == fmt_number(best["latency_us"])
-        assert cell["% of peak"] == fmt_number(best["pct_of_peak"])
+        ran = [r for r in rows if r.shape == shape and r.mode == mode and r.status == "ok"]
+        best = min(ran, key=lambda r: r.latency_us)
+        assert cell["fastest"] == best.variant
+        assert cell["latency µs"] == fmt_number(best.latency_us)
+        assert cell["% of peak"] == fmt_number(best.pct_of_peak)
         assert cell["costliest problem findings"] == "sdpa-math: mask-rebuilt; sdpa-math: safe-softmax"
 
 
@@ -178,7 +179,7 @@ def test_comparison_tables_drop_the_columns_that_are_na_in_every_row(tmp_path):
     ]
     left_out = "kernels/fwd, GPU µs, TFLOP/s (kernels), executed/useful FLOPs, peak MiB"
     assert f"Left out, n/a in every row: {left_out}." in text
-    assert [row[0] for row in comparison[1:]] == [r["variant"] for r in load_results(COMPARE).rows]
+    assert [row[0] for row in comparison[1:]] == [r.variant for r in load_results(COMPARE).rows]
     math = next(row for row in comparison if row[0] == "sdpa-math")
     assert math[-2:] == ["1.00x", "mask-rebuilt safe-softmax"]
     [not_ok] = page.tables_in("not-ok")
@@ -208,9 +209,9 @@ def test_a_sweep_gets_pivot_tables_and_its_points_folded(tmp_path):
     assert "batch 1, heads 4, head_dim 32, fp32 causal fwd on cpu: latency µs (speed-up vs sdpa-math) by seq" in (
         page.headings
     )
-    rows = {(r["variant"], r["seq"], r["head_dim"]): r for r in load_results(SWEEP).rows}
+    rows = {(r.variant, r.seq, r.head_dim): r for r in load_results(SWEEP).rows}
     flash = next(line for line in pivots[0] if line[0] == "sdpa-flash")
-    assert flash[3] == f"{fmt_number(rows['sdpa-flash', 512, 32]['latency_us'])} (6.80x)"
+    assert flash[3] == f"{fmt_number(rows['sdpa-flash', 512, 32].latency_us)} (6.80x)"
     assert len(tables) == 2 + 6  # the pivots, then one folded table per point
     assert "<details><summary>Every point in full (6 tables)</summary>" in text
     assert "<details><summary>Every point in full (8 tables)</summary>" in render(SEQS, tmp_path / "s.html", False)
@@ -220,7 +221,7 @@ def test_findings_are_grouped_by_id_once_per_variant_with_the_cells(tmp_path):
     page = Page(render(H200, tmp_path / "r.html", with_plots=False))
     pairs = [(finding_id, variant) for finding_id, variant, _ in page.findings]
     assert len(pairs) == len(set(pairs))  # one entry per (variant, id)
-    fired = {(f["id"], r["variant"]) for r in load_results(H200).rows for f in r["findings"]}
+    fired = {(f.id, r.variant) for r in load_results(H200).rows for f in r.findings}
     assert set(pairs) == fired
     entries = {(finding_id, variant): cells for finding_id, variant, cells in page.findings}
     assert entries["hidden-memcpy", "naive"][1] == "8x16x1024x64, 4x32x8192x128/kv8"
@@ -237,13 +238,12 @@ def test_findings_are_grouped_by_id_once_per_variant_with_the_cells(tmp_path):
 def with_impact(path: Path, impacts: dict[tuple[str, str], tuple[float, float]]) -> ResultsFile:
     """The results with `severity`, `impact_us` and `impact_pct` on the findings named (variant, id)."""
     loaded = load_results(path)
-    rows = copy.deepcopy(loaded.rows)
-    for row in rows:
-        for finding in row.get("findings") or []:
-            if (row["variant"], finding["id"]) in impacts:
-                us, pct = impacts[row["variant"], finding["id"]]
-                finding.update(severity="problem", impact_us=us * row["seq"] / 1024, impact_pct=pct)
-    return ResultsFile(loaded.path, loaded.header, rows)
+    for row in loaded.rows:
+        for finding in row.findings:
+            if (row.variant, finding.id) in impacts:
+                us, pct = impacts[row.variant, finding.id]
+                finding.severity, finding.impact_us, finding.impact_pct = "problem", us * row.seq / 1024, pct
+    return loaded
 
 
 def test_findings_and_the_headline_rank_by_impact_then_severity(tmp_path):
@@ -283,7 +283,7 @@ def test_a_results_stream_shows_its_sweep_axes_and_the_ceiling_from_its_rows(tmp
     environment, config, ceiling = Page(text).tables_in("environment")
     settings = dict(tuple(row) for row in config)
     assert settings["sweep axes"] == "seq: 128, 256, 512; head_dim: 32, 64"
-    peak = {r["peak_tflops"] for r in load_results(SWEEP).rows}
+    peak = {r.peak_tflops for r in load_results(SWEEP).rows}
     assert dict(tuple(row) for row in ceiling) == {"matmul ceiling, fp32": f"{fmt_number(peak.pop())} TFLOP/s"}
     assert "the file&#x27;s header does not record it" in text
 
@@ -327,7 +327,7 @@ def test_trace_links_are_relative_to_the_report(tmp_path):
         report.parent.mkdir(parents=True, exist_ok=True)
         page = Page(render(results, report, with_plots=False))
         traces = [href for href in page.links if href.endswith(".json.gz")]
-        assert len(traces) == len([r for r in load_results(results).rows if r.get("trace")])
+        assert len(traces) == len([r for r in load_results(results).rows if r.trace])
         for href in traces:
             assert not Path(href).is_absolute()
             assert (report.parent / unquote(href)).resolve().is_file()
@@ -341,21 +341,26 @@ def test_a_trace_that_is_gone_is_named(tmp_path):
 
 def test_text_is_escaped(tmp_path):
     loaded = load_results(COMPARE)
-    rows = copy.deepcopy(loaded.rows)
-    rows[0]["variant"] = "<script>alert(1)</script>"
-    rows[0]["findings"] = [{"id": "x<y", "message": "a & b <img src=x>"}]
-    text = report_html(ResultsFile(loaded.path, loaded.header, rows), tmp_path / "r.html", [], [])
+    loaded.rows[0].variant = "<script>alert(1)</script>"
+    loaded.rows[0].findings = [FindingRecord(id="x<y", message="a & b <img src=x>")]
+    text = report_html(loaded, tmp_path / "r.html", [], [])
     assert "<script>" not in text and "<img src=x>" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "a &amp; b &lt;img src=x&gt;" in text
 
 
 def test_rows_without_a_shape_get_one_table(tmp_path):
     keep = ("variant", "seq", "status", "latency_us", "kernels_per_forward", "peak_memory_mib", "findings")
-    rows = [{k: r.get(k) for k in keep} for r in load_results(SEQS).rows if r["mode"] == "fwd"]
-    loaded = ResultsFile(SEQS, {"command": "model"}, rows)
+    rows = [
+        msgspec.convert({k: msgspec.to_builtins(getattr(r, k)) for k in keep} | {"subject": "model"}, Row)
+        for r in load_results(SEQS).rows
+        if r.mode == "fwd"
+    ]
+    loaded = ResultsFile(SEQS, Document(command="model"), rows)
     page = Page(report_html(loaded, tmp_path / "r.html", [], []))
     [table] = page.tables_in("comparison")
-    assert table[0] == ["variant", "seq", "status", "latency µs"]
+    # the fields these rows lack (kernels/fwd, peak MiB: a CPU run's) are left out; a typed row always has its
+    # mode and its finding ids (a results file always wrote them)
+    assert table[0] == ["variant", "seq", "mode", "status", "latency µs", "findings"]
     assert len(table) == 1 + len(rows)
 
 

@@ -4,7 +4,6 @@ that overlap kept apart, the files written, and the CLI."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import msgspec
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -20,8 +20,9 @@ from attnprof.errors import OutputError
 from attnprof.report.formatting import fmt_number
 from attnprof.report.plot_style import log_ticks, seq_ticks, series, shape_label, style_for, tick
 from attnprof.report.plots import figures, left_out, svg_bytes, write_figures
-from attnprof.report.results_file import load_results
 from attnprof.report.tables import speedup_text
+from attnprof.results.files import load_results
+from attnprof.results.schema import Row
 
 RESULTS = Path(__file__).parent / "data" / "results"
 SEQS = RESULTS / "cpu-seqs.json"  # CPU compare: 4 seqs x fwd, fwd+bwd; sdpa-cudnn skipped
@@ -30,12 +31,17 @@ H200 = RESULTS / "h200-traces.json"  # analysis of the H200 traces: kernels, GPU
 SWEEP = RESULTS / "cpu-sweep.jsonl"  # configs/sweep-cpu.yaml: seq 128-512 x head_dim 32, 64; naive and inplace
 
 
-def rows(path: Path) -> list[dict]:
+def rows(path: Path) -> list[Row]:
     return load_results(path).rows
 
 
-def latency_series(data: list[dict]) -> list:
-    return series(data, lambda r: r.get("seq"), lambda r: r.get("latency_us"))
+def latency_series(data: list[Row]) -> list:
+    return series(data, lambda r: r.seq, lambda r: r.latency_us)
+
+
+def changed(row: Row, **fields) -> Row:
+    """A copy of the row with these fields replaced."""
+    return msgspec.structs.replace(row, **fields)
 
 
 def test_cpu_rows_draw_latency_and_throughput_and_say_why_not_the_rest():
@@ -56,14 +62,14 @@ def test_one_line_per_variant_and_mode_in_seq_order_without_skipped_rows():
     )
     for item in found:
         assert [x for x, _y, _row in item.points] == [128, 256, 512, 1024]
-        assert all(y == row["latency_us"] for _x, y, row in item.points)
+        assert all(y == row.latency_us for _x, y, row in item.points)
     assert "sdpa-cudnn" not in {s.variant for s in found}
     assert left_out(rows(SEQS)) == ["sdpa-cudnn (skipped, 8 cells)"]
 
 
 def test_rows_of_another_shape_at_the_same_seq_are_another_line():
     data = rows(SEQS)
-    wider = [dict(copy.deepcopy(r), head_dim=128, shape=r["shape"].replace("x64", "x128")) for r in data]
+    wider = [changed(r, head_dim=128, shape=r.shape.replace("x64", "x128")) for r in data]
     both = data + wider
     style = style_for(both)
     assert style.varying == ("mode", "head_dim")
@@ -77,17 +83,17 @@ def test_rows_of_another_shape_at_the_same_seq_are_another_line():
 
 def test_several_devices_are_separate_lines_and_named():
     data = rows(SEQS)
-    elsewhere = [dict(r, device="cuda:0") for r in data]
+    elsewhere = [changed(r, device="cuda:0") for r in data]
     style = style_for(data + elsewhere)
     assert "device" in style.varying and "cpu" not in style.common
     assert len(latency_series(data + elsewhere)) == 12
 
 
 def test_failed_rows_are_left_out_of_the_lines():
-    data = copy.deepcopy(rows(SEQS))
+    data = rows(SEQS)
     for r in data:
-        if r["variant"] == "naive" and r["seq"] == 512:
-            r["status"] = "failed: out of memory: tried to allocate"
+        if r.variant == "naive" and r.seq == 512:
+            r.status = "failed: out of memory: tried to allocate"
     naive = [s for s in latency_series(data) if s.variant == "naive"]
     assert all([x for x, _y, _r in s.points] == [128, 256, 1024] for s in naive)
     assert "naive (failed, 2 cells)" in left_out(data)
@@ -117,15 +123,15 @@ def test_bars_draw_each_shape_and_mode_fastest_first_and_name_what_did_not_run()
     first = panels[0]
     assert first.get_title() == "1x4x128x64 fp32 causal fwd"
     ran = sorted(
-        (r for r in data if r["shape"] == "1x4x128x64" and r["mode"] == "fwd" and r["status"] == "ok"),
-        key=lambda r: r["latency_us"],
+        (r for r in data if r.shape == "1x4x128x64" and r.mode == "fwd" and r.status == "ok"),
+        key=lambda r: r.latency_us,
     )
     labels = [t.get_text() for t in first.get_yticklabels()]
-    assert labels == [r["variant"] for r in ran] + ["not run"]  # fastest at the top, what did not run last
+    assert labels == [r.variant for r in ran] + ["not run"]  # fastest at the top, what did not run last
     widths = [bar.get_width() for bar in first.patches]
-    assert widths == [r["latency_us"] for r in ran]
+    assert widths == [r.latency_us for r in ran]
     texts = [t.get_text() for t in first.texts]
-    assert f"{fmt_number(ran[0]['latency_us'])} µs  {speedup_text(ran[0])}" in texts
+    assert f"{fmt_number(ran[0].latency_us)} µs  {speedup_text(ran[0])}" in texts
     assert texts[-1] == "skipped: sdpa-cudnn"
     low, high = first.get_xlim()
     ticks = [tick(v) for v in first.xaxis.get_majorticklocs() if low <= v <= high]
@@ -134,7 +140,7 @@ def test_bars_draw_each_shape_and_mode_fastest_first_and_name_what_did_not_run()
 
 def test_a_sweep_with_more_cells_than_bar_charts_leaves_them_to_the_lines():
     data = rows(SEQS)
-    wider = [dict(copy.deepcopy(r), head_dim=128, shape=r["shape"].replace("x64", "x128")) for r in data]
+    wider = [changed(r, head_dim=128, shape=r.shape.replace("x64", "x128")) for r in data]
     drawn, skipped = figures(data + wider, ["bars", "latency"])
     assert list(drawn) == ["latency"]
     assert skipped["bars"] == "16 shape × mode cells, more than 8 bar charts; the latency plot draws them"
@@ -201,7 +207,7 @@ def matplotlib_colour(colour) -> str:
 
 def test_memory_plot_draws_with_an_s_squared_guide():
     # Peak memory is measured on CUDA only: give the CPU rows the size of their B·H·S² fp32 scores.
-    data = [dict(r, peak_memory_mib=4 * r["batch"] * r["heads"] * r["seq"] ** 2 / 2**20) for r in rows(SEQS)]
+    data = [changed(r, peak_memory_mib=4 * r.batch * r.heads * r.seq**2 / 2**20) for r in rows(SEQS)]
     drawn, _ = figures(data, ["memory"])
     legend = drawn["memory"].subfigs[1].legends[0]
     labels = [t.get_text() for t in legend.get_texts()]
@@ -209,8 +215,20 @@ def test_memory_plot_draws_with_an_s_squared_guide():
 
 
 def test_model_rows_without_shape_fields_still_plot():
-    keep = ("variant", "seq", "status", "latency_us", "kernels_per_forward", "peak_memory_mib", "findings")
-    data = [{k: r.get(k) for k in keep} for r in rows(SEQS) if r["mode"] == "fwd"]
+    data = [
+        Row(
+            subject="model",
+            variant=r.variant,
+            seq=r.seq,
+            status=r.status,
+            latency_us=r.latency_us,
+            kernels_per_forward=r.kernels_per_forward,
+            peak_memory_mib=r.peak_memory_mib,
+            findings=r.findings,
+        )
+        for r in rows(SEQS)
+        if r.mode == "fwd"
+    ]
     drawn, skipped = figures(data)
     assert "latency" in drawn and "throughput" in skipped
     assert {s.variant for s in latency_series(data)} == {"naive", "sdpa-math", "sdpa-flash"}

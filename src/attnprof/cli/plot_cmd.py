@@ -50,7 +50,7 @@ def plot_command(results: ResultsArg, output: PlotDirOpt = None, formats: PlotFo
     """
     from attnprof.files import unique_dir
     from attnprof.report.plots import figures, left_out, matplotlib_available, write_figures
-    from attnprof.report.results_file import load_results
+    from attnprof.results.files import load_results
 
     chosen = plot_formats(formats)
     matplotlib_available()

@@ -38,7 +38,7 @@ def report_command(results: ResultsArg, output: ReportOpt = None) -> None:
     from attnprof.files import create_new
     from attnprof.report.html import PlotImage, report_html
     from attnprof.report.plots import PLOTS, figures, svg_bytes
-    from attnprof.report.results_file import load_results
+    from attnprof.results.files import load_results
 
     loaded = load_results(results)
     if loaded.truncated:

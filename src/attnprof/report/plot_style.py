@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnprof.results.schema import Row
+
 #: The fields besides `variant` and `seq` that tell two rows' series apart.
 SERIES_FIELDS = ("mode", "device", "dtype", "causal", "batch", "heads", "kv_heads", "head_dim")
 LINE_STYLES: dict[str, Any] = {"fwd": "-", "bwd": "--", "fwd+bwd": ":"}
@@ -30,8 +32,6 @@ DODGE_NOTE = (
 NOTE_COLOUR = "#444444"
 GUIDE_COLOUR = "#888888"
 
-Row = dict[str, Any]
-
 
 class NothingToPlot(Exception):
     """A plot that would be empty; the message says why, in one line."""
@@ -44,6 +44,7 @@ class Series:
     variant: str
     key: tuple[Any, ...]  # the SERIES_FIELDS values
     points: list[tuple[float, float, Row]] = field(default_factory=list)  # (x, y, row)
+    labels: list[str] = field(default_factory=list)  # a name per point, where a plot names them (the roofline)
 
     @property
     def mode(self) -> Any:
@@ -71,7 +72,7 @@ class Style:
 
 def ok_rows(rows: Iterable[Row]) -> list[Row]:
     """The rows that ran and passed: the only ones plotted."""
-    return [row for row in rows if str(row.get("status", "")).partition(":")[0] == "ok"]
+    return [row for row in rows if row.status.partition(":")[0] == "ok"]
 
 
 def number(value: Any) -> float | None:
@@ -83,21 +84,22 @@ def number(value: Any) -> float | None:
 
 def series_key(row: Row) -> tuple[Any, ...]:
     """The row's SERIES_FIELDS values; `kv_heads` only when it differs from `heads` (GQA)."""
-    kv_heads = row.get("kv_heads") if row.get("kv_heads") != row.get("heads") else None
-    return tuple(kv_heads if f == "kv_heads" else row.get(f) for f in SERIES_FIELDS)
+    kv_heads = row.kv_heads if row.kv_heads != row.heads else None
+    return (row.mode, row.device, row.dtype, row.causal, row.batch, row.heads, kv_heads, row.head_dim)
 
 
 def describe(fields: dict[str, Any]) -> str:
     """`b4 h32 kv8 d128 · causal · bf16 · fwd+bwd · cuda:0` for the given series fields (None left out)."""
+    fields = dict.fromkeys(SERIES_FIELDS) | fields
     shape = " ".join(
         f"{prefix}{fields[name]}"
         for name, prefix in (("batch", "b"), ("heads", "h"), ("kv_heads", "kv"), ("head_dim", "d"))
-        if fields.get(name) is not None
+        if fields[name] is not None
     )
     words = [shape] if shape else []
-    if fields.get("causal") is not None:
+    if fields["causal"] is not None:
         words.append("causal" if fields["causal"] else "full")
-    words += [str(fields[name]) for name in ("dtype", "mode", "device") if fields.get(name) is not None]
+    words += [str(fields[name]) for name in ("dtype", "mode", "device") if fields[name] is not None]
     return " · ".join(words)
 
 
@@ -114,7 +116,7 @@ def _palette(count: int) -> list[Any]:
 def style_for(rows: list[Row]) -> Style:
     """The drawing style of these rows: built from all of them, so every plot of a file agrees."""
     rows = ok_rows(rows)
-    variants = list(dict.fromkeys(str(row.get("variant")) for row in rows))
+    variants = list(dict.fromkeys(row.variant for row in rows))
     palette = _palette(len(variants))
     keys = list(dict.fromkeys(series_key(row) for row in rows))
     varying = tuple(f for i, f in enumerate(SERIES_FIELDS) if len({k[i] for k in keys}) > 1)
@@ -160,10 +162,10 @@ def series(rows: list[Row], x: Callable[[Row], Any], y: Callable[[Row], Any]) ->
         if xv is None or yv is None or xv <= 0 or yv <= 0:
             continue
         key = series_key(row)
-        variant = str(row.get("variant"))
+        variant = row.variant
         grouped.setdefault((variant, *key), Series(variant, key)).points.append((xv, yv, row))
     for item in grouped.values():
-        item.points.sort(key=lambda point: (number(point[2].get("seq")) or 0, point[0]))
+        item.points.sort(key=lambda point: (number(point[2].seq) or 0, point[0]))
     return list(grouped.values())
 
 

@@ -9,7 +9,6 @@ HTML report embeds. matplotlib is imported inside functions and draws through Ag
 from __future__ import annotations
 
 import io
-from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ from typing import Any
 from attnprof.errors import MissingExtraError, OutputError
 from attnprof.files import create_new
 from attnprof.report.formatting import fmt_number
+from attnprof.report.plot_roofline import TITLE as ROOFLINE_TITLE
+from attnprof.report.plot_roofline import roofline_figure
 from attnprof.report.plot_style import (
     GUIDE_COLOUR,
     NOTE_COLOUR,
     NothingToPlot,
-    Row,
     Series,
     Style,
     canvas,
@@ -34,10 +34,10 @@ from attnprof.report.plot_style import (
     ok_rows,
     seq_axis,
     series,
-    series_key,
     style_for,
     tick,
 )
+from attnprof.results.schema import Row
 
 #: Every plot, in the order they are drawn: file stem and title.
 PLOTS = {
@@ -47,7 +47,7 @@ PLOTS = {
     "memory": "Peak memory against sequence length",
     "kernels": "Kernels per forward against sequence length",
     "gpu_vs_cpu": "GPU time against CPU time per forward",
-    "roofline": "Attention kernels on the roofline (Nsight Compute)",
+    "roofline": ROOFLINE_TITLE,
 }
 #: The most shape × mode cells drawn as bar charts (a sweep has more: its latency plot draws them).
 MAX_BAR_PANELS = 8
@@ -64,9 +64,9 @@ def matplotlib_available() -> None:
         raise MissingExtraError(INSTALL) from None
 
 
-def _seq_series(rows: list[Row], field: str, what: str) -> list[Series]:
-    """The series of `field` against seq; NothingToPlot when no ok row has it, or all at one seq."""
-    drawn = series(rows, lambda row: row.get("seq"), lambda row: row.get(field))
+def _seq_series(rows: list[Row], value: Callable[[Row], Any], what: str) -> list[Series]:
+    """The series of `value` against seq; NothingToPlot when no ok row has it, or all at one seq."""
+    drawn = series(rows, _seq, value)
     if not drawn:
         raise NothingToPlot(f"no ok row has {what}")
     seqs = {point[0] for item in drawn for point in item.points}
@@ -86,24 +86,28 @@ def _seqs(drawn: list[Series]) -> list[float]:
     return [point[0] for item in drawn for point in item.points]
 
 
-def _spread(points: list[tuple[float, float, Row]], low: str, high: str) -> list[list[float]]:
-    """Error bars below and above each point from the rows' `low` and `high` fields (none when missing)."""
-    below = [max(y - (number(row.get(low)) or y), 0.0) for _x, y, row in points]
-    above = [max((number(row.get(high)) or y) - y, 0.0) for _x, y, row in points]
+def _seq(row: Row) -> int | None:
+    return row.seq
+
+
+def _spread(points: list[tuple[float, float, Row]]) -> list[list[float]]:
+    """Bars below and above each point to the 25th and 75th percentile of its row's latency (none when missing)."""
+    below = [max(y - (number(row.latency_p25_us) or y), 0.0) for _x, y, row in points]
+    above = [max((number(row.latency_p75_us) or y) - y, 0.0) for _x, y, row in points]
     return [below, above]
 
 
 def latency_figure(rows: list[Row], style: Style) -> Any:
     """Median latency against seq, log-log, with 25th-75th percentile bars; hollow markers: unstable."""
-    drawn = _seq_series(rows, "latency_us", "a latency")
+    drawn = _seq_series(rows, lambda row: row.latency_us, "a latency")
     plot = canvas()
     ax = plot.axes[0]
     unstable = False
     for item in drawn:
         kwargs = line_style(item, style)
         xs, ys = dodged(item, style), [p[1] for p in item.points]
-        ax.errorbar(xs, ys, yerr=_spread(item.points, "latency_p25_us", "latency_p75_us"), capsize=2, **kwargs)
-        shaky = [(x, p[1]) for x, p in zip(xs, item.points, strict=True) if p[2].get("unstable")]
+        ax.errorbar(xs, ys, yerr=_spread(item.points), capsize=2, **kwargs)
+        shaky = [(x, p[1]) for x, p in zip(xs, item.points, strict=True) if p[2].unstable]
         unstable = unstable or bool(shaky)
         if shaky:
             ax.plot(
@@ -153,7 +157,7 @@ def bars_figure(rows: list[Row], style: Style) -> Any:
         ax = figure.add_subplot(grid[index // columns, index % columns])
         unstable = _bar_panel(ax, group, style) or unstable
     notes = ["bars: median latency, fastest at the top; whiskers: 25th to 75th percentile; speed-up over the baseline"]
-    if any(not number(r.get("latency_us")) for group in groups for r in group):
+    if any(not number(r.latency_us) for group in groups for r in group):
         notes.append("not run: the variants of that cell without a latency, by status")
     if unstable:
         notes.append("hatched: unstable timing (IQR over 10% of the median, also when re-timed)")
@@ -169,25 +173,26 @@ def _bar_panel(ax: Any, group: list[Row], style: Style) -> bool:
 
     from attnprof.report.tables import cell_label, speedup_text, variant_label
 
-    ran = sorted((r for r in group if number(r.get("latency_us"))), key=lambda r: r["latency_us"])
+    timed = [(row, value) for row in group if (value := number(row.latency_us))]
+    timed.sort(key=lambda hit: hit[1])
+    ran, values = [row for row, _ in timed], [value for _, value in timed]
     idle: dict[str, list[str]] = {}
     for row in group:
-        if not number(row.get("latency_us")):
-            word = str(row.get("status", "")).partition(":")[0]
+        if not number(row.latency_us):
+            word = row.status.partition(":")[0]
             idle.setdefault("no latency" if word in ("", "ok") else word, []).append(variant_label(row, group))
-    values = [float(r["latency_us"]) for r in ran]
-    spread = _spread([(0.0, v, r) for v, r in zip(values, ran, strict=True)], "latency_p25_us", "latency_p75_us")
+    spread = _spread([(0.0, v, r) for v, r in zip(values, ran, strict=True)])
     bars = ax.barh(
         range(len(ran)),
         values,
         xerr=spread,
-        color=[style.colours.get(str(r["variant"]), GUIDE_COLOUR) for r in ran],
+        color=[style.colours.get(r.variant, GUIDE_COLOUR) for r in ran],
         error_kw={"capsize": 2, "elinewidth": 1, "ecolor": "#333333"},
         height=0.7,
     )
     unstable = False
     for bar, row in zip(bars, ran, strict=True):
-        if row.get("unstable"):
+        if row.unstable:
             bar.set_hatch("///")
             bar.set_edgecolor("white")
             unstable = True
@@ -215,7 +220,7 @@ def _bar_panel(ax: Any, group: list[Row], style: Style) -> bool:
 
 def _bar_rows(group: list[Row]) -> int:
     """The rows of one bar panel: a bar per variant with a latency, and one for all the others."""
-    timed = sum(1 for r in group if number(r.get("latency_us")))
+    timed = sum(1 for r in group if number(r.latency_us))
     return timed + (timed < len(group))
 
 
@@ -223,14 +228,14 @@ def _bar_groups(rows: list[Row]) -> list[list[Row]]:
     """The rows of each shape × mode (file order) where at least one ok row has a latency."""
     groups: dict[tuple[Any, Any], list[Row]] = {}
     for row in rows:
-        groups.setdefault((row.get("shape") or row.get("seq"), row.get("mode") or "fwd"), []).append(row)
-    return [group for group in groups.values() if any(number(r.get("latency_us")) for r in ok_rows(group))]
+        groups.setdefault((row.shape or row.seq, row.mode or "fwd"), []).append(row)
+    return [group for group in groups.values() if any(number(r.latency_us) for r in ok_rows(group))]
 
 
 def throughput_figure(rows: list[Row], style: Style) -> Any:
     """TFLOP/s against seq and, in a second panel, the % of the measured matmul ceiling (when known)."""
-    drawn = _seq_series(rows, "tflops", "a TFLOP/s figure")
-    percent = series(rows, lambda row: row.get("seq"), lambda row: row.get("pct_of_peak"))
+    drawn = _seq_series(rows, lambda row: row.tflops, "a TFLOP/s figure")
+    percent = series(rows, _seq, lambda row: row.pct_of_peak)
     plot = canvas(panels=2 if percent else 1, width=12.0 if percent else 9.0)
     _lines(plot.axes[0], drawn, style)
     values = [p[1] for item in drawn for p in item.points]
@@ -245,17 +250,14 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
         highest = max(p[1] for item in percent for p in item.points)
         plot.axes[1].set_ylim(0, 105 if highest > 50 else highest * 1.3)  # low percentages not squashed
         plot.axes[1].set_ylabel("% of the measured matmul ceiling")
-        ceilings = sorted({fmt_number(p[2].get("peak_tflops")) for item in percent for p in item.points})
+        ceilings = sorted({fmt_number(p[2].peak_tflops) for item in percent for p in item.points})
         notes.append(
             f"ceiling: a dense matmul in the same dtype, measured on the device: {', '.join(ceilings)} TFLOP/s"
         )
-    reasons = sorted({str(row["pct_of_peak_note"]) for row in ok_rows(rows) if row.get("pct_of_peak_note")})
+    reasons = sorted({row.pct_of_peak_note for row in ok_rows(rows) if row.pct_of_peak_note})
     if reasons:
         notes.append("% of the ceiling is n/a for some rows: " + "; ".join(reasons))
-    notes += [
-        f"FLOPs: {text}"
-        for text in sorted({str(r["flops_convention"]) for r in ok_rows(rows) if r.get("flops_convention")})
-    ]
+    notes += [f"FLOPs: {text}" for text in sorted({r.flops_convention for r in ok_rows(rows) if r.flops_convention})]
     for ax in plot.axes:
         seq_axis(ax, _seqs(drawn))
     if max(values) / min(values) > 20:
@@ -265,7 +267,7 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
 
 def memory_figure(rows: list[Row], style: Style) -> Any:
     """Peak extra memory against seq, log-log, with a dashed S² guide: naive's scores grow quadratically."""
-    drawn = _seq_series(rows, "peak_memory_mib", "a peak memory (measured on CUDA only)")
+    drawn = _seq_series(rows, lambda row: row.peak_memory_mib, "a peak memory (measured on CUDA only)")
     plot = canvas()
     ax = plot.axes[0]
     _lines(ax, drawn, style)
@@ -291,7 +293,7 @@ def kernels_figure(rows: list[Row], style: Style) -> Any:
     """Kernels launched per forward against seq."""
     from matplotlib.ticker import MaxNLocator
 
-    drawn = _seq_series(rows, "kernels_per_forward", "a kernel count (GPU runs only)")
+    drawn = _seq_series(rows, lambda row: row.kernels_per_forward, "a kernel count (GPU runs only)")
     plot = canvas()
     ax = plot.axes[0]
     _lines(ax, drawn, style)
@@ -306,7 +308,7 @@ def kernels_figure(rows: list[Row], style: Style) -> Any:
 def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
     """Profiler GPU time against CPU time per forward, log-log, with the diagonal where they are equal:
     below it the host takes longer than the device (launch-bound), above it the device is the limit."""
-    drawn = series(rows, lambda row: row.get("cpu_time_us"), lambda row: row.get("gpu_time_us"))
+    drawn = series(rows, lambda row: row.cpu_time_us, lambda row: row.gpu_time_us)
     if not drawn:
         raise NothingToPlot("no ok row has both a GPU and a CPU time (CPU runs have no device time)")
     plot = canvas(width=7.5, height=7.0)
@@ -330,7 +332,7 @@ def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
     joined = [item for item in drawn if len(item.points) > 1]
     for item in joined:
         for x, y, row in (item.points[0], item.points[-1]):
-            label = f"S={tick(number(row.get('seq')) or 0)}"
+            label = f"S={tick(number(row.seq) or 0)}"
             ax.annotate(
                 label,
                 (x, y),
@@ -341,122 +343,6 @@ def gpu_vs_cpu_figure(rows: list[Row], style: Style) -> Any:
             )
     notes = ["a line joins one variant's rows from the shortest to the longest sequence (S)"] if joined else []
     return finish(plot, PLOTS["gpu_vs_cpu"], style, drawn, notes, [diagonal])
-
-
-#: The most kernels a roofline names beside their points (more: the legend and colours alone).
-NAMED_POINTS = 12
-
-
-def _counted_points(rows: list[Row]) -> tuple[list[Series], list[dict[str, Any]], int]:
-    """The roofline's points, one series per row with counters (x: FLOPs per DRAM byte, y: TFLOP/s, each
-    point's row carrying the kernel as `_kernel`), the distinct ceilings, and how many kernels of the shown
-    steps had no FLOPs to place (no matmul work on the tensor pipe, or FLOPs unknown)."""
-    from attnprof.report.counters_tables import shown_kernels
-
-    drawn: list[Series] = []
-    peaks: dict[tuple[float, float], dict[str, Any]] = {}
-    unplaced = 0
-    for row in ok_rows(rows):
-        counters = row.get("counters")
-        if not counters:
-            continue
-        points = []
-        for kernel, placement in shown_kernels(counters, every=False):
-            x = number((placement or {}).get("intensity"))
-            y = number((placement or {}).get("tflops"))
-            if x is None or y is None or x <= 0 or y <= 0:
-                unplaced += 1
-                continue
-            points.append((x, y, row | {"_kernel": kernel.get("short_name") or kernel.get("name")}))
-        if points:
-            drawn.append(Series(str(row.get("variant")), series_key(row), points))
-        found = counters.get("peaks")
-        if found and found.get("tflops") and found.get("read_gbps"):
-            peaks[(found["tflops"], found["read_gbps"])] = found
-    return drawn, list(peaks.values()), unplaced
-
-
-def roofline_figure(rows: list[Row], style: Style) -> Any:
-    """Each counted attention kernel at its arithmetic intensity (its share of the step's FLOPs over the DRAM
-    bytes Nsight Compute measured) and its TFLOP/s, log-log, under the roofs: the matmul ceiling and the read
-    bandwidth (measured, else the datasheet), with each ridge point."""
-    drawn, peaks, unplaced = _counted_points(rows)
-    if not drawn:
-        why = (
-            "no row has hardware counters (--ncu)"
-            if not any(r.get("counters") for r in rows)
-            else ("no counted kernel has a place on the roofline (no FLOPs, DRAM bytes or time)")
-        )
-        raise NothingToPlot(why)
-    plot = canvas(width=8.5, height=6.0)
-    ax = plot.axes[0]
-    points = [(x, y) for item in drawn for x, y, _row in item.points]
-    xs = [x for x, _ in points] + [p["tflops"] * 1e3 / p["read_gbps"] for p in peaks]
-    ys = [y for _, y in points] + [p["tflops"] for p in peaks]
-    low_x, high_x = min(xs) / 8, max(xs) * 8
-    extra = []
-    for n, found in enumerate(peaks):
-        ridge = found["tflops"] * 1e3 / found["read_gbps"]
-        roof_x = [low_x, ridge, high_x]
-        roof_y = [low_x * found["read_gbps"] / 1e3, found["tflops"], found["tflops"]]
-        basis = "measured" if found.get("basis") == "measured" else str(found.get("source") or "").rsplit(" ", 2)[0]
-        label = f"{found['tflops']:,.0f} TFLOP/s matmul,\n{found['read_gbps']:,.0f} GB/s read ({basis})"
-        style_n = ("-", "--", ":")[n % 3]
-        (roof,) = ax.plot(roof_x, roof_y, color=GUIDE_COLOUR, linestyle=style_n, linewidth=1.2, label=label)
-        ax.annotate(
-            f"ridge {ridge:,.0f}",
-            (ridge, found["tflops"]),
-            textcoords="offset points",
-            xytext=(4, 6),
-            fontsize=7,
-            color=NOTE_COLOUR,
-        )
-        extra.append(roof)
-    for item in drawn:
-        kwargs = line_style(item, style)
-        ax.plot(
-            [p[0] for p in item.points],
-            [p[1] for p in item.points],
-            linestyle="none",
-            marker=kwargs["marker"],
-            markersize=8,
-            color=kwargs["color"],
-        )
-
-    # Colour and marker already say which cell a point is: kernels are named only where a cell has several.
-    def cell(row: Row) -> tuple[Any, ...]:
-        return tuple(row.get(k) for k in ("variant", "batch", "heads", "kv_heads", "seq", "head_dim", "mode"))
-
-    per_cell = Counter(cell(row) for item in drawn for _x, _y, row in item.points)
-    if len(points) <= NAMED_POINTS:
-        named = 0
-        for item in drawn:
-            for x, y, row in item.points:
-                if per_cell[cell(row)] < 2:
-                    continue
-                name = str(row["_kernel"])
-                ax.annotate(
-                    name if len(name) <= 28 else name[:27] + "…",
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(6, (-3, 7, -13)[named % 3]),  # neighbours' labels step apart
-                    fontsize=7,
-                    color=line_style(item, style)["color"],
-                )
-                named += 1
-    ax.set_xlim(low_x, high_x)
-    ax.set_ylim(min(ys) / 4, max(ys) * 2)
-    log_axis(ax, "x")
-    log_axis(ax, "y")
-    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte read and written, Nsight Compute)")
-    ax.set_ylabel("TFLOP/s (the kernel's share of the step's FLOPs / its time)")
-    notes = [
-        "a kernel's FLOPs: the step's analytic FLOPs split across its kernels by tensor-pipe-active time",
-        "times are Nsight Compute's (each kernel replayed, by default at base clocks)",
-    ]
-    if unplaced:
-        notes.append(f"{unplaced} kernel(s) without FLOPs (no matmul work on the tensor pipe) are not drawn")
-    return finish(plot, PLOTS["roofline"], style, drawn, notes, extra)
 
 
 FIGURES: dict[str, Callable[[list[Row], Style], Any]] = {
@@ -525,7 +411,7 @@ def left_out(rows: list[Row]) -> list[str]:
     """`variant (status word, n cells)` for the rows that are not ok: what the plots leave out."""
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        word = str(row.get("status", "")).partition(":")[0] or "no status"
+        word = row.status.partition(":")[0] or "no status"
         if word != "ok":
-            counts[(str(row.get("variant")), word)] = counts.get((str(row.get("variant")), word), 0) + 1
+            counts[(row.variant, word)] = counts.get((row.variant, word), 0) + 1
     return [f"{variant} ({word}, {n} cell{'s' if n > 1 else ''})" for (variant, word), n in counts.items()]
