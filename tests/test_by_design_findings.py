@@ -1,5 +1,5 @@
 """A variant's `by_design` findings restate what it is on purpose (sdpa-math pins the math backend), so
-its cells leave them out; `analyze` on the same trace still reports them."""
+the judge leaves them out of its cells (`CellResult.findings`); `analyze` on the same trace still reports them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from attnprof.analysis import analyze_trace
 from attnprof.pipeline.cell import _analyse
+from attnprof.pipeline.measured import CellResult
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.pipeline.measured import CellResult
 
 TRACE = Path(__file__).resolve().parent / "data" / "h200" / "8x16x1024x64" / "sdpa-math.json.gz"
 
@@ -17,10 +17,10 @@ TRACE = Path(__file__).resolve().parent / "data" / "h200" / "8x16x1024x64" / "sd
 def cell_findings(by_design: frozenset[str]) -> list[str]:
     spec = RunSpec(device="cuda:0", dtype="bf16", batch=8, heads=16, seq=1024, head_dim=64)
     result = CellResult(variant="sdpa-math", source="built-in", spec=spec)
-    result.trace_path = TRACE
-    _analyse(result, "attnprof", None, by_design)
+    result.trace_path, result.by_design = TRACE, by_design
+    _analyse(result, "attnprof", None)
     assert result.analysis is not None
-    return result.analysis.finding_ids
+    return [f.id for f in result.findings]
 
 
 def test_sdpa_math_pins_the_math_backend_on_purpose():

@@ -26,16 +26,16 @@ from attnprof.analysis.counters import (
     kernel_key,
     load_counters,
 )
-from attnprof.analysis.counters.cell import cell_findings
 from attnprof.analysis.counters.metrics import COUNTER_METRICS, STALL_REASONS, stall_metric
 from attnprof.analysis.counters.readers import read_ncu_rep
 from attnprof.analysis.counters.roofline import steps_of
 from attnprof.analysis.counters.units import parse_number, to_base, unit_factor
+from attnprof.analysis.findings import Verdict, judge
 from attnprof.nsight import NsightUnavailableError
 from attnprof.peaks import measured_peaks
+from attnprof.pipeline.measured import CellResult
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.registry import RunSpec
-from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -569,10 +569,11 @@ def test_counters_resolve_occupancy_unreported():
     analysis = analyze_trace(DATA / "4x32x8192x128-kv8" / "sdpa-cudnn.json.gz")
     assert "occupancy-unreported" in ids(analysis.findings)
     found = counters("sdpa-cudnn")
-    resolved = cell_findings(analysis.findings, analysis.kernels, found)
+    resolved = judge(Verdict(analysis.findings, analysis.kernels, counters=found.counted_for(analysis.kernels)))
     assert "occupancy-unreported" not in ids(resolved)
     other = replace(kernel("flex"), index=0)  # a report that measured another kernel: the finding stays
-    kept = cell_findings(analysis.findings, analysis.kernels, _counted(other))
+    counted = _counted(other).counted_for(analysis.kernels)
+    kept = judge(Verdict(analysis.findings, analysis.kernels, counters=counted))
     assert "occupancy-unreported" in ids(kept)
 
 
@@ -601,29 +602,33 @@ def test_counters_round_trip_through_json():
 
 
 def test_the_results_entry_holds_the_counters_and_the_findings():
-    from attnprof.report.serialize import csv_row, json_entry
+    from attnprof.pipeline.rows import cell_row
+    from attnprof.results.files import to_json
 
     result = CellResult("triton-flash", "plugin", SPEC)
     result.analysis = analyze_trace(DATA / "4x32x8192x128-kv8" / "triton-flash.json.gz")
     result.counters = counters("triton-flash")
-    entry = json.loads(json.dumps(json_entry(result)))
-    assert "l2-thrash" in entry["finding_ids"].split() and "l2-thrash" in [f["id"] for f in entry["findings"]]
+    row = cell_row(result)
+    entry = json.loads(to_json(row))
+    assert "l2-thrash" in row.finding_ids and "l2-thrash" in [f["id"] for f in entry["findings"]]
     assert CellCounters.from_dict(entry["counters"]).to_dict() == {
         k: v for k, v in entry["counters"].items() if k != "occupancy_measured"
     }
     assert entry["counters"]["occupancy_measured"] == [
         "_attn_fwd: achieved occupancy 12.5% measured by Nsight Compute (the trace reported none)"
     ]
-    assert csv_row(result)["ncu_seconds"] == 12.0 and csv_row(result)["ncu_report"].endswith("triton-flash-fwd.raw.csv")
+    assert row.ncu_seconds == 12.0 and (row.ncu_report or "").endswith("triton-flash-fwd.raw.csv")
     result.counters = None
-    assert json_entry(result)["counters"] is None and csv_row(result)["ncu_seconds"] is None
+    row = cell_row(result)
+    assert row.counters is None and row.ncu_seconds is None
 
 
 def test_resume_keeps_the_counters_of_a_finished_row(tmp_path):
-    from attnprof.config import parse_config
-    from attnprof.pipeline.resume import kept_rows
     from attnprof.report.results_file import load_results
     from attnprof.report.serialize import results_document
+
+    from attnprof.config import parse_config
+    from attnprof.pipeline.resume import kept_rows
 
     result = CellResult("sdpa-cudnn", "built-in", SPEC)
     result.counters = counters("sdpa-cudnn")

@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import attnprof.analysis
@@ -27,10 +28,12 @@ from attnprof.pipeline.mask_alternatives import (
     attach_row_alternatives,
     wanted,
 )
+from attnprof.pipeline.measured import CellResult
 from attnprof.plugins import load_variants
 from attnprof.profiling.timing import Timing
 from attnprof.registry import RunSpec
-from attnprof.pipeline.measured import CellResult
+from attnprof.results.files import to_json
+from attnprof.results.schema import Row
 
 DATA = Path(__file__).parent / "data" / "h200" / "masks"
 FAST = MeasureOptions(min_time_s=0.02)
@@ -81,9 +84,9 @@ def test_wanted_alternatives_per_mask() -> None:
     assert wanted("sdpa", "none", 64, _key("none")) == []
 
 
-def _row(variant: str, mask: str, latency: float | None, findings: tuple[str, ...] = (), **extra) -> dict:
+def _row(variant: str, mask: str, latency: float | None, findings: tuple[str, ...] = (), **extra) -> Row:
     spec = RunSpec("cuda", "bf16", 4, 16, 8192, 64, mask=mask)
-    return {
+    row = {
         "variant": variant,
         "shape": spec.shape_label,
         "batch": 4,
@@ -106,6 +109,7 @@ def _row(variant: str, mask: str, latency: float | None, findings: tuple[str, ..
         "mask_alternatives": [],
         **extra,
     }
+    return msgspec.convert(row, Row)
 
 
 def test_a_compare_names_the_cells_of_its_alternatives() -> None:
@@ -119,33 +123,40 @@ def test_a_compare_names_the_cells_of_its_alternatives() -> None:
         _row("flex", "sliding_window:1024", 0.0),  # skipped
     ]
     attach_row_alternatives(rows)
-    message = dense["findings"][0]["message"]
+    message = dense.findings[0].message
     assert message.startswith("dense-mask says so. ")
     assert (
         "SDPA with is_causal=True (sdpa at 4x16x8192x64) takes 300.0 us (a cell of this run) against this "
         "cell's 900.0 us: 3.00x faster." in message
     )
     assert "FlexAttention with a BlockMask (flex at 4x16x8192x64 prefix1) takes 450.0 us" in message
-    assert [(a["kind"], a["variant"], a["source"], a["speedup"]) for a in dense["mask_alternatives"]] == [
+    assert [(a.kind, a.variant, a.source, a.speedup) for a in dense.mask_alternatives] == [
         (IS_CAUSAL, "sdpa", THIS_RUN, 3.0),
         (BLOCK_MASK, "flex", THIS_RUN, 2.0),
     ]
     window = rows[4]
-    assert window["mask_alternatives"][0]["latency_us"] is None
-    assert window["findings"][0]["message"].endswith(
+    assert window.mask_alternatives[0].latency_us is None
+    assert window.findings[0].message.endswith(
         "FlexAttention with a BlockMask (flex at 4x16x8192x64 sw1024) did not run in this run: needs CUDA."
     )
     # the impact is what the fastest alternative saves: 900 - 300 us, 66.67% of the cell's latency
-    assert (dense["findings"][0]["impact_us"], dense["findings"][0]["impact_pct"]) == (600.0, 66.67)
-    assert "impact_us" not in window["findings"][0]  # its alternative did not run: the trace's impact stays
-    again = json.dumps(rows)
+    assert (dense.findings[0].impact_us, dense.findings[0].impact_pct) == (600.0, 66.67)
+    assert window.findings[0].impact_us is None  # its alternative did not run: the trace's impact stays
+    # the evidence names the alternative the impact comes from
+    evidence = dense.findings[0].evidence
+    assert (evidence["alternative_kind"], evidence["alternative_variant"], evidence["saved_us"]) == (
+        IS_CAUSAL,
+        "sdpa",
+        600.0,
+    )
+    again = to_json(rows)
     attach_row_alternatives(rows)  # a resumed run's rows were joined already
-    assert json.dumps(rows) == again
-    assert rows[0]["mask_alternatives"] == []  # no dense-mask finding, nothing joined
+    assert to_json(rows) == again
+    assert rows[0].mask_alternatives == []  # no dense-mask finding, nothing joined
 
 
 def test_only_a_faster_alternative_gives_an_impact() -> None:
-    from attnprof.pipeline.mask_alternatives import saved_by
+    from attnprof.analysis.findings.judge import saved_by
     from attnprof.pipeline.measured import MaskAlternative
 
     slower = MaskAlternative(BLOCK_MASK, "flex", "c", THIS_RUN, 250.0, 0.4)
@@ -159,7 +170,7 @@ def test_a_slower_alternative_says_so() -> None:
     rows = [_row("sdpa", "sliding_window:8192", 100.0, ("dense-mask",)), _row("flex", "sliding_window:8192", 250.0)]
     rows.append(_row("sdpa-cudnn", "causal", 80.0))  # the window covers every key: is_causal is the alternative
     attach_row_alternatives(rows)
-    message = rows[0]["findings"][0]["message"]
+    message = rows[0].findings[0].message
     assert (
         "(sdpa-cudnn at 4x16x8192x64) takes 80.0 us (a cell of this run) against this cell's 100.0 us: 1.25x faster"
         in message
@@ -177,6 +188,10 @@ def _dense_cell(variant: str, spec: RunSpec, analysis, latency: float = 500.0) -
     )
 
 
+def _dense_finding(result: CellResult):
+    return next(f for f in result.findings if f.id == "dense-mask")
+
+
 def test_missing_alternative_is_measured_for_comparison(dense_analysis) -> None:
     spec = RunSpec("cpu", "fp32", 1, 2, 64, 16, mask="prefix:1")
     sdpa = load_variants(no_plugins=True).registry.get("sdpa-math")
@@ -185,10 +200,10 @@ def test_missing_alternative_is_measured_for_comparison(dense_analysis) -> None:
     (alt,) = result.mask_alternatives  # flex's block mask is named only when the run has it
     assert (alt.kind, alt.variant, alt.cell, alt.source) == (IS_CAUSAL, "sdpa-math", "1x2x64x16", MEASURED)
     assert alt.latency_us is not None and alt.latency_us > 0 and alt.speedup == pytest.approx(500.0 / alt.latency_us)
-    message = result.analysis.finding("dense-mask").message
+    finding = _dense_finding(result)  # the judge weighs the cell's dense-mask finding with what was measured
+    message = finding.message
     assert "SDPA with is_causal=True (sdpa-math at 1x2x64x16) takes " in message
     assert "(measured for comparison, outside the profiled region) against this cell's 500.0 us" in message
-    finding = result.analysis.finding("dense-mask")
     if alt.latency_us < 500.0:  # the measured alternative is the time at stake
         assert finding.impact_us == pytest.approx(500.0 - alt.latency_us)
         assert finding.impact_pct == pytest.approx(100 * (500.0 - alt.latency_us) / 500.0)
@@ -202,7 +217,7 @@ def test_an_alternative_that_cannot_run_here_says_why(dense_analysis) -> None:
     (alt,) = result.mask_alternatives
     assert (alt.kind, alt.variant, alt.latency_us) == (BLOCK_MASK, "flex", None)
     assert alt.reason == "flex: flex attention needs a power-of-two head_dim >= 16 (got 48)"
-    assert result.analysis.finding("dense-mask").message.endswith(
+    assert _dense_finding(result).message.endswith(
         "FlexAttention with a BlockMask (flex at 1x2x64x48 sw16) could not be measured for comparison here: "
         "flex: flex attention needs a power-of-two head_dim >= 16 (got 48)."
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import replace
-from unittest.mock import patch
 
 import pytest
 
@@ -24,11 +23,11 @@ from attnprof.pipeline import (
 )
 from attnprof.pipeline.cell import exceeds, guard, phase, throughput
 from attnprof.pipeline.engine import Job, run_job
+from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import cell_row
 from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec
-from attnprof.pipeline.rows import cell_row
-from attnprof.pipeline.measured import CellResult
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
 SPEC = RunSpec("cpu", "fp32", **SHAPE)
@@ -37,8 +36,15 @@ FAST = MeasureOptions(min_time_s=0.02)
 
 @pytest.fixture
 def config(tmp_path) -> Config:
-    return Config(device="cpu", dtype="fp32", shapes=[SHAPE], variants=["naive", "sdpa-math"], baseline="sdpa-math",
-                  schedule=Schedule(wait=0, warmup=1, active=2), output_dir=tmp_path)
+    return Config(
+        device="cpu",
+        dtype="fp32",
+        shapes=[SHAPE],
+        variants=["naive", "sdpa-math"],
+        baseline="sdpa-math",
+        schedule=Schedule(wait=0, warmup=1, active=2),
+        output_dir=tmp_path,
+    )
 
 
 def builtin(name: str):
@@ -63,8 +69,9 @@ def test_without_timing_there_is_no_latency_but_a_trace(config) -> None:
     assert result.analysis.forwards == 2 and "warmup" in result.phases_s
 
 
-def fixed_ceiling(tflops: float | None, dtype: str = "fp32", calls: list | None = None,
-                  fresh_tflops: float | None = None) -> RunCeiling:
+def fixed_ceiling(
+    tflops: float | None, dtype: str = "fp32", calls: list | None = None, fresh_tflops: float | None = None
+) -> RunCeiling:
     """A run ceiling of `tflops` whose measurement again (counted in `calls`) gives `fresh_tflops`."""
 
     def probe(device: str, dtype: str) -> Ceiling:
@@ -94,8 +101,9 @@ def test_an_exceeded_ceiling_is_measured_again_once_then_is_na_with_a_reason(con
     assert ceiling.current.reason.startswith("sdpa-math at 1x2x32x16 reached ")
     tp = first.throughput
     assert tp.pct_of_peak is None and tp.bound is None and tp.peak_tflops == 2e-9 and tp.tflops > 2e-9
-    assert tp.pct_of_peak_note == (f"the fp32 matmul on cpu (2e-09 TFLOP/s) is slower than this attention "
-                                   f"({tp.tflops:.3g} TFLOP/s): no ceiling")
+    assert tp.pct_of_peak_note == (
+        f"the fp32 matmul on cpu (2e-09 TFLOP/s) is slower than this attention ({tp.tflops:.3g} TFLOP/s): no ceiling"
+    )
     second = run_cell(builtin("naive"), SPEC, config, FAST, ceiling)
     assert calls == ["fp32"] and second.throughput.pct_of_peak is None  # once per run
     row = cell_row(first)
@@ -126,8 +134,11 @@ def test_throughput_is_pure_arithmetic() -> None:
     half = throughput(SPEC, latency_us, Ceiling(1.0, 10.0, "cached"))
     assert half.pct_of_peak == pytest.approx(50.0) and half.pct_of_peak_note is None and not exceeds(half)
     over = throughput(SPEC, latency_us, Ceiling(0.25, 10.0, "cached"))
-    assert exceeds(over) and over.pct_of_peak is None and "(0.25 TFLOP/s) is slower than this attention (0.5 " \
-        in over.pct_of_peak_note
+    assert (
+        exceeds(over)
+        and over.pct_of_peak is None
+        and "(0.25 TFLOP/s) is slower than this attention (0.5 " in over.pct_of_peak_note
+    )
 
 
 def test_a_measurement_again_puts_every_cell_of_the_run_on_the_fresh_ceiling(config) -> None:
@@ -173,8 +184,11 @@ def test_a_wrong_output_fails_after_the_trace_is_analysed(config) -> None:
 def test_guard_and_phase() -> None:
     result = CellResult("v", "built-in", SPEC)
     variant = builtin("naive")
-    with pytest.raises(VariantFailure, match="setup raised KeyError: 'x'"), phase(result, "setup"), \
-            guard("setup", variant):
+    with (
+        pytest.raises(VariantFailure, match="setup raised KeyError: 'x'"),
+        phase(result, "setup"),
+        guard("setup", variant),
+    ):
         raise KeyError("x")
     with pytest.raises(KeyboardInterrupt), guard("forward", variant):
         raise KeyboardInterrupt
@@ -239,12 +253,23 @@ def test_default_exclusions_hold_on_cpu_only() -> None:
 def test_exclusions_name_each_variant_once_under_its_first_entry(config) -> None:
     registry = load_variants(no_plugins=True).registry
     config = config.model_copy(update={"variants": ["naive", "sdpa*"]})
-    config = Config.model_validate(config.model_dump() | {"exclude": [
-        {"variants": ["sdpa-cudnn", "sdpa-flash"], "device": "cuda", "reason": "r1"}, "sdpa-*", "compiled"]})
-    assert config_exclusions(config, registry, "cuda:1") == [(["sdpa-flash", "sdpa-cudnn"], "r1"),
-                                                            (["sdpa-math", "sdpa-efficient"], None)]
-    assert config_exclusions(config, registry, "cpu") == [(["sdpa-math", "sdpa-efficient", "sdpa-flash",
-                                                            "sdpa-cudnn"], None)]
+    config = Config.model_validate(
+        config.model_dump()
+        | {
+            "exclude": [
+                {"variants": ["sdpa-cudnn", "sdpa-flash"], "device": "cuda", "reason": "r1"},
+                "sdpa-*",
+                "compiled",
+            ]
+        }
+    )
+    assert config_exclusions(config, registry, "cuda:1") == [
+        (["sdpa-flash", "sdpa-cudnn"], "r1"),
+        (["sdpa-math", "sdpa-efficient"], None),
+    ]
+    assert config_exclusions(config, registry, "cpu") == [
+        (["sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"], None)
+    ]
 
 
 def test_names_are_checked_for_every_device(config) -> None:
@@ -256,6 +281,8 @@ def test_names_are_checked_for_every_device(config) -> None:
     typo = config.model_copy(update={"baseline": "sdpa-mth"})
     with pytest.raises(UnknownVariantError, match="unknown baseline 'sdpa-mth'; did you mean sdpa-math"):
         select_variants(typo, registry, "cpu")
+
+
 def fake_timings(monkeypatch, *spreads: float) -> list[dict]:
     """Replace time_forward by one returning a Timing per spread in turn (unstable above 10 %);
     returns the calls it received."""
@@ -267,8 +294,13 @@ def fake_timings(monkeypatch, *spreads: float) -> list[dict]:
     def time_forward(fn, device, options, **kwargs):
         calls.append({"options": options, **kwargs})
         spread = next(samples)
-        return timing.summarize([1e-4 * (1 - spread), 1e-4, 1e-4, 1e-4 * (1 + spread)], reps=4, warmup_reps=3,
-                                cold_s=0.5 / len(calls), method=f"fake {len(calls)}")
+        return timing.summarize(
+            [1e-4 * (1 - spread), 1e-4, 1e-4, 1e-4 * (1 + spread)],
+            reps=4,
+            warmup_reps=3,
+            cold_s=0.5 / len(calls),
+            method=f"fake {len(calls)}",
+        )
 
     monkeypatch.setattr(timing, "time_forward", time_forward)
     return calls
@@ -329,10 +361,14 @@ def test_a_single_process_leaves_out_collective_variants_a_wildcard_chose(config
     assert without_collective(config.model_copy(update={"variants": ["*"]}), everything, grouped=True) == everything
     named = config.model_copy(update={"variants": ["naive", "cp-ring"]})
     assert [v.name for v in without_collective(named, select_variants(named, registry, "cpu"), False)] == [
-        "naive", "cp-ring"]
+        "naive",
+        "cp-ring",
+    ]
     only = config.model_copy(update={"variants": ["cp-*"]})
     assert [v.name for v in without_collective(only, select_variants(only, registry, "cpu"), False)] == [
-        "cp-ring", "cp-torch"]
+        "cp-ring",
+        "cp-torch",
+    ]
 
 
 def test_the_profilers_own_table_is_built_only_when_asked(tmp_path):
@@ -342,46 +378,3 @@ def test_the_profilers_own_table_is_built_only_when_asked(tmp_path):
     asked = run_cell(builtin("sdpa-math"), SPEC, config, MeasureOptions(timing=False, key_averages_table=True))
     assert plain.status == asked.status == "ok"
     assert plain.key_averages_table is None and "Self CPU" in (asked.key_averages_table or "")
-
-
-class _Analysis:
-    """What `corroborate_cpu_bound` reads of a TraceAnalysis."""
-
-    def __init__(self, findings, gpu_time_us):
-        self.findings, self.gpu_time_us = findings, gpu_time_us
-
-    def finding(self, finding_id):
-        return next((f for f in self.findings if f.id == finding_id), None)
-
-
-@pytest.mark.parametrize("row", ["cell", "model"])
-@pytest.mark.parametrize(("latency", "settled"), [(130.0, True), (160.0, False)])
-def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -> None:
-    """Decode at 16k keys on the H200: 155 us of CPU under the profiler against 127 us on the GPU, yet 130 us
-    timed without it: the GPU sets the pace, and cpu-bound becomes info. At 160 us the host does show. A model
-    row (timed without the profiler too) is settled alike; in a training step the words say step."""
-    from attnprof.analysis.findings.registry import Finding
-    from attnprof.pipeline.cell import corroborate_cpu_bound
-    from attnprof.pipeline.measured import ModelResult
-
-    cpu_bound = Finding("cpu-bound", "CPU time per forward (154.7 us) exceeds GPU time.", "problem", 27.8, 18.0)
-    other = Finding("bandwidth-bound", "reads at 89%.", "info")
-    if row == "cell":
-        result = CellResult("sdpa", "built-in", SPEC)
-        unit = "forward"
-    else:
-        result = ModelResult("sdpa", "sdpa", "built-in", "llama", 1, 128, "fwd+bwd", "bf16", "cuda")
-        unit = "step"
-    result.analysis = _Analysis([cpu_bound, other], 126.9)
-    with patch.object(type(result), "latency_us", property(lambda self: latency)):
-        corroborate_cpu_bound(result)
-    found = result.analysis.finding("cpu-bound")
-    assert result.analysis.findings[1] is other
-    if settled:
-        assert (found.severity, found.impact_us, found.impact_pct) == ("info", None, None)
-        assert found.message.endswith(
-            f"a {unit} takes 130.0 us, within 10% of its 126.9 us on the GPU: the host time above includes the "
-            "profiler's own recording, and the GPU sets the pace."
-        )
-    else:
-        assert found is cpu_bound

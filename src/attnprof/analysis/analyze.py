@@ -389,15 +389,17 @@ def attach_counters(
     """Attach an Nsight Compute report's counters to the analysis of `trace` (`analyze --ncu-report`): each
     report kernel meets its launch in the trace by name and order, the attention kernels among them are placed
     on the roofline (`analysis.counters.counters_for_trace`; the peaks `peaks(gpu, dtype)` gives for the
-    report's GPU, else its datasheet), and the findings become the row's with counters: `occupancy-unreported`
-    without the kernels Nsight Compute measured (`occupancy_measured` says what it measured), then the
-    counter findings."""
-    from attnprof.analysis.counters.cell import cell_findings, counters_for_trace, occupancy_notes
+    report's GPU, else its datasheet), and the judge gives the findings with counters (`findings.judge`:
+    `occupancy-unreported` without the kernels Nsight Compute measured, `occupancy_measured` saying what it
+    measured, then the counter findings)."""
+    from attnprof.analysis.counters.cell import counters_for_trace, occupancy_notes
+    from attnprof.analysis.findings import Verdict, judge
 
     ledger = analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None
     measured = peaks(report.device, analysis.input_dtype) if peaks else None
     counters = counters_for_trace(report, trace, ledger, instance_unit(analysis.phases), measured, report.path)
-    analysis.findings = cell_findings(analysis.findings, analysis.kernels, counters)
+    counted = counters.counted_for(analysis.kernels)
+    analysis.findings = judge(Verdict(analysis.findings, analysis.kernels, counters=counted))
     analysis.occupancy_measured = occupancy_notes(analysis.kernels, counters)
     analysis.counters = counters
     return analysis

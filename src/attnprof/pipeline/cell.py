@@ -109,10 +109,11 @@ def run_cell(
         result.status, result.reason = "skipped", reason
         return result
     result.dense_mask = variant.takes_dense_mask(spec)
+    result.by_design = variant.by_design  # the judge leaves these findings out of the row
     with warnings.catch_warnings(record=True) as caught:  # the filters in force decide which are recorded
         try:
             _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir), agree)
-            _analyse(result, config.region, ceiling, variant.by_design)
+            _analyse(result, config.region, ceiling)
             if result.check is not None and not result.check.passed:
                 raise VariantFailure(result.check.reason or "output does not match the float64 reference")
             if result.grad_check is not None and not result.grad_check.passed:
@@ -271,9 +272,9 @@ def _time(
         result.retimed += 1
 
 
-def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_design: frozenset[str]) -> None:
-    """The trace analysis (less the findings that only restate what the variant is, `by_design`), the
-    backend it shows, and the throughput of the latency. The attention ledger's % of read bandwidth and
+def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None) -> None:
+    """The trace analysis (its findings are the trace's: the row's are the judge's, `CellResult.findings`),
+    the backend it shows, and the throughput of the latency. The attention ledger's % of read bandwidth and
     its memory findings use the run's measured ceiling (`peaks.measured_peaks`), else the
     datasheet of the GPU. A ceiling measured again later in the run (`rethroughput`) changes the rows'
     throughput, not the analyses already made."""
@@ -295,40 +296,10 @@ def _analyse(result: CellResult, region: str, ceiling: RunCeiling | None, by_des
             )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
-    if by_design:
-        result.analysis.findings = [f for f in result.analysis.findings if f.id not in by_design]
-    corroborate_cpu_bound(result)
     result.backend = dispatched_backend(result.analysis)
     latency_us = result.latency_us
     if ceiling is not None and latency_us:
         result.throughput = cell_throughput(result.variant, result.spec, latency_us, ceiling, bool(result.dense_mask))
-
-
-#: cpu-bound stands only while the unprofiled latency is above the device time per instance by more than this.
-CPU_BOUND_LATENCY_MARGIN = 1.10
-
-
-def corroborate_cpu_bound(result: CellResult | ModelResult) -> None:
-    """`cpu-bound` rests on the CPU time under the profiler, which also pays for the profiler's own
-    recording (every op, their input shapes). The latency timed without it settles the question: when it is
-    within 10% of the device time per instance, the GPU sets the pace, and the finding becomes `info`,
-    without impact, saying so. A cell's or a model row's (both time their instance without the profiler)."""
-    from dataclasses import replace as with_fields
-
-    analysis, latency = result.analysis, result.latency_us
-    finding = analysis.finding("cpu-bound") if analysis is not None else None
-    gpu = analysis.gpu_time_us if analysis is not None else None
-    if analysis is None or finding is None or not latency or not gpu or latency > CPU_BOUND_LATENCY_MARGIN * gpu:
-        return
-    step = result.spec.backward if isinstance(result, CellResult) else result.mode != "fwd"  # a model row: its mode
-    unit = "step" if step else "forward"
-    note = (
-        f" Timed without the profiler, though, a {unit} takes {latency:,.1f} us, within "
-        f"{CPU_BOUND_LATENCY_MARGIN - 1:.0%} of its {gpu:,.1f} us on the GPU: the host time above includes the "
-        "profiler's own recording, and the GPU sets the pace."
-    )
-    settled = with_fields(finding, message=finding.message + note, severity="info", impact_us=None, impact_pct=None)
-    analysis.findings = [settled if f.id == "cpu-bound" else f for f in analysis.findings]
 
 
 def cell_throughput(

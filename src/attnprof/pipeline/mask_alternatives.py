@@ -15,8 +15,10 @@ after the run, on the rows, where the speed-ups are computed (`attach_row_altern
 the plan does not hold is timed right after the dense cell (`Alternatives.measure`): the same timing
 method and options as the cells, at most `SHORT_S` of timed calls, outside every profiled region, with
 no trace and no correctness check (its own cells check that variant); a variant that cannot run here
-gives its reason instead. Either way the numbers go into the dense-mask finding's message and the row's
-`mask_alternatives`.
+gives its reason instead. Either way the numbers go into the row's `mask_alternatives`, and the judge
+(`analysis.findings.judge.weigh_dense_mask`) puts them into its dense-mask finding's message and impact:
+through `CellResult.findings` for those measured here, through `judge_alternatives` (`rows.join_alternatives`)
+for those joined after the run.
 """
 
 from __future__ import annotations
@@ -25,29 +27,24 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
+from attnprof.analysis.findings.judge import BLOCK_MASK, DENSE_MASK, IS_CAUSAL, THIS_RUN
 from attnprof.errors import VariantFailure, VariantUnavailableError
 from attnprof.masks import SIZED_KINDS, parse_mask
 from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import join_alternatives
 from attnprof.registry import RunSpec, Variant
 from attnprof.results.schema import MaskAlternative, Row
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions
 
-DENSE_MASK = "dense-mask"  # the finding whose message names the alternative
-IS_CAUSAL = "is_causal"
-BLOCK_MASK = "block-mask"
 #: Who runs `is_causal`, after the dense cell's own variant when it is one of them.
 IS_CAUSAL_VARIANTS = ("sdpa", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math")
 BLOCK_MASK_VARIANT = "flex"
-THIS_RUN = "this run"
 MEASURED = "measured for comparison"
 #: At most this much timed time for an alternative measured for comparison (less when the cells use less).
 SHORT_S = 0.1
-KIND_TEXT = {IS_CAUSAL: "SDPA with is_causal=True", BLOCK_MASK: "FlexAttention with a BlockMask"}
 _CAUSAL, _MASK = 7, 9  # the places of `causal` and `mask` in `RunSpec.cell_key`
 
 
@@ -85,8 +82,8 @@ def alternative_spec(kind: str, spec: RunSpec) -> RunSpec:
 
 
 def dense_mask_latency(result: CellResult) -> float | None:
-    """The latency of an ok cell whose trace shows `dense-mask`, else None."""
-    if not result.ok or result.analysis is None or result.analysis.finding(DENSE_MASK) is None:
+    """The latency of an ok cell whose findings show `dense-mask`, else None."""
+    if not result.ok or result.analysis is None or all(f.id != DENSE_MASK for f in result.findings):
         return None
     return result.latency_us
 
@@ -111,7 +108,7 @@ class Alternatives:
 
     def measure(self, result: CellResult, config: Config, measure: MeasureOptions) -> None:
         """Time each missing alternative of `result` (or say why it cannot run here) into
-        `result.mask_alternatives` and its dense-mask finding."""
+        `result.mask_alternatives`, which the judge weighs its dense-mask finding with."""
         dense = dense_mask_latency(result)
         todo = self.missing(result)
         if dense is None or not todo or not measure.timing:
@@ -120,7 +117,6 @@ class Alternatives:
             found = [_measured(w, result.spec, dense, config, measure) for w in todo]
         result.warnings += [line for line in warning_lines(caught) if line not in result.warnings]
         result.mask_alternatives += found
-        _amend_result(result, found, dense)
 
 
 def _runner(w: Wanted, spec: RunSpec) -> tuple[Variant | None, str | None]:
@@ -177,55 +173,6 @@ def time_alternative(variant: Variant, spec: RunSpec, config: Config, measure: M
             return time_forward(step.call, spec.device, options, prepare=step.prepare).median_us
 
 
-def sentence(alt: MaskAlternative, dense_us: float) -> str:
-    """What the alternative took, against the dense cell's `dense_us`, in one sentence."""
-    from attnprof.analysis.findings.registry import us
-
-    what = f"{KIND_TEXT[alt.kind]} ({alt.variant} at {alt.cell})"
-    if alt.latency_us is None or alt.latency_us <= 0:
-        if alt.source == THIS_RUN:
-            return f"{what} did not run in this run: {alt.reason}."
-        return f"{what} could not be measured for comparison here: {alt.reason}."
-    how = "a cell of this run" if alt.source == THIS_RUN else "measured for comparison, outside the profiled region"
-    ratio = dense_us / alt.latency_us
-    relative = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    return f"{what} takes {us(alt.latency_us)} ({how}) against this cell's {us(dense_us)}: {relative}."
-
-
-def amended(message: str, alternatives: list[MaskAlternative], dense_us: float) -> str:
-    """The dense-mask message with a sentence per alternative after it."""
-    return " ".join([message, *(sentence(a, dense_us) for a in alternatives)])
-
-
-def saved_by(alternatives: list[MaskAlternative], dense_us: float) -> tuple[float, float] | None:
-    """What the fastest measured alternative would save per call: (µs, % of the dense cell's latency);
-    None when none ran, or none is faster."""
-    times = [a.latency_us for a in alternatives if a.latency_us is not None]
-    if not times or min(times) >= dense_us:
-        return None
-    saved = dense_us - min(times)
-    return saved, 100.0 * saved / dense_us
-
-
-def _measured_impact(finding: Any, alternatives: list[MaskAlternative], dense_us: float) -> dict[str, Any]:
-    """The dense-mask finding's message with the alternatives' sentences and, where one is faster, the
-    time it would save as its impact (the conversion kernels' time is only part of what the mask costs)."""
-    fields: dict[str, Any] = {"message": amended(finding.message, alternatives, dense_us)}
-    saved = saved_by(alternatives, dense_us)
-    if saved is not None:
-        fields["impact_us"], fields["impact_pct"] = saved
-    return fields
-
-
-def _amend_result(result: CellResult, found: list[MaskAlternative], dense: float) -> None:
-    analysis = result.analysis
-    if analysis is None or not found:
-        return
-    analysis.findings = [
-        replace(f, **_measured_impact(f, found, dense)) if f.id == DENSE_MASK else f for f in analysis.findings
-    ]
-
-
 def _row_latency(row: Row) -> float | None:
     value = row.latency_us
     return float(value) if row.ok and value is not None and value > 0 else None
@@ -240,7 +187,8 @@ def _from_row(kind: str, row: Row, dense: float) -> MaskAlternative:
 
 def attach_row_alternatives(rows: list[Row]) -> None:
     """Join each dense-mask row with its alternatives among `rows` (the whole run's, after it): their
-    numbers go into its `mask_alternatives` and its dense-mask finding's message and impact. An ok
+    numbers go into its `mask_alternatives`, and the judge weighs its dense-mask finding with them
+    (`rows.join_alternatives`). An ok
     alternative row is preferred; one that was skipped or failed is named with its reason. A row joined
     before (a resumed one) is left as it is."""
     from attnprof.results.keys import cell_key
@@ -249,9 +197,8 @@ def attach_row_alternatives(rows: list[Row]) -> None:
     for row in rows:
         index.setdefault((row.variant, cell_key(row)), row)
     for row in rows:
-        finding, dense = row.finding(DENSE_MASK), _row_latency(row)
-        known = row.mask_alternatives
-        if finding is None or dense is None or any(a.source == THIS_RUN for a in known):
+        dense = _row_latency(row)
+        if row.finding(DENSE_MASK) is None or dense is None or any(a.source == THIS_RUN for a in row.mask_alternatives):
             continue
         found = []
         for w in wanted(row.variant, row.mask or "causal", row.kv_len or 0, cell_key(row)):
@@ -260,12 +207,4 @@ def attach_row_alternatives(rows: list[Row]) -> None:
                 best = next((hit for hit in hits if _row_latency(hit) is not None), hits[0])
                 found.append(_from_row(w.kind, best, dense))
         if found:
-            row.mask_alternatives = known + found
-            fields = _measured_impact(finding, found, dense)
-            if "impact_us" in fields:
-                fields["impact_us"], fields["impact_pct"] = (
-                    round(fields["impact_us"], 3),
-                    round(fields["impact_pct"], 2),
-                )
-            amended_finding = msgspec.structs.replace(finding, **fields)
-            row.findings = [amended_finding if f.id == DENSE_MASK else f for f in row.findings]
+            join_alternatives(row, found, dense)

@@ -16,7 +16,7 @@ from attnprof.results.schema import MaskAlternative
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.analysis.counters import CellCounters
-    from attnprof.analysis.findings import Finding
+    from attnprof.analysis.findings import Finding, Verdict
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.profiling.correctness import Check, LogitsDiff
     from attnprof.profiling.gradcheck import GradCheck
@@ -104,16 +104,25 @@ class CellResult:
     counters: CellCounters | None = None  # hardware counters from Nsight Compute (--ncu); None without
     ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the cell's step, beside its trace
     ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
+    by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
 
     @property
     def ok(self) -> bool:
         """True when the cell ran and passed its checks."""
         return self.status == "ok"
 
+    def verdict(self) -> Verdict:
+        """What the judge reads of the cell (see `row_verdict`), with its variant's `by_design` ids, the unit
+        of its mode and the dense mask's alternatives measured beside it."""
+        unit = "step" if self.spec.backward else "forward"
+        return row_verdict(self, unit, self.by_design, self.mask_alternatives)
+
     @property
     def findings(self) -> list[Finding]:
-        """The trace's findings and, with counters, the counter findings (see `row_findings`)."""
-        return row_findings(self.analysis, self.counters)
+        """The cell's final findings: what the judge (`analysis.findings.judge`) makes of its `verdict`."""
+        from attnprof.analysis.findings import judge
+
+        return judge(self.verdict())
 
     @property
     def passed(self) -> bool | None:
@@ -143,16 +152,28 @@ class CellResult:
         return None if rate is None or not peak or rate > peak else 100.0 * rate / peak
 
 
-def row_findings(analysis: TraceAnalysis | None, counters: CellCounters | None) -> list[Finding]:
-    """A row's findings: the trace analysis's, and with counters those joined with the counter findings
-    (`analysis.counters.cell_findings`: a kernel whose achieved occupancy Nsight Compute measured is no
-    longer `occupancy-unreported`)."""
-    trace = list(analysis.findings) if analysis is not None else []
-    if counters is None:
-        return trace
-    from attnprof.analysis.counters import cell_findings
+def row_verdict(
+    result: CellResult | ModelResult,
+    unit: str,
+    by_design: frozenset[str] = frozenset(),
+    alternatives: list[MaskAlternative] | None = None,
+) -> Verdict:
+    """What the judge reads of a row: its trace's findings and kernels, its latency timed without the
+    profiler against the device time per instance under it, and its counters (`CellCounters.counted_for`)."""
+    from attnprof.analysis.findings import Verdict
 
-    return cell_findings(trace, analysis.kernels if analysis is not None else [], counters)
+    analysis = result.analysis
+    kernels = analysis.kernels if analysis is not None else []
+    return Verdict(
+        findings=analysis.findings if analysis is not None else [],
+        kernels=kernels,
+        by_design=by_design,
+        latency_us=result.latency_us,
+        gpu_time_us=analysis.gpu_time_us if analysis is not None else None,
+        unit=unit,
+        alternatives=alternatives or [],
+        counters=result.counters.counted_for(kernels) if result.counters is not None else None,
+    )
 
 
 SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
@@ -281,10 +302,16 @@ class ModelResult:
         """True when the row ran to the end."""
         return self.status == "ok"
 
+    def verdict(self) -> Verdict:
+        """What the judge reads of the row (see `row_verdict`); a training step's instance is a step."""
+        return row_verdict(self, "forward" if self.mode == "fwd" else "step")
+
     @property
     def findings(self) -> list[Finding]:
-        """The trace's findings and, with counters, the counter findings (see `row_findings`)."""
-        return row_findings(self.analysis, self.counters)
+        """The row's final findings: what the judge (`analysis.findings.judge`) makes of its `verdict`."""
+        from attnprof.analysis.findings import judge
+
+        return judge(self.verdict())
 
     @property
     def latency_us(self) -> float | None:

@@ -24,7 +24,7 @@ from attnprof.errors import TraceError, VariantFailure, VariantUnavailableError,
 from attnprof.model_config import ModelConfig
 from attnprof.models.implementations import Implementation
 from attnprof.models.source import ModelSource
-from attnprof.pipeline.cell import corroborate_cpu_bound, guard, phase, release_after_failure, warning_lines
+from attnprof.pipeline.cell import guard, phase, release_after_failure, warning_lines
 from attnprof.pipeline.measured import ModelResult
 
 LOGGERS = ("transformers",)  # libraries whose log messages a row keeps instead of printing
@@ -62,8 +62,7 @@ def run_row(
     with warnings.catch_warnings(record=True) as caught, captured_logs() as logs:
         try:
             _measure(source, implementation, result, config, trace_dir, references, baseline)
-            _analyse(result, config.region)
-            corroborate_cpu_bound(result)
+            _analyse(result, config.region)  # the row's findings are the judge's (`ModelResult.findings`)
         except VariantUnavailableError as exc:
             result.status, result.reason = "skipped", exc.message
         except VariantFailure as exc:

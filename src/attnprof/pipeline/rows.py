@@ -11,8 +11,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from attnprof.pipeline.measured import CellResult, ModelResult
-from attnprof.results.records import analysis_record, finding_record
-from attnprof.results.schema import SCHEMA_VERSION, Analysis, Document, Row
+from attnprof.results.records import analysis_record, finding_of, finding_record
+from attnprof.results.schema import SCHEMA_VERSION, Analysis, Document, MaskAlternative, Row
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
@@ -95,7 +95,9 @@ def _timing_fields(result: CellResult | ModelResult) -> dict[str, Any]:
 
 
 def _shared_fields(result: CellResult | ModelResult) -> dict[str, Any]:
-    """What a cell's row and a model's row both take the same way."""
+    """What a cell's row and a model's row both take the same way; its findings are the judge's."""
+    from attnprof.analysis.findings import judge
+
     record = analysis_record(result.analysis) if result.analysis is not None else None
     clock = result.clock
     counters = None
@@ -116,7 +118,7 @@ def _shared_fields(result: CellResult | ModelResult) -> dict[str, Any]:
         "clock_limits": clock.limits_text if clock else None,
         "speedup_vs_baseline": result.speedup_vs_baseline,
         "speedup_reliable": result.speedup_reliable,
-        "findings": [finding_record(f) for f in result.findings],
+        "findings": [finding_record(f) for f in judge(result.verdict())],
         "trace": str(result.trace_path) if result.trace_path else None,
         "ncu_report": None if report is None else str(report),
         "ncu_note": result.ncu_note,
@@ -231,6 +233,17 @@ def model_row(result: ModelResult) -> Row:
         logits_rel_diff=logits.rel_diff if logits else None,
         **_shared_fields(result),
     )
+
+
+def join_alternatives(row: Row, found: list[MaskAlternative], dense_us: float) -> None:
+    """Join the alternatives to a dense mask `found` after the run among its rows to `row` (its latency
+    `dense_us`): they follow its `mask_alternatives`, and the judge weighs its dense-mask finding again
+    with them (`analysis.findings.judge.judge_alternatives`)."""
+    from attnprof.analysis.findings import judge_alternatives
+
+    findings = judge_alternatives([finding_of(f) for f in row.findings], found, dense_us)
+    row.mask_alternatives = row.mask_alternatives + found
+    row.findings = [finding_record(f) for f in findings]
 
 
 def results_document(

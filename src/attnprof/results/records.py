@@ -64,6 +64,13 @@ def finding_record(finding: Finding) -> FindingRecord:
     return record(finding, FindingRecord)
 
 
+def finding_of(found: FindingRecord) -> Finding:
+    """The live finding of a row's record (the inverse of `finding_record`, to judge a row made before)."""
+    from attnprof.analysis.findings import Finding
+
+    return Finding.from_dict(msgspec.to_builtins(found))
+
+
 def attention_record(ledger: AttentionLedger) -> AttentionRecord:
     """The attention ledger: its calls with their bytes, GB/s and % of the read bandwidth; `overhead_us`
     None for a CPU-only trace's ledger."""

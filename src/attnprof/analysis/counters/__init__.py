@@ -9,7 +9,7 @@ the roofline, and judge what the counters show.
 - `roofline`: the steps a report's kernels form, each kernel's share of the step's FLOPs and its place
   against the ceilings; `StepCounters`, what the counter findings read.
 - `cell`: `CellCounters`, what a row holds (`counters_for_cell`; `counters_for_trace` for `analyze
-  --ncu-report`), and a row's findings with counters (`cell_findings`).
+  --ncu-report`), and what the judge reads of it (`CellCounters.counted_for`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from attnprof.analysis.counters.cell import (
     CellCounters,
     TraceMatch,
     ceilings_text,
-    cell_findings,
     counters_for_cell,
     counters_for_trace,
     occupancy_notes,
@@ -42,7 +41,6 @@ __all__ = [
     "StepCounters",
     "TraceMatch",
     "ceilings_text",
-    "cell_findings",
     "counters_for_cell",
     "counters_for_trace",
     "kernel_key",

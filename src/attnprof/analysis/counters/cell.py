@@ -1,13 +1,13 @@
 """What a row holds of Nsight Compute: `CellCounters`, made by `counters_for_cell` (run, compare, sweep,
-model) or `counters_for_trace` (`analyze --ncu-report`), and how its findings join the trace's.
+model) or `counters_for_trace` (`analyze --ncu-report`), and what the judge reads of it (`counted_for`).
 
 `CellCounters` keeps every kernel of the report with its roofline placement, the steps they form, the
 step the tables show and the findings judge (the median one by time), the counter findings, the time
 Nsight Compute took and the report's path. `to_dict`/`from_dict` round-trip through the results JSON.
 
-`cell_findings` is a row's findings with counters: the trace's, where `occupancy-unreported` no longer
-names a kernel Nsight Compute measured the achieved occupancy of (the finding goes when none is left),
-then the counter findings.
+`CellCounters.counted_for` is what the judge (`analysis.findings.judge.join_counters`) reads to give a row
+its findings with counters: the counter findings, and the trace's kernels whose achieved occupancy
+Nsight Compute measured (`occupancy-unreported` no longer names them).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.analysis.counters.kernel import CounterReport, KernelCounters
 from attnprof.analysis.counters.roofline import KernelPlacement, StepCounters, kernel_key, place_kernels, steps_of
-from attnprof.analysis.findings import Finding, FindingContext, counter_findings
-from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
+from attnprof.analysis.findings import Counted, Finding, FindingContext, counter_findings
 from attnprof.analysis.hardware import Peaks, datasheet
 from attnprof.analysis.roofline import bytes_moved, flops_convention, step_flops
 from attnprof.registry import RunSpec
@@ -107,6 +106,13 @@ class CellCounters:
         """The step the tables show and the findings judge."""
         return self.step(self.shown_step)
 
+    def counted_for(self, kernels: list[KernelStats]) -> Counted:
+        """What the judge reads of the counters, for a trace of per-kernel statistics `kernels`: the counter
+        findings and the names of those kernels whose achieved occupancy Nsight Compute measured."""
+        measured = measured_occupancy(self)
+        names = frozenset(k.name for k in kernels if kernel_key(k.name) in measured)
+        return Counted(tuple(self.findings), names)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form; `from_dict` reads it back."""
         return {
@@ -140,7 +146,7 @@ class CellCounters:
             counted=list(data.get("counted") or []),
             kernels_per_step=int(data.get("kernels_per_step") or 0),
             shown_step=int(data.get("shown_step") or 0),
-            findings=[Finding(**f) for f in data.get("findings") or []],
+            findings=[Finding.from_dict(f) for f in data.get("findings") or []],
             flops_per_step=data.get("flops_per_step"),
             flops_source=data.get("flops_source"),
             compulsory_bytes=data.get("compulsory_bytes"),
@@ -287,7 +293,7 @@ def _median_step(counters: CellCounters) -> int:
     return times[(len(times) - 1) // 2][1]
 
 
-# --------------------------------------------------------------------------- a row's findings
+# --------------------------------------------------------------------------- what the judge reads
 
 
 def measured_occupancy(counters: CellCounters) -> dict[str, float]:
@@ -297,24 +303,6 @@ def measured_occupancy(counters: CellCounters) -> dict[str, float]:
         if k.achieved_occupancy_pct is not None:
             found.setdefault(kernel_key(k.name), k.achieved_occupancy_pct)
     return found
-
-
-def cell_findings(trace: list[Finding], kernels: list[KernelStats], counters: CellCounters) -> list[Finding]:
-    """A row's findings with counters: the trace's `trace` (its per-kernel statistics `kernels`), where
-    `occupancy-unreported` is judged again without the kernels whose achieved occupancy Nsight Compute
-    measured (and dropped when none is left), then the counter findings not already among them."""
-    measured = measured_occupancy(counters)
-    found: list[Finding] = []
-    for finding in trace:
-        if finding.id == UNREPORTED and measured:
-            left = [k for k in kernels if kernel_key(k.name) not in measured]
-            again = OCCUPANCY_RULES.get(UNREPORTED).match(FindingContext([], left, None, None, 0.0, None))
-            if again is not None:
-                found.append(again)
-            continue
-        found.append(finding)
-    ids = {f.id for f in found}
-    return found + [f for f in counters.findings if f.id not in ids]
 
 
 def occupancy_notes(kernels: list[KernelStats], counters: CellCounters) -> list[str]:

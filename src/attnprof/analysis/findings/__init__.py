@@ -5,11 +5,15 @@ paragraph and the evidence function that states it with its numbers. The themed 
 their own `RULES`; `FINDINGS` joins them in the order the findings are emitted, and everything that
 lists findings (`FINDING_IDS`, `attnprof findings`, docs/findings.md, the ids `check` accepts) reads
 it. Adding a finding is adding one `@RULES.rule(...)` in the module of its theme.
+
+The registry judges a trace alone; `judge` (see `judge.py`) gives a row its final findings from the
+trace's and what else the row measured, and is the only place a finding is dropped, rewritten or joined.
 """
 
 from __future__ import annotations
 
 from attnprof.analysis.findings import backward, comm, counters, cpu, forward, ledger, masks, memory, occupancy
+from attnprof.analysis.findings.judge import Counted, Verdict, judge, judge_alternatives
 from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
 
 #: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
@@ -46,10 +50,14 @@ __all__ = [
     "FINDINGS",
     "FINDING_IDS",
     "SEVERITIES",
+    "Counted",
     "Finding",
     "FindingContext",
     "FindingRegistry",
     "Rule",
+    "Verdict",
     "build_findings",
     "counter_findings",
+    "judge",
+    "judge_alternatives",
 ]

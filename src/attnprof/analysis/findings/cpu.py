@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Said, numbers, us
 from attnprof.stats import median_count
 
 #: The rules of this module, in the order their findings are emitted.
@@ -38,7 +38,7 @@ def _launch_wait(ctx: FindingContext) -> float | None:
     """,
     impact=_launch_wait,
 )
-def _cpu_bound(ctx: FindingContext) -> str | None:
+def _cpu_bound(ctx: FindingContext) -> Said | None:
     facts = ctx.host_device()
     if facts is None or not facts.host_bound:
         return None
@@ -56,7 +56,7 @@ def _cpu_bound(ctx: FindingContext) -> str | None:
     if waits > 0:
         parts.append(f"less {us(waits)} waiting in host syncs")
     what = f"CPU time per {unit} ({us(cpu)}" + (": " + ", ".join(parts) if parts else "") + ")"
-    return (
+    sentence = (
         f"{what} exceeds the GPU's busy time per {unit} ({us(busy)} of the {us(span)} its work spanned, "
         f"{cpu / busy:.1f}x): "
         + (
@@ -65,6 +65,7 @@ def _cpu_bound(ctx: FindingContext) -> str | None:
             else f"the GPU waits while the CPU makes {launches} launch calls (its ops ran on other threads)."
         )
     )
+    return sentence, numbers(cpu_us=cpu, gpu_us=busy, gpu_span_us=span, sync_wait_us=waits, ops=ops, launches=launches)
 
 
 @RULES.rule(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Numbers, Said, listed, numbers, us
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.bandwidth import Traffic
@@ -51,6 +51,22 @@ def _numbers(ledger: AttentionLedger, call: CallFacts, traffic: Traffic, pct: fl
         f"{call.achieved_gbps or 0.0:,.0f} GB/s, {pct:.{1 if pct < 10 else 0}f}% of the {ledger.read_bandwidth_source} "
         f"(arithmetic intensity {call.intensity or 0.0:.1f} FLOP/byte, below the ridge point of "
         f"{ridge:.0f}: its bytes bound it, not the tensor cores)"
+    )
+
+
+def _evidence(ledger: AttentionLedger, found: list[tuple[CallFacts, Traffic, float]]) -> Numbers:
+    """The numbers of the call with the lowest share of the read bandwidth among `found` (the calls the
+    sentence names), and how many calls it names."""
+    call, traffic, pct = min(found, key=lambda item: item[2])
+    return numbers(
+        calls=len(found),
+        op=call.op,
+        backend=call.backend,
+        bytes=traffic.bytes,
+        time_us=call.time_us,
+        achieved_gbps=call.achieved_gbps,
+        pct_of_read_bandwidth=pct,
+        read_bandwidth_gbps=ledger.read_bandwidth_gbps,
     )
 
 
@@ -132,7 +148,7 @@ def _bandwidth_lost(ctx: FindingContext) -> float | None:
     """,
     impact=_bandwidth_lost,
 )
-def _memory_bound_slow(ctx: FindingContext) -> str | None:
+def _memory_bound_slow(ctx: FindingContext) -> Said | None:
     ledger = ctx.attention
     if ledger is None:
         return None
@@ -147,7 +163,7 @@ def _memory_bound_slow(ctx: FindingContext) -> str | None:
             f"{_numbers(ledger, call, traffic, pct, ctx.unit)}; {us(lost)} per {ctx.unit} over reading its bytes "
             f"at {ref:,.0f} GB/s. Likely cause: {_cause(ledger, call, traffic)}"
         )
-    return "; ".join(parts) + "."
+    return "; ".join(parts) + ".", _evidence(ledger, slow)
 
 
 @RULES.rule(
@@ -163,11 +179,11 @@ def _memory_bound_slow(ctx: FindingContext) -> str | None:
     read of the cache (speculative decoding, several sequences sharing a prefix).
     """,
 )
-def _bandwidth_bound(ctx: FindingContext) -> str | None:
+def _bandwidth_bound(ctx: FindingContext) -> Said | None:
     ledger = ctx.attention
     if ledger is None:
         return None
     fast = [found for found in _memory_bound(ledger) if found[2] >= 100 * MEMORY_BOUND_SHARE]
     if not fast:
         return None
-    return "; ".join(_numbers(ledger, *found, ctx.unit) for found in fast) + "."
+    return "; ".join(_numbers(ledger, *found, ctx.unit) for found in fast) + ".", _evidence(ledger, fast)

@@ -3,14 +3,15 @@
 A `Rule` is one finding: a stable id, a one-line summary, a paragraph (what it means, why it costs,
 what to do), a severity (`problem`: something to act on; `info`: a fact worth knowing) and the
 evidence function that, given a `FindingContext`, returns the sentence that states it with its
-numbers, or None when the trace does not support it. A problem may also have an impact function:
-the time per instance (forward or step) at stake, in µs, from measured numbers only, or None where
-the trace cannot measure it; its docstring says what it counts (docs/findings.md shows it).
-`Rule.match(ctx)` wraps the sentence in a `Finding` with the rule's severity, the impact and the
-impact's share of the instance's time (`FindingContext.instance_time_us`). A `FindingRegistry`
-keeps rules in order; a duplicate id raises, an unknown one gets close matches. Each themed module
-fills its own `RULES` registry with `@RULES.rule(...)`, and the package joins them, in the order
-the findings are emitted, into `FINDINGS`.
+numbers (or that sentence and the numbers by name, `Said`), or None when the trace does not support
+it. A problem may also have an impact function: the time per instance (forward or step) at stake, in
+µs, from measured numbers only, or None where the trace cannot measure it; its docstring says what it
+counts (docs/findings.md shows it). `Rule.match(ctx)` wraps the sentence in a `Finding` with the
+rule's severity, the impact, the impact's share of the instance's time
+(`FindingContext.instance_time_us`) and the numbers (`Finding.evidence`). A `FindingRegistry` keeps
+rules in order; a duplicate id raises, an unknown one gets close matches. Each themed module fills its
+own `RULES` registry with `@RULES.rule(...)`, and the package joins them, in the order the findings
+are emitted, into `FINDINGS`. The registry's findings are a trace's; `judge` gives a row its final ones.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import DuplicateFindingError, UnknownFindingError
@@ -35,27 +36,45 @@ if TYPE_CHECKING:
 SEVERITIES = ("problem", "info")
 ID_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
+#: A finding's evidence: the numbers (and the few words) behind its sentence, by name.
+Numbers = dict[str, float | str | bool | None]
+
 
 @dataclass(frozen=True)
 class Finding:
     """One finding: a stable id, the sentence that states it, its rule's severity and, where the trace
     measures it, its impact: the time per instance at stake (`impact_us`) and its percentage of the
-    instance's time (`impact_pct`)."""
+    instance's time (`impact_pct`); `evidence` holds the numbers behind the sentence by name (empty where
+    its rule names none), so tables, diff and check read them instead of parsing words."""
 
     id: str
     message: str
     severity: str = "problem"
     impact_us: float | None = None
     impact_pct: float | None = None
+    evidence: Numbers = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """{"id", "message", "severity", "impact_us", "impact_pct"} (impact rounded: µs to 3 decimals, % to 2)."""
+        """{"id", "message", "severity", "impact_us", "impact_pct", "evidence"} (impact rounded: µs to 3
+        decimals, % to 2)."""
         data = asdict(self)
         if self.impact_us is not None:
             data["impact_us"] = round(self.impact_us, 3)
         if self.impact_pct is not None:
             data["impact_pct"] = round(self.impact_pct, 2)
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """The inverse of `to_dict` (a dict written before findings had evidence has none)."""
+        return cls(
+            data["id"],
+            data.get("message") or "",
+            data.get("severity") or "problem",
+            data.get("impact_us"),
+            data.get("impact_pct"),
+            dict(data.get("evidence") or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -130,7 +149,9 @@ class FindingContext:
         return f"every {self.unit}" if k == n else f"{k} of {n} {self.unit}s"
 
 
-Evidence = Callable[[FindingContext], "str | None"]
+#: What an evidence function may return beside a bare sentence: the sentence and its numbers by name.
+Said = tuple[str, Numbers]
+Evidence = Callable[[FindingContext], "str | Said | None"]
 Impact = Callable[[FindingContext], "float | None"]
 
 
@@ -165,15 +186,17 @@ class Rule:
 
     def match(self, ctx: FindingContext) -> Finding | None:
         """The finding with its sentence, severity and impact when the evidence supports it, else None."""
-        message = self.evidence(ctx)
-        if message is None:
+        said = self.evidence(ctx)
+        if said is None:
             return None
+        message, values = said if isinstance(said, tuple) else (said, {})
         impact = self.impact(ctx) if self.impact is not None else None
         if impact is None:
-            return Finding(self.id, message, self.severity)
+            return Finding(self.id, message, self.severity, evidence=values)
         impact = max(impact, 0.0)
         base = ctx.instance_time_us
-        return Finding(self.id, message, self.severity, impact, 100.0 * impact / base if base > 0 else None)
+        pct = 100.0 * impact / base if base > 0 else None
+        return Finding(self.id, message, self.severity, impact, pct, values)
 
     def to_dict(self) -> dict[str, str | None]:
         """{"id", "severity", "summary", "paragraph", "impact"} (impact: what it counts, null without one)."""
@@ -248,6 +271,11 @@ class FindingRegistry:
 def us(value: float) -> str:
     """`1,234.5 us`."""
     return f"{value:,.1f} us"
+
+
+def numbers(**values: float | str | bool | None) -> Numbers:
+    """Evidence by name, floats rounded to 3 decimals (what a JSON row keeps of a µs or a GB/s)."""
+    return {name: round(v, 3) if isinstance(v, float) else v for name, v in values.items()}
 
 
 def listed(items: list[str], limit: int = 4) -> str:

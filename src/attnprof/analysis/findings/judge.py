@@ -1,0 +1,231 @@
+"""The judge: a row's final findings, from everything the row measured.
+
+The registry's rules judge a trace alone. A row knows more: what its variant is on purpose, its
+latency timed without the profiler, the alternatives to a dense mask measured beside it, the
+hardware counters of its kernels. `judge(Verdict)` takes the trace's findings as the registry built
+them and all of that, and returns the row's findings; no other package creates, drops, rewrites or
+merges a finding. Each step is a judge rule, a function `(findings, verdict) -> findings` in
+`JUDGE_RULES`, applied in that order:
+
+- `settle_cpu_bound`: `cpu-bound` against the unprofiled latency (the profiler's own recording is
+  host time too);
+- `weigh_dense_mask`: `dense-mask` with the alternatives measured at the same shape and what the
+  fastest would save;
+- `join_counters`: `occupancy-unreported` judged again without the kernels Nsight Compute measured,
+  then the counter findings;
+- `drop_by_design`: the findings that only restate what the variant is on purpose.
+
+After a run the alternatives found among its rows reach a row judged before through
+`judge_alternatives`, which runs `weigh_dense_mask` alone on the row's findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
+from attnprof.analysis.findings.registry import Finding, FindingContext, numbers, us
+
+if TYPE_CHECKING:
+    from attnprof.analysis.instance.metrics import KernelStats
+
+CPU_BOUND = "cpu-bound"
+DENSE_MASK = "dense-mask"
+OCCUPANCY_UNREPORTED = "occupancy-unreported"
+#: cpu-bound stands only while the unprofiled latency is above the device time per instance by more than this.
+CPU_BOUND_LATENCY_MARGIN = 1.10
+#: The kinds of alternative to a dense mask, and how a sentence names each.
+IS_CAUSAL = "is_causal"
+BLOCK_MASK = "block-mask"
+KIND_TEXT = {IS_CAUSAL: "SDPA with is_causal=True", BLOCK_MASK: "FlexAttention with a BlockMask"}
+#: An alternative's `source` when it is a cell of the same run (else it was measured for comparison).
+THIS_RUN = "this run"
+
+
+class Alternative(Protocol):
+    """An alternative to a dense mask as the judge reads it (`results.schema.MaskAlternative` is one): its
+    kind (`IS_CAUSAL`, `BLOCK_MASK`), who ran it at which cell, where it comes from (`THIS_RUN` or measured
+    for comparison), its latency (None: it did not run, `reason` says why)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def cell(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def latency_us(self) -> float | None: ...
+    @property
+    def reason(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What the judge reads of a row's hardware counters (`CellCounters.counted`): the counter findings of
+    the step they judge, and the names of the trace's kernels whose achieved occupancy Nsight Compute
+    measured."""
+
+    findings: tuple[Finding, ...] = ()
+    measured: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Everything a row's findings are judged on.
+
+    `findings` are the trace's, as the registry built them, and `kernels` the trace's per-kernel
+    statistics. `by_design`: the ids the variant shows on purpose. `latency_us`: the instance timed
+    without the profiler (None: not timed); it is also the dense cell's latency the alternatives are
+    weighed against. `gpu_time_us`: the device time per instance under the profiler. `unit`: what one
+    instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
+    measured. `counters`: the hardware counters (None without)."""
+
+    findings: Sequence[Finding] = ()
+    kernels: Sequence[KernelStats] = ()
+    by_design: frozenset[str] = frozenset()
+    latency_us: float | None = None
+    gpu_time_us: float | None = None
+    unit: str = "forward"
+    alternatives: Sequence[Alternative] = field(default_factory=tuple)
+    counters: Counted | None = None
+
+
+JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
+
+
+def _replaced(findings: list[Finding], finding_id: str, change: Callable[[Finding], Finding]) -> list[Finding]:
+    """`findings` with the one called `finding_id` (if any) replaced by `change(it)`."""
+    return [change(f) if f.id == finding_id else f for f in findings]
+
+
+def settle_cpu_bound(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`cpu-bound` rests on the CPU time under the profiler, which also pays for the profiler's own
+    recording (every op, their input shapes). The latency timed without it settles the question: when it
+    is within 10% (`CPU_BOUND_LATENCY_MARGIN`) of the device time per instance, the GPU sets the pace,
+    and the finding becomes `info`, without impact, saying so. Without a latency or a device time the
+    finding stands as the trace gave it."""
+    latency, gpu = verdict.latency_us, verdict.gpu_time_us
+    if not latency or not gpu or latency > CPU_BOUND_LATENCY_MARGIN * gpu:
+        return findings
+    note = (
+        f" Timed without the profiler, though, a {verdict.unit} takes {latency:,.1f} us, within "
+        f"{CPU_BOUND_LATENCY_MARGIN - 1:.0%} of its {gpu:,.1f} us on the GPU: the host time above includes the "
+        "profiler's own recording, and the GPU sets the pace."
+    )
+    settled = numbers(latency_us=latency, gpu_time_us=gpu, margin=CPU_BOUND_LATENCY_MARGIN, settled=True)
+
+    def settle(finding: Finding) -> Finding:
+        evidence = finding.evidence | settled
+        return replace(
+            finding, message=finding.message + note, severity="info", impact_us=None, impact_pct=None, evidence=evidence
+        )
+
+    return _replaced(findings, CPU_BOUND, settle)
+
+
+def alternative_sentence(alt: Alternative, dense_us: float) -> str:
+    """What the alternative took, against the dense cell's `dense_us`, in one sentence."""
+    what = f"{KIND_TEXT[alt.kind]} ({alt.variant} at {alt.cell})"
+    if alt.latency_us is None or alt.latency_us <= 0:
+        if alt.source == THIS_RUN:
+            return f"{what} did not run in this run: {alt.reason}."
+        return f"{what} could not be measured for comparison here: {alt.reason}."
+    how = "a cell of this run" if alt.source == THIS_RUN else "measured for comparison, outside the profiled region"
+    ratio = dense_us / alt.latency_us
+    relative = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    return f"{what} takes {us(alt.latency_us)} ({how}) against this cell's {us(dense_us)}: {relative}."
+
+
+def saved_by(alternatives: Sequence[Alternative], dense_us: float) -> tuple[float, float] | None:
+    """What the fastest measured alternative would save per call: (µs, % of the dense cell's latency);
+    None when none ran, or none is faster."""
+    times = [a.latency_us for a in alternatives if a.latency_us is not None]
+    if not times or min(times) >= dense_us:
+        return None
+    saved = dense_us - min(times)
+    return saved, 100.0 * saved / dense_us
+
+
+def weigh_dense_mask(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`dense-mask` names what the way that skips the masked blocks took at the same shape (a sentence per
+    alternative after the trace's), and, where one is faster, what the fastest would save is its impact:
+    the mask's conversion kernels are only part of what a dense mask costs, and a timed alternative is what
+    a user could win. Without alternatives or a latency the finding stands as the trace gave it."""
+    alternatives, dense = verdict.alternatives, verdict.latency_us
+    if not alternatives or not dense:
+        return findings
+
+    def weigh(finding: Finding) -> Finding:
+        message = " ".join([finding.message, *(alternative_sentence(a, dense) for a in alternatives)])
+        saved = saved_by(alternatives, dense)
+        if saved is None:
+            return replace(finding, message=message, evidence=finding.evidence | numbers(dense_latency_us=dense))
+        fastest = min((a for a in alternatives if a.latency_us is not None), key=lambda a: a.latency_us or 0.0)
+        evidence = numbers(
+            dense_latency_us=dense,
+            alternative_kind=fastest.kind,
+            alternative_variant=fastest.variant,
+            alternative_cell=fastest.cell,
+            alternative_source=fastest.source,
+            alternative_latency_us=fastest.latency_us,
+            saved_us=saved[0],
+        )
+        evidence = finding.evidence | evidence
+        return replace(finding, message=message, impact_us=saved[0], impact_pct=saved[1], evidence=evidence)
+
+    return _replaced(findings, DENSE_MASK, weigh)
+
+
+def join_counters(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """With hardware counters, a kernel whose achieved occupancy Nsight Compute measured is no longer
+    `occupancy-unreported`: the finding is judged again over the other kernels (and goes when none is
+    left); then the counter findings whose ids are not already among the findings follow, in their
+    registry's order. Without counters the findings stand."""
+    counted = verdict.counters
+    if counted is None:
+        return findings
+    found: list[Finding] = []
+    for finding in findings:
+        if finding.id == OCCUPANCY_UNREPORTED and counted.measured:
+            left = [k for k in verdict.kernels if k.name not in counted.measured]
+            again = OCCUPANCY_RULES.get(OCCUPANCY_UNREPORTED).match(FindingContext([], left, None, None, 0.0, None))
+            if again is not None:
+                found.append(again)
+            continue
+        found.append(finding)
+    ids = {f.id for f in found}
+    return found + [f for f in counted.findings if f.id not in ids]
+
+
+def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """A variant's `by_design` findings only restate what it is on purpose (sdpa-math pins the math
+    backend, so `backend-fallback` tells its user nothing): its rows leave them out. `analyze` on the same
+    trace, which knows no variant, keeps them."""
+    if not verdict.by_design:
+        return findings
+    return [f for f in findings if f.id not in verdict.by_design]
+
+
+#: The judge's rules, in the order they run.
+JUDGE_RULES: tuple[JudgeRule, ...] = (settle_cpu_bound, weigh_dense_mask, join_counters, drop_by_design)
+
+
+def judge(verdict: Verdict) -> list[Finding]:
+    """A row's final findings: the trace's, through every rule of `JUDGE_RULES` in order."""
+    findings = list(verdict.findings)
+    for rule in JUDGE_RULES:
+        findings = rule(findings, verdict)
+    return findings
+
+
+def judge_alternatives(
+    findings: Sequence[Finding], alternatives: Sequence[Alternative], dense_us: float
+) -> list[Finding]:
+    """The findings of a row judged before, with the alternatives found after its run among the run's rows
+    (a dense cell's cells of the same run): `weigh_dense_mask` alone runs again, on `dense-mask` as the row
+    holds it (with the sentences of any alternative measured for comparison already in it)."""
+    return weigh_dense_mask(list(findings), Verdict(alternatives=alternatives, latency_us=dense_us))
