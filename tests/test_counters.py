@@ -30,12 +30,18 @@ from attnprof.analysis.counters.metrics import COUNTER_METRICS, STALL_REASONS, s
 from attnprof.analysis.counters.readers import read_ncu_rep
 from attnprof.analysis.counters.roofline import steps_of
 from attnprof.analysis.counters.units import parse_number, to_base, unit_factor
-from attnprof.analysis.findings import Verdict, judge
+from attnprof.analysis.findings import Counted, Verdict, judge
 from attnprof.nsight import NsightUnavailableError
 from attnprof.peaks import measured_peaks
 from attnprof.pipeline.measured import CellResult
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.registry import RunSpec
+
+
+def counter_findings(counters):
+    """The counter findings the judge makes of a row's counters."""
+    return list(Counted.of(counters, []).findings)
+
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -474,7 +480,7 @@ def test_kernel_names_compare_across_nsight_compute_and_the_trace():
 
 
 def test_the_real_forward_kernels_raise_what_their_counters_show():
-    raised = {variant: ids(counters(variant).findings) for variant in VARIANTS}
+    raised = {variant: ids(counter_findings(counters(variant))) for variant in VARIANTS}
     assert raised == {
         "sdpa-cudnn": [],
         "sdpa-flash": ["stall-dominated"],
@@ -484,7 +490,7 @@ def test_the_real_forward_kernels_raise_what_their_counters_show():
 
 
 def test_tensor_pipe_underused_fires_on_a_compute_bound_kernel_below_half():
-    (finding,) = counters("flex").findings
+    (finding,) = counter_findings(counters("flex"))
     assert finding.severity == "problem"
     assert "triton_tem_fused_flex_attention_0's tensor pipe (wgmma) was active 45.1%" in finding.message
     assert "compute-bound at 43% of the matmul ceiling" in finding.message
@@ -495,9 +501,9 @@ def test_tensor_pipe_underused_fires_on_a_compute_bound_kernel_below_half():
 
 def test_tensor_pipe_underused_needs_compute_bound():
     busy = replace(kernel("sdpa-cudnn"), tensor_pipe_pct=55.0)
-    assert "tensor-pipe-underused" not in ids(_counted(busy).findings)
+    assert "tensor-pipe-underused" not in ids(counter_findings(_counted(busy)))
     memory = replace(kernel("flex"), dram_read_bytes=2.0e12)  # below the ridge: its bytes bound it
-    assert "tensor-pipe-underused" not in ids(_counted(memory).findings)
+    assert "tensor-pipe-underused" not in ids(counter_findings(_counted(memory)))
 
 
 def _counted(*kernels: KernelCounters, spec: RunSpec = SPEC) -> CellCounters:
@@ -508,7 +514,7 @@ def _counted(*kernels: KernelCounters, spec: RunSpec = SPEC) -> CellCounters:
 def test_dram_bound_fires_at_high_dram_throughput_with_the_traffic_above_the_compulsory():
     hot = replace(kernel("triton-flash"), dram_pct_of_peak=72.0, dram_gbps=3450.0)
     found = _counted(hot)
-    finding = next(f for f in found.findings if f.id == "dram-bound")
+    finding = next(f for f in counter_findings(found) if f.id == "dram-bound")
     assert "_attn_fwd moves 2,392 MB at 3,450 GB/s, 72% of peak DRAM throughput" in finding.message
     assert "the forward moves 2,392 MB through DRAM against the 604 MB it must (4.0x)" in finding.message
     excess = 1 - COMPULSORY / (2.140049e9 + 252_116_224)
@@ -526,18 +532,18 @@ def test_dram_bound_fires_on_a_memory_bound_kernel_and_not_on_a_small_helper():
     )
     main = kernel("sdpa-cudnn")
     found = _counted(pre, main)
-    finding = next(f for f in found.findings if f.id == "dram-bound")
+    finding = next(f for f in counter_findings(found) if f.id == "dram-bound")
     assert finding.message.startswith(
         "prep moves 631 MB at 315 GB/s, 7% of peak DRAM throughput, no matmul work on the tensor pipe, no share of "
         "the FLOPs: memory-bound at 7% of read bandwidth; the forward moves 1,221 MB through DRAM against the 604 MB"
     )
     tiny = replace(pre, duration_us=100.0)  # under 5% of the step's time
-    assert "dram-bound" not in ids(_counted(tiny, main).findings)
-    assert "dram-bound" not in ids(counters("sdpa-cudnn").findings)
+    assert "dram-bound" not in ids(counter_findings(_counted(tiny, main)))
+    assert "dram-bound" not in ids(counter_findings(counters("sdpa-cudnn")))
 
 
 def test_l2_thrash_fires_on_a_low_hit_rate_with_traffic_well_above_the_compulsory():
-    (finding,) = counters("triton-flash").findings
+    (finding,) = counter_findings(counters("triton-flash"))
     assert finding.message == (
         "_attn_fwd hit L2 on 88.5% of its sector lookups and read 2,140 MB from DRAM (wrote 252 MB); "
         "compute-bound, it hides most of that traffic under its math; the forward moves 2,392 MB through DRAM "
@@ -548,31 +554,31 @@ def test_l2_thrash_fires_on_a_low_hit_rate_with_traffic_well_above_the_compulsor
 
 def test_l2_thrash_needs_both_a_low_hit_rate_and_the_extra_traffic():
     triton = kernel("triton-flash")
-    assert "l2-thrash" not in ids(_counted(replace(triton, dram_read_bytes=336e6)).findings)
-    assert "l2-thrash" not in ids(_counted(replace(triton, l2_hit_rate_pct=95.0)).findings)
+    assert "l2-thrash" not in ids(counter_findings(_counted(replace(triton, dram_read_bytes=336e6))))
+    assert "l2-thrash" not in ids(counter_findings(_counted(replace(triton, l2_hit_rate_pct=95.0))))
     memory = replace(triton, dram_read_bytes=2.0e12)
-    finding = next(f for f in _counted(memory).findings if f.id == "l2-thrash")
+    finding = next(f for f in counter_findings(_counted(memory)) if f.id == "l2-thrash")
     assert finding.impact_us == pytest.approx(8237.856 * (1 - COMPULSORY / (2.0e12 + 252_116_224)), abs=1e-3)
 
 
 def test_stall_dominated_names_the_reason_in_plain_words():
-    (finding,) = counters("sdpa-flash").findings
+    (finding,) = counter_findings(counters("sdpa-flash"))
     assert finding.severity == "info" and finding.impact_us is None
     assert finding.message == (
         "flash_fwd_kernel: 40% of its warp stalls are wait, fixed-latency dependencies (the fixed wait after an "
         "instruction); then math pipe throttle 21%, not selected 14%."
     )
-    assert "stall-dominated" not in ids(counters("sdpa-cudnn").findings)  # barrier 33%
+    assert "stall-dominated" not in ids(counter_findings(counters("sdpa-cudnn")))  # barrier 33%
 
 
 def test_counters_resolve_occupancy_unreported():
     analysis = analyze_trace(DATA / "4x32x8192x128-kv8" / "sdpa-cudnn.json.gz")
     assert "occupancy-unreported" in ids(analysis.findings)
     found = counters("sdpa-cudnn")
-    resolved = judge(Verdict(analysis.findings, analysis.kernels, counters=found.counted_for(analysis.kernels)))
+    resolved = judge(Verdict(analysis.findings, analysis.kernels, counters=Counted.of(found, analysis.kernels)))
     assert "occupancy-unreported" not in ids(resolved)
     other = replace(kernel("flex"), index=0)  # a report that measured another kernel: the finding stays
-    counted = _counted(other).counted_for(analysis.kernels)
+    counted = Counted.of(_counted(other), analysis.kernels)
     kept = judge(Verdict(analysis.findings, analysis.kernels, counters=counted))
     assert "occupancy-unreported" in ids(kept)
 
@@ -598,7 +604,7 @@ def test_counters_round_trip_through_json():
         assert again.to_dict() == data
         assert [k.name for k in again.kernels] == [k.name for k in found.kernels]
         assert again.shown.kernels == CellCounters.from_dict(again.to_dict()).shown.kernels
-        assert ids(again.findings) == ids(found.findings)
+        assert ids(counter_findings(again)) == ids(counter_findings(found))
 
 
 def test_the_results_entry_holds_the_counters_and_the_findings():
@@ -624,11 +630,10 @@ def test_the_results_entry_holds_the_counters_and_the_findings():
 
 
 def test_resume_keeps_the_counters_of_a_finished_row(tmp_path):
-    from attnprof.report.results_file import load_results
-    from attnprof.report.serialize import results_document
-
     from attnprof.config import parse_config
     from attnprof.pipeline.resume import kept_rows
+    from attnprof.pipeline.rows import cell_row, results_document
+    from attnprof.results.files import load_results, write_json
 
     result = CellResult("sdpa-cudnn", "built-in", SPEC)
     result.counters = counters("sdpa-cudnn")
@@ -639,11 +644,12 @@ def test_resume_keeps_the_counters_of_a_finished_row(tmp_path):
             "shapes": [{"batch": 1, "heads": 64, "seq": 16384, "head_dim": 128, "kv_heads": 8}],
         }
     )
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(results_document("compare", config, {}, None, [result], False)))
+    path = write_json(
+        tmp_path / "results.json", results_document("compare", config, {}, None, [cell_row(result)], False)
+    )
     (row,) = kept_rows(load_results(path))
-    assert CellCounters.from_dict(row["counters"]).to_dict() == result.counters.to_dict()
-    assert row["finding_ids"] == ""
+    assert CellCounters.from_dict(row.counters).to_dict() == result.counters.to_dict()
+    assert row.findings == []  # cuDNN's forward raises no counter finding (see above)
 
 
 # --------------------------------------------------------------------------- the backward pages
@@ -669,7 +675,7 @@ def test_a_backward_step_gives_its_flops_to_its_matmul_kernels_only():
     assert found.placements[3].text.startswith("no matmul work on the tensor pipe, no share of the FLOPs: memory-bound")
     assert found.kernels[3].tensor_pipe_pct == pytest.approx(0.186973)  # conversions on the shared pipe
     assert found.compulsory_bytes == 2 * COMPULSORY  # q, k, v, out, dout read; dq, dk, dv written
-    assert found.findings == []
+    assert counter_findings(found) == []
 
 
 def test_flash_attentions_backward_copies_get_no_flops():
@@ -682,11 +688,13 @@ def test_flash_attentions_backward_copies_get_no_flops():
 
 def test_triton_flash_backward_before_and_after_in_counters():
     before, after = backward("triton-flash-bwd-before"), backward("triton-flash-bwd")
-    assert ids(before.findings) == ["tensor-pipe-underused", "stall-dominated"]
-    underused = before.findings[0].message
+    assert ids(counter_findings(before)) == ["tensor-pipe-underused", "stall-dominated"]
+    underused = counter_findings(before)[0].message
     assert "_attn_bwd_dkdv's tensor pipe (wgmma) was active 37.7%" in underused
     assert "_attn_bwd_dq's tensor pipe (wgmma) was active 41.4%" in underused
-    assert before.findings[1].message.startswith("_attn_bwd_dq: 40% of its warp stalls are barrier, block-wide syncs")
+    assert counter_findings(before)[1].message.startswith(
+        "_attn_bwd_dq: 40% of its warp stalls are barrier, block-wide syncs"
+    )
     assert [p.flops_share_pct for p in after.placements] == [
         0.0,
         pytest.approx(56.95, abs=0.01),
@@ -696,7 +704,7 @@ def test_triton_flash_backward_before_and_after_in_counters():
         "compute-bound at 37% of the matmul ceiling",
         "compute-bound at 49% of the matmul ceiling",
     ]
-    (thrash,) = after.findings
+    (thrash,) = counter_findings(after)
     assert thrash.id == "l2-thrash" and thrash.message.startswith(
         "_attn_bwd_dkdv hit L2 on 67.2% of its sector lookups and read 8,353 MB from DRAM (wrote 297 MB)"
     )

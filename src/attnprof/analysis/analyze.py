@@ -393,12 +393,12 @@ def attach_counters(
     `occupancy-unreported` without the kernels Nsight Compute measured, `occupancy_measured` saying what it
     measured, then the counter findings)."""
     from attnprof.analysis.counters.cell import counters_for_trace, occupancy_notes
-    from attnprof.analysis.findings import Verdict, judge
+    from attnprof.analysis.findings import Counted, Verdict, judge
 
     ledger = analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None
     measured = peaks(report.device, analysis.input_dtype) if peaks else None
     counters = counters_for_trace(report, trace, ledger, instance_unit(analysis.phases), measured, report.path)
-    counted = counters.counted_for(analysis.kernels)
+    counted = Counted.of(counters, analysis.kernels)
     analysis.findings = judge(Verdict(analysis.findings, analysis.kernels, counters=counted))
     analysis.occupancy_measured = occupancy_notes(analysis.kernels, counters)
     analysis.counters = counters

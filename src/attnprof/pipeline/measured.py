@@ -159,8 +159,8 @@ def row_verdict(
     alternatives: list[MaskAlternative] | None = None,
 ) -> Verdict:
     """What the judge reads of a row: its trace's findings and kernels, its latency timed without the
-    profiler against the device time per instance under it, and its counters (`CellCounters.counted_for`)."""
-    from attnprof.analysis.findings import Verdict
+    profiler against the device time per instance under it, and its counters (`Counted.of`)."""
+    from attnprof.analysis.findings import Counted, Verdict
 
     analysis = result.analysis
     kernels = analysis.kernels if analysis is not None else []
@@ -172,7 +172,7 @@ def row_verdict(
         gpu_time_us=analysis.gpu_time_us if analysis is not None else None,
         unit=unit,
         alternatives=alternatives or [],
-        counters=result.counters.counted_for(kernels) if result.counters is not None else None,
+        counters=Counted.of(result.counters, kernels) if result.counters is not None else None,
     )
 
 

@@ -9,7 +9,7 @@ the roofline, and judge what the counters show.
 - `roofline`: the steps a report's kernels form, each kernel's share of the step's FLOPs and its place
   against the ceilings; `StepCounters`, what the counter findings read.
 - `cell`: `CellCounters`, what a row holds (`counters_for_cell`; `counters_for_trace` for `analyze
-  --ncu-report`), and what the judge reads of it (`CellCounters.counted_for`).
+  --ncu-report`), and what the judge reads of it (`analysis.findings.Counted.of`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """What a row holds of Nsight Compute: `CellCounters`, made by `counters_for_cell` (run, compare, sweep,
-model) or `counters_for_trace` (`analyze --ncu-report`), and what the judge reads of it (`counted_for`).
+model) or `counters_for_trace` (`analyze --ncu-report`).
 
 `CellCounters` keeps every kernel of the report with its roofline placement, the steps they form, the
-step the tables show and the findings judge (the median one by time), the counter findings, the time
-Nsight Compute took and the report's path. `to_dict`/`from_dict` round-trip through the results JSON.
-
-`CellCounters.counted_for` is what the judge (`analysis.findings.judge.join_counters`) reads to give a row
-its findings with counters: the counter findings, and the trace's kernels whose achieved occupancy
-Nsight Compute measured (`occupancy-unreported` no longer names them).
+step the tables show and the findings judge (the median one by time), the time Nsight Compute took and the
+report's path. `to_dict`/`from_dict` round-trip through the results JSON. It holds measurements only: the
+judge (`analysis.findings.judge.Counted.of`) reads its shown step and `measured_names` (the trace's kernels
+whose achieved occupancy Nsight Compute measured) and makes the counter findings.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnprof.analysis.counters.kernel import CounterReport, KernelCounters
 from attnprof.analysis.counters.roofline import KernelPlacement, StepCounters, kernel_key, place_kernels, steps_of
-from attnprof.analysis.findings import Counted, Finding, FindingContext, counter_findings
 from attnprof.analysis.hardware import Peaks, datasheet
 from attnprof.analysis.roofline import bytes_moved, flops_convention, step_flops
 from attnprof.registry import RunSpec
@@ -73,7 +71,6 @@ class CellCounters:
     counted: list[int]
     kernels_per_step: int
     shown_step: int = 0
-    findings: list[Finding] = field(default_factory=list)
     flops_per_step: float | None = None
     flops_source: str | None = None
     compulsory_bytes: float | None = None
@@ -106,12 +103,10 @@ class CellCounters:
         """The step the tables show and the findings judge."""
         return self.step(self.shown_step)
 
-    def counted_for(self, kernels: list[KernelStats]) -> Counted:
-        """What the judge reads of the counters, for a trace of per-kernel statistics `kernels`: the counter
-        findings and the names of those kernels whose achieved occupancy Nsight Compute measured."""
+    def measured_names(self, kernels: Sequence[KernelStats]) -> frozenset[str]:
+        """The names of those of a trace's `kernels` whose achieved occupancy Nsight Compute measured."""
         measured = measured_occupancy(self)
-        names = frozenset(k.name for k in kernels if kernel_key(k.name) in measured)
-        return Counted(tuple(self.findings), names)
+        return frozenset(k.name for k in kernels if kernel_key(k.name) in measured)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form; `from_dict` reads it back."""
@@ -122,7 +117,6 @@ class CellCounters:
             "kernels_per_step": self.kernels_per_step,
             "steps": self.steps,
             "shown_step": self.shown_step,
-            "findings": [f.to_dict() for f in self.findings],
             "flops_per_step": self.flops_per_step,
             "flops_source": self.flops_source,
             "compulsory_bytes": self.compulsory_bytes,
@@ -146,7 +140,6 @@ class CellCounters:
             counted=list(data.get("counted") or []),
             kernels_per_step=int(data.get("kernels_per_step") or 0),
             shown_step=int(data.get("shown_step") or 0),
-            findings=[Finding.from_dict(f) for f in data.get("findings") or []],
             flops_per_step=data.get("flops_per_step"),
             flops_source=data.get("flops_source"),
             compulsory_bytes=data.get("compulsory_bytes"),
@@ -271,19 +264,6 @@ def _assemble(
                 f"the report holds {result.steps} {unit}s of {per_step} kernel(s); the tables show and the findings "
                 f"judge {unit} {result.shown_step + 1}, the median by time"
             )
-        shown = result.shown
-        result.findings = counter_findings(
-            FindingContext(
-                per_forward=[],
-                kernels=[],
-                dtype=None,
-                dtype_source=None,
-                cpu_time_us=0.0,
-                gpu_time_us=shown.time_us,
-                unit=unit,
-                counters=shown,
-            )
-        )
     return result
 
 

@@ -25,10 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
 from attnprof.analysis.findings.registry import Finding, FindingContext, numbers, us
 
 if TYPE_CHECKING:
+    from attnprof.analysis.counters.cell import CellCounters
     from attnprof.analysis.instance.metrics import KernelStats
 
 CPU_BOUND = "cpu-bound"
@@ -65,12 +67,22 @@ class Alternative(Protocol):
 
 @dataclass(frozen=True)
 class Counted:
-    """What the judge reads of a row's hardware counters (`CellCounters.counted`): the counter findings of
-    the step they judge, and the names of the trace's kernels whose achieved occupancy Nsight Compute
-    measured."""
+    """What the judge reads of a row's hardware counters (`Counted.of`): the counter findings of the step
+    they judge, and the names of the trace's kernels whose achieved occupancy Nsight Compute measured."""
 
     findings: tuple[Finding, ...] = ()
     measured: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, counters: CellCounters, kernels: Sequence[KernelStats]) -> Counted:
+        """What the judge reads of `counters` for a trace whose per-kernel statistics are `kernels`: the
+        counter findings of the step the tables show (none when the report holds no whole step)."""
+        found: list[Finding] = []
+        if counters.steps:
+            step = counters.shown
+            context = FindingContext([], [], None, None, 0.0, step.time_us, unit=counters.unit, counters=step)
+            found = COUNTER_RULES.build(context)
+        return cls(tuple(found), counters.measured_names(kernels))
 
 
 @dataclass(frozen=True)
