@@ -112,14 +112,17 @@ def test_cpu_runs_start_no_sampler():
 
 
 def _row(**extra):
+    from attnprof.results.schema import Row
+
     row = {"variant": "v", "source": "built-in", "shape": "1x1x16x16", "dtype": "bf16", "causal": True,
            "device": "cuda:0", "status": "ok", "latency_us": 2036.0, "latency_iqr_us": 27.0}
     row.update(extra)
-    return row
+    return Row(**row)
 
 
 def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
-    from attnprof.report.tables import latency_text, run_summary_table
+    from attnprof.report.run_tables import run_summary_table
+    from attnprof.report.tables import latency_text
 
     held = _row(sm_clock_mhz=1650, sm_clock_min_mhz=1560, sm_clock_max_mhz=1980, clock_limits="sw_power_cap")
     assert latency_text(held) == "2,036 ± 27 @ 1,650 MHz"

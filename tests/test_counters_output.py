@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_html_report import Page
 from tracegen import BF16, TraceBuilder
@@ -18,8 +19,11 @@ from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
+from attnprof.report.run_tables import run_report
 from attnprof.report.serialize import results_document
-from attnprof.report.tables import compare_report, run_report
+from attnprof.report.tables import compare_report
+from attnprof.results.schema import Document, Row
+from attnprof.results.upgrade import upgrade_document
 from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200"
@@ -86,6 +90,11 @@ def document(rows: list[CellResult]) -> dict:
         }
     )
     return json.loads(json.dumps(results_document("compare", config, {"gpu_name": "NVIDIA H200"}, None, rows, False)))
+
+
+def typed_rows(rows: list[CellResult]) -> list[Row]:
+    """The rows of `document(rows)` as the reader gives them."""
+    return msgspec.convert(upgrade_document(document(rows)), Document).results
 
 
 # --------------------------------------------------------------------------- analyze --ncu-report
@@ -189,21 +198,21 @@ def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
 
 
 def test_compare_and_run_print_the_counters_and_the_counter_findings():
-    entries = document(counted_rows())["results"]
+    entries = typed_rows(counted_rows())
     text = compare_report(entries, "table", "sdpa-cudnn", 120)
     assert "Kernel counters (Nsight Compute)" in text
     assert all(line == line.rstrip() and len(line) <= 120 for line in text.splitlines())
     assert "triton-flash  _attn_fwd" in text
     assert "[l2-thrash]" in text and "[tensor-pipe-underused]" in text
-    run = run_report(entries[2], None, None, "table", 120)
+    run = run_report(entries[2], None, "table", 120)
     assert "Kernel counters (Nsight Compute)" in run and "_attn_fwd" in run and "left out" in run
     assert "Kernel counters" not in compare_report(
-        document([CellResult("sdpa", "built-in", SPEC)])["results"], "table", None, 120
+        typed_rows([CellResult("sdpa", "built-in", SPEC)]), "table", None, 120
     )
 
 
 def test_markdown_has_the_full_table():
-    entries = document(counted_rows(("flex",)))["results"]
+    entries = typed_rows(counted_rows(("flex",)))
     text = compare_report(entries, "markdown", None, 120)
     assert "### Kernel counters (Nsight Compute)" in text
     assert "| triton_tem_fused_flex_attention_0 |" in text

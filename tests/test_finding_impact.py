@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from tracegen import BF16, FLASH, TraceBuilder
 
@@ -19,6 +20,7 @@ from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
 from attnprof.report.serialize import json_entry, model_json_entry
 from attnprof.report.tables import compare_report
+from attnprof.results.schema import FindingRecord, Row
 from attnprof.pipeline.measured import CellResult, ModelResult
 from attnprof.stats import median
 
@@ -255,25 +257,26 @@ def cells(*paths: str) -> list[CellResult]:
 
 
 def test_compare_ends_with_the_findings_that_cost_the_most() -> None:
-    entries = [json_entry(r) for r in cells("4x16x8192x128/naive.json.gz", "4x16x8192x128/sdpa-math.json.gz",
-                                            "8x16x1024x64/sdpa-cudnn.json.gz", "8x16x1024x64/sdpa.json.gz")]
+    paths = ("4x16x8192x128/naive.json.gz", "4x16x8192x128/sdpa-math.json.gz", "8x16x1024x64/sdpa-cudnn.json.gz",
+             "8x16x1024x64/sdpa.json.gz")
+    entries = [msgspec.convert(json_entry(r), Row) for r in cells(*paths)]
     text = compare_report(entries, "table", None, 200)
     look = text[text.index("What to look at"):].splitlines()
     lines = [line[2:] for line in look if line.startswith("- ")]
     expected = sorted(
-        ((e["variant"], e["shape"], f) for e in entries for f in e["findings"] if (f["impact_us"] or 0) > 0),
-        key=lambda t: (t[2]["impact_pct"], t[2]["impact_us"]), reverse=True,
+        ((e.variant, e.shape, f) for e in entries for f in e.findings if (f.impact_us or 0) > 0),
+        key=lambda t: (t[2].impact_pct, t[2].impact_us), reverse=True,
     )[:5]
     assert len(lines) == 5
     for line, (variant, shape, finding) in zip(lines, expected, strict=True):
-        assert line == f"{finding['id']} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
+        assert line == f"{finding.id} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
     assert {"4x16x8192x128", "8x16x1024x64"} <= {line.split(", ")[1].split()[0] for line in lines}
     assert all(FINDINGS.get(line.split()[0]).severity == "problem" for line in lines)
 
 
 def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() -> None:
-    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> dict:
-        return {"id": fid, "message": "", "severity": severity, "impact_us": us, "impact_pct": pct}
+    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> FindingRecord:
+        return FindingRecord(id=fid, message="", severity=severity, impact_us=us, impact_pct=pct)
 
     found = ranked([
         ("a, 8x16x1024x64 bf16 causal fwd", "forward", [finding("cpu-bound", 50.0, 40.0),
@@ -281,7 +284,7 @@ def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() ->
                                                       finding("hidden-memcpy", 0.0, 0.0)]),
         ("b, 4x16x8192x128 bf16 causal fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)]),
     ])
-    assert [(r.cell[0], r.finding["id"]) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
+    assert [(r.cell[0], r.finding.id) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
     text = what_to_look_at([("b, x fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)])], "markdown", None)
     assert text.splitlines()[0] == "### What to look at"
     assert "1. hidden-memcpy on b, x fwd+bwd: 4,000 µs per step (9% of the step)" in text

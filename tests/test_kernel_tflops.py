@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from attnprof.analysis import analyze_trace
@@ -19,8 +20,11 @@ from attnprof.plugins import load_variants
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
 from attnprof.report.export import write_csv
+from attnprof.report.run_tables import run_summary_table
 from attnprof.report.serialize import CSV_FIELDS, TFLOPS_CONVENTION, csv_row, json_entry
-from attnprof.report.tables import run_summary_table, shape_table
+from attnprof.report.tables import KERNEL_BANDWIDTH_HEADER, compare_report, shape_table
+from attnprof.results.files import load_results
+from attnprof.results.schema import Row
 from attnprof.pipeline.measured import CellResult, Throughput
 
 DATA = Path(__file__).parent / "data" / "h200"
@@ -137,7 +141,7 @@ def test_kernel_percentage_is_none_without_a_ceiling_or_above_it() -> None:
 
 
 def test_tables_show_the_kernel_figure_beside_the_latency_one() -> None:
-    row = csv_row(cudnn_result())
+    row = msgspec.convert(json_entry(cudnn_result()), Row)
     text = shape_table([row], "table", width=None)
     header = " ".join(text.splitlines()[0].split())
     assert "TFLOP/s (latency) TFLOP/s (kernels) % peak" in header
@@ -162,3 +166,35 @@ def test_a_cpu_cell_has_no_kernel_figure(tmp_path) -> None:
     assert result.kernel_tflops is None and result.kernel_pct_of_peak is None
     row = csv_row(result)
     assert row["kernel_tflops"] is None and row["tflops_convention"] is None  # no ceiling: no latency figure either
+
+
+def test_tables_show_the_kernel_gbps_after_the_achieved_bandwidth() -> None:
+    """`kernel GB/s` (the attention calls' bytes over their device time) follows `GB/s (% read BW)` (bytes over
+    the latency) in the full table, n/a where the row has none, and in run's summary after the achieved line."""
+    row = msgspec.structs.replace(msgspec.convert(json_entry(cudnn_result()), Row), kernel_gbps=1234.5)
+    header = " ".join(shape_table([row], "table", width=None).splitlines()[0].split())
+    assert "GB/s (% read BW) kernel GB/s executed/useful FLOPs" in header
+    assert "1,234" in shape_table([row], "table", width=None)
+    none = msgspec.structs.replace(row, kernel_gbps=None)
+    cells = shape_table([none], "markdown").splitlines()[2].split("|")
+    headers = [c.strip() for c in shape_table([none], "markdown").splitlines()[0].split("|")]
+    assert cells[headers.index(KERNEL_BANDWIDTH_HEADER)].strip() == "n/a"
+    lines = run_summary_table(row, "table").splitlines()
+    achieved = next(i for i, line in enumerate(lines) if line.startswith("achieved GB/s"))
+    assert lines[achieved + 1].split() == ["GB/s", "by", "kernel", "time", "1,234"]
+    assert "GB/s by kernel time                           n/a" in run_summary_table(none, "table")
+
+
+def test_kernel_gbps_gives_way_first_so_a_fitted_compare_is_as_before() -> None:
+    """At 120 columns the H200 compare has no room for `kernel GB/s`: its tables are those without the
+    column, and the note names it; --wide shows it."""
+    rows = load_results(DATA / "results" / "compare.json").rows
+    filled = [msgspec.structs.replace(r, kernel_gbps=4321.0 if r.ok else None) for r in rows]
+    without = compare_report(rows, "table", "sdpa-math", 120)
+    with_column = compare_report(filled, "table", "sdpa-math", 120)
+    assert " ".join(with_column.split()) == " ".join(without.split()).replace(
+        "TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs (n/a throughout)",
+        "TFLOP/s (kernels), executed/useful FLOPs (n/a throughout)",
+    ).replace("peak MiB (no room at 120 columns)", "kernel GB/s, peak MiB (no room at 120 columns)")
+    assert "kernel GB/s" not in with_column.splitlines()[3] and "4,321" not in with_column
+    assert "4,321" in compare_report(filled, "table", "sdpa-math", None)

@@ -260,8 +260,12 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     measured with; in a backward mode the tables' per-forward columns read per step."""
     from pathlib import Path
 
+    import msgspec
+
     from attnprof.analysis import analyze_trace
-    from attnprof.report.tables import compare_report, run_summary_table
+    from attnprof.report.run_tables import run_summary_table
+    from attnprof.report.tables import compare_report
+    from attnprof.results.schema import Row
 
     data = Path(__file__).parent / "data" / "h200" / "training"
     result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
@@ -272,12 +276,12 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     assert entry["backward_kernel_time_us"] > entry["forward_kernel_time_us"] > 0
     assert entry["phases"]["backward"]["kernels"] == 5 and entry["kernels_per_forward"] == 6
     assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(csv_row(step))
-    summary = run_summary_table(entry, "table")
+    summary = run_summary_table(msgspec.convert(entry, Row), "table")
     assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
     after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
-    assert "(backward after the region)" in run_summary_table(json_entry(after), "table")
-    report = compare_report([entry], "table", None, width=200)
+    assert "(backward after the region)" in run_summary_table(msgspec.convert(json_entry(after), Row), "table")
+    report = compare_report([msgspec.convert(entry, Row)], "table", None, width=200)
     assert "kernels/step" in report and "kernels/fwd" not in report
     forward_only = json_entry(run_cell(builtin("naive"), spec("fwd"), config, FAST))
     assert forward_only["forward_kernels"] is None and forward_only["phases"] is None  # CPU: no device work
-    assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)
+    assert "kernels/fwd" in compare_report([msgspec.convert(forward_only, Row)], "table", None, width=200)
