@@ -6,11 +6,11 @@ from datetime import datetime
 
 import pytest
 
+from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import cell_row
 from attnprof.profiling import clocks
 from attnprof.profiling.clocks import ClockSample, ClockSampler, clock_window, parse_samples, reason_names
 from attnprof.registry import RunSpec
-from attnprof.pipeline.rows import cell_row
-from attnprof.pipeline.measured import CellResult
 
 
 def stamp(t: float) -> str:
@@ -90,9 +90,9 @@ case "$*" in *-lms*) echo "{stamp(T0)}, 1980, 1980, 0x0"; echo "{stamp(T0 + 0.02
 
 def test_runner_attaches_the_clock_of_each_timing_window():
     from attnprof.pipeline import attach_clocks
-    from attnprof.registry import RunSpec
-    from attnprof.pipeline.rows import cell_row
     from attnprof.pipeline.measured import CellResult
+    from attnprof.pipeline.rows import cell_row
+    from attnprof.registry import RunSpec
 
     spec = RunSpec("cuda:0", "bf16", 1, 1, 16, 16)
     timed = CellResult("a", "built-in", spec, timing_window=(T0 + 0.01, T0 + 0.07))
@@ -112,14 +112,17 @@ def test_cpu_runs_start_no_sampler():
 
 
 def _row(**extra):
+    from attnprof.results.schema import Row
+
     row = {"variant": "v", "source": "built-in", "shape": "1x1x16x16", "dtype": "bf16", "causal": True,
            "device": "cuda:0", "status": "ok", "latency_us": 2036.0, "latency_iqr_us": 27.0}
     row.update(extra)
-    return row
+    return Row(**row)
 
 
 def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
-    from attnprof.report.tables import latency_text, run_summary_table
+    from attnprof.report.run_tables import run_summary_table
+    from attnprof.report.tables import latency_text
 
     held = _row(sm_clock_mhz=1650, sm_clock_min_mhz=1560, sm_clock_max_mhz=1980, clock_limits="sw_power_cap")
     assert latency_text(held) == "2,036 ± 27 @ 1,650 MHz"
@@ -130,10 +133,10 @@ def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
 
 
 def test_result_rows_carry_the_clock_fields():
+    from attnprof.pipeline.measured import CellResult
+    from attnprof.pipeline.rows import cell_row
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.registry import RunSpec
-    from attnprof.pipeline.rows import cell_row
-    from attnprof.pipeline.measured import CellResult
 
     result = CellResult("a", "built-in", RunSpec("cuda:0", "bf16", 1, 1, 16, 16),
                         clock=ClockWindow(sm_mhz=1845, min_sm_mhz=1650, max_sm_mhz=1980, limits=("sw_power_cap",),

@@ -18,10 +18,11 @@ from attnprof.analysis.counters import counters_for_cell, load_counters
 from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
 from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import results_document
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import counters_report
-from attnprof.pipeline.rows import results_document
-from attnprof.report.tables import compare_report, run_report
+from attnprof.report.run_tables import run_report
+from attnprof.report.tables import compare_report
 from attnprof.results.schema import Document, Row
 from attnprof.results.upgrade import upgrade_document
 
@@ -49,9 +50,9 @@ def synthetic_cudnn_trace(path: Path, steps: int = 3, is_causal_recorded: bool =
         with b.step(), b.region():
             types = [BF16, BF16, BF16, "", "Scalar", "Scalar", "", "Scalar"]
             with b.op("aten::scaled_dot_product_attention", types) as op:
-                op["args"]["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128]] + [[]] * 5
+                op.args["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128]] + [[]] * 5
                 if is_causal_recorded:
-                    op["args"]["Concrete Inputs"] = ["", "", "", "", "0.", "True", "", "True"]
+                    op.args["Concrete Inputs"] = ["", "", "", "", "0.", "True", "", "True"]
                 with b.op("aten::_scaled_dot_product_cudnn_attention", [BF16, BF16, BF16]):
                     b.kernel(
                         cudnn_kernel_name(),
@@ -91,6 +92,11 @@ def document(rows: list[CellResult]) -> dict:
     return json.loads(json.dumps(results_document("compare", config, {"gpu_name": "NVIDIA H200"}, None, rows, False)))
 
 
+def typed_rows(rows: list[CellResult]) -> list[Row]:
+    """The rows of `document(rows)` as the reader gives them."""
+    return msgspec.convert(upgrade_document(document(rows)), Document).results
+
+
 # --------------------------------------------------------------------------- analyze --ncu-report
 
 
@@ -128,7 +134,7 @@ def test_analyze_json_has_the_counters_and_places_the_kernel_with_the_traces_flo
     assert placement["bound"] == "compute" and placement["flops"] == causal_flops
     assert placement["tflops"] == pytest.approx(causal_flops / 6588.064e-6 / 1e12, rel=1e-4)
     assert counters["kernels"][0]["achieved_occupancy_pct"] == pytest.approx(14.0589)
-    assert "occupancy-unreported" not in [f["id"] for f in data["findings"]]
+    assert "occupancy-unreported" not in [f.id for f in data["findings"]]
     assert counters["peaks"]["basis"] == "datasheet"
 
 
@@ -145,7 +151,7 @@ def test_analyze_names_the_report_kernels_it_could_not_match(cli):
     result = cli("analyze", str(CUDNN_TRACE), "--ncu-report", str(page("flex")), "--format", "json")
     assert result.exit_code == 0, result.output
     match = json.loads(result.stdout)["counters"]["match"]
-    assert (match["matched"], match["attention"], match["unmatched"]) == (0, 0, ["triton_tem_fused_flex_attention_0"])
+    assert (match.matched, match.attention, match.unmatched) == (0, 0, ["triton_tem_fused_flex_attention_0"])
 
 
 def test_more_report_kernels_than_launches_are_unmatched(cli, tmp_path):
@@ -155,7 +161,7 @@ def test_more_report_kernels_than_launches_are_unmatched(cli, tmp_path):
     report.write_text("\n".join([*text, text[-1].replace('"0"', '"1"', 1)]) + "\n")
     result = cli("analyze", str(trace), "--ncu-report", str(report), "--format", "json")
     match = json.loads(result.stdout)["counters"]["match"]
-    assert (match["matched"], match["total"]) == (1, 2) and len(match["unmatched"]) == 1
+    assert (match.matched, match.total) == (1, 2) and len(match.unmatched) == 1
 
 
 @pytest.mark.parametrize(
@@ -192,21 +198,21 @@ def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
 
 
 def test_compare_and_run_print_the_counters_and_the_counter_findings():
-    entries = document(counted_rows())["results"]
+    entries = typed_rows(counted_rows())
     text = compare_report(entries, "table", "sdpa-cudnn", 120)
     assert "Kernel counters (Nsight Compute)" in text
     assert all(line == line.rstrip() and len(line) <= 120 for line in text.splitlines())
     assert "triton-flash  _attn_fwd" in text
     assert "[l2-thrash]" in text and "[tensor-pipe-underused]" in text
-    run = run_report(entries[2], None, None, "table", 120)
+    run = run_report(entries[2], None, "table", 120)
     assert "Kernel counters (Nsight Compute)" in run and "_attn_fwd" in run and "left out" in run
     assert "Kernel counters" not in compare_report(
-        document([CellResult("sdpa", "built-in", SPEC)])["results"], "table", None, 120
+        typed_rows([CellResult("sdpa", "built-in", SPEC)]), "table", None, 120
     )
 
 
 def test_markdown_has_the_full_table():
-    entries = document(counted_rows(("flex",)))["results"]
+    entries = typed_rows(counted_rows(("flex",)))
     text = compare_report(entries, "markdown", None, 120)
     assert "### Kernel counters (Nsight Compute)" in text
     assert "| triton_tem_fused_flex_attention_0 |" in text
@@ -214,11 +220,6 @@ def test_markdown_has_the_full_table():
 
 
 # --------------------------------------------------------------------------- the HTML report and the plot
-
-
-def typed_rows(written: dict) -> list[Row]:
-    """The document's rows as the report and the plots read them: typed, as `load_results` gives them."""
-    return msgspec.convert(upgrade_document(json.loads(json.dumps(written))), Document).results
 
 
 def test_the_html_report_has_the_counters_section(cli, tmp_path):
@@ -237,7 +238,7 @@ def test_the_html_report_has_the_counters_section(cli, tmp_path):
     assert list(by_variant) == list(VARIANTS)
     assert by_variant["triton-flash"][1:4] == ["_attn_fwd", "8,238", "2,140 / 252"]
     assert by_variant["sdpa-cudnn"][-1] == "compute-bound at 68% of the matmul ceiling"
-    assert by_variant["flex"][header.index("tensor pipe")] == "45.1% wgmma"
+    assert by_variant.flex[header.index("tensor pipe")] == "45.1% wgmma"
     assert "#finding-l2-thrash" in page_.links and "#plot-roofline" in page_.links
     assert any(image.get("alt") == "Attention kernels on the roofline (Nsight Compute)" for image in page_.images)
 
@@ -245,16 +246,16 @@ def test_the_html_report_has_the_counters_section(cli, tmp_path):
 def test_no_counters_no_section():
     from attnprof.report.html import counters_section
 
-    assert counters_section(typed_rows(document([CellResult("sdpa", "built-in", SPEC)]))) == ""
+    assert counters_section(document([CellResult("sdpa", "built-in", SPEC)])["results"]) == ""
 
 
 def test_the_roofline_plot_places_every_counted_kernel():
     pytest.importorskip("matplotlib")
     from attnprof.report.plots import figures
 
-    drawn, skipped = figures(typed_rows(document(counted_rows())), ["roofline"])
+    drawn, skipped = figures(document(counted_rows())["results"], ["roofline"])
     assert list(drawn) == ["roofline"] and not skipped
-    (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
+    (ax,) = [ax for ax in drawn.roofline.axes if ax.get_xlabel()]
     # one kernel per cell: colour and marker name it, so the points go unlabelled
     assert [text.get_text() for text in ax.texts] == ["ridge 206"]
     points = {
@@ -265,7 +266,7 @@ def test_the_roofline_plot_places_every_counted_kernel():
     }
     flops = 4.0 * 64 * 128 * 16384 * 16385 / 2
     assert (round(flops / (2.140049e9 + 252_116_224)), round(flops / 8237.856e-6 / 1e12)) in points
-    _, skipped = figures(typed_rows(document([CellResult("sdpa", "built-in", SPEC)])), ["roofline"])
+    _, skipped = figures(document([CellResult("sdpa", "built-in", SPEC)])["results"], ["roofline"])
     assert skipped == {"roofline": "no row has hardware counters (--ncu)"}
 
 
@@ -281,7 +282,7 @@ def test_the_roofline_names_the_kernels_of_a_cell_that_runs_several():
     result = CellResult("triton-flash", "built-in", spec)
     report = NCU / "triton-flash-bwd.raw.csv"
     result.counters = counters_for_cell(load_counters(report), spec, None, seconds=19.0, report_path=str(report))
-    drawn, _ = figures(typed_rows(document([result])), ["roofline"])
-    (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
+    drawn, _ = figures(document([result])["results"], ["roofline"])
+    (ax,) = [ax for ax in drawn.roofline.axes if ax.get_xlabel()]
     labels = [text.get_text() for text in ax.texts]
     assert sorted(labels) == ["_attn_bwd_dkdv", "_attn_bwd_dq", "ridge 206"], labels

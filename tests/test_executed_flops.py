@@ -10,9 +10,9 @@ import pytest
 from attnprof.analysis.roofline import EXECUTED_CONVENTION, executed_flops, step_flops
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.pipeline import run_cell
+from attnprof.pipeline.rows import cell_row
 from attnprof.plugins import load_variants
 from attnprof.registry import ExecutedPairs, RunSpec, Variant
-from attnprof.pipeline.rows import cell_row
 
 torch = pytest.importorskip("torch")
 
@@ -146,19 +146,21 @@ def test_a_hook_without_an_answer_leaves_none(config) -> None:
 
 
 def test_tables_show_executed_over_useful_where_a_row_has_it(config) -> None:
-    from attnprof.report.tables import run_summary_table, shape_table
+    from attnprof.report.run_tables import run_summary_table
+    from attnprof.report.tables import shape_table
 
     variant = Variant("blocky", "sdpa that says it computes every tile", _sdpa,
                       executed_pairs=lambda rs, state: ExecutedPairs(forward=2 * 32 * 32))
     naive = load_variants(no_plugins=True).registry.get("naive")
     rs = RunSpec("cpu", "fp32", **SHAPE)
-    blocky_row = cell_row(run_cell(variant, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
-    naive_row = cell_row(run_cell(naive, rs, config, MeasureOptions(min_time_s=0.02), ceiling()))
+    options = MeasureOptions(min_time_s=0.02)
+    blocky_row = cell_row(run_cell(variant, rs, config, options, ceiling()))
+    naive_row = cell_row(run_cell(naive, rs, config, options, ceiling()))
     ratio = f"{32 * 32 / (32 * 33 / 2):.2f}×"  # every tile of the causal square over its kept pairs: 1.94×
     wide = shape_table([blocky_row, naive_row], "table", width=None)
     assert "executed/useful FLOPs" in wide.splitlines()[0] and ratio in wide
     summary = run_summary_table(blocky_row, "table")
-    assert f"{step_flops(rs):.3g}, {blocky_row['executed_flops']:.3g} ({ratio})" in summary
+    assert f"{step_flops(rs):.3g}, {blocky_row.executed_flops:.3g} ({ratio})" in summary
     assert "n/a (the variant does not report its tiles)" in run_summary_table(naive_row, "table")
     fitted = shape_table([naive_row], "table", width=100)  # n/a in every row: the first to go when fitting
     assert "executed" not in fitted.splitlines()[0]

@@ -22,7 +22,10 @@ SHAPE = ("--batch", "4", "--heads", "16", "--seq", "4096", "--head-dim", "128")
 
 
 def test_compare_findings_carry_severity_and_impact(cli, tmp_path: Path) -> None:
+    import msgspec
+
     from attnprof.report.tables import compare_report
+    from attnprof.results.schema import Row
 
     variants = [arg for name in ("naive", "sdpa-math", "sdpa-flash", "sdpa-cudnn") for arg in ("--variants", name)]
     result = cli("compare", "--device", "cuda", "--dtype", "bf16", *SHAPE, *variants, "--min-time", "0.05",
@@ -39,7 +42,7 @@ def test_compare_findings_carry_severity_and_impact(cli, tmp_path: Path) -> None
     assert copy["impact_us"] > 0 and 0 < copy["impact_pct"] < 50
     softmax = next(f for f in rows["sdpa-math"]["findings"] if f["id"] == "safe-softmax")
     assert softmax["impact_us"] > 0
-    text = compare_report(list(rows.values()), "table", None, 120)
+    text = compare_report([msgspec.convert(row, Row) for row in rows.values()], "table", None, 120)
     look = text[text.index("What to look at"):]
     assert "hidden-memcpy on naive, 4x16x4096x128 bf16 causal fwd: " in look
     assert "info finding(s) not shown" in text  # the fitted tables leave the info findings to --wide

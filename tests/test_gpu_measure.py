@@ -184,8 +184,8 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
 
     from attnprof.config import Config, MeasureOptions
     from attnprof.pipeline import run_cells
+    from attnprof.pipeline.rows import cell_row
     from attnprof.profiling.clocks import ClockSampler, clock_window
-    from attnprof.report.serialize import csv_row
     from attnprof.variants import sdpa
 
     if shutil.which("nvidia-smi") is None:
@@ -208,5 +208,5 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
     config = Config(shapes=[{"batch": 2, "heads": 8, "seq": 1024, "head_dim": 64}], output_dir=tmp_path)
     results, interrupted = run_cells([(variant, spec)], config, MeasureOptions(min_time_s=0.1))
     assert not interrupted and results[0].ok, results[0].reason
-    m = csv_row(results[0])
-    assert 300 < m["sm_clock_mhz"] <= m["sm_clock_max_mhz"] and m["sm_clock_min_mhz"] <= m["sm_clock_mhz"]
+    m = cell_row(results[0])
+    assert 300 < m.sm_clock_mhz <= m.sm_clock_max_mhz and m.sm_clock_min_mhz <= m.sm_clock_mhz

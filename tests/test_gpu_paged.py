@@ -50,8 +50,8 @@ def test_profiled_paged_cell_is_one_call_with_its_bytes(tmp_path: Path) -> None:
     from attnprof.analysis.roofline import bytes_moved
     from attnprof.config import Config, MeasureOptions, Schedule
     from attnprof.pipeline import run_cell
+    from attnprof.pipeline.rows import cell_row
     from attnprof.profiling.ceiling import RunCeiling
-    from attnprof.report.serialize import json_entry
 
     shape = {"batch": 32, "heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 4096, "head_dim": 128}
     config = Config(shapes=[shape], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=tmp_path)
@@ -62,15 +62,15 @@ def test_profiled_paged_cell_is_one_call_with_its_bytes(tmp_path: Path) -> None:
         spec = RunSpec(device="cuda:0", dtype="bf16", **DECODE, page_size=page_size)
         result = run_cell(registry.get("flex"), spec, config, MeasureOptions(min_time_s=0.1), ceiling)
         assert result.status == "ok", result.reason
-        rows[page_size] = json_entry(result)
+        rows[page_size] = cell_row(result)
     paged, contiguous = rows[64], rows[None]
-    assert paged["shape"] == "32x32x1/4096x128/kv8 paged64" and paged["page_size"] == 64
-    assert paged["attention_calls_per_forward"] == 1  # the split-KV template and its reduction: one call
+    assert paged.shape == "32x32x1/4096x128/kv8 paged64" and paged.page_size == 64
+    assert paged.attention_calls_per_forward == 1  # the split-KV template and its reduction: one call
     expected = bytes_moved(RunSpec(device="cuda:0", dtype="bf16", **DECODE, page_size=64))
-    assert paged["bytes_moved"] == expected == contiguous["bytes_moved"] + 32 * 64 * 4
-    assert paged["achieved_gbps"] > 0 and paged["passed"] is True
-    attention = paged["attention"]
-    assert attention["bytes_per_forward"] and attention["achieved_gbps"]  # from the recorded pool shapes
+    assert paged.bytes_moved == expected == contiguous.bytes_moved + 32 * 64 * 4
+    assert paged.achieved_gbps > 0 and paged.passed is True
+    attention = paged.attention
+    assert attention.bytes_per_forward and attention.achieved_gbps  # from the recorded pool shapes
     print(  # the figures for docs/validation.md
         f"\npaged64: {paged['latency_us']:.1f} us, {paged['achieved_gbps']:.0f} GB/s, "
         f"{paged['kernels_per_forward']} kernels/fwd; contiguous: {contiguous['latency_us']:.1f} us, "

@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from attnprof.analysis import analyze_trace
@@ -15,14 +16,14 @@ from attnprof.analysis.instance.ledger import AttentionLedger, CallFacts
 from attnprof.analysis.roofline import attention_flops, kernel_tflops, step_flops
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.pipeline import run_cell
+from attnprof.pipeline.measured import CellResult, Throughput
+from attnprof.pipeline.rows import TFLOPS_CONVENTION, cell_row
 from attnprof.plugins import load_variants
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
-from attnprof.results.files import to_json, write_csv
-from attnprof.results.schema import CELL_COLUMNS
-from attnprof.pipeline.rows import TFLOPS_CONVENTION, cell_row
-from attnprof.report.tables import run_summary_table, shape_table
-from attnprof.pipeline.measured import CellResult, Throughput
+from attnprof.report.run_tables import run_summary_table
+from attnprof.report.tables import KERNEL_BANDWIDTH_HEADER, compare_report, shape_table
+from attnprof.results.files import load_results, write_csv
 
 DATA = Path(__file__).parent / "data" / "h200"
 BLOG = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64, causal=True)
@@ -65,7 +66,7 @@ def test_no_figure_without_device_time_an_attention_call_or_the_backward_of_a_ba
 def h200_row(variant: str) -> dict:
     """The variant's row at the blog shape in the recorded H200 compare (its real latency)."""
     entries = json.loads((DATA / "results" / "compare.json").read_text())["results"]
-    return next(e for e in entries if e["variant"] == variant and e["shape"] == "8x16x1024x64")
+    return next(e for e in entries if e.variant == variant and e.shape == "8x16x1024x64")
 
 
 @pytest.mark.parametrize(("variant", "at_least"), [("sdpa-cudnn", 1.3), ("triton-flash", 2.5)])
@@ -75,11 +76,11 @@ def test_h200_trace_gives_the_kernel_figure_above_the_host_bound_latency_one(var
     analysis = analyze_trace(DATA / "8x16x1024x64" / f"{variant}.json.gz", dtype="bf16")
     recorded = h200_row(variant)
     result = CellResult(variant, "built-in", BLOG, analysis=analysis)
-    latency_figure = step_flops(BLOG) / (recorded["latency_us"] * 1e-6) / 1e12
-    assert latency_figure == pytest.approx(recorded["tflops"], rel=2e-3)  # recorded with S²/2 causal pairs
+    latency_figure = step_flops(BLOG) / (recorded.latency_us * 1e-6) / 1e12
+    assert latency_figure == pytest.approx(recorded.tflops, rel=2e-3)  # recorded with S²/2 causal pairs
     assert result.kernel_tflops == pytest.approx(step_flops(BLOG) / (analysis.attention.kernel_time_us * 1e-6) / 1e12)
     assert result.kernel_tflops / latency_figure == pytest.approx(
-        recorded["latency_us"] / analysis.attention.kernel_time_us
+        recorded.latency_us / analysis.attention.kernel_time_us
     )
     assert result.kernel_tflops > at_least * latency_figure
 
@@ -124,11 +125,11 @@ def test_the_row_json_and_csv_carry_both_figures_and_say_which_is_which(tmp_path
     assert row.kernel_pct_of_peak == pytest.approx(100 * row.kernel_tflops / 989.0)
     assert row.tflops_convention == TFLOPS_CONVENTION and "latency" in TFLOPS_CONVENTION
     assert entry.kernel_tflops == row.kernel_tflops and entry.pct_of_peak == 22.6
-    assert json.loads(to_json(entry))["tflops_convention"] == TFLOPS_CONVENTION
+    assert json.loads(json.dumps(entry))["tflops_convention"] == TFLOPS_CONVENTION
     path = write_csv(tmp_path / "r.csv", [row])
     line = next(csv.DictReader(path.open()))
-    assert float(line["kernel_tflops"]) == pytest.approx(row.kernel_tflops)
-    assert line["tflops_convention"] == TFLOPS_CONVENTION
+    assert float(line.kernel_tflops) == pytest.approx(row.kernel_tflops)
+    assert line.tflops_convention == TFLOPS_CONVENTION
 
 
 def test_kernel_percentage_is_none_without_a_ceiling_or_above_it() -> None:
@@ -163,3 +164,35 @@ def test_a_cpu_cell_has_no_kernel_figure(tmp_path) -> None:
     assert result.kernel_tflops is None and result.kernel_pct_of_peak is None
     row = cell_row(result)
     assert row.kernel_tflops is None and row.tflops_convention is None  # no ceiling: no latency figure either
+
+
+def test_tables_show_the_kernel_gbps_after_the_achieved_bandwidth() -> None:
+    """`kernel GB/s` (the attention calls' bytes over their device time) follows `GB/s (% read BW)` (bytes over
+    the latency) in the full table, n/a where the row has none, and in run's summary after the achieved line."""
+    row = msgspec.structs.replace(cell_row(cudnn_result()), kernel_gbps=1234.5)
+    header = " ".join(shape_table([row], "table", width=None).splitlines()[0].split())
+    assert "GB/s (% read BW) kernel GB/s executed/useful FLOPs" in header
+    assert "1,234" in shape_table([row], "table", width=None)
+    none = msgspec.structs.replace(row, kernel_gbps=None)
+    cells = shape_table([none], "markdown").splitlines()[2].split("|")
+    headers = [c.strip() for c in shape_table([none], "markdown").splitlines()[0].split("|")]
+    assert cells[headers.index(KERNEL_BANDWIDTH_HEADER)].strip() == "n/a"
+    lines = run_summary_table(row, "table").splitlines()
+    achieved = next(i for i, line in enumerate(lines) if line.startswith("achieved GB/s"))
+    assert lines[achieved + 1].split() == ["GB/s", "by", "kernel", "time", "1,234"]
+    assert "GB/s by kernel time                           n/a" in run_summary_table(none, "table")
+
+
+def test_kernel_gbps_gives_way_first_so_a_fitted_compare_is_as_before() -> None:
+    """At 120 columns the H200 compare has no room for `kernel GB/s`: its tables are those without the
+    column, and the note names it; --wide shows it."""
+    rows = load_results(DATA / "results" / "compare.json").rows
+    filled = [msgspec.structs.replace(r, kernel_gbps=4321.0 if r.ok else None) for r in rows]
+    without = compare_report(rows, "table", "sdpa-math", 120)
+    with_column = compare_report(filled, "table", "sdpa-math", 120)
+    assert " ".join(with_column.split()) == " ".join(without.split()).replace(
+        "TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs (n/a throughout)",
+        "TFLOP/s (kernels), executed/useful FLOPs (n/a throughout)",
+    ).replace("peak MiB (no room at 120 columns)", "kernel GB/s, peak MiB (no room at 120 columns)")
+    assert "kernel GB/s" not in with_column.splitlines()[3] and "4,321" not in with_column
+    assert "4,321" in compare_report(filled, "table", "sdpa-math", None)

@@ -152,11 +152,12 @@ def test_rows_written_before_masks_keep_their_keys() -> None:
 
 def test_tables_name_a_sized_mask_masked() -> None:
     from attnprof.report.tables import cell_label
+    from attnprof.results.schema import Row
 
-    row = {"shape": "1x2x64x16 sw8", "dtype": "fp32", "causal": False, "mask": "sliding_window:8", "mode": "fwd"}
+    row = Row(shape="1x2x64x16 sw8", dtype="fp32", causal=False, mask="sliding_window:8", mode="fwd")
     assert cell_label(row) == "1x2x64x16 sw8 fp32 masked fwd"
-    assert cell_label({"shape": "1x2x64x16", "dtype": "fp32", "causal": True}) == "1x2x64x16 fp32 causal fwd"
-    assert cell_label({"shape": "1x2x64x16", "dtype": "fp32", "causal": False, "mask": "none"}).endswith("full fwd")
+    assert cell_label(Row(shape="1x2x64x16", dtype="fp32", causal=True)) == "1x2x64x16 fp32 causal fwd"
+    assert cell_label(Row(shape="1x2x64x16", dtype="fp32", causal=False, mask="none")).endswith("full fwd")
 
 
 def test_shape_label_shows_its_own_mask() -> None:

@@ -197,9 +197,9 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
     from tracegen import build, fused_forward
 
     from attnprof.analysis import analyze_trace
-    from attnprof.report.model_tables import model_table
-    from attnprof.pipeline.rows import model_row
     from attnprof.pipeline.measured import ModelResult
+    from attnprof.pipeline.rows import model_row
+    from attnprof.report.model_tables import model_table
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))

@@ -12,9 +12,9 @@ from attnprof.config import Config, MeasureOptions, Schedule, parse_config
 from attnprof.errors import ConfigError
 from attnprof.pipeline import plan_cells, run_cell, run_cells
 from attnprof.pipeline.engine import Job, run_job
+from attnprof.pipeline.rows import cell_row
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.pipeline.rows import cell_row
 
 torch = pytest.importorskip("torch")
 
@@ -119,21 +119,21 @@ def test_build_step_prepare_runs_the_forward_and_call_frees_it() -> None:
     counts = {"fwd": 0}
 
     def forward(q, k, v):
-        counts["fwd"] += 1
+        counts.fwd += 1
         return (q @ k.transpose(-1, -2)).softmax(-1) @ v
 
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     step = build_step(spec("bwd"), forward, (q, k, v), seed=0, repeatable_backward=False)
-    assert step.prepare is not None and counts["fwd"] == 1
+    assert step.prepare is not None and counts.fwd == 1
     first = step.call()
-    assert counts["fwd"] == 1  # the graph build_step made
+    assert counts.fwd == 1  # the graph build_step made
     step.prepare()
     second = step.call()
-    assert counts["fwd"] == 2
+    assert counts.fwd == 2
     for a, b in zip(first.grads, second.grads, strict=True):
         assert torch.equal(a, b)
     step.call()  # without prepare it still runs a true backward (on a forward of its own)
-    assert counts["fwd"] == 3
+    assert counts.fwd == 3
     repeatable = build_step(spec("bwd"), forward, (q, k, v), seed=0)
     assert repeatable.prepare is None
 
@@ -260,8 +260,12 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     measured with; in a backward mode the tables' per-forward columns read per step."""
     from pathlib import Path
 
+    import msgspec
+
     from attnprof.analysis import analyze_trace
-    from attnprof.report.tables import compare_report, run_summary_table
+    from attnprof.report.run_tables import run_summary_table
+    from attnprof.report.tables import compare_report
+    from attnprof.results.schema import Row
 
     data = Path(__file__).parent / "data" / "h200" / "training"
     result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
@@ -272,12 +276,12 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     assert entry.backward_kernel_time_us > entry.forward_kernel_time_us > 0
     assert entry.phases["backward"]["kernels"] == 5 and entry.kernels_per_forward == 6
     assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(cell_row(step))
-    summary = run_summary_table(entry, "table")
+    summary = run_summary_table(msgspec.convert(entry, Row), "table")
     assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
     after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
     assert "(backward after the region)" in run_summary_table(cell_row(after), "table")
-    report = compare_report([entry], "table", None, width=200)
+    report = compare_report([msgspec.convert(entry, Row)], "table", None, width=200)
     assert "kernels/step" in report and "kernels/fwd" not in report
     forward_only = cell_row(run_cell(builtin("naive"), spec("fwd"), config, FAST))
     assert forward_only.forward_kernels is None and forward_only.phases is None  # CPU: no device work
-    assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)
+    assert "kernels/fwd" in compare_report([msgspec.convert(forward_only, Row)], "table", None, width=200)

@@ -463,8 +463,8 @@ def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_pa
     from datetime import datetime, timezone
 
     from attnprof.pipeline.counters import attach_counters
-    from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
     from attnprof.pipeline.measured import ModelResult
+    from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
 
     page = Path(__file__).parent / "data" / "h200" / "ncu" / "sdpa-cudnn-fwd.raw.csv"
     row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",

@@ -9,17 +9,16 @@ import pytest
 from tracegen import build, fused_forward
 
 from attnprof.analysis import analyze_trace
+from attnprof.config import Config
+from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups, speed_basis
+from attnprof.pipeline.rows import cell_row, results_document
 from attnprof.profiling.clocks import ClockWindow
 from attnprof.profiling.correctness import Check
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
-from attnprof.config import Config
-from attnprof.pipeline.rows import results_document
 from attnprof.results.files import load_results, to_builtins, to_json, write_csv, write_json
 from attnprof.results.records import attention_record
 from attnprof.results.schema import CELL_COLUMNS
-from attnprof.pipeline.rows import cell_row
-from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups, speed_basis
 
 SPEC = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64)
 OTHER = RunSpec("cuda:0", "bf16", 4, 16, 8192, 128)
@@ -90,7 +89,7 @@ def test_csv_flattens_the_same_row(tmp_path) -> None:
     path = write_csv(tmp_path / "r.csv", [cell_row(full_result())])
     [line] = list(csv.DictReader(path.open()))
     assert list(line) == list(CELL_COLUMNS)
-    assert float(line["latency_p75_us"]) == pytest.approx(cell_row(full_result()).latency_p75_us)
+    assert float(line.latency_p75_us) == pytest.approx(cell_row(full_result()).latency_p75_us)
 
 
 def test_speed_basis_prefers_the_latency() -> None:
@@ -157,5 +156,5 @@ def test_retimed_and_speedup_reliable_reach_json_and_csv(tmp_path) -> None:
     assert (entry.retimed, entry.speedup_reliable) == (1, False)
     path = write_csv(tmp_path / "r.csv", [row])
     [line] = list(csv.DictReader(path.open()))
-    assert (line["retimed"], line["speedup_reliable"]) == ("1", "False")
+    assert (line.retimed, line.speedup_reliable) == ("1", "False")
     assert cell_row(CellResult("v", "built-in", SPEC)).retimed is None  # not timed: no count, not 0

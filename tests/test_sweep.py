@@ -11,13 +11,12 @@ import pytest
 from attnprof.config import load_config, parse_config
 from attnprof.errors import ConfigError, OutputError, ResultsFileError
 from attnprof.pipeline.eta import Eta, fit
+from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.resume import kept_rows
 from attnprof.pipeline.sweep import OomRule, cell_key, plan_sweep, row_key, sweep_specs, without_axes
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.report.export import ResultsStream
-from attnprof.results.files import ResultsFile, load_results
-from attnprof.pipeline.measured import CellResult
+from attnprof.results.files import ResultsFile, ResultsStream, load_results
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ("--no-timing",)

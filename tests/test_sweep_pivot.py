@@ -4,14 +4,15 @@ variant; `--per-point` gives compare's tables. On checked-in results and one rea
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 
+from msgspec.structs import replace
+
 from attnprof.report.formatting import fmt_number
-from attnprof.report.results_file import load_results
 from attnprof.report.sweep_tables import pivot_field, sweep_groups, sweep_report
 from attnprof.report.tables import compare_report, speedup_text
+from attnprof.results.files import load_results
 
 RESULTS = Path(__file__).parent / "data" / "results"
 SWEEP = RESULTS / "cpu-sweep.jsonl"  # configs/sweep-cpu.yaml: seq 128, 256, 512 x head_dim 32, 64
@@ -38,12 +39,12 @@ def test_one_pivot_table_per_point_of_the_other_axes():
     ]
     table = table_lines(text, "head_dim 64")
     assert table[0].split() == ["variant", "seq", "128", "seq", "256", "seq", "512", "findings"]
-    by_cell = {(r["variant"], r["seq"]): r for r in rows if r["head_dim"] == 64}
+    by_cell = {(r.variant, r.seq): r for r in rows if r.head_dim == 64}
     for line in table[2:]:
         variant = line.split()[0]
         for seq in (128, 256, 512):
             row = by_cell[variant, seq]
-            assert f"{fmt_number(row['latency_us'])} ({speedup_text(row)})" in line
+            assert f"{fmt_number(row.latency_us)} ({speedup_text(row)})" in line
     assert "1x4x128x32" not in text.split("== findings")[0]  # no table per point
 
 
@@ -77,25 +78,25 @@ def test_info_findings_are_named_in_the_fitted_output_and_given_in_full_with_wid
 
 
 def test_without_a_latency_the_cells_hold_the_time_speedups_use():
-    rows = [dict(r, latency_us=None) for r in load_results(SWEEP).rows]
+    rows = [replace(r, latency_us=None) for r in load_results(SWEEP).rows]
     text = sweep_report(rows, "table", "sdpa-math", 120)
     assert "latency µs" not in text
     assert "fp32 causal fwd on cpu: CPU µs per forward (speed-up vs sdpa-math) by seq" in text
-    row = next(r for r in rows if r["variant"] == "naive" and r["seq"] == 128 and r["head_dim"] == 32)
-    assert f"{fmt_number(row['cpu_time_us'])} ({speedup_text(row)})" in text
+    row = next(r for r in rows if r.variant == "naive" and r.seq == 128 and r.head_dim == 32)
+    assert f"{fmt_number(row.cpu_time_us)} ({speedup_text(row)})" in text
 
 
 def test_the_pivot_is_the_length_that_varies():
     rows = load_results(SWEEP).rows
     assert pivot_field(rows) == "seq"
-    decode = [dict(copy.deepcopy(r), q_len=1, kv_len=r["seq"] * 8, seq=r["seq"] * 8) for r in rows]
+    decode = [replace(r, q_len=1, kv_len=r.seq * 8, seq=r.seq * 8) for r in rows]
     assert pivot_field(decode) == "seq"  # seq moves with kv_len: one axis, not two
     assert len(sweep_groups(decode)[1]) == 2
-    fixed_seq = [dict(r, seq=None, kv_len=r["seq"] * 8) for r in rows]
+    fixed_seq = [replace(r, seq=None, kv_len=r.seq * 8) for r in rows]
     assert pivot_field(fixed_seq) == "kv_len"
-    modes = [dict(r, mode=m) for r in rows if r["seq"] == 128 and r["head_dim"] == 32 for m in ("fwd", "bwd")]
+    modes = [replace(r, mode=m) for r in rows if r.seq == 128 and r.head_dim == 32 for m in ("fwd", "bwd")]
     assert pivot_field(modes) == "mode"
-    one_point = [r for r in rows if r["seq"] == 128 and r["head_dim"] == 32]
+    one_point = [r for r in rows if r.seq == 128 and r.head_dim == 32]
     assert pivot_field(one_point) is None
     assert sweep_report(one_point, "table", "sdpa-math", 120) == compare_report(one_point, "table", "sdpa-math", 120)
 

@@ -172,8 +172,9 @@ def test_compare_runs_both_of_a_comma_separated_pair(cli, write_config, tmp_path
 @pytest.mark.parametrize("width", [80, 90, 100, 110, 120])
 def test_every_shape_table_of_a_run_leaves_out_the_same_columns(width) -> None:
     from attnprof.report.tables import compare_report
+    from attnprof.results.files import load_results
 
-    entries = json.loads(RESULTS.read_text())["results"]
+    entries = load_results(RESULTS).rows
     text = compare_report(entries, "table", "sdpa-math", width).split("== at a glance")[0]
     tables = text.split("\n== ")[1:]
     assert len(tables) == 8  # four sequence lengths, fwd and fwd+bwd

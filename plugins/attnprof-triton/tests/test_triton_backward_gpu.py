@@ -112,7 +112,7 @@ def test_gpu_masked_cell_reports_executed_flops(tmp_path, mode, mask):
     from attnprof.analysis.roofline import step_flops
     from attnprof.config import Config, MeasureOptions, Schedule
     from attnprof.pipeline import run_cell
-    from attnprof.report.serialize import csv_row
+    from attnprof.pipeline.rows import cell_row
 
     shape = dict(batch=2, heads=8, seq=4096, head_dim=64)
     config = Config(shapes=[shape], schedule=Schedule(wait=1, warmup=1, active=3), output_dir=tmp_path)
@@ -123,9 +123,9 @@ def test_gpu_masked_cell_reports_executed_flops(tmp_path, mode, mask):
     useful = step_flops(rs)
     dense = useful / rs.mask_spec.pairs(4096, 4096) * 4096 * 4096
     assert useful <= result.executed_flops < 0.25 * dense, (useful, result.executed_flops, dense)
-    row = csv_row(result)
-    assert row["executed_flops"] == result.executed_flops and row["flops"] == useful
-    assert "executed_flops: " in row["flops_convention"]
+    row = cell_row(result)
+    assert row.executed_flops == result.executed_flops and row.flops == useful
+    assert "executed_flops: " in row.flops_convention
 
 
 def _config_pairs():

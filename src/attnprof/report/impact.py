@@ -1,57 +1,55 @@
 """Findings by severity and by what they cost: which findings a table shows, how a finding's impact
 reads, and "What to look at", the findings that cost the most across a run. Formatting only.
 
-A finding dict (`Finding.to_dict`) carries `severity` ("problem" or "info"), `impact_us` (the time per
-instance at stake, null where the trace cannot measure it) and `impact_pct` (its share of the
+A finding (`results.schema.FindingRecord`) carries `severity` ("problem" or "info"), `impact_us` (the time
+per instance at stake, None where the trace cannot measure it) and `impact_pct` (its share of the
 instance's time). A fitted terminal table shows the `problem` findings and says how many `info`
 ones it leaves to `--wide`, the JSON and the HTML report; `--wide` and markdown show them all. A
-results file written before findings had a severity gets it from the registry.
+results file written before findings had a severity gets it on read (`results.upgrade`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import bullets, wrap
+from attnprof.results.schema import FindingRecord, Row
 
 #: How many findings "What to look at" lists.
 TOP = 5
 
 
-def severity(finding: dict[str, Any]) -> str:
-    """The finding's severity; from the registry for a finding dict that has none (older results
-    files), "problem" for an id the registry does not know."""
-    if finding.get("severity"):
-        return str(finding["severity"])
-    from attnprof.analysis.findings import FINDINGS
+class HasFindings(Protocol):
+    """What carries findings: a row (`Row`) or an analysis (`Analysis`)."""
 
-    return FINDINGS.get(finding["id"]).severity if finding.get("id") in FINDINGS else "problem"
+    findings: list[FindingRecord]
 
 
-def shown(findings: Sequence[dict[str, Any]], width: int | None) -> list[dict[str, Any]]:
+def severity(finding: FindingRecord) -> str:
+    """The finding's severity ("problem" or "info")."""
+    return finding.severity
+
+
+def shown(findings: Sequence[FindingRecord], width: int | None) -> list[FindingRecord]:
     """The findings a table shows: every one in full (`width` None: `--wide` or markdown), else the problems."""
     if width is None:
         return list(findings)
-    return [f for f in findings if severity(f) == "problem"]
+    return [f for f in findings if f.severity == "problem"]
 
 
-def shown_ids(entry: dict[str, Any], width: int | None) -> str:
-    """The ids of the findings a table shows for a results entry, space-separated (its `finding_ids`
-    when the entry has no finding dicts)."""
-    findings = entry.get("findings")
-    if not isinstance(findings, list) or not findings:
-        return entry.get("finding_ids") or ""
-    return " ".join(f["id"] for f in shown(findings, width))
+def shown_ids(row: Row, width: int | None) -> str:
+    """The ids of the findings a table shows for a row, space-separated."""
+    return " ".join(f.id for f in shown(row.findings, width))
 
 
-def left_out(entries: Sequence[dict[str, Any]], width: int | None) -> list[str]:
+def left_out(holders: Sequence[HasFindings], width: int | None) -> list[str]:
     """A note on the info findings a fitted table leaves out ([] when none is or the table is full)."""
     if width is None:
         return []
-    hidden = sum(1 for e in entries for f in e.get("findings") or [] if severity(f) == "info")
+    hidden = sum(1 for holder in holders for f in holder.findings if f.severity == "info")
     if not hidden:
         return []
     return wrap(
@@ -59,26 +57,25 @@ def left_out(entries: Sequence[dict[str, Any]], width: int | None) -> list[str]:
     )
 
 
-def unit_of(entry: dict[str, Any]) -> str:
+def unit_of(row: Row) -> str:
     """What one instance of a results row is: "step" in the backward modes, else "forward"."""
-    return "forward" if (entry.get("mode") or "fwd") == "fwd" else "step"
+    return "forward" if (row.mode or "fwd") == "fwd" else "step"
 
 
-def impact_text(finding: dict[str, Any], unit: str) -> str | None:
+def impact_text(finding: FindingRecord, unit: str) -> str | None:
     """`3,994 µs per forward (9.1% of the forward)`; None without a measured impact."""
-    value = finding.get("impact_us")
-    if value is None:
+    if finding.impact_us is None:
         return None
-    pct = finding.get("impact_pct")
+    pct = finding.impact_pct
     share = "" if pct is None else f" ({fmt_number(float(pct))}% of the {unit})"
-    return f"{fmt_number(float(value))} µs per {unit}{share}"
+    return f"{fmt_number(float(finding.impact_us))} µs per {unit}{share}"
 
 
-def finding_line(finding: dict[str, Any], unit: str, lead: str = "") -> str:
+def finding_line(finding: FindingRecord, unit: str, lead: str = "") -> str:
     """A bullet's text: `[id] message`, or `lead [id]: message` naming its cell, then `Impact: ...` where measured."""
     cost = impact_text(finding, unit)
-    text = f"{lead} [{finding['id']}]: " if lead else f"[{finding['id']}] "
-    return text + finding["message"] + (f" Impact: {cost}." if cost else "")
+    text = f"{lead} [{finding.id}]: " if lead else f"[{finding.id}] "
+    return text + finding.message + (f" Impact: {cost}." if cost else "")
 
 
 @dataclass(frozen=True)
@@ -87,27 +84,27 @@ class Ranked:
 
     cell: str  # "" for the one instance set of `analyze`
     unit: str
-    finding: dict[str, Any]
+    finding: FindingRecord
 
     @property
     def key(self) -> tuple[float, float]:
-        return (float(self.finding.get("impact_pct") or 0.0), float(self.finding["impact_us"]))
+        return (float(self.finding.impact_pct or 0.0), float(self.finding.impact_us or 0.0))
 
 
-def ranked(cells: Sequence[tuple[str, str, Sequence[dict[str, Any]]]], top: int = TOP) -> list[Ranked]:
+def ranked(cells: Sequence[tuple[str, str, Sequence[FindingRecord]]], top: int = TOP) -> list[Ranked]:
     """The `top` problem findings with a measured impact above zero over (cell, unit, findings) triples,
     largest share of its cell's time first (then the most µs)."""
     found = [
         Ranked(cell, unit, f)
         for cell, unit, findings in cells
         for f in findings
-        if severity(f) == "problem" and (f.get("impact_us") or 0.0) > 0.0
+        if f.severity == "problem" and (f.impact_us or 0.0) > 0.0
     ]
     found.sort(key=lambda r: r.key, reverse=True)
     return found[:top]
 
 
-def what_to_look_at(cells: Sequence[tuple[str, str, Sequence[dict[str, Any]]]], fmt: str, width: int | None) -> str:
+def what_to_look_at(cells: Sequence[tuple[str, str, Sequence[FindingRecord]]], fmt: str, width: int | None) -> str:
     """The heading and one line per top finding (see `ranked`); "" when no finding has a measured impact."""
     top = ranked(cells)
     if not top:
@@ -115,7 +112,7 @@ def what_to_look_at(cells: Sequence[tuple[str, str, Sequence[dict[str, Any]]]], 
     heading = "### What to look at" if fmt == "markdown" else "What to look at"
     intro = "The findings that cost the most, by their share of the time of a forward (or step):"
     lines = [
-        f"{r.finding['id']}" + (f" on {r.cell}" if r.cell else "") + f": {impact_text(r.finding, r.unit)}" for r in top
+        f"{r.finding.id}" + (f" on {r.cell}" if r.cell else "") + f": {impact_text(r.finding, r.unit)}" for r in top
     ]
     if fmt == "markdown":
         return "\n".join([heading, "", intro, "", *(f"{n}. {line}" for n, line in enumerate(lines, 1))])

@@ -17,6 +17,7 @@ from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.ranking import INFO, impact_text, rank_key, ranked, row_findings, severity
 from attnprof.report.tables import UNRELIABLE, speedup_text, variant_label
+from attnprof.results.schema import FindingRecord, Row
 
 #: The fields a sweep varies, in the order a group's title names them.
 AXIS_FIELDS = (
@@ -42,16 +43,21 @@ BASIS_WORDS = {"latency_us": "latency µs", "gpu_time_us": "GPU µs per {unit}",
 SPEED_KEYS = tuple(BASIS_WORDS)
 
 
-def basis_words(key: str, rows: list[dict[str, Any]]) -> str:
+def basis_words(key: str, rows: list[Row]) -> str:
     """`latency µs`, `GPU µs per forward`, `CPU µs per step` (a backward mode among the rows: per step)."""
-    unit = "forward" if all((row.get("mode") or "fwd") == "fwd" for row in rows) else "step"
+    unit = "forward" if all((row.mode or "fwd") == "fwd" for row in rows) else "step"
     return BASIS_WORDS[key].format(unit=unit)
 
 
-def pivot_field(rows: list[dict[str, Any]]) -> str | None:
+def axis(row: Row, name: str) -> Any:
+    """The row's value of the field `name` (one of `AXIS_FIELDS` or `SPEED_KEYS`)."""
+    return getattr(row, name)
+
+
+def pivot_field(rows: list[Row]) -> str | None:
     """The field the sweep's table runs across: seq, kv_len or q_len when it varies, else the first
     of `AXIS_FIELDS` that varies; None when every row is at one point."""
-    varying = [f for f in AXIS_FIELDS if len({_hashable(row.get(f)) for row in rows}) > 1]
+    varying = [f for f in AXIS_FIELDS if len({_hashable(axis(row, f)) for row in rows}) > 1]
     return next((f for f in PIVOT_FIELDS if f in varying), varying[0] if varying else None)
 
 
@@ -59,93 +65,92 @@ def _hashable(value: Any) -> Any:
     return repr(value) if isinstance(value, (dict, list)) else value
 
 
-def _group_key(row: dict[str, Any], pivot: str) -> tuple[Any, ...]:
+def _group_key(row: Row, pivot: str) -> tuple[Any, ...]:
     """The row's point on every axis but the pivot; a length equal to the pivot's moves with it."""
     key = []
     for name in AXIS_FIELDS:
-        value = row.get(name)
-        if name == pivot or (pivot in LENGTHS and name in LENGTHS and value == row.get(pivot)):
+        value = axis(row, name)
+        if name == pivot or (pivot in LENGTHS and name in LENGTHS and value == axis(row, pivot)):
             value = "="
         key.append(_hashable(value))
     return tuple(key)
 
 
-def _axis_value(row: dict[str, Any], pivot: str) -> str:
-    value = row.get(pivot)
+def _axis_text(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return fmt_count(value) if isinstance(value, (int, float)) else str(value)
 
 
-def group_title(row: dict[str, Any], pivot: str) -> str:
+def group_title(row: Row, pivot: str) -> str:
     """`batch 1, heads 4, head_dim 32, fp32 causal fwd on cpu`: the row's point on every axis but the pivot."""
     parts = []
     for name in ("batch", "heads", "kv_heads", "head_dim", "seq", "q_len", "kv_len", "mask", "score_mod"):
-        value = row.get(name)
-        if value is None or name == pivot or (pivot in LENGTHS and name in LENGTHS and value == row.get(pivot)):
+        value = axis(row, name)
+        if value is None or name == pivot or (pivot in LENGTHS and name in LENGTHS and value == axis(row, pivot)):
             continue
-        if (name == "kv_heads" and value == row.get("heads")) or (name == "mask" and value in ("causal", "none")):
+        if (name == "kv_heads" and value == row.heads) or (name == "mask" and value in ("causal", "none")):
             continue
-        if name in ("q_len", "kv_len") and value == row.get("seq") and pivot != "seq":
+        if name in ("q_len", "kv_len") and value == row.seq and pivot != "seq":
             continue
         parts.append(f"{name} {value}")
-    masking = "causal" if row.get("causal") else "full"
-    words = [str(row.get(name) or "") for name in ("dtype", "mode") if name != pivot]
+    masking = "causal" if row.causal else "full"
+    words = [str(axis(row, name) or "") for name in ("dtype", "mode") if name != pivot]
     words.insert(1, "" if pivot == "causal" else masking)
-    where = "" if pivot == "device" else f" on {row.get('device')}"
+    where = "" if pivot == "device" else f" on {row.device}"
     return ", ".join(parts + [" ".join(w for w in words if w)]) + where
 
 
-def speed_basis(rows: list[dict[str, Any]]) -> str:
+def speed_basis(rows: list[Row]) -> str:
     """The time the rows are compared by, as speed-ups are: latency when any ok row has one, else GPU
-    time, else CPU time (a `results.SPEED_KEYS` name)."""
-    ok = [row for row in rows if row.get("status") == "ok"]
-    return next((key for key in SPEED_KEYS if any(row.get(key) is not None for row in ok)), "latency_us")
+    time, else CPU time (a `SPEED_KEYS` name)."""
+    ok = [row for row in rows if row.status == "ok"]
+    return next((key for key in SPEED_KEYS if any(axis(row, key) is not None for row in ok)), "latency_us")
 
 
-def _cell(row: dict[str, Any] | None, basis: str) -> str:
+def _cell(row: Row | None, basis: str) -> str:
     if row is None:
         return ""
-    if row.get("status") != "ok":
-        return str(row.get("status", "")).partition(":")[0]
-    value = row.get(basis)
+    if row.status != "ok":
+        return row.status.partition(":")[0]
+    value = axis(row, basis)
     if value is None:
         return "n/a"
     speedup = speedup_text(row)
     return fmt_number(value) + ("" if speedup == "n/a" else f" ({speedup})")
 
 
-def _problem_ids(rows: list[dict[str, Any]]) -> str:
-    ids = {f["id"]: None for row in rows for f in ranked(row_findings(row)) if severity(f) != INFO}
+def _problem_ids(rows: list[Row]) -> str:
+    ids = {f.id: None for row in rows for f in ranked(row_findings(row)) if severity(f) != INFO}
     return " ".join(ids)
 
 
-def sweep_groups(rows: list[dict[str, Any]]) -> tuple[str | None, list[list[dict[str, Any]]]]:
+def sweep_groups(rows: list[Row]) -> tuple[str | None, list[list[Row]]]:
     """The pivot field and the rows of each point of the other axes, in file order."""
     pivot = pivot_field(rows)
     if pivot is None:
         return None, [rows] if rows else []
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[Row]] = {}
     for row in rows:
         groups.setdefault(_group_key(row, pivot), []).append(row)
     return pivot, list(groups.values())
 
 
-def pivot_cells(group: list[dict[str, Any]], pivot: str) -> tuple[list[str], list[list[str]]]:
+def pivot_cells(group: list[Row], pivot: str) -> tuple[list[str], list[list[str]]]:
     """The headers and cells of one pivot table: variants down, the pivot's values across (ascending),
     then each variant's problem finding ids."""
-    values = sorted(dict.fromkeys(_hashable(row.get(pivot)) for row in group), key=_sort_key)
+    values = sorted(dict.fromkeys(_hashable(axis(row, pivot)) for row in group), key=_sort_key)
     basis = speed_basis(group)
     body = []
     for variant in dict.fromkeys(variant_label(row, group) for row in group):
         mine = [row for row in group if variant_label(row, group) == variant]
-        at = {_hashable(row.get(pivot)): row for row in mine}
+        at = {_hashable(axis(row, pivot)): row for row in mine}
         body.append([variant] + [_cell(at.get(v), basis) for v in values] + [_problem_ids(mine)])
     label = pivot.replace("_", " ")
-    return ["variant"] + [f"{label} {_axis_value({pivot: v}, pivot)}" for v in values] + ["findings"], body
+    return ["variant"] + [f"{label} {_axis_text(v)}" for v in values] + ["findings"], body
 
 
-def pivot_table(group: list[dict[str, Any]], pivot: str, fmt: str, width: int | None) -> str:
+def pivot_table(group: list[Row], pivot: str, fmt: str, width: int | None) -> str:
     """One pivot table (`pivot_cells`) in the terminal's style."""
     headers, body = pivot_cells(group, pivot)
     columns = (
@@ -156,7 +161,7 @@ def pivot_table(group: list[dict[str, Any]], pivot: str, fmt: str, width: int | 
     return table(columns, body, fmt, width)
 
 
-def pivot_title(group: list[dict[str, Any]], pivot: str, baseline: str | None) -> str:
+def pivot_title(group: list[Row], pivot: str, baseline: str | None) -> str:
     """`batch 1, heads 4, head_dim 32, fp32 causal fwd on cpu: latency µs (speed-up vs sdpa-math) by seq`."""
     versus = f" (speed-up vs {baseline})" if baseline else ""
     basis = basis_words(speed_basis(group), group)
@@ -169,12 +174,12 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     return (1, str(value))
 
 
-def _point(row: dict[str, Any]) -> str:
-    mode = row.get("mode") or "fwd"
-    return str(row.get("shape")) + ("" if mode == "fwd" else f" {mode}")
+def _point(row: Row) -> str:
+    mode = row.mode or "fwd"
+    return str(row.shape) + ("" if mode == "fwd" else f" {mode}")
 
 
-def finding_bullets(rows: list[dict[str, Any]], width: int | None) -> list[str]:
+def finding_bullets(rows: list[Row], width: int | None) -> list[str]:
     """Each finding once per variant, largest impact first: where it fired (every point, or which) and
     its message where it costs most (that point named when the messages differ). Fitted (`width` set),
     info findings are only named; `--wide` and markdown give them in full."""
@@ -186,8 +191,8 @@ def finding_bullets(rows: list[dict[str, Any]], width: int | None) -> list[str]:
             continue
         cost = impact_text(entry.top)
         text = f"{entry.variant} [{entry.finding_id}] {entry.where}" + (f"; up to {cost}" if cost else "")
-        same = len({f.get("message") for f, _row in entry.hits}) == 1
-        lines.append(text + f": {entry.top['message']}" + ("" if same else f" (at {_point(entry.top_row)})"))
+        same = len({f.message for f, _row in entry.hits}) == 1
+        lines.append(text + f": {entry.top.message}" + ("" if same else f" (at {_point(entry.top_row)})"))
     out = [bullets(lines, width)] if lines else []
     if info:
         named = ", ".join(f"{i} ({v[0] if len(v) == 1 else f'{len(v)} variants'})" for i, v in info.items())
@@ -201,15 +206,15 @@ class Fired:
 
     variant: str
     finding_id: str
-    hits: list[tuple[dict[str, Any], dict[str, Any]]]
+    hits: list[tuple[FindingRecord, Row]]
     ok_rows: int  # the variant's rows that ran
 
     @property
-    def top(self) -> dict[str, Any]:
+    def top(self) -> FindingRecord:
         return min((f for f, _row in self.hits), key=rank_key)
 
     @property
-    def top_row(self) -> dict[str, Any]:
+    def top_row(self) -> Row:
         return min(self.hits, key=lambda hit: rank_key(hit[0]))[1]
 
     @property
@@ -224,15 +229,15 @@ class Fired:
         return f"at {_listed([_point(row) for _f, row in self.hits])}"
 
 
-def fired_once(rows: list[dict[str, Any]]) -> list[Fired]:
+def fired_once(rows: list[Row]) -> list[Fired]:
     """Every (variant, finding id) that fired, in rank order of its costliest hit."""
     fired: dict[tuple[str, str], Fired] = {}
     ran: dict[str, int] = {}
     for row in rows:
-        ran[row["variant"]] = ran.get(row["variant"], 0) + (row.get("status") == "ok")
+        ran[row.variant] = ran.get(row.variant, 0) + (row.status == "ok")
         for finding in row_findings(row):
-            key = (row["variant"], finding["id"])
-            fired.setdefault(key, Fired(row["variant"], finding["id"], [], 0)).hits.append((finding, row))
+            key = (row.variant, finding.id)
+            fired.setdefault(key, Fired(row.variant, finding.id, [], 0)).hits.append((finding, row))
     for entry in fired.values():
         entry.ok_rows = ran[entry.variant]
     return sorted(fired.values(), key=lambda entry: rank_key(entry.top))
@@ -243,14 +248,14 @@ def _listed(names: list[str], limit_to: int = 4) -> str:
     return ", ".join(names[:limit_to]) + more
 
 
-def reason_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
+def reason_lines(rows: list[Row], width: int | None) -> list[str]:
     """One bullet per distinct reason a row did not run, naming each variant's points."""
     grouped: dict[str, dict[str, list[str]]] = {}
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row["variant"]] = counts.get(row["variant"], 0) + 1
-        if row.get("status") != "ok":
-            grouped.setdefault(str(row.get("status")), {}).setdefault(row["variant"], []).append(_point(row))
+        counts[row.variant] = counts.get(row.variant, 0) + 1
+        if row.status != "ok":
+            grouped.setdefault(row.status, {}).setdefault(row.variant, []).append(_point(row))
     items = []
     for status, variants in grouped.items():
         named = [
@@ -261,7 +266,7 @@ def reason_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     return [bullets(items, width)] if items else []
 
 
-def sweep_report(rows: list[dict[str, Any]], fmt: str, baseline: str | None, width: int | None = None) -> str:
+def sweep_report(rows: list[Row], fmt: str, baseline: str | None, width: int | None = None) -> str:
     """`attnprof sweep`: a pivot table per point of the other axes, the reasons rows did not run, and
     each finding once. Rows at a single point get `compare`'s table."""
     from attnprof.report.tables import compare_report
@@ -276,7 +281,7 @@ def sweep_report(rows: list[dict[str, Any]], fmt: str, baseline: str | None, wid
         title = f"{heading} {pivot_title(group, pivot, baseline)}"
         parts += ["", *wrap(title, width), "", pivot_table(group, pivot, fmt, width)]
     notes = reason_lines(rows, width)
-    if any(row.get("speedup_reliable") is False for row in rows):
+    if any(row.speedup_reliable is False for row in rows):
         notes += ([""] if notes else []) + wrap(UNRELIABLE, width)
     found = finding_bullets(rows, width)
     if notes:

@@ -15,13 +15,14 @@ import json
 import re
 from pathlib import Path
 
-from attnprof.analysis import analyze_trace
-from attnprof.config import Config
-from attnprof.plugins import load_variants
-from attnprof.registry import RunSpec
 from attnprof.report.export import to_json
 from attnprof.report.serialize import results_document
+
+from attnprof.analysis import analyze_trace
+from attnprof.config import Config
 from attnprof.pipeline.measured import CellResult, attach_speedups
+from attnprof.plugins import load_variants
+from attnprof.registry import RunSpec
 
 HERE = Path(__file__).parent
 TRACES = HERE.parent / "h200"

@@ -16,9 +16,10 @@ import csv
 import json
 from pathlib import Path
 
+from attnprof.report.serialize import CSV_FIELDS
+
 from attnprof.analysis import analyze_trace, dispatched_backend
 from attnprof.config import load_config
-from attnprof.report.serialize import CSV_FIELDS
 
 ROOT = Path(__file__).resolve().parents[4]
 HERE = Path(__file__).resolve().parent
