@@ -151,7 +151,7 @@ def test_analyze_names_the_report_kernels_it_could_not_match(cli):
     result = cli("analyze", str(CUDNN_TRACE), "--ncu-report", str(page("flex")), "--format", "json")
     assert result.exit_code == 0, result.output
     match = json.loads(result.stdout)["counters"]["match"]
-    assert (match.matched, match.attention, match.unmatched) == (0, 0, ["triton_tem_fused_flex_attention_0"])
+    assert (match["matched"], match["attention"], match["unmatched"]) == (0, 0, ["triton_tem_fused_flex_attention_0"])
 
 
 def test_more_report_kernels_than_launches_are_unmatched(cli, tmp_path):
@@ -161,7 +161,7 @@ def test_more_report_kernels_than_launches_are_unmatched(cli, tmp_path):
     report.write_text("\n".join([*text, text[-1].replace('"0"', '"1"', 1)]) + "\n")
     result = cli("analyze", str(trace), "--ncu-report", str(report), "--format", "json")
     match = json.loads(result.stdout)["counters"]["match"]
-    assert (match.matched, match.total) == (1, 2) and len(match.unmatched) == 1
+    assert (match["matched"], match["total"]) == (1, 2) and len(match["unmatched"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -238,7 +238,7 @@ def test_the_html_report_has_the_counters_section(cli, tmp_path):
     assert list(by_variant) == list(VARIANTS)
     assert by_variant["triton-flash"][1:4] == ["_attn_fwd", "8,238", "2,140 / 252"]
     assert by_variant["sdpa-cudnn"][-1] == "compute-bound at 68% of the matmul ceiling"
-    assert by_variant.flex[header.index("tensor pipe")] == "45.1% wgmma"
+    assert by_variant["flex"][header.index("tensor pipe")] == "45.1% wgmma"
     assert "#finding-l2-thrash" in page_.links and "#plot-roofline" in page_.links
     assert any(image.get("alt") == "Attention kernels on the roofline (Nsight Compute)" for image in page_.images)
 
@@ -255,7 +255,7 @@ def test_the_roofline_plot_places_every_counted_kernel():
 
     drawn, skipped = figures(document(counted_rows())["results"], ["roofline"])
     assert list(drawn) == ["roofline"] and not skipped
-    (ax,) = [ax for ax in drawn.roofline.axes if ax.get_xlabel()]
+    (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     # one kernel per cell: colour and marker name it, so the points go unlabelled
     assert [text.get_text() for text in ax.texts] == ["ridge 206"]
     points = {
@@ -283,6 +283,6 @@ def test_the_roofline_names_the_kernels_of_a_cell_that_runs_several():
     report = NCU / "triton-flash-bwd.raw.csv"
     result.counters = counters_for_cell(load_counters(report), spec, None, seconds=19.0, report_path=str(report))
     drawn, _ = figures(document([result])["results"], ["roofline"])
-    (ax,) = [ax for ax in drawn.roofline.axes if ax.get_xlabel()]
+    (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     labels = [text.get_text() for text in ax.texts]
     assert sorted(labels) == ["_attn_bwd_dkdv", "_attn_bwd_dq", "ridge 206"], labels

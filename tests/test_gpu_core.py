@@ -60,24 +60,24 @@ def test_every_builtin_runs_and_is_correct(results: dict, name: str) -> None:
     assert result.analysis.forwards == 3
     assert result.analysis.kernels_per_forward >= 1
     assert result.analysis.gpu_time_us > 0 and result.analysis.cpu_time_us > 0
-    assert result.measures.passed is True
-    assert 0 < result.measures.latency_us < 1e6
+    assert result.measures["passed"] is True
+    assert 0 < result.measures["latency_us"] < 1e6
     assert Path(result.trace_path).stat().st_size > 0
 
 
 def test_naive_has_the_hidden_memcpy_and_inplace_does_not(results: dict) -> None:
-    naive, inplace = results.naive.analysis, results.inplace.analysis
+    naive, inplace = results["naive"].analysis, results["inplace"].analysis
     assert naive.memcpy_per_forward == 1
     assert inplace.memcpy_per_forward == 0
     assert naive.kernels_per_forward == inplace.kernels_per_forward
-    assert "hidden-memcpy" in findings(results.naive) and "hidden-memcpy" not in findings(results.inplace)
-    message = next(f.message for f in results.naive.analysis.findings if f.id == "hidden-memcpy")
+    assert "hidden-memcpy" in findings(results["naive"]) and "hidden-memcpy" not in findings(results["inplace"])
+    message = next(f.message for f in results["naive"].analysis.findings if f.id == "hidden-memcpy")
     assert "masked_fill" in message
 
 
 def test_math_backend_decomposes_on_fp32_cuda_cores(results: dict) -> None:
     math = results["sdpa-math"]
-    assert math.analysis.kernels_per_forward > results.inplace.analysis.kernels_per_forward
+    assert math.analysis.kernels_per_forward > results["inplace"].analysis.kernels_per_forward
     assert {"fp32-cuda-cores", "mask-rebuilt", "safe-softmax"} <= findings(math)
 
 
@@ -112,14 +112,14 @@ def test_flash_and_efficient_transpose_on_the_cpu_only(results: dict) -> None:
 
 
 def test_sdpa_reports_the_backend_it_dispatched_to(results: dict) -> None:
-    assert results.sdpa.measures.backend in {"flash", "efficient", "cudnn"}
+    assert results["sdpa"].measures["backend"] in {"flash", "efficient", "cudnn"}
 
 
 def test_throughput_and_memory_are_measured(results: dict) -> None:
     flash = results["sdpa-flash"].measures
     assert flash.tflops > 0 and 0 < flash.pct_of_peak < 100
     assert flash.peak_memory_mib is not None
-    assert results.naive.measures.peak_memory_mib > flash.peak_memory_mib  # naive materialises [S, S]
+    assert results["naive"].measures["peak_memory_mib"] > flash.peak_memory_mib  # naive materialises [S, S]
 
 
 LEDGER_BACKENDS = {"naive": "eager", "inplace": "eager", "compiled": "eager", "flex": "flex", "sdpa-math": "math",

@@ -119,21 +119,21 @@ def test_build_step_prepare_runs_the_forward_and_call_frees_it() -> None:
     counts = {"fwd": 0}
 
     def forward(q, k, v):
-        counts.fwd += 1
+        counts["fwd"] += 1
         return (q @ k.transpose(-1, -2)).softmax(-1) @ v
 
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     step = build_step(spec("bwd"), forward, (q, k, v), seed=0, repeatable_backward=False)
-    assert step.prepare is not None and counts.fwd == 1
+    assert step.prepare is not None and counts["fwd"] == 1
     first = step.call()
-    assert counts.fwd == 1  # the graph build_step made
+    assert counts["fwd"] == 1  # the graph build_step made
     step.prepare()
     second = step.call()
-    assert counts.fwd == 2
+    assert counts["fwd"] == 2
     for a, b in zip(first.grads, second.grads, strict=True):
         assert torch.equal(a, b)
     step.call()  # without prepare it still runs a true backward (on a forward of its own)
-    assert counts.fwd == 3
+    assert counts["fwd"] == 3
     repeatable = build_step(spec("bwd"), forward, (q, k, v), seed=0)
     assert repeatable.prepare is None
 

@@ -103,8 +103,8 @@ def test_resume_after_a_rank_died_redoes_only_the_missing_cells(sharded, tmp_pat
     assert sorted(r.variant for r in rows) == sorted([*SPREAD, "cp-ring", "cp-ring"])
     kept = [r for r in survived if r.variant in SPREAD]
     for old in kept:  # rank 0's finished cells are kept as they were
-        new = next(r for r in rows if r.variant == old.variant)
-        assert new.latency_us == old.latency_us and new.trace == old.trace
+        new = next(r for r in rows if r.variant == old["variant"])
+        assert new.latency_us == old["latency_us"] and new.trace == old["trace"]
     new_rows = rows_of(resumed / "results.rank0.jsonl")[len(kept):] + rows_of(resumed / "results.rank1.jsonl")
     redone = sorted(r.variant for r in new_rows)
     # cp-ring had only rank 0's row: incomplete, so both ranks ran it again; of the rest only what rank 1 held.
@@ -130,13 +130,13 @@ def test_a_single_process_resumes_from_its_results_json(cli, write_config, tmp_p
     assert again.exit_code == 0, again.output  # no config and no --no-timing: both are the earlier run's
     assert "1 finished cell(s) kept, 1 of 2 to run" in again.stderr
     merged = json.loads(again.stdout)
-    assert [r.variant for r in merged.results] == ["sdpa-math", "naive"]
-    assert merged.results[0]["trace"] == document["results"][0]["trace"]  # kept, not run again
-    assert merged.results[1]["timing_method"] is None  # --no-timing was taken over
-    resumed = Path(merged.files["dir"])
-    assert [p.name for p in (resumed / "traces").iterdir()] == [Path(merged.results[1]["trace"]).name]
-    assert merged.resumed_from == str(partial / "results.json")
-    assert "distributed" not in merged and merged.results[1]["rank"] is None  # a single process: no ranks
+    assert [r.variant for r in merged["results"]] == ["sdpa-math", "naive"]
+    assert merged["results"][0]["trace"] == document["results"][0]["trace"]  # kept, not run again
+    assert merged["results"][1]["timing_method"] is None  # --no-timing was taken over
+    resumed = Path(merged["files"]["dir"])
+    assert [p.name for p in (resumed / "traces").iterdir()] == [Path(merged["results"][1]["trace"]).name]
+    assert merged["resumed_from"] == str(partial / "results.json")
+    assert "distributed" not in merged and merged["results"][1]["rank"] is None  # a single process: no ranks
     assert not list(resumed.glob("*.jsonl"))  # a compare of one process streams nothing
     other = cli("--no-plugins", "compare", "--resume", str(partial), "--seed", "3")
     assert other.exit_code == 2 and "seed 0 (now 3)" in other.output
