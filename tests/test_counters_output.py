@@ -16,11 +16,11 @@ from tracegen import BF16, TraceBuilder
 from attnprof.analysis.counters import counters_for_cell, load_counters
 from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
+from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec
-from attnprof.report.counters_tables import counters_report
+from attnprof.report.counters_tables import Counted, counted, counters_report
 from attnprof.report.serialize import results_document
 from attnprof.report.tables import compare_report, run_report
-from attnprof.pipeline.measured import CellResult
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -176,13 +176,14 @@ def test_a_bad_report_is_one_line_and_exit_2(cli, tmp_path, name, text, message)
 
 
 def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
-    items = [(r.variant, r.counters.to_dict()) for r in counted_rows()]
-    fitted = counters_report(items, "table", 120)
+    items = [counted(r.variant, r.counters.to_dict()) for r in counted_rows()]  # typed from the rows' JSON
+    assert all(isinstance(item, Counted) for item in items)
+    fitted = counters_report([item for item in items if item is not None], "table", 120)
     assert max(len(line) for line in fitted.splitlines()) <= 120
     assert "compute 68%" in fitted and "2,140 / 252" in fitted and "88.5%" in fitted and "barrier 35%" in fitted
     assert "left out:" in fitted and "--wide shows" in fitted
     assert fitted.count("NVIDIA H200") == 4 and fitted.count("Ceilings: matmul 989 TFLOP/s") == 1
-    wide = counters_report(items, "table", None)
+    wide = counters_report([Counted(r.variant, r.counters) for r in counted_rows()], "table", None)  # the live ones
     assert "compute-bound at 68% of the matmul ceiling" in wide and "384x1x1 / 132x1x1" in wide
     assert "168 / 228.0 KB" in wide and "wait 40%, math pipe throttle 21%, not selected 14%" in wide
     assert "left out" not in wide

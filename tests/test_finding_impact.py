@@ -9,17 +9,19 @@ import json
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import BF16, FLASH, TraceBuilder
+from typed_rows import analysed_row
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.findings import FINDINGS
+from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec
 from attnprof.report.analysis_tables import analyze_report, render_analysis
 from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
-from attnprof.report.serialize import json_entry, model_json_entry
+from attnprof.report.serialize import json_entry
 from attnprof.report.tables import compare_report
-from attnprof.pipeline.measured import CellResult, ModelResult
 from attnprof.stats import median
 
 H200 = Path(__file__).parent / "data" / "h200"
@@ -29,7 +31,7 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsiz
 
 def findings_of(path: Path, **kwargs) -> dict[str, dict]:
     region = "model_forward" if path.parent.name == "model" and "train_step" not in path.name else None
-    return {f["id"]: f for f in analyze_trace(path, region=region, **kwargs).to_dict()["findings"]}
+    return {f["id"]: f for f in analysis_json(analyze_trace(path, region=region, **kwargs))["findings"]}
 
 
 # ---------------------------------------------------------------- severity and impact on the H200 traces
@@ -318,11 +320,12 @@ def test_analyze_on_a_training_trace_counts_per_step() -> None:
 
 
 def test_model_rows_with_a_backward_count_per_step() -> None:
-    fwd = ModelResult("sdpa", "sdpa", "transformers", "llama", 2, 2048, "fwd", "bf16", "cuda:0",
-                      analysis=analyze_trace(H200 / "model" / "llama2l-sdpa.json.gz", region="model_forward"))
-    step = ModelResult("eager", "eager", "transformers", "llama", 2, 2048, "fwd+bwd", "bf16", "cuda:0",
-                       analysis=analyze_trace(H200 / "model" / "llama2l-eager-train_step.json.gz"))
-    rows = [model_json_entry(r) for r in (fwd, step)]
+    model = {"subject": "model", "model": "llama", "batch": 2, "seq": 2048, "dtype": "bf16", "device": "cuda:0"}
+    fwd = analysed_row(analyze_trace(H200 / "model" / "llama2l-sdpa.json.gz", region="model_forward"),
+                       variant="sdpa", mode="fwd", **model)
+    step = analysed_row(analyze_trace(H200 / "model" / "llama2l-eager-train_step.json.gz"),
+                        variant="eager", mode="fwd+bwd", **model)
+    rows = [fwd, step]
     text = model_report(rows, "table", "sdpa", 200)
     assert "kernels/step" in text and "kernels/fwd" not in text
     look = text[text.index("What to look at"):]

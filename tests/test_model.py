@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 import yaml
 from conftest import TINY_LLAMA
@@ -197,9 +198,8 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
     from tracegen import build, fused_forward
 
     from attnprof.analysis import analyze_trace
-    from attnprof.report.model_tables import model_table
-    from attnprof.report.serialize import model_csv_row, model_json_entry
     from attnprof.pipeline.measured import ModelResult
+    from attnprof.report.serialize import model_csv_row, model_json_entry
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))
@@ -209,10 +209,39 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
     assert entry["attention"] == ledger and entry["attention_backends"] == "flash:2 math:1"  # as compare's rows
     assert (entry["attention_gpu_pct"], entry["attention_calls_per_forward"], entry["attention_time_us"]) == (40, 2, 3)
     assert model_csv_row(result)["attention_backends"] == "flash:2 math:1"
-    table = model_table([entry | {"attention": ledger | {"overhead": OVERHEAD}}], "table", "sdpa", width=None)
-    assert "flash ×2, math ×1" in table and "copy ×2 5.5 µs" in table and "40" in table
     bare = model_json_entry(ModelResult("sdpa", "sdpa", "transformers", "llama", 1, 16, "fwd", "fp32", "cpu"))
     assert bare["attention"] is None and bare["attention_gpu_pct"] is None
+
+
+def test_the_table_shows_the_ledger_of_the_row() -> None:
+    from attnprof.report.model_tables import model_table
+    from attnprof.results.schema import AttentionRecord, OverheadRecord, Row
+
+    overhead = [msgspec.convert(o, OverheadRecord) for o in OVERHEAD]
+    ledger = AttentionRecord(
+        calls_per_forward=2, backends={"flash": 2, "math": 1}, kernel_time_us=3.0, gpu_time_pct=40.0, overhead=overhead
+    )
+    row = Row(subject="model", variant="sdpa", model="llama", seq=16, forwards=3, attention=ledger)
+    row = msgspec.structs.replace(row, attention_backends=ledger.backends_text, attention_gpu_pct=ledger.gpu_time_pct)
+    table = model_table([row], "table", "sdpa", width=None)
+    assert "flash ×2, math ×1" in table and "copy ×2 5.5 µs" in table and "40" in table
+
+
+def test_the_table_shows_the_attention_kernels_gbps_and_gives_it_up_first() -> None:
+    from attnprof.report.model_tables import model_table
+    from attnprof.results.schema import Row
+
+    common = {"subject": "model", "model": "llama", "seq": 16, "forwards": 3, "latency_iqr_us": 2.0}
+    rows = [
+        Row(variant="sdpa", latency_us=100.0, attention_gpu_pct=40.0, kernels_per_forward=12, kernel_gbps=4321.5),
+        Row(variant="eager", latency_us=200.0, attention_gpu_pct=60.0, kernels_per_forward=30),
+    ]
+    rows = [msgspec.structs.replace(r, **common) for r in rows]
+    wide = model_table(rows, "table", "sdpa", None).splitlines()
+    column = wide[0].index("kernel GB/s")
+    assert wide[2][column:].startswith("4,322") and wide[3][column:].startswith("n/a")  # n/a without bytes
+    fitted = " ".join(model_table(rows, "table", "sdpa", 110).split())
+    assert "(n/a throughout); kernel GB/s (no room at 110 columns)" in fitted  # the first to go
 
 
 # --------------------------------------------------------------------------- the command, end to end

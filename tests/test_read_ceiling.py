@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 from test_attention_bandwidth import percentages, raw  # the H200 mask traces, and every % in a document
 
 from attnprof.analysis import analyze_trace
@@ -26,11 +27,11 @@ from attnprof.analysis.roofline import achieved, arithmetic_intensity, bytes_mov
 from attnprof.devices import triton_installed
 from attnprof.peaks import cached_peaks, measured_peaks
 from attnprof.pipeline.cell import throughput
+from attnprof.pipeline.measured import CellResult
 from attnprof.profiling import ceiling, read_probe
 from attnprof.profiling.ceiling import CACHE_VERSION, Ceiling
 from attnprof.registry import RunSpec
 from attnprof.report.serialize import csv_row
-from attnprof.pipeline.measured import CellResult
 
 MASKS = Path(__file__).parent / "data" / "h200" / "masks"
 SPEC = RunSpec("cpu", "fp32", 1, 2, 32, 16, causal=True)  # 67,584 FLOPs over 16,384 bytes: 4.125 FLOP/byte
@@ -224,7 +225,7 @@ def measured(read_gbps: float, tflops: float = 750.0) -> Peaks:
 
 
 def test_run_cells_compare_attention_with_the_measured_peaks():
-    d = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4500.0)).to_dict()
+    d = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4500.0)))
     ledger = d["attention"]
     assert ledger["read_bandwidth_basis"] == "measured" and ledger["read_bandwidth_gbps"] == 4500.0
     assert ledger["read_bandwidth_source"] == "read bandwidth measured on this machine 4500 GB/s (2026-05-01)"
@@ -236,7 +237,7 @@ def test_run_cells_compare_attention_with_the_measured_peaks():
 
 def test_without_measured_peaks_analyze_says_it_uses_the_datasheet():
     for peaks in (None, lambda gpu, dtype: None):
-        ledger = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=peaks).to_dict()["attention"]
+        ledger = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=peaks))["attention"]
         assert (ledger["read_bandwidth_basis"], ledger["read_bandwidth_gbps"]) == ("datasheet", 4800.0)
         assert ledger["read_bandwidth_source"] == "datasheet H200 4800 GB/s"
 
@@ -248,7 +249,7 @@ def test_the_lookup_gets_the_gpu_the_trace_names_and_its_input_dtype():
 
 
 def test_an_attention_faster_than_the_measured_read_bandwidth_is_the_reference_and_noted():
-    d = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4200.0)).to_dict()
+    d = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4200.0)))
     ledger = d["attention"]
     assert ledger["read_bandwidth_basis"] == "achieved" and ledger["pct_of_read_bandwidth"] == 100.0
     assert ledger["read_bandwidth_gbps"] == pytest.approx(4358.7, abs=0.1)
@@ -264,7 +265,7 @@ def test_no_percentage_above_100_against_any_measured_figure(name: str):
     for _ in range(4):
         peaks = measured(10 ** rng.uniform(1, 4), 10 ** rng.uniform(1, 3))
         d = analyze_trace(MASKS / f"{name}.json.gz", peaks=lambda gpu, dtype, p=peaks: p)
-        found = percentages(d.to_dict())
+        found = percentages(analysis_json(d))
         assert found and max(found) <= 100.0
 
 
@@ -306,9 +307,9 @@ def test_analyze_of_another_gpu_or_dtype_keeps_the_datasheet(cli):
     write_cache_entry("NVIDIA H100 80GB HBM3", "bf16", 3000.0, 700.0)
     assert cached_peaks("NVIDIA H200", "bf16") is None
     trace = copy.deepcopy(raw("decode-cudnn"))
-    assert analyze_trace(trace, peaks=cached_peaks).to_dict()["attention"]["read_bandwidth_basis"] == "datasheet"
+    assert analysis_json(analyze_trace(trace, peaks=cached_peaks))["attention"]["read_bandwidth_basis"] == "datasheet"
     write_cache_entry("NVIDIA H200", "fp16", 4450.0, 760.0)
-    assert analyze_trace(trace, peaks=cached_peaks).to_dict()["attention"]["read_bandwidth_basis"] == "datasheet"
+    assert analysis_json(analyze_trace(trace, peaks=cached_peaks))["attention"]["read_bandwidth_basis"] == "datasheet"
     assert cached_peaks(None, "bf16") is None and cached_peaks("NVIDIA H200", None) is None
 
 

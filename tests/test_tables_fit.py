@@ -10,14 +10,12 @@ import pytest
 from tabulate import tabulate
 
 from attnprof.analysis import analyze_trace, explain_kernel
+from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups
 from attnprof.profiling.correctness import Check
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
-from attnprof.report.analysis_tables import (
-    KERNEL_COLUMNS,
-    render_analysis,
-    render_explanation,
-)
+from attnprof.report.analysis_tables import KERNEL_COLUMNS, render_analysis
+from attnprof.report.explain_tables import render_explanation
 from attnprof.report.layout import Column, bullets, fit_profiler_table, table, wrap
 from attnprof.report.serialize import json_entry
 from attnprof.report.tables import (
@@ -28,7 +26,6 @@ from attnprof.report.tables import (
     run_report,
     variant_list_table,
 )
-from attnprof.pipeline.measured import CellResult, Throughput, attach_speedups
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200"
