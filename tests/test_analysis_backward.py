@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import BF16, FLASH, MUL, TraceBuilder
 
 from attnprof.analysis import analyze_trace
@@ -67,7 +68,7 @@ def steps(body, n: int = 3) -> dict:
 
 
 def phases(trace: dict) -> tuple[tuple[int, int, int], tuple[int, int, int], bool]:
-    d = analyze_trace(trace).to_dict()["phases"]
+    d = analysis_json(analyze_trace(trace))["phases"]
     f, w = d["forward"], d["backward"]
     return (f["kernels"], f["memcpy"], f["memset"]), (w["kernels"], w["memcpy"], w["memset"]), w["outside_region"]
 

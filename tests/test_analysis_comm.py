@@ -4,6 +4,7 @@ the overlap arithmetic, c10d ops on a CPU-only trace, and the comm-exposed findi
 from __future__ import annotations
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import FLASH, GEMM_BF16, TraceBuilder, build, fused_forward
 
 from attnprof.analysis import analyze_trace
@@ -71,7 +72,7 @@ def test_overlap_per_forward(comm, computes, hidden, exposed, pct) -> None:
     assert facts.exposed_us == pytest.approx(exposed)
     assert facts.overlap_pct == pytest.approx(pct)
     assert analysis.kernels_per_forward == 1 + len(computes)  # the comm kernel belongs to the forward too
-    assert analysis.to_dict()["comm"]["overlap_pct"] == pytest.approx(pct)
+    assert analysis_json(analysis)["comm"]["overlap_pct"] == pytest.approx(pct)
 
 
 def test_comm_exposed_fires_over_the_share_with_its_numbers() -> None:
@@ -90,7 +91,7 @@ def test_comm_exposed_fires_over_the_share_with_its_numbers() -> None:
 
 def test_a_forward_without_communication_has_none() -> None:
     analysis = analyze_trace(build(fused_forward, backend="flash"))
-    assert analysis.comm is None and analysis.to_dict()["comm"] is None
+    assert analysis.comm is None and analysis_json(analysis)["comm"] is None
 
 
 def test_cpu_only_trace_counts_c10d_ops_and_times_nothing() -> None:

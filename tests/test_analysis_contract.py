@@ -1,10 +1,11 @@
-"""The JSON contract of TraceAnalysis.to_dict, and dispatched_backend."""
+"""The JSON contract of `attnprof analyze` (`results.records.analysis_record`), and dispatched_backend."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import TraceBuilder, build, fused_forward, math_forward, naive_forward
 
 from attnprof.analysis import TraceAnalysis, analyze_trace, dispatched_backend, load_trace
@@ -27,11 +28,11 @@ CALL_FIELDS = {"op", "backend", "phase", "kernels", "time_us", "bytes", "achieve
                "forward_call"}
 
 
-def test_to_dict_field_names_are_the_contract():
-    d = analyze_trace(build(fused_forward, backend="cudnn")).to_dict()
+def test_the_json_field_names_are_the_contract():
+    d = analysis_json(analyze_trace(build(fused_forward, backend="cudnn")))
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
-    assert all(set(f) == {"id", "message", "severity", "impact_us", "impact_pct"} for f in d["findings"])
+    assert all(set(f) == {"id", "message", "severity", "impact_us", "impact_pct", "evidence"} for f in d["findings"])
     assert set(d["phases"]) == {"forward", "backward"}
     assert set(d["phases"]["forward"]) == PHASE_FIELDS
     assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}
@@ -40,8 +41,8 @@ def test_to_dict_field_names_are_the_contract():
     assert json.loads(json.dumps(d)) == d  # plain JSON types only
 
 
-def test_to_dict_values():
-    d = analyze_trace(build(fused_forward, backend="cudnn")).to_dict()
+def test_the_json_values():
+    d = analysis_json(analyze_trace(build(fused_forward, backend="cudnn")))
     assert (d["forwards"], d["kernels_per_forward"], d["memcpy_per_forward"], d["memset_per_forward"]) == (3, 1, 0, 1)
     assert d["launch_apis"] == {"cuLaunchKernelEx": 1, "cudaMemsetAsync": 1}
     assert d["device"] == {"name": "NVIDIA H200", "compute_capability": "9.0", "num_sms": 132}
@@ -65,14 +66,14 @@ def test_to_dict_values():
 
 
 def test_spread_appears_only_where_forwards_differ():
-    d = analyze_trace(build(naive_forward)).to_dict()
+    d = analysis_json(analyze_trace(build(naive_forward)))
     assert "kernels_per_forward" not in d["spread"]
     for key, value in d["spread"].items():
         assert set(value) == {"min", "max"} and value["min"] < value["max"], key
 
 
 def test_kernels_are_in_execution_order_with_counts():
-    d = analyze_trace(build(naive_forward)).to_dict()
+    d = analysis_json(analyze_trace(build(naive_forward)))
     order = [k["short_name"] for k in d["kernels"]]
     assert order == ["ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn",
                      "vectorized_elementwise_kernel<MulFunctor>", "Memcpy DtoD",
@@ -102,13 +103,13 @@ def test_analysis_accepts_paths_dicts_and_parsed_traces(tmp_path):
     b = TraceBuilder()
     data = build(naive_forward, builder=b)
     path = b.write(tmp_path / "trace.json.gz")
-    from_path = analyze_trace(path).to_dict()
-    from_dict = analyze_trace(data).to_dict()
-    from_parsed = analyze_trace(load_trace(data)).to_dict()
+    from_path = analysis_json(analyze_trace(path))
+    from_dict = analysis_json(analyze_trace(data))
+    from_parsed = analysis_json(analyze_trace(load_trace(data)))
     assert from_path == from_dict == from_parsed
     assert isinstance(analyze_trace(str(path)), TraceAnalysis)
 
 
 def test_other_region_name():
     analysis = analyze_trace(build(naive_forward, region="attn_fwd"), region="attn_fwd")
-    assert analysis.region == "attn_fwd" and analysis.to_dict()["region"] == "attn_fwd"
+    assert analysis.region == "attn_fwd" and analysis_json(analysis)["region"] == "attn_fwd"

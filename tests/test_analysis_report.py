@@ -1,21 +1,20 @@
-"""report/analysis_tables.py: the text and markdown renderings."""
+"""report/analysis_tables.py (and the parts it renders with, and explain_tables.py): the text and markdown
+renderings."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from tracegen import GEMM_FP32, TraceBuilder, build, fused_forward, math_forward, naive_forward
 
 from attnprof.analysis import analyze_trace, explain_kernel
-from attnprof.report.analysis_tables import (
-    comm_table,
-    instance_unit,
-    render_analysis,
-    render_analysis_dict,
-    render_explanation,
-    summary_table,
-)
+from attnprof.report.analysis_tables import comm_table, instance_unit, render_analysis, summary_table
+from attnprof.report.explain_tables import render_explanation
+from attnprof.results.files import to_json
+from attnprof.results.records import analysis_record
+from attnprof.results.schema import Analysis
 
 
 def test_table_has_summary_kernels_and_findings():
@@ -64,10 +63,12 @@ def test_cpu_only_reads_na_never_zero():
     assert "No GPU activity" in text and "No findings." in text
 
 
-def test_dict_and_object_render_the_same():
+def test_the_live_analysis_its_record_and_the_record_read_back_render_the_same():
     analysis = analyze_trace(build(naive_forward))
+    record = analysis_record(analysis)
+    read_back = msgspec.json.decode(to_json(record), type=Analysis)  # the JSON, as `analyze` writes it
     for fmt in ("table", "markdown"):
-        assert render_analysis(analysis, fmt) == render_analysis_dict(analysis.to_dict(), fmt)
+        assert render_analysis(analysis, fmt) == render_analysis(record, fmt) == render_analysis(read_back, fmt)
 
 
 def test_unknown_format_is_rejected():
@@ -82,7 +83,7 @@ def test_render_explanation():
     md = render_explanation(explain_kernel("mystery_kernel"), "markdown")
     assert "| tensor cores | ? (the name does not tell)" in md
     assert "not decoded" in md and "| part" not in md
-    assert render_explanation(explain_kernel("Memset (Device)").to_dict(), "table").count("memset") >= 1
+    assert render_explanation(explain_kernel("Memset (Device)"), "table").count("memset") >= 1
 
 
 TRAINING = Path(__file__).parent / "data" / "h200" / "training"
@@ -133,9 +134,11 @@ def test_without_device_events_the_ledger_says_cpu_time_and_the_top_ops_follow()
 
 def test_tables_count_per_step_when_the_instances_run_a_backward():
     comm = {"source": "cpu", "ops_per_forward": 2, "kernels_per_forward": None}
-    step = {"forwards": 3, "comm": comm, "phases": {"forward": {"kernels": 1}, "backward": {"kernels": 3}}}
-    forward = {"forwards": 3, "comm": comm, "phases": {"forward": {"kernels": 1}, "backward": {"kernels": 0}}}
-    assert (instance_unit(step), instance_unit(forward), instance_unit({})) == ("step", "forward", "forward")
+    phases = {"forward": {"kernels": 1}, "backward": {"kernels": 3}}
+    step = msgspec.convert({"forwards": 3, "comm": comm, "phases": phases}, Analysis)
+    phases = {"forward": {"kernels": 1}, "backward": {"kernels": 0}}
+    forward = msgspec.convert({"forwards": 3, "comm": comm, "phases": phases}, Analysis)
+    assert (instance_unit(step), instance_unit(forward), instance_unit(Analysis())) == ("step", "forward", "forward")
     assert "communication per step" in comm_table(step, "table") and "per forward" not in comm_table(step, "table")
     assert "communication per forward" in comm_table(forward, "table")
     for data in (step, forward):  # two columns, each row filled, at any width

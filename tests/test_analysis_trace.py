@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import CUDNN, MASKED_FILL, TraceBuilder, build, fused_forward, large_trace, naive_forward
 
 from attnprof.analysis import load_trace
@@ -386,7 +387,7 @@ def test_the_cli_reads_a_trace_over_the_threshold_as_it_is_read_in_process(tmp_p
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-m", "attnprof", "analyze", str(path), "--format", "json"],
                          capture_output=True, text=True, env=env, check=True)
-    assert json.loads(out.stdout) == json.loads(json.dumps(analyze_trace(path).to_dict()))
+    assert json.loads(out.stdout) == json.loads(json.dumps(analysis_json(analyze_trace(path))))
 
 
 @pytest.mark.parametrize(("files", "cpus"), [

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 
 from attnprof.analysis import analyze_trace
 
@@ -160,7 +161,7 @@ def test_phase_counts_and_findings(name):
         assert (backward.kernels, backward.memcpy, backward.memset) == (bk, bmc, bms)
     # the per-forward counts hold both phases
     assert (a.kernels_per_forward, a.memcpy_per_forward, a.memset_per_forward) == (fk + bk, fmc + bmc, fms + bms)
-    phases = a.to_dict()["phases"]
+    phases = analysis_json(a)["phases"]
     assert (phases["forward"]["kernels"], phases["backward"]["kernels"]) == (fk, bk)
     assert phases["backward"]["outside_region"] is name.startswith("fwd-then-backward/")
     assert set(a.finding_ids) == FINDINGS[name]
@@ -170,7 +171,7 @@ def test_phase_counts_and_findings(name):
 
 def test_backward_after_the_region_is_reported_with_a_note():
     a = analyze_trace(DATA / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz")
-    assert a.to_dict()["phases"]["backward"]["outside_region"] is True
+    assert analysis_json(a)["phases"]["backward"]["outside_region"] is True
     assert any("ran after the region ended" in n for n in a.notes)
     message = a.finding("grad-accumulation").message
     assert "3 kernel(s) per step, 37.8 us per step" in message and "CUDAFunctor_add" in message
@@ -211,7 +212,7 @@ def test_cpu_work_leaves_out_the_wait_inside_the_engine():
 @pytest.mark.parametrize("shape", ["8x16x1024x64", "4x16x8192x128"])
 def test_forward_only_traces_have_no_backward(shape):
     for path in sorted((DATA.parent / shape).glob("*.json.gz")):
-        d = analyze_trace(path).to_dict()
+        d = analysis_json(analyze_trace(path))
         assert d["phases"]["backward"] == {"kernels": 0, "memcpy": 0, "memset": 0, "kernel_time_us": 0.0,
                                            "gpu_time_us": 0.0, "outside_region": False}, path.name
         forward = d["phases"]["forward"]

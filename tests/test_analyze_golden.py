@@ -27,6 +27,8 @@ import pytest
 
 from attnprof.analysis import analyze_trace
 from attnprof.errors import AttnprofError
+from attnprof.results.files import to_json
+from attnprof.results.records import analysis_record
 
 ROOT = Path(__file__).parent
 DATA = ROOT / "data"
@@ -53,7 +55,7 @@ def golden_path(case: str) -> Path:
 def document(trace: str) -> str:
     """What `attnprof analyze TRACE --format json` prints (no --region), or "error: MESSAGE"."""
     try:
-        return json.dumps(analyze_trace(ROOT / trace).to_dict(), indent=2)
+        return to_json(analysis_record(analyze_trace(ROOT / trace)))
     except AttnprofError as exc:
         return f"error: {exc.message}"
 

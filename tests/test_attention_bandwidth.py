@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import FLASH, TraceBuilder, build
 
 from attnprof.analysis import analyze_trace
@@ -42,7 +43,7 @@ def raw(name: str) -> dict[str, Any]:
 
 @cache
 def analysed(name: str) -> dict[str, Any]:
-    return analyze_trace(MASKS / f"{name}.json.gz").to_dict()
+    return analysis_json(analyze_trace(MASKS / f"{name}.json.gz"))
 
 
 def on_gpu(name: str, gpu: str) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def on_gpu(name: str, gpu: str) -> dict[str, Any]:
     trace = copy.deepcopy(raw(name))
     for props in trace["deviceProperties"]:
         props["name"] = gpu
-    return analyze_trace(trace).to_dict()
+    return analysis_json(analyze_trace(trace))
 
 
 def percentages(value: Any, key: str = "") -> list[float]:
@@ -105,7 +106,7 @@ def test_a_dense_mask_adds_its_bytes():
 
 
 def test_without_record_shapes_bytes_are_null_and_a_note_says_why():
-    d = analyze_trace(Path(__file__).parent / "data" / "h200" / "8x16x1024x64" / "sdpa-flash.json.gz").to_dict()
+    d = analysis_json(analyze_trace(Path(__file__).parent / "data" / "h200" / "8x16x1024x64" / "sdpa-flash.json.gz"))
     ledger = d["attention"]
     assert ledger["bytes_per_forward"] is None and ledger["achieved_gbps"] is None
     assert ledger["pct_of_read_bandwidth"] is None and ledger["read_bandwidth_source"] is None

@@ -5,6 +5,7 @@ attention-overhead findings."""
 from __future__ import annotations
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import (
     BF16,
     COPY,
@@ -315,7 +316,7 @@ def test_a_cpu_only_trace_has_a_ledger_timed_on_the_cpu_that_the_findings_skip()
         with b.step(), b.region(), b.op("aten::scaled_dot_product_attention"):
             b.advance(10.0)
     analysis = analyze_trace(b.to_dict())
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     assert ledger["time_base"] == "cpu" and ledger["calls_per_forward"] == 1
     op_us = ledger["calls"][0]["time_us"]  # the SDPA op's own duration on the CPU
     assert op_us >= 10.0 and ledger["kernel_time_us"] == op_us and ledger["calls"][0]["kernels"] == []
@@ -330,7 +331,7 @@ def test_a_cpu_only_trace_without_attention_has_no_ledger():
     for _ in range(3):
         with b.step(), b.region(), b.op("aten::mul"):
             b.advance(10.0)
-    assert analyze_trace(b.to_dict()).to_dict()["attention"] is None
+    assert analysis_json(analyze_trace(b.to_dict()))["attention"] is None
 
 
 def test_instances_of_one_shape_each_get_their_own_calls_and_times():

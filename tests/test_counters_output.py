@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
 import pytest
 from test_html_report import Page
 from tracegen import BF16, TraceBuilder
@@ -20,11 +19,8 @@ from attnprof.config import parse_config
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import results_document
 from attnprof.registry import RunSpec
-from attnprof.report.counters_tables import counters_report
-from attnprof.report.run_tables import run_report
-from attnprof.report.tables import compare_report
-from attnprof.results.schema import Document, Row
-from attnprof.results.upgrade import upgrade_document
+from attnprof.report.counters_tables import Counted, counted, counters_report
+from attnprof.report.tables import compare_report, run_report
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -50,9 +46,9 @@ def synthetic_cudnn_trace(path: Path, steps: int = 3, is_causal_recorded: bool =
         with b.step(), b.region():
             types = [BF16, BF16, BF16, "", "Scalar", "Scalar", "", "Scalar"]
             with b.op("aten::scaled_dot_product_attention", types) as op:
-                op.args["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128]] + [[]] * 5
+                op["args"]["Input Dims"] = [[1, 64, 16384, 128], [1, 8, 16384, 128], [1, 8, 16384, 128]] + [[]] * 5
                 if is_causal_recorded:
-                    op.args["Concrete Inputs"] = ["", "", "", "", "0.", "True", "", "True"]
+                    op["args"]["Concrete Inputs"] = ["", "", "", "", "0.", "True", "", "True"]
                 with b.op("aten::_scaled_dot_product_cudnn_attention", [BF16, BF16, BF16]):
                     b.kernel(
                         cudnn_kernel_name(),
@@ -92,11 +88,6 @@ def document(rows: list[CellResult]) -> dict:
     return json.loads(json.dumps(results_document("compare", config, {"gpu_name": "NVIDIA H200"}, None, rows, False)))
 
 
-def typed_rows(rows: list[CellResult]) -> list[Row]:
-    """The rows of `document(rows)` as the reader gives them."""
-    return msgspec.convert(upgrade_document(document(rows)), Document).results
-
-
 # --------------------------------------------------------------------------- analyze --ncu-report
 
 
@@ -134,7 +125,7 @@ def test_analyze_json_has_the_counters_and_places_the_kernel_with_the_traces_flo
     assert placement["bound"] == "compute" and placement["flops"] == causal_flops
     assert placement["tflops"] == pytest.approx(causal_flops / 6588.064e-6 / 1e12, rel=1e-4)
     assert counters["kernels"][0]["achieved_occupancy_pct"] == pytest.approx(14.0589)
-    assert "occupancy-unreported" not in [f.id for f in data["findings"]]
+    assert "occupancy-unreported" not in [f["id"] for f in data["findings"]]
     assert counters["peaks"]["basis"] == "datasheet"
 
 
@@ -185,34 +176,35 @@ def test_a_bad_report_is_one_line_and_exit_2(cli, tmp_path, name, text, message)
 
 
 def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
-    items = [(r.variant, r.counters.to_dict()) for r in counted_rows()]
-    fitted = counters_report(items, "table", 120)
+    items = [counted(r.variant, r.counters.to_dict()) for r in counted_rows()]  # typed from the rows' JSON
+    assert all(isinstance(item, Counted) for item in items)
+    fitted = counters_report([item for item in items if item is not None], "table", 120)
     assert max(len(line) for line in fitted.splitlines()) <= 120
     assert "compute 68%" in fitted and "2,140 / 252" in fitted and "88.5%" in fitted and "barrier 35%" in fitted
     assert "left out:" in fitted and "--wide shows" in fitted
     assert fitted.count("NVIDIA H200") == 4 and fitted.count("Ceilings: matmul 989 TFLOP/s") == 1
-    wide = counters_report(items, "table", None)
+    wide = counters_report([Counted(r.variant, r.counters) for r in counted_rows()], "table", None)  # the live ones
     assert "compute-bound at 68% of the matmul ceiling" in wide and "384x1x1 / 132x1x1" in wide
     assert "168 / 228.0 KB" in wide and "wait 40%, math pipe throttle 21%, not selected 14%" in wide
     assert "left out" not in wide
 
 
 def test_compare_and_run_print_the_counters_and_the_counter_findings():
-    entries = typed_rows(counted_rows())
+    entries = document(counted_rows())["results"]
     text = compare_report(entries, "table", "sdpa-cudnn", 120)
     assert "Kernel counters (Nsight Compute)" in text
     assert all(line == line.rstrip() and len(line) <= 120 for line in text.splitlines())
     assert "triton-flash  _attn_fwd" in text
     assert "[l2-thrash]" in text and "[tensor-pipe-underused]" in text
-    run = run_report(entries[2], None, "table", 120)
+    run = run_report(entries[2], None, None, "table", 120)
     assert "Kernel counters (Nsight Compute)" in run and "_attn_fwd" in run and "left out" in run
     assert "Kernel counters" not in compare_report(
-        typed_rows([CellResult("sdpa", "built-in", SPEC)]), "table", None, 120
+        document([CellResult("sdpa", "built-in", SPEC)])["results"], "table", None, 120
     )
 
 
 def test_markdown_has_the_full_table():
-    entries = typed_rows(counted_rows(("flex",)))
+    entries = document(counted_rows(("flex",)))["results"]
     text = compare_report(entries, "markdown", None, 120)
     assert "### Kernel counters (Nsight Compute)" in text
     assert "| triton_tem_fused_flex_attention_0 |" in text

@@ -12,6 +12,7 @@ from statistics import median
 from typing import Any
 
 import pytest
+from analysis_json import analysis_json
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.attribution.regions import WHOLE_TRACE
@@ -55,7 +56,7 @@ def test_a_trace_without_annotations_is_one_window_with_its_attention(cli):
     assert analysis.region == WHOLE_TRACE and analysis.forwards == 1
     trace = events("unannotated")
     mha = sorted((e for e in trace if e.get("cat") == "cpu_op" and e["name"] == MHA), key=lambda e: e["ts"])
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     assert len(mha) == 6  # three forwards of two layers, all in the one window
     assert ledger["calls_per_forward"] == 6 and ledger["backends"] == {"native-mha": 6}
     assert [c["time_us"] for c in ledger["calls"]] == [round(e["dur"], 3) for e in mha]
@@ -67,7 +68,7 @@ def test_a_trace_without_annotations_is_one_window_with_its_attention(cli):
 
 def test_a_transformer_encoder_fast_path_is_two_native_mha_calls_per_forward():
     analysis = analyze_trace(DATA / "encoder.json.gz")
-    data = analysis.to_dict()
+    data = analysis_json(analysis)
     assert analysis.region == "encoder" and analysis.forwards == 3 and analysis.input_dtype == "fp32"
     trace = events("encoder")
     instances = regions(trace, "encoder")
@@ -87,7 +88,7 @@ def test_a_transformer_encoder_fast_path_is_two_native_mha_calls_per_forward():
 
 
 def test_the_top_ops_by_self_cpu_time_are_the_traces_own():
-    data = analyze_trace(DATA / "encoder.json.gz").to_dict()
+    data = analysis_json(analyze_trace(DATA / "encoder.json.gz"))
     top = data["top_cpu_ops"]
     assert 0 < len(top) <= 20
     assert [op["self_cpu_us"] for op in top] == sorted((op["self_cpu_us"] for op in top), reverse=True)
@@ -115,7 +116,7 @@ def test_the_tables_show_the_cpu_ledger_and_the_top_ops():
 
 def test_sdpa_on_the_cpu_flash_backend_and_its_backward():
     analysis = analyze_trace(DATA / "encoder-train.json.gz")
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     assert analysis.region == "train_step" and analysis.forwards == 3
     assert ledger["backends"] == {"flash": 2} and ledger["calls_per_forward"] == 2
     forward = [c for c in ledger["calls"] if c["phase"] == "forward"]
@@ -131,7 +132,7 @@ def test_sdpa_on_the_cpu_flash_backend_and_its_backward():
 
 def test_sdpa_math_and_eager_attention_with_their_bytes_from_the_recorded_shapes():
     analysis = analyze_trace(DATA / "sdpa-math.json.gz")
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     assert [(c["op"], c["backend"]) for c in ledger["calls"]] == [
         (SDPA, "math"),
         ("aten::matmul → aten::softmax → aten::matmul", "eager"),

@@ -9,18 +9,19 @@ import json
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 from tracegen import BF16, FLASH, TraceBuilder
+from typed_rows import analysed_row
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.findings import FINDINGS
-from attnprof.pipeline.measured import CellResult, ModelResult
-from attnprof.pipeline.rows import cell_row, model_row
+from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import cell_row
 from attnprof.registry import RunSpec
 from attnprof.report.analysis_tables import analyze_report, render_analysis
 from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
 from attnprof.report.tables import compare_report
-from attnprof.results.schema import FindingRecord
 from attnprof.stats import median
 
 H200 = Path(__file__).parent / "data" / "h200"
@@ -30,7 +31,7 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsiz
 
 def findings_of(path: Path, **kwargs) -> dict[str, dict]:
     region = "model_forward" if path.parent.name == "model" and "train_step" not in path.name else None
-    return {f.id: f for f in analyze_trace(path, region=region, **kwargs).to_dict()["findings"]}
+    return {f["id"]: f for f in analysis_json(analyze_trace(path, region=region, **kwargs))["findings"]}
 
 
 # ---------------------------------------------------------------- severity and impact on the H200 traces
@@ -39,11 +40,11 @@ def findings_of(path: Path, **kwargs) -> dict[str, dict]:
 @pytest.mark.parametrize("path", sorted(H200.glob("*/*.json.gz")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_finding_carries_its_rules_severity_and_info_ones_no_impact(path: Path) -> None:
     for finding in findings_of(path, ceiling_tflops=CEILING).values():
-        assert finding.severity == FINDINGS.get(finding.id).severity
-        if finding.severity == "info":
-            assert finding.impact_us is None and finding.impact_pct is None
-        elif finding.impact_us is not None:
-            assert finding.impact_us >= 0 and 0 <= finding.impact_pct <= 100
+        assert finding["severity"] == FINDINGS.get(finding["id"]).severity
+        if finding["severity"] == "info":
+            assert finding["impact_us"] is None and finding["impact_pct"] is None
+        elif finding["impact_us"] is not None:
+            assert finding["impact_us"] >= 0 and 0 <= finding["impact_pct"] <= 100
 
 
 def test_a_hidden_memcpy_costs_the_copies_device_time() -> None:
@@ -201,12 +202,12 @@ def test_host_sync_costs_the_gpu_idle_time_after_the_sync_not_the_cpu_wait() -> 
     trace = sync_trace(python_us=300.0)
     analysis = analyze_trace(trace)
     events = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")),
-                    key=lambda e: e.ts)
+                    key=lambda e: e["ts"])
     syncs = [e for e in trace["traceEvents"] if e.get("name") == "cudaDeviceSynchronize"]
     first = syncs[0]
-    returned = first.ts + first.dur
-    drained = max(e.ts + e.dur for e in events if e.ts + e.dur <= returned)
-    resumed = min(e.ts for e in events if e.ts >= returned)
+    returned = first["ts"] + first["dur"]
+    drained = max(e["ts"] + e["dur"] for e in events if e["ts"] + e["dur"] <= returned)
+    resumed = min(e["ts"] for e in events if e["ts"] >= returned)
     assert resumed - drained > 300.0  # the Python between the sync and the next launch, and the launch
     instance = analysis.per_forward[0].stalls
     assert instance.syncs[0].bubble_us == pytest.approx(resumed - drained)
@@ -256,26 +257,25 @@ def cells(*paths: str) -> list[CellResult]:
 
 
 def test_compare_ends_with_the_findings_that_cost_the_most() -> None:
-    paths = ("4x16x8192x128/naive.json.gz", "4x16x8192x128/sdpa-math.json.gz", "8x16x1024x64/sdpa-cudnn.json.gz",
-             "8x16x1024x64/sdpa.json.gz")
-    entries = [cell_row(r) for r in cells(*paths)]
+    entries = [cell_row(r) for r in cells("4x16x8192x128/naive.json.gz", "4x16x8192x128/sdpa-math.json.gz",
+                                            "8x16x1024x64/sdpa-cudnn.json.gz", "8x16x1024x64/sdpa.json.gz")]
     text = compare_report(entries, "table", None, 200)
     look = text[text.index("What to look at"):].splitlines()
     lines = [line[2:] for line in look if line.startswith("- ")]
     expected = sorted(
-        ((e.variant, e.shape, f) for e in entries for f in e.findings if (f.impact_us or 0) > 0),
-        key=lambda t: (t[2].impact_pct, t[2].impact_us), reverse=True,
+        ((e["variant"], e["shape"], f) for e in entries for f in e["findings"] if (f["impact_us"] or 0) > 0),
+        key=lambda t: (t[2]["impact_pct"], t[2]["impact_us"]), reverse=True,
     )[:5]
     assert len(lines) == 5
     for line, (variant, shape, finding) in zip(lines, expected, strict=True):
-        assert line == f"{finding.id} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
+        assert line == f"{finding['id']} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
     assert {"4x16x8192x128", "8x16x1024x64"} <= {line.split(", ")[1].split()[0] for line in lines}
     assert all(FINDINGS.get(line.split()[0]).severity == "problem" for line in lines)
 
 
 def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() -> None:
-    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> FindingRecord:
-        return FindingRecord(id=fid, message="", severity=severity, impact_us=us, impact_pct=pct)
+    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> dict:
+        return {"id": fid, "message": "", "severity": severity, "impact_us": us, "impact_pct": pct}
 
     found = ranked([
         ("a, 8x16x1024x64 bf16 causal fwd", "forward", [finding("cpu-bound", 50.0, 40.0),
@@ -283,7 +283,7 @@ def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() ->
                                                       finding("hidden-memcpy", 0.0, 0.0)]),
         ("b, 4x16x8192x128 bf16 causal fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)]),
     ])
-    assert [(r.cell[0], r.finding.id) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
+    assert [(r.cell[0], r.finding["id"]) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
     text = what_to_look_at([("b, x fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)])], "markdown", None)
     assert text.splitlines()[0] == "### What to look at"
     assert "1. hidden-memcpy on b, x fwd+bwd: 4,000 µs per step (9% of the step)" in text
@@ -305,7 +305,7 @@ def test_the_analyze_command_prints_the_list_and_the_json_keeps_every_finding(cl
     assert table.exit_code == 0 and "What to look at" in table.stdout
     assert "- hidden-memcpy: 3,994 µs per forward (9.1% of the forward)" in table.stdout
     document = json.loads(cli("analyze", str(path), "--format", "json").stdout)
-    assert {f.severity for f in document["findings"]} == {"problem", "info"}
+    assert {f["severity"] for f in document["findings"]} == {"problem", "info"}
     assert all({"impact_us", "impact_pct"} <= set(f) for f in document["findings"])
 
 
@@ -320,11 +320,12 @@ def test_analyze_on_a_training_trace_counts_per_step() -> None:
 
 
 def test_model_rows_with_a_backward_count_per_step() -> None:
-    fwd = ModelResult("sdpa", "sdpa", "transformers", "llama", 2, 2048, "fwd", "bf16", "cuda:0",
-                      analysis=analyze_trace(H200 / "model" / "llama2l-sdpa.json.gz", region="model_forward"))
-    step = ModelResult("eager", "eager", "transformers", "llama", 2, 2048, "fwd+bwd", "bf16", "cuda:0",
-                       analysis=analyze_trace(H200 / "model" / "llama2l-eager-train_step.json.gz"))
-    rows = [model_row(r) for r in (fwd, step)]
+    model = {"subject": "model", "model": "llama", "batch": 2, "seq": 2048, "dtype": "bf16", "device": "cuda:0"}
+    fwd = analysed_row(analyze_trace(H200 / "model" / "llama2l-sdpa.json.gz", region="model_forward"),
+                       variant="sdpa", mode="fwd", **model)
+    step = analysed_row(analyze_trace(H200 / "model" / "llama2l-eager-train_step.json.gz"),
+                        variant="eager", mode="fwd+bwd", **model)
+    rows = [fwd, step]
     text = model_report(rows, "table", "sdpa", 200)
     assert "kernels/step" in text and "kernels/fwd" not in text
     look = text[text.index("What to look at"):]

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 
 from attnprof.analysis import analyze_trace, explain_kernel
 from attnprof.analysis.attribution.regions import WHOLE_TRACE
@@ -40,7 +41,7 @@ def test_an_unannotated_cuda_trace_is_one_window_with_its_attention(tmp_path: Pa
     analysis = analyze_trace(path)
     assert analysis.region == WHOLE_TRACE and analysis.forwards == 1
     assert analysis.kernels_per_forward and analysis.kernels_per_forward > 0
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     print("unannotated encoder on CUDA:", ledger["backends"], ledger["calls_per_forward"], ledger["kernel_time_us"])
     assert ledger["time_base"] == "device" and ledger["calls_per_forward"] == 6  # 3 forwards x 2 layers
     assert set(ledger["backends"]) <= {"native-mha", "flash", "efficient", "cudnn", "math", "eager"}
@@ -99,7 +100,7 @@ def test_compare_record_shapes_gives_the_attention_bytes(cli, tmp_path: Path) ->
     assert document["measure"]["record_shapes"] is True and document["measure"]["with_stack"] is True
     for row in document["results"]:
         analysis = analyze_trace(row["trace"])
-        ledger = analysis.to_dict()["attention"]
+        ledger = analysis_json(analysis)["attention"]
         assert analysis.input_dtype == "bf16"
         assert ledger["bytes_per_forward"] == 4 * 2 * 8 * 1024 * 64 * 2  # q, k, v, o in bf16
         assert ledger["pct_of_read_bandwidth"] is not None

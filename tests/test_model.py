@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 import yaml
 from conftest import TINY_LLAMA
@@ -29,7 +30,7 @@ ROW_KEYS = {
 
 def rows_of(result) -> dict[str, dict]:
     """The JSON document's rows by implementation (one seq and mode)."""
-    return {row.variant: row for row in json.loads(result.stdout)["results"]}
+    return {row["variant"]: row for row in json.loads(result.stdout)["results"]}
 
 
 def assert_one_line_error(result, code: int, *fragments: str) -> None:
@@ -199,20 +200,48 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
     from attnprof.analysis import analyze_trace
     from attnprof.pipeline.measured import ModelResult
     from attnprof.pipeline.rows import model_row
-    from attnprof.report.model_tables import model_table
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))
     analysis.attention = SimpleNamespace(to_dict=lambda: ledger)  # what the attention ledger will provide
     result = ModelResult("sdpa", "sdpa", "transformers", "llama", 1, 16, "fwd", "fp32", "cpu", analysis=analysis)
     entry = model_row(result)
-    assert entry.attention == ledger and entry.attention_backends == "flash:2 math:1"  # as compare's rows
-    assert (entry.attention_gpu_pct, entry.attention_calls_per_forward, entry.attention_time_us) == (40, 2, 3)
+    assert entry["attention"] == ledger and entry["attention_backends"] == "flash:2 math:1"  # as compare's rows
+    assert (entry["attention_gpu_pct"], entry["attention_calls_per_forward"], entry["attention_time_us"]) == (40, 2, 3)
     assert model_row(result)["attention_backends"] == "flash:2 math:1"
-    table = model_table([entry | {"attention": ledger | {"overhead": OVERHEAD}}], "table", "sdpa", width=None)
-    assert "flash ×2, math ×1" in table and "copy ×2 5.5 µs" in table and "40" in table
     bare = model_row(ModelResult("sdpa", "sdpa", "transformers", "llama", 1, 16, "fwd", "fp32", "cpu"))
-    assert bare.attention is None and bare.attention_gpu_pct is None
+    assert bare["attention"] is None and bare["attention_gpu_pct"] is None
+
+
+def test_the_table_shows_the_ledger_of_the_row() -> None:
+    from attnprof.report.model_tables import model_table
+    from attnprof.results.schema import AttentionRecord, OverheadRecord, Row
+
+    overhead = [msgspec.convert(o, OverheadRecord) for o in OVERHEAD]
+    ledger = AttentionRecord(
+        calls_per_forward=2, backends={"flash": 2, "math": 1}, kernel_time_us=3.0, gpu_time_pct=40.0, overhead=overhead
+    )
+    row = Row(subject="model", variant="sdpa", model="llama", seq=16, forwards=3, attention=ledger)
+    row = msgspec.structs.replace(row, attention_backends=ledger.backends_text, attention_gpu_pct=ledger.gpu_time_pct)
+    table = model_table([row], "table", "sdpa", width=None)
+    assert "flash ×2, math ×1" in table and "copy ×2 5.5 µs" in table and "40" in table
+
+
+def test_the_table_shows_the_attention_kernels_gbps_and_gives_it_up_first() -> None:
+    from attnprof.report.model_tables import model_table
+    from attnprof.results.schema import Row
+
+    common = {"subject": "model", "model": "llama", "seq": 16, "forwards": 3, "latency_iqr_us": 2.0}
+    rows = [
+        Row(variant="sdpa", latency_us=100.0, attention_gpu_pct=40.0, kernels_per_forward=12, kernel_gbps=4321.5),
+        Row(variant="eager", latency_us=200.0, attention_gpu_pct=60.0, kernels_per_forward=30),
+    ]
+    rows = [msgspec.structs.replace(r, **common) for r in rows]
+    wide = model_table(rows, "table", "sdpa", None).splitlines()
+    column = wide[0].index("kernel GB/s")
+    assert wide[2][column:].startswith("4,322") and wide[3][column:].startswith("n/a")  # n/a without bytes
+    fitted = " ".join(model_table(rows, "table", "sdpa", 110).split())
+    assert "(n/a throughout); kernel GB/s (no room at 110 columns)" in fitted  # the first to go
 
 
 # --------------------------------------------------------------------------- the command, end to end
@@ -229,25 +258,25 @@ def test_cpu_config_end_to_end(cli, tmp_path: Path) -> None:
     document = json.loads(result.stdout)
     assert document["command"] == "model" and document["environment"]["transformers"]
     rows = document["results"]
-    assert [(r.variant, r.seq) for r in rows] == [
+    assert [(r["variant"], r["seq"]) for r in rows] == [
         (name, seq) for name in ("eager", "sdpa", "flex_attention", "naive", "sdpa-math") for seq in (64, 256)
     ]
     for row in rows:
         assert ROW_KEYS <= set(row)
-        if row.variant == "flex_attention" and row.status != "ok":  # torch's CPU flex may refuse: say why
-            assert row.status.startswith("skipped: ") and row.reason
+        if row["variant"] == "flex_attention" and row["status"] != "ok":  # torch's CPU flex may refuse: say why
+            assert row["status"].startswith("skipped: ") and row["reason"]
             continue
-        assert row.status == "ok", row.status
-        assert row.latency_us > 0 and row.forwards == 2 and Path(row.trace).is_file()
-        assert (row.heads, row.kv_heads, row.head_dim, row.params) == (4, 2, 32, 557_696)
-        assert (row.shape, row.causal) == (f"2x4x{row['seq']}x32/kv2", True)  # as compare labels it
-        if row.variant != "eager":
-            assert row.logits_baseline == "eager" and row.logits_rel_diff < 1e-5
+        assert row["status"] == "ok", row["status"]
+        assert row["latency_us"] > 0 and row["forwards"] == 2 and Path(row["trace"]).is_file()
+        assert (row["heads"], row["kv_heads"], row["head_dim"], row["params"]) == (4, 2, 32, 557_696)
+        assert (row["shape"], row["causal"]) == (f"2x4x{row['seq']}x32/kv2", True)  # as compare labels it
+        if row["variant"] != "eager":
+            assert row["logits_baseline"] == "eager" and row["logits_rel_diff"] < 1e-5
     assert rows[6]["implementation"] == "attnprof:naive" and rows[6]["source"] == "built-in"
     loaded = load_results(document["files"]["results_json"])
     assert loaded.command == "model" and len(loaded.rows) == 10
     with open(document["files"]["results_csv"], newline="") as handle:
-        assert [r.variant for r in csv.DictReader(handle)] == [r.variant for r in rows]
+        assert [r["variant"] for r in csv.DictReader(handle)] == [r["variant"] for r in rows]
 
 
 def test_table_names_every_implementation_and_the_baseline(cli, model_config) -> None:
@@ -265,10 +294,10 @@ def test_training_step_rows_compare_logits_too(cli, model_config) -> None:
     result = cli("model", str(model_config()), "--mode", "fwd,fwd+bwd", "--attn", "sdpa,naive", "--format", "json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["results"]
-    assert [(r.variant, r.mode, r.status) for r in rows] == [
+    assert [(r["variant"], r["mode"], r["status"]) for r in rows] == [
         ("sdpa", "fwd", "ok"), ("sdpa", "fwd+bwd", "ok"), ("naive", "fwd", "ok"), ("naive", "fwd+bwd", "ok")
     ]  # fmt: skip
-    assert all(r.logits_rel_diff < 1e-5 for r in rows[2:])
+    assert all(r["logits_rel_diff"] < 1e-5 for r in rows[2:])
     assert rows[1]["latency_us"] > 0 and rows[1]["speedup_vs_baseline"] == 1.0
 
 
@@ -304,7 +333,7 @@ def test_ctrl_c_keeps_the_finished_rows(cli, model_config, monkeypatch, tmp_path
     [json_file] = (tmp_path / "out").glob("*-model/results.json")
     document = json.loads(json_file.read_text())
     assert document["interrupted"] is True
-    assert [r.variant for r in document["results"]] == ["eager", "sdpa"]
+    assert [r["variant"] for r in document["results"]] == ["eager", "sdpa"]
 
 
 @pytest.mark.parametrize(
@@ -350,7 +379,7 @@ def test_a_factory_model_takes_the_implementations(cli, tmp_path: Path, factory:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = rows_of(result)
-    assert [r.status for r in rows.values()] == ["ok", "ok", "ok"]
+    assert [r["status"] for r in rows.values()] == ["ok", "ok", "ok"]
     assert rows["naive"]["implementation"] == "attnprof:naive" and rows["naive"]["logits_rel_diff"] < 1e-5
     assert rows["sdpa"]["model"] == f"model_factories:{factory}" and rows["sdpa"]["seq"] == 16
 
@@ -360,8 +389,8 @@ def test_a_factory_model_without_a_way_to_swap_is_profiled_as_built(cli, tmp_pat
                  *FACTORY_ARGS)  # fmt: skip
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.stdout)["results"]
-    assert (row.variant, row.implementation, row.status, row.source) == ("as-built", None, "ok", "model")
-    assert (row.shape, row.causal, row.heads) == ("1x16", None, None)  # the model does not state them
+    assert (row["variant"], row["implementation"], row["status"], row["source"]) == ("as-built", None, "ok", "model")
+    assert (row["shape"], row["causal"], row["heads"]) == ("1x16", None, None)  # the model does not state them
     assert "profiled as built, not under sdpa, eager" in result.stderr
 
 

@@ -5,6 +5,7 @@ the page table's bytes, and flex over a paged cache on CPU against the float64 r
 from __future__ import annotations
 
 import pytest
+from analysis_json import analysis_json
 
 from attnprof.analysis.roofline import bytes_moved, min_bytes, page_table_bytes, step_flops
 from attnprof.config import parse_config
@@ -296,7 +297,7 @@ def test_a_shared_kv_pool_counts_each_position_for_one_sequence() -> None:
     assert changed
 
     def memory_bound(trace: dict) -> tuple[dict, str]:
-        result = analyze_trace(trace).to_dict()
+        result = analysis_json(analyze_trace(trace))
         (message,) = [f["message"] for f in result["findings"] if f["id"] == "memory-bound"]
         return result["attention"]["calls"][0], message
 

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 from test_attention_bandwidth import percentages, raw  # the H200 mask traces, and every % in a document
 
 from attnprof.analysis import analyze_trace
@@ -65,14 +66,14 @@ def test_an_achieved_rate_above_the_read_ceiling_is_the_reference_and_the_row_sa
     )
     assert tp.bound == "memory"  # ridge 1e12 / 16.4e9 = 61 FLOP/byte, still above 4.125
     row = cell_row(CellResult("sdpa-math", "built-in", SPEC, throughput=tp))
-    assert row.pct_of_read_bandwidth == 100.0 and row.read_bandwidth_note == tp.read_bandwidth_note
+    assert row["pct_of_read_bandwidth"] == 100.0 and row["read_bandwidth_note"] == tp.read_bandwidth_note
 
 
 def test_achieved_uses_the_higher_figure_for_every_percentage():
     a = achieved(flops=4e12, bytes_moved=1e9, seconds=1e-2, peak_flops=2e14, peak_read=5e10)  # 400 TF/s, 100 GB/s
-    assert a.peak_beaten and a.read_beaten
-    assert a.pct_of_peak == a.pct_of_read_bandwidth == a.pct_of_roofline == 100.0
-    assert a.ridge == pytest.approx(4e14 / 1e11)
+    assert a["peak_beaten"] and a["read_beaten"]
+    assert a["pct_of_peak"] == a["pct_of_read_bandwidth"] == a["pct_of_roofline"] == 100.0
+    assert a["ridge"] == pytest.approx(4e14 / 1e11)
 
 
 def test_no_percentage_above_100_on_any_row_path():
@@ -224,21 +225,21 @@ def measured(read_gbps: float, tflops: float = 750.0) -> Peaks:
 
 
 def test_run_cells_compare_attention_with_the_measured_peaks():
-    d = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4500.0)).to_dict()
+    d = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4500.0)))
     ledger = d["attention"]
-    assert ledger.read_bandwidth_basis == "measured" and ledger.read_bandwidth_gbps == 4500.0
-    assert ledger.read_bandwidth_source == "read bandwidth measured on this machine 4500 GB/s (2026-05-01)"
-    assert ledger.pct_of_read_bandwidth == pytest.approx(100 * 4358.7 / 4500, abs=0.01)
-    message = next(f.message for f in d["findings"] if f.id == "bandwidth-bound")
+    assert ledger["read_bandwidth_basis"] == "measured" and ledger["read_bandwidth_gbps"] == 4500.0
+    assert ledger["read_bandwidth_source"] == "read bandwidth measured on this machine 4500 GB/s (2026-05-01)"
+    assert ledger["pct_of_read_bandwidth"] == pytest.approx(100 * 4358.7 / 4500, abs=0.01)
+    message = next(f["message"] for f in d["findings"] if f["id"] == "bandwidth-bound")
     assert "97% of the read bandwidth measured on this machine 4500 GB/s (2026-05-01)" in message
     assert "below the ridge point of 167" in message  # 750 TFLOP/s over 4,500 GB/s, not the datasheet's 206
 
 
 def test_without_measured_peaks_analyze_says_it_uses_the_datasheet():
     for peaks in (None, lambda gpu, dtype: None):
-        ledger = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=peaks).to_dict()["attention"]
-        assert (ledger.read_bandwidth_basis, ledger.read_bandwidth_gbps) == ("datasheet", 4800.0)
-        assert ledger.read_bandwidth_source == "datasheet H200 4800 GB/s"
+        ledger = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=peaks))["attention"]
+        assert (ledger["read_bandwidth_basis"], ledger["read_bandwidth_gbps"]) == ("datasheet", 4800.0)
+        assert ledger["read_bandwidth_source"] == "datasheet H200 4800 GB/s"
 
 
 def test_the_lookup_gets_the_gpu_the_trace_names_and_its_input_dtype():
@@ -248,11 +249,11 @@ def test_the_lookup_gets_the_gpu_the_trace_names_and_its_input_dtype():
 
 
 def test_an_attention_faster_than_the_measured_read_bandwidth_is_the_reference_and_noted():
-    d = analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4200.0)).to_dict()
+    d = analysis_json(analyze_trace(MASKS / "decode-cudnn.json.gz", peaks=lambda gpu, dtype: measured(4200.0)))
     ledger = d["attention"]
-    assert ledger.read_bandwidth_basis == "achieved" and ledger.pct_of_read_bandwidth == 100.0
-    assert ledger.read_bandwidth_gbps == pytest.approx(4358.7, abs=0.1)
-    assert ledger.read_bandwidth_source.startswith("achieved 4359 GB/s, above the read bandwidth measured on")
+    assert ledger["read_bandwidth_basis"] == "achieved" and ledger["pct_of_read_bandwidth"] == 100.0
+    assert ledger["read_bandwidth_gbps"] == pytest.approx(4358.7, abs=0.1)
+    assert ledger["read_bandwidth_source"].startswith("achieved 4359 GB/s, above the read bandwidth measured on")
     assert any(n.startswith("attention achieved 4359 GB/s, above the read bandwidth measured") and
                "the probe's kernels read slower than this attention" in n for n in d["notes"])
     assert max(percentages(d)) <= 100.0
@@ -264,7 +265,7 @@ def test_no_percentage_above_100_against_any_measured_figure(name: str):
     for _ in range(4):
         peaks = measured(10 ** rng.uniform(1, 4), 10 ** rng.uniform(1, 3))
         d = analyze_trace(MASKS / f"{name}.json.gz", peaks=lambda gpu, dtype, p=peaks: p)
-        found = percentages(d.to_dict())
+        found = percentages(analysis_json(d))
         assert found and max(found) <= 100.0
 
 
@@ -291,13 +292,13 @@ def write_cache_entry(gpu: str, dtype: str, read_gbps: float, tflops: float) -> 
 def test_analyze_uses_the_figure_measured_on_this_machine_for_that_gpu(cli):
     trace = str(MASKS / "decode-cudnn.json.gz")
     ledger = json.loads(cli("analyze", trace, "--format", "json").stdout)["attention"]
-    assert ledger.read_bandwidth_basis == "datasheet"  # an empty cache
+    assert ledger["read_bandwidth_basis"] == "datasheet"  # an empty cache
     write_cache_entry("NVIDIA H200", "bf16", 4450.0, 760.0)
     today = f"{datetime.now(timezone.utc):%Y-%m-%d}"
     assert cached_peaks("NVIDIA H200", "bf16") == Peaks.measured(4450.0, 760.0, today)
     result = cli("analyze", trace, "--format", "json")
     ledger = json.loads(result.stdout)["attention"]
-    assert ledger.read_bandwidth_basis == "measured" and ledger.read_bandwidth_gbps == 4450.0
+    assert ledger["read_bandwidth_basis"] == "measured" and ledger["read_bandwidth_gbps"] == 4450.0
     text = cli("analyze", trace).stdout
     assert "of the read bandwidth measured on this machine 4450 GB/s" in " ".join(text.split())
 
@@ -306,9 +307,9 @@ def test_analyze_of_another_gpu_or_dtype_keeps_the_datasheet(cli):
     write_cache_entry("NVIDIA H100 80GB HBM3", "bf16", 3000.0, 700.0)
     assert cached_peaks("NVIDIA H200", "bf16") is None
     trace = copy.deepcopy(raw("decode-cudnn"))
-    assert analyze_trace(trace, peaks=cached_peaks).to_dict()["attention"]["read_bandwidth_basis"] == "datasheet"
+    assert analysis_json(analyze_trace(trace, peaks=cached_peaks))["attention"]["read_bandwidth_basis"] == "datasheet"
     write_cache_entry("NVIDIA H200", "fp16", 4450.0, 760.0)
-    assert analyze_trace(trace, peaks=cached_peaks).to_dict()["attention"]["read_bandwidth_basis"] == "datasheet"
+    assert analysis_json(analyze_trace(trace, peaks=cached_peaks))["attention"]["read_bandwidth_basis"] == "datasheet"
     assert cached_peaks(None, "bf16") is None and cached_peaks("NVIDIA H200", None) is None
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from analysis_json import analysis_json
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.attribution.attribute import find_forwards
@@ -67,6 +68,6 @@ def test_forwards_that_share_an_entry_see_it_read_only():
 
 def test_a_second_analysis_of_the_same_trace_starts_from_a_fresh_index():
     trace = load_trace(TRACES[1])
-    once = analyze_trace(trace).to_dict()
-    again = analyze_trace(trace).to_dict()
+    once = analysis_json(analyze_trace(trace))
+    again = analysis_json(analyze_trace(trace))
     assert once == again

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from analysis_json import analysis_json
 
 from attnprof.cli.options import config_changes, split_patterns
 from attnprof.config import did_you_mean
@@ -238,7 +239,7 @@ def test_run_records_stacks_on_request_and_shapes_by_default(cli, write_config, 
 
     analysis = analyze_trace(trace)
     assert analysis.input_dtype == "fp32"  # from the recorded Input type
-    ledger = analysis.to_dict()["attention"]
+    ledger = analysis_json(analysis)["attention"]
     assert ledger["calls"][0]["bytes"] == 4 * 1 * 2 * 32 * 16 * 4  # q, k, v, o of 1x2x32x16 in fp32
 
 

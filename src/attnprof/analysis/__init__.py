@@ -3,9 +3,9 @@ forward by correlation, with kernel-name decoding, occupancy arithmetic and find
 
 Pure functions on trace files; no torch, no printing. The public surface:
 
-- `analyze_trace(source, region=None, dtype=None) -> TraceAnalysis` (`.to_dict()` is the JSON contract;
-  region None: "attnprof", else the one user annotation, else `ProfilerStep#*`; `.attention` is the
-  attention ledger, see `analysis.ledger`)
+- `analyze_trace(source, region=None, dtype=None) -> TraceAnalysis` (its JSON contract:
+  `results.records.analysis_record`; region None: "attnprof", else the one user annotation, else
+  `ProfilerStep#*`; `.attention` is the attention ledger, see `analysis.ledger`)
 - `load_trace(source) -> ParsedTrace`
 - `attach_counters(analysis, trace, report)`: an Nsight Compute report's counters on the analysis
   (`analysis.counters`: reading reports, the roofline per kernel)

@@ -1,6 +1,7 @@
 """`analyze_trace`: per-forward facts, per-kernel facts and findings for one region.
 
-`TraceAnalysis.to_dict()` is the JSON contract:
+The JSON contract is `results.schema.Analysis`, built from a `TraceAnalysis` by
+`results.records.analysis_record`:
 
     forwards, kernels_per_forward, memcpy_per_forward, memset_per_forward, gpu_time_us,
     gpu_annotation_time_us, kernel_time_us, cpu_time_us, self_device_time_total_us, launch_apis,
@@ -109,48 +110,6 @@ class TraceAnalysis:
     def finding(self, finding_id: str) -> Finding | None:
         """The finding with this id, or None."""
         return next((f for f in self.findings if f.id == finding_id), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON contract (see the module docstring)."""
-
-        def r(value: float | None) -> float | None:
-            return None if value is None else round(value, 3)
-
-        return {
-            "region": self.region,
-            "forwards": self.forwards,
-            "kernels_per_forward": self.kernels_per_forward,
-            "memcpy_per_forward": self.memcpy_per_forward,
-            "memset_per_forward": self.memset_per_forward,
-            "gpu_time_us": r(self.gpu_time_us),
-            "gpu_annotation_time_us": r(self.gpu_annotation_time_us),
-            "kernel_time_us": r(self.kernel_time_us),
-            "cpu_time_us": r(self.cpu_time_us),
-            "self_device_time_total_us": r(self.self_device_time_total_us),
-            "launch_apis": dict(self.launch_apis),
-            "transposes_per_forward": self.transposes_per_forward,
-            "cpu_ops_per_forward": self.cpu_ops_per_forward,
-            "kernels": [k.to_dict() for k in self.kernels],
-            "findings": [f.to_dict() for f in self.findings],
-            "spread": {k: dict(v) for k, v in self.spread.items()},
-            "device": dict(self.device) if self.device else None,
-            "input_dtype": self.input_dtype,
-            "annotation_mismatches": self.annotation_mismatches,
-            "notes": list(self.notes),
-            "region_choice": self.region_choice,
-            "phases": None
-            if self.phases is None
-            else {
-                phase: {k: (r(v) if isinstance(v, float) else v) for k, v in facts.items()}
-                for phase, facts in self.phases.items()
-            },
-            "comm": None if self.comm is None else self.comm.to_dict(),
-            "attention": None if self.attention is None else self.attention.to_dict(),
-            "top_cpu_ops": None if self.top_cpu_ops is None else [op.to_dict() for op in self.top_cpu_ops],
-            "counters": None
-            if self.counters is None
-            else self.counters.to_dict() | {"occupancy_measured": list(self.occupancy_measured)},
-        }
 
 
 def _infer_dtype(attribution: Attribution) -> tuple[str | None, str | None]:

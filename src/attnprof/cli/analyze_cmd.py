@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -85,11 +84,16 @@ def analyze_command(
         del parsed
         if analysis.region_choice:
             c.note(analysis.region_choice)
+        from attnprof.results.records import analysis_record
+
+        record = analysis_record(analysis)  # the typed JSON contract, which the tables read too
         if fmt is c.OutputFormat.json:
-            text = json.dumps(analysis.to_dict(), indent=2)
+            from attnprof.results.files import to_json
+
+            text = to_json(record)
         else:
             from attnprof.report.analysis_tables import analyze_report  # tables only: not needed for JSON
 
-            text = analyze_report(analysis, fmt.value, c.table_width(fmt, wide))
-        del analysis  # freed while the collector is off, so it has none of it to walk when back on
+            text = analyze_report(record, fmt.value, c.table_width(fmt, wide))
+        del analysis, record  # freed while the collector is off, so it has none of it to walk when back on
     c.emit(text)

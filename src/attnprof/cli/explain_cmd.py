@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -19,11 +19,10 @@ def explain_command(
 ) -> None:
     """Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores."""
     from attnprof.analysis import explain_kernel
-    from attnprof.report.analysis_tables import render_explanation
+    from attnprof.report.explain_tables import render_explanation
 
     explanation = explain_kernel(kernel)
     if fmt is c.OutputFormat.json:
-        data = asdict(explanation) if is_dataclass(explanation) else explanation.to_dict()
-        c.emit(json.dumps(data, indent=2))
+        c.emit(json.dumps(asdict(explanation), indent=2))
         return
     c.emit(render_explanation(explanation, fmt.value, c.table_width(fmt, wide)))

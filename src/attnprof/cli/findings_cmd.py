@@ -30,11 +30,13 @@ def findings_command(
 
     width = c.table_width(fmt, wide)
     if finding is not None:
-        rule = FINDINGS.get(finding).to_dict()
-        c.emit(json.dumps(rule, indent=2) if fmt is c.OutputFormat.json else finding_text(rule, fmt.value, width))
+        rule = FINDINGS.get(finding)
+        text = (
+            json.dumps(rule.to_dict(), indent=2) if fmt is c.OutputFormat.json else finding_text(rule, fmt.value, width)
+        )
+        c.emit(text)
         return
-    rules = [rule.to_dict() for rule in FINDINGS]
     if fmt is c.OutputFormat.json:
-        c.emit(json.dumps({"findings": rules}, indent=2))
+        c.emit(json.dumps({"findings": [rule.to_dict() for rule in FINDINGS]}, indent=2))
         return
-    c.emit(findings_table(rules, fmt.value, width))
+    c.emit(findings_table(list(FINDINGS), fmt.value, width))

@@ -1,5 +1,6 @@
 """The "Kernel counters" table: what Nsight Compute measured inside each attention kernel, for `run`,
-`compare` and `analyze`. Formatting only: it reads the counters' JSON form (`CellCounters.to_dict`).
+`compare`, `model` and `analyze`. Formatting only: it reads typed counters, `CellCounters` (a row's
+`counters` JSON read back by `counted`, which also keeps the notes on which occupancies Nsight Compute measured).
 
 One row per counted kernel of the step the counters show (the median one; `--wide` and markdown: every
 kernel of the report): time, DRAM bytes and throughput, SM throughput, tensor-pipe utilisation and its
@@ -11,8 +12,13 @@ placements use, the FLOPs, the time Nsight Compute took, the report, and the cou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from attnprof.analysis.counters.cell import CellCounters, ceilings_text
+from attnprof.analysis.counters.kernel import KernelCounters
+from attnprof.analysis.counters.roofline import KernelPlacement
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 
@@ -33,123 +39,139 @@ COUNTER_COLUMNS = (
 )
 
 
-def _pct(value: Any, digits: int = 1) -> str:
+@dataclass(frozen=True)
+class Counted:
+    """One set of counters a table shows: its label ("" for the one set of `analyze`), the counters and the
+    notes on the occupancies Nsight Compute measured (`occupancy_measured` of the row's counters)."""
+
+    label: str
+    counters: CellCounters
+    occupancy_measured: list[str] = field(default_factory=list)
+
+
+def counted(label: str, data: dict[str, Any] | None) -> Counted | None:
+    """A row's `counters` (their JSON, `CellCounters.to_dict` with `occupancy_measured`) typed; None without."""
+    if not data:
+        return None
+    return Counted(label, CellCounters.from_dict(data), list(data.get("occupancy_measured") or []))
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}%"
 
 
-def _mb(value: Any) -> str:
+def _mb(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1e6:,.0f}"
 
 
-def _kib(value: Any) -> str:
+def _kib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1024:,.1f} KB"
 
 
-def _dims(value: Any) -> str:
+def _dims(value: Sequence[int] | None) -> str:
     return "x".join(str(v) for v in value) if value else "n/a"
 
 
-def kernel_cells(kernel: dict[str, Any], placement: dict[str, Any] | None, compact: bool = False) -> list[str]:
+def kernel_cells(kernel: KernelCounters, placement: KernelPlacement | None, compact: bool = False) -> list[str]:
     """The cells of `COUNTER_COLUMNS` after the variant's, for one kernel and its placement (`compact`: the
     roofline in a few words, `roofline_cell`)."""
-    pipe = kernel.get("tensor_pipe")
-    tensor = _pct(kernel.get("tensor_pipe_pct")) + (f" {pipe}" if pipe else "")
-    gbps = kernel.get("dram_gbps")
-    shown = (kernel.get("stalls") or [])[: 1 if compact else None]
-    stalls = ", ".join(f"{s['label']} {s['share_pct']:.0f}%" for s in shown) or "n/a"
+    pipe = kernel.tensor_pipe
+    tensor = _pct(kernel.tensor_pipe_pct) + (f" {pipe}" if pipe else "")
+    gbps = kernel.dram_gbps
+    shown = kernel.stalls[: 1 if compact else None]
+    stalls = ", ".join(f"{s.label} {s.share_pct:.0f}%" for s in shown) or "n/a"
     return [
-        kernel.get("short_name") or kernel.get("name", ""),
-        fmt_number(kernel.get("duration_us")),
-        f"{_mb(kernel.get('dram_read_bytes'))} / {_mb(kernel.get('dram_write_bytes'))}",
-        ("n/a" if gbps is None else fmt_number(gbps)) + f" ({_pct(kernel.get('dram_pct_of_peak'))})",
-        _pct(kernel.get("sm_throughput_pct")),
+        kernel.short_name or kernel.name,
+        fmt_number(kernel.duration_us),
+        f"{_mb(kernel.dram_read_bytes)} / {_mb(kernel.dram_write_bytes)}",
+        ("n/a" if gbps is None else fmt_number(gbps)) + f" ({_pct(kernel.dram_pct_of_peak)})",
+        _pct(kernel.sm_throughput_pct),
         tensor,
-        f"{_pct(kernel.get('achieved_occupancy_pct'))} / {_pct(kernel.get('theoretical_occupancy_pct'))}",
-        _pct(kernel.get("l2_hit_rate_pct")),
-        f"{fmt_number(kernel.get('registers_per_thread'))} / {_kib(kernel.get('shared_memory_bytes'))}",
-        f"{_dims(kernel.get('block'))} / {_dims(kernel.get('grid'))}",
+        f"{_pct(kernel.achieved_occupancy_pct)} / {_pct(kernel.theoretical_occupancy_pct)}",
+        _pct(kernel.l2_hit_rate_pct),
+        f"{fmt_number(kernel.registers_per_thread)} / {_kib(kernel.shared_memory_bytes)}",
+        f"{_dims(kernel.block)} / {_dims(kernel.grid)}",
         stalls,
         roofline_cell(placement, compact),
     ]
 
 
-def roofline_cell(placement: dict[str, Any] | None, compact: bool) -> str:
+def roofline_cell(placement: KernelPlacement | None, compact: bool) -> str:
     """The placement's words, or compact (fitted tables): `compute 68%` (bound, and its % of that ceiling),
     `memory 7% (no FLOPs)`, `not placed`."""
     if placement is None:
         return "n/a"
     if not compact:
-        return placement.get("text") or "n/a"
-    bound, pct = placement.get("bound"), placement.get("pct_of_ceiling")
+        return placement.text or "n/a"
+    bound, pct = placement.bound, placement.pct_of_ceiling
     if bound is None or pct is None:
         return "not placed"
-    return f"{bound} {pct:.0f}%" + (" (no FLOPs)" if placement.get("flops") == 0 else "")
+    return f"{bound} {pct:.0f}%" + (" (no FLOPs)" if placement.flops == 0 else "")
 
 
-def shown_kernels(counters: dict[str, Any], every: bool) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+def shown_kernels(counters: CellCounters, every: bool) -> list[tuple[KernelCounters, KernelPlacement | None]]:
     """The kernels a table shows, each with its placement: the shown step's counted kernels, or with
     `every` every kernel of the report."""
-    kernels = counters.get("kernels") or []
-    placements = {p["index"]: p for p in counters.get("placements") or []}
+    kernels = counters.kernels
+    placements = {p.index: p for p in counters.placements}
     if every:
         chosen = list(range(len(kernels)))
     else:
-        per_step, step = counters.get("kernels_per_step") or 0, counters.get("shown_step") or 0
-        chosen = (counters.get("counted") or [])[step * per_step : (step + 1) * per_step]
-    return [(kernels[i], placements.get(kernels[i].get("index", i))) for i in chosen if i < len(kernels)]
+        per_step, step = counters.kernels_per_step, counters.shown_step
+        chosen = counters.counted[step * per_step : (step + 1) * per_step]
+    return [(kernels[i], placements.get(kernels[i].index)) for i in chosen if i < len(kernels)]
 
 
-def ceilings_line(counters: dict[str, Any]) -> str:
+def ceilings_line(counters: CellCounters) -> str:
     """`ceilings: matmul 989 TFLOP/s and read 4,800 GB/s (...), datasheet H200`, or that there are none."""
-    peaks = counters.get("peaks") or {}
-    return "ceilings: " + (peaks.get("text") or "none (no measured ceiling, no datasheet for this GPU)")
+    if counters.peaks is None:
+        return "ceilings: none (no measured ceiling, no datasheet for this GPU)"
+    return "ceilings: " + ceilings_text(counters.peaks)
 
 
-def counters_facts(counters: dict[str, Any], ceilings: bool = True) -> str:
+def counters_facts(counters: CellCounters, ceilings: bool = True) -> str:
     """One line: the GPU, the ceilings (unless `ceilings` is False), the FLOPs per step, the step shown,
     Nsight Compute's time, the report."""
-    unit = counters.get("unit") or "forward"
-    parts = [f"on {counters['device']}" if counters.get("device") else "GPU not named in the report"]
+    unit = counters.unit or "forward"
+    parts = [f"on {counters.device}" if counters.device else "GPU not named in the report"]
     if ceilings:
         parts.append(ceilings_line(counters))
-    flops = counters.get("flops_per_step")
-    if flops is not None:
-        parts.append(f"{flops / 1e12:,.3g} TFLOP per {unit}, split by tensor-pipe time")
-    steps = counters.get("steps") or 0
-    if steps > 1:
-        parts.append(f"{unit} {(counters.get('shown_step') or 0) + 1} of {steps} shown (the median by time)")
-    if counters.get("seconds") is not None:
-        parts.append(f"Nsight Compute took {fmt_number(float(counters['seconds']))} s")
-    if counters.get("report_path"):
-        parts.append(f"report {counters['report_path']}")
+    if counters.flops_per_step is not None:
+        parts.append(f"{counters.flops_per_step / 1e12:,.3g} TFLOP per {unit}, split by tensor-pipe time")
+    if counters.steps > 1:
+        parts.append(f"{unit} {counters.shown_step + 1} of {counters.steps} shown (the median by time)")
+    if counters.seconds is not None:
+        parts.append(f"Nsight Compute took {fmt_number(float(counters.seconds))} s")
+    if counters.report_path:
+        parts.append(f"report {counters.report_path}")
     return "; ".join(parts) + "."
 
 
-def counters_report(items: list[tuple[str, dict[str, Any]]], fmt: str, width: int | None = None) -> str:
-    """The "Kernel counters" table of several rows, `items` (label, counters dict; label "" for one set of
-    counters, e.g. `analyze`), then for each its facts, its match with the trace and its notes; fitted to
-    `width` (None: every kernel of the reports, every column)."""
+def counters_report(items: Sequence[Counted], fmt: str, width: int | None = None) -> str:
+    """The "Kernel counters" table of several rows' counters (a label "" for one set of counters, e.g.
+    `analyze`), then for each its facts, its match with the trace and its notes; fitted to `width` (None:
+    every kernel of the reports, every column)."""
     width = limit(width, fmt)
-    labelled = any(label for label, _ in items)
+    labelled = any(item.label for item in items)
     columns = COUNTER_COLUMNS if labelled else COUNTER_COLUMNS[1:]
     rows = [
-        ([label] if labelled else []) + kernel_cells(kernel, placement, compact=width is not None)
-        for label, counters in items
-        for kernel, placement in shown_kernels(counters, width is None)
+        ([item.label] if labelled else []) + kernel_cells(kernel, placement, compact=width is not None)
+        for item in items
+        for kernel, placement in shown_kernels(item.counters, width is None)
     ]
     parts = [table(columns, rows, fmt, width)] if rows else []
-    shared = {ceilings_line(counters) for _, counters in items}
+    shared = {ceilings_line(item.counters) for item in items}
     lines: list[str] = []
     if len(items) > 1 and len(shared) == 1:
         line = next(iter(shared))
         lines.append(line[0].upper() + line[1:] + ".")
-    for label, counters in items:
-        lead = f"{label}: " if label else ""
-        lines.append(lead + counters_facts(counters, ceilings=len(items) == 1 or len(shared) > 1))
-        if counters.get("match"):
-            lines.append(lead + counters["match"]["text"] + ".")
-        lines += [lead + note for note in (counters.get("occupancy_measured") or [])]
-        lines += [lead + note for note in counters.get("notes") or []]
+    for item in items:
+        lead = f"{item.label}: " if item.label else ""
+        lines.append(lead + counters_facts(item.counters, ceilings=len(items) == 1 or len(shared) > 1))
+        if item.counters.match is not None:
+            lines.append(lead + item.counters.match.text + ".")
+        lines += [lead + note for note in item.occupancy_measured]
+        lines += [lead + note for note in item.counters.notes]
     if lines:
         parts += ["", bullets(lines, width) if fmt == "table" else "\n".join(f"- {line}" for line in lines)]
     return "\n".join(parts)
@@ -170,11 +192,11 @@ def counters_heading(fmt: str, width: int | None, unit: str = "forward") -> list
 
 
 def counters_section(
-    items: list[tuple[str, dict[str, Any] | None]], fmt: str, width: int | None = None, unit: str = "forward"
+    items: Sequence[tuple[str, dict[str, Any] | None]], fmt: str, width: int | None = None, unit: str = "forward"
 ) -> list[str]:
-    """The heading, the line on how to read it and `counters_report` of the items that have counters;
-    [] when none has."""
-    present = [(label, counters) for label, counters in items if counters]
+    """The heading, the line on how to read it and `counters_report` of the items that have counters: (label,
+    a row's `counters`, None for a row without), typed by `counted`; [] when none has."""
+    present = [item for label, data in items if (item := counted(label, data)) is not None]
     if not present:
         return []
     return [*counters_heading(fmt, width, unit), "", counters_report(present, fmt, width)]

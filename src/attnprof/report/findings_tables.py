@@ -1,12 +1,16 @@
 """`attnprof findings`: the findings attnprof reports, as a table, one finding in full, or the
-reference document (docs/findings.md). Each finding is its `Rule.to_dict()`: id, severity, summary,
-paragraph, and what its impact counts (null for a finding without one)."""
+reference document (docs/findings.md). Each finding is its registry `Rule`: id, severity, summary,
+paragraph, and what its impact counts (`impact_text`, None for a finding without one)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from attnprof.report.layout import Column, table, wrap
+
+if TYPE_CHECKING:
+    from attnprof.analysis.findings.registry import Rule
 
 LIST_COLUMNS = (Column("id"), Column("severity"), Column("summary", narrow=30))
 FACT_COLUMNS = (Column(""), Column("", narrow=30))
@@ -25,26 +29,26 @@ INTRO = (
 )
 
 
-def findings_table(findings: list[dict[str, Any]], fmt: str, width: int | None = None) -> str:
+def findings_table(findings: Sequence[Rule], fmt: str, width: int | None = None) -> str:
     """Every finding's id, severity and summary, one a row; markdown: the reference document."""
     if fmt == "markdown":
         return findings_markdown(findings)
-    return table(LIST_COLUMNS, [[f["id"], f["severity"], f["summary"]] for f in findings], fmt, width)
+    return table(LIST_COLUMNS, [[f.id, f.severity, f.summary] for f in findings], fmt, width)
 
 
-def finding_text(finding: dict[str, Any], fmt: str, width: int | None = None) -> str:
+def finding_text(finding: Rule, fmt: str, width: int | None = None) -> str:
     """One finding in full: its id, severity and summary, then its paragraph."""
     if fmt == "markdown":
         return _section(finding)
-    facts = [["id", finding["id"]], ["severity", finding["severity"]], ["summary", finding["summary"]]]
-    if finding.get("impact"):
-        facts.append(["impact", finding["impact"]])
-    return "\n".join([table(FACT_COLUMNS, facts, fmt, width), "", *wrap(finding["paragraph"], width)])
+    facts = [["id", finding.id], ["severity", finding.severity], ["summary", finding.summary]]
+    if finding.impact_text:
+        facts.append(["impact", finding.impact_text])
+    return "\n".join([table(FACT_COLUMNS, facts, fmt, width), "", *wrap(finding.paragraph, width)])
 
 
-def findings_markdown(findings: list[dict[str, Any]]) -> str:
+def findings_markdown(findings: Sequence[Rule]) -> str:
     """docs/findings.md: the introduction, the table of every finding linked to its section, the sections."""
-    rows = [[f"[`{f['id']}`](#{f['id']})", f["severity"], f["summary"]] for f in findings]
+    rows = [[f"[`{f.id}`](#{f.id})", f.severity, f.summary] for f in findings]
     parts = [
         "# Findings",
         "",
@@ -59,6 +63,6 @@ def findings_markdown(findings: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _section(finding: dict[str, Any]) -> str:
-    impact = f"\n\n**Impact**: {finding['impact']}" if finding.get("impact") else ""
-    return f"## {finding['id']}\n\n**{finding['severity']}**: {finding['summary']}\n\n{finding['paragraph']}{impact}"
+def _section(finding: Rule) -> str:
+    impact = f"\n\n**Impact**: {finding.impact_text}" if finding.impact_text else ""
+    return f"## {finding.id}\n\n**{finding.severity}**: {finding.summary}\n\n{finding.paragraph}{impact}"

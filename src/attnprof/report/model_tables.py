@@ -1,11 +1,12 @@
-"""The `attnprof model` comparison table, from the serialized rows (`serialize.model_json_entry`). Formatting only.
+"""The `attnprof model` comparison table, from typed rows (`results.schema.Row`, subject "model"). Formatting only.
 
 One table: a row per implementation × seq (× mode), with the latency of the whole step, the speed-up
-against the baseline, attention's share of GPU time, its calls and backends, the overhead ledger, kernel
-counts, memory, the logits against the baseline's, and the finding ids. Fitted to a width, the reasons
-of rows that are not ok and the messages of the problem findings follow as wrapped bullets (the info
-ones are counted; `--wide` shows them), then "What to look at". Counts read `/step` when a mode runs a
-backward.
+against the baseline, attention's share of GPU time, its calls and backends, the overhead ledger, the
+attention kernels' GB/s (`kernel_gbps`: their bytes over their device time), kernel counts, memory, the
+logits against the baseline's, and the finding ids. Fitted to a width, the reasons of rows that are not ok
+and the messages of the problem findings follow as wrapped bullets (the info ones are counted; `--wide`
+shows them), then "What to look at". Counts read `/step` when a mode runs a backward. The helpers of
+`report.tables` and `report.impact` still read dict rows: they get the row's JSON (`_plain`).
 """
 
 from __future__ import annotations
@@ -15,20 +16,22 @@ from typing import Any
 
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
-from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
+from attnprof.report.impact import finding_line, left_out, shown, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.tables import latency_text, per_step, reason_bullets, speedup_text
+from attnprof.results.files import to_builtins
+from attnprof.results.schema import AttentionRecord, Row
 
-Cell = Callable[[dict[str, Any]], str]
+Cell = Callable[[Row], str]
 SHOWN_ALWAYS = 3  # implementation, seq and status: the cells of a row that never ran
 UNRELIABLE = (
     "~x? marks an unreliable speed-up: the row's or the baseline's timing is unstable (IQR over 10% of the median)"
 )
 
 
-def params_text(count: Any) -> str:
+def params_text(count: int | None) -> str:
     """`1.10B`, `12.3M`, `850K` parameters; `n/a` when unknown."""
-    if not isinstance(count, int):
+    if count is None:
         return "n/a"
     for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if count >= size:
@@ -36,108 +39,121 @@ def params_text(count: Any) -> str:
     return str(count)
 
 
-def _backends(text: Any) -> str:
+def _backends(text: str | None) -> str:
     """`cudnn:2` as `cudnn ×2`; `n/a` without a ledger."""
-    if not isinstance(text, str):
+    if text is None:
         return "n/a"
     return ", ".join(" ×".join(item.rsplit(":", 1)) for item in text.split())
 
 
-def _overhead(ledger: Any) -> str:
+def _overhead(ledger: AttentionRecord | None) -> str:
     """Each overhead entry of the ledger: `kind ×count/fwd time µs`."""
-    if not isinstance(ledger, dict) or not isinstance(ledger.get("overhead"), list) or ledger.get("time_base") == "cpu":
+    if ledger is None or ledger.time_base == "cpu":
         return "n/a"  # no ledger, or one timed on the CPU (no overhead measured there)
-    parts = [
-        f"{item.get('kind')} ×{fmt_count(item.get('count_per_forward'))} {fmt_number(item.get('time_us'))} µs"
-        for item in ledger["overhead"]
-        if isinstance(item, dict)
-    ]
+    parts = [f"{o.kind} ×{fmt_count(o.count_per_forward)} {fmt_number(o.time_us)} µs" for o in ledger.overhead]
     return "; ".join(parts) or "none"
 
 
-def _logits(row: dict[str, Any], baseline: str) -> str:
-    if row["variant"] == baseline and row["status"] == "ok":
+def _logits(row: Row, baseline: str) -> str:
+    if row.variant == baseline and row.status == "ok":
         return "baseline"
-    if row.get("logits_max_abs_diff") is None:
+    if row.logits_max_abs_diff is None:
         return "n/a"
-    return f"max {row['logits_max_abs_diff']:.1e}, rel {row['logits_rel_diff']:.1e}"
+    return f"max {row.logits_max_abs_diff:.1e}, rel {row.logits_rel_diff:.1e}"
 
 
-def _seq(row: dict[str, Any], modes: int) -> str:
-    seq = "n/a" if row.get("seq") is None else str(row["seq"])
-    return f"{seq} {row['mode']}" if modes > 1 else seq
+def _seq(row: Row, modes: int) -> str:
+    seq = "n/a" if row.seq is None else str(row.seq)
+    return f"{seq} {row.mode}" if modes > 1 else seq
 
 
-def model_title(rows: list[dict[str, Any]], baseline: str) -> str:
+def model_title(rows: list[Row], baseline: str) -> str:
     """`llama (1.10B parameters), batch 1, bf16, fwd on cuda:0; speed-ups and logits vs sdpa`, with the mask
     and score mod after the dtype when the config set them (`..., bf16, mask sliding_window:256, fwd ...`)."""
     first = rows[0]
-    params = next((r["params"] for r in rows if r.get("params") is not None), None)
-    modes = ", ".join(dict.fromkeys(r["mode"] for r in rows))
+    params = next((r.params for r in rows if r.params is not None), None)
+    modes = ", ".join(dict.fromkeys(r.mode for r in rows))
+    masks = next((r.mask for r in rows if r.mask is not None), None)
+    score_mods = next((r.score_mod for r in rows if r.score_mod is not None), None)
     masking = "".join(
         f", {name} {value}"
-        for name in ("mask", "score_mod")
-        if (value := next((r.get(name) for r in rows if r.get(name) is not None), None)) not in (None, "causal")
+        for name, value in (("mask", masks), ("score_mod", score_mods))
+        if value not in (None, "causal")
     )
     return (
-        f"{first['model']} ({params_text(params)} parameters), batch {first['batch']}, {first['dtype']}{masking}, "
-        f"{modes} on {first['device']}; speed-ups and logits vs {baseline}"
+        f"{first.model} ({params_text(params)} parameters), batch {first.batch}, {first.dtype}{masking}, "
+        f"{modes} on {first.device}; speed-ups and logits vs {baseline}"
     )
 
 
 def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell]]:
     """Each column of the table, with what its cell shows for a row."""
     return [
-        (Column("implementation", narrow=14), lambda r: r["variant"]),
+        (Column("implementation", narrow=14), lambda r: r.variant),
         (Column("seq"), lambda r: _seq(r, modes)),
-        (Column("status", wide=36), lambda r: r["status"].partition(":")[0] if fitted else r["status"]),
-        (Column("latency µs ± IQR", narrow=17), latency_text),
-        (Column("speed-up"), speedup_text),
-        (Column("attn % GPU", drop=8), lambda r: fmt_number(r.get("attention_gpu_pct"))),
-        (Column("attn calls/fwd", drop=5), lambda r: fmt_count(r.get("attention_calls_per_forward"))),
-        (Column("attn backends", narrow=14, drop=4, wide=30), lambda r: _backends(r.get("attention_backends"))),
-        (Column("overhead", narrow=20, drop=3, wide=40), lambda r: _overhead(r.get("attention"))),
-        (Column("kernels/fwd", drop=6), lambda r: fmt_count(r.get("kernels_per_forward"))),
-        (Column("GPU µs", drop=2), lambda r: fmt_number(r.get("gpu_time_us"))),
-        (Column("peak MiB", drop=1), lambda r: fmt_number(r.get("peak_memory_mib"))),
+        (Column("status", wide=36), lambda r: r.status.partition(":")[0] if fitted else r.status),
+        (Column("latency µs ± IQR", narrow=17), lambda r: latency_text(_plain(r))),
+        (Column("speed-up"), lambda r: speedup_text(_plain(r))),
+        (Column("attn % GPU", drop=8), lambda r: fmt_number(r.attention_gpu_pct)),
+        (Column("attn calls/fwd", drop=5), lambda r: fmt_count(r.attention_calls_per_forward)),
+        (Column("attn backends", narrow=14, drop=4, wide=30), lambda r: _backends(r.attention_backends)),
+        (Column("overhead", narrow=20, drop=3, wide=40), lambda r: _overhead(r.attention)),
+        (Column("kernel GB/s", drop=0), lambda r: fmt_number(r.kernel_gbps)),
+        (Column("kernels/fwd", drop=6), lambda r: fmt_count(r.kernels_per_forward)),
+        (Column("GPU µs", drop=2), lambda r: fmt_number(r.gpu_time_us)),
+        (Column("peak MiB", drop=1), lambda r: fmt_number(r.peak_memory_mib)),
         (Column("logits vs baseline", narrow=12, drop=7), lambda r: _logits(r, baseline)),
-        (Column("findings", narrow=20, wide=40), lambda r: shown_ids(r, 0 if fitted else None)),
+        (Column("findings", narrow=20, wide=40), lambda r: " ".join(f["id"] for f in _shown(r, 0 if fitted else None))),
     ]
 
 
-def model_table(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int | None = None) -> str:
+def _plain(row: Row) -> dict[str, Any]:
+    """The row's JSON, for the helpers of `report.tables` and `report.impact` that still read dict rows."""
+    return to_builtins(row)
+
+
+def _shown(row: Row, width: int | None) -> list[dict[str, Any]]:
+    """The row's findings a table of `width` shows (`impact.shown`), as their JSON."""
+    return shown(to_builtins(row.findings), width)
+
+
+def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = None) -> str:
     """The comparison table of `attnprof model` (see the module docstring); a row that never ran shows its
     implementation, seq and status only."""
     width = limit(width, fmt)
-    columns = _columns(baseline, len({r["mode"] for r in rows}), fitted=width is not None)
-    headers = per_step(tuple(c for c, _ in columns), {r["mode"] for r in rows})
+    columns = _columns(baseline, len({r.mode for r in rows}), fitted=width is not None)
+    headers = per_step(tuple(c for c, _ in columns), {r.mode for r in rows})
     body = []
     for row in rows:
-        ran = row["status"] == "ok" or row.get("forwards") is not None
+        ran = row.status == "ok" or row.forwards is not None
         body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
-    notes = reason_bullets(rows, width) if width is not None else []
-    messages = [finding_line(f, unit_of(r), _cell(r)) for r in rows for f in shown(r.get("findings") or [], width)]
+    plain = [_plain(r) for r in rows]
+    notes = reason_bullets(plain, width) if width is not None else []
+    messages = [
+        finding_line(f, unit_of(p), _cell(r)) for r, p in zip(rows, plain, strict=True) for f in _shown(r, width)
+    ]
     if messages:
         notes.append(bullets(messages, width))
-    notes += left_out(rows, width)
-    if any(row.get("speedup_reliable") is False for row in rows):
+    notes += left_out(plain, width)
+    if any(row.speedup_reliable is False for row in rows):
         notes += wrap(UNRELIABLE, width)
     return "\n".join([table(list(headers), body, fmt, width)] + (["", *notes] if notes else []))
 
 
-def _cell(row: dict[str, Any]) -> str:
+def _cell(row: Row) -> str:
     """`sdpa @ 8192 fwd`: the implementation, seq and mode of a row."""
-    return f"{row['variant']} @ {row.get('seq')} {row['mode']}"
+    return f"{row.variant} @ {row.seq} {row.mode}"
 
 
-def model_report(rows: list[dict[str, Any]], fmt: str, baseline: str, width: int | None = None) -> str:
+def model_report(rows: list[Row], fmt: str, baseline: str, width: int | None = None) -> str:
     """The titled comparison table; empty when no row finished."""
     if not rows:
         return ""
     heading = "###" if fmt == "markdown" else "=="
     title = wrap(f"{heading} {model_title(rows, baseline)}", limit(width, fmt))
-    look = what_to_look_at([(_cell(r), unit_of(r), r.get("findings") or []) for r in rows], fmt, limit(width, fmt))
-    unit = "step" if any(unit_of(r) == "step" for r in rows) else "forward"
-    counters = counters_section([(_cell(r), r.get("counters")) for r in rows], fmt, width, unit)
+    cells = [(_cell(r), unit_of(_plain(r)), to_builtins(r.findings)) for r in rows]
+    look = what_to_look_at(cells, fmt, limit(width, fmt))
+    unit = "step" if any(unit_of(_plain(r)) == "step" for r in rows) else "forward"
+    counters = counters_section([(_cell(r), r.counters) for r in rows], fmt, width, unit)
     parts = [*title, "", model_table(rows, fmt, baseline, width)] + (["", *counters] if counters else [])
     return "\n".join(parts + (["", look] if look else []))

@@ -9,7 +9,7 @@ Over the instances (`summarize`): counts are low medians, times medians; the cal
 the first instance that has the median number of calls, each with the median time of its position over
 the instances that ran the same calls.
 
-`AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
+`AttentionLedger.to_dict()` is the JSON contract of the analysis's `attention` (`results.records.attention_record`):
 
     time_base              what the times measure: "device" (the calls' device work), or "cpu" in a
                            CPU-only trace (the calls' ops on the CPU: a single op's duration, else
