@@ -65,17 +65,16 @@ def _refuse_unavailable(variant: Variant, spec: RunSpec, registry: Registry) -> 
 
 
 def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
-    from attnprof.report.tables import run_report
+    from attnprof.report.run_tables import run_report
     from attnprof.results.files import to_json
     from attnprof.results.keys import cell_key
-    from attnprof.results.records import analysis_record
 
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return
-    mine = {(r.variant, r.spec.cell_key, r.placement.rank if r.placement else None): r for r in outcome.results}
-    for row in outcome.document.results:
-        result = mine.get((row.variant, cell_key(row), row.rank))  # None: another rank's row
-        analysis = analysis_record(result.analysis) if result is not None and result.analysis is not None else None
-        table = result.key_averages_table if result is not None else None
-        c.emit(run_report(row, analysis, table, fmt.value, width))
+    tables = {
+        (r.variant, r.spec.cell_key, r.placement.rank if r.placement else None): r.key_averages_table
+        for r in outcome.results
+    }
+    for row in outcome.document.results:  # another rank's row has no key_averages table here
+        c.emit(run_report(row, tables.get((row.variant, cell_key(row), row.rank)), fmt.value, width))

@@ -37,11 +37,16 @@ def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> di
     phases = record.phases
     comm = analysis.comm
     return {
+        "region": analysis.region,
         "forwards": analysis.forwards,
         "kernels_per_forward": analysis.kernels_per_forward,
         "memcpy_per_forward": analysis.memcpy_per_forward,
         "memset_per_forward": analysis.memset_per_forward,
         "gpu_time_us": _r3(analysis.gpu_time_us),
+        "gpu_annotation_time_us": record.gpu_annotation_time_us,
+        "input_dtype": analysis.input_dtype,
+        "annotation_mismatches": analysis.annotation_mismatches,
+        "top_cpu_ops": record.top_cpu_ops,
         "kernel_time_us": _r3(analysis.kernel_time_us),
         "cpu_time_us": _r3(analysis.cpu_time_us),
         "self_device_time_total_us": _r3(analysis.self_device_time_total_us),

@@ -167,15 +167,11 @@ def findings_list(findings: Sequence[FindingRecord], fmt: str, width: int | None
     table style; fitted, the info findings are counted in a note instead."""
     if not findings:
         return "No findings." if fmt == "table" else "_No findings._"
-    plain = to_builtins(list(findings))  # report.impact still reads finding dicts
     if fmt == "markdown":
-        return "\n".join(
-            "- " + finding_line(d, unit).replace(f"[{f.id}]", f"**`{f.id}`**", 1)
-            for f, d in zip(findings, plain, strict=True)
-        )
+        return "\n".join("- " + finding_line(f, unit).replace(f"[{f.id}]", f"**`{f.id}`**", 1) for f in findings)
     width = limit(width, fmt)
-    listed = shown(plain, width)
-    note = left_out([{"findings": plain}], width)
+    listed = shown(list(findings), width)
+    note = left_out([Analysis(findings=list(findings))], width)
     if not listed:
         return "\n".join(["No problem found.", *note])
     return "\n".join([bullets([finding_line(f, unit) for f in listed], width), *note])

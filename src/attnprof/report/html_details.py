@@ -15,12 +15,14 @@ from urllib.parse import quote
 
 import msgspec
 
-from attnprof.analysis.counters.cell import CellCounters
+from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.report.analysis_tables import KERNEL_COLUMNS, kernel_rows
 from attnprof.report.counters_tables import (
     COUNTER_COLUMNS,
+    Counted,
     ceilings_line,
+    counted,
     counters_facts,
     counters_heading,
     kernel_cells,
@@ -120,13 +122,13 @@ def kernels_section(rows: list[Row]) -> str:
     return "\n".join(parts)
 
 
-def _counters_notes(counters: dict[str, Any], typed: CellCounters, one_ceiling: bool) -> list[str]:
+def _counters_notes(shown: Counted, one_ceiling: bool) -> list[str]:
     """A row's facts under the counters table, its match with the trace, and the counters' notes."""
+    counters = shown.counters
     notes = [counters_facts(counters, ceilings=not one_ceiling)]
-    if typed.match is not None:
-        notes.append(typed.match.text + ".")
-    # `occupancy_measured` rides beside CellCounters' own fields in the row's counters (schema.Row.counters)
-    return notes + list(counters.get("occupancy_measured") or []) + typed.notes
+    if counters.match is not None:
+        notes.append(counters.match.text + ".")
+    return notes + shown.occupancy_measured + counters.notes
 
 
 def counters_section(rows: list[Row]) -> str:
@@ -134,36 +136,38 @@ def counters_section(rows: list[Row]) -> str:
     it shows, their counters and place on the roofline; then per row its facts, notes and the counter
     findings it raised (linked to the Findings section), and every kernel of a report of several steps,
     folded. "" when no row has counters."""
-    counted = [(row, row.counters) for row in rows if row.counters]
-    if not counted:
+    label = {id(row): f"{row.variant} · {cell_name(row)}" for row in rows}
+    counted_rows = [(row, shown) for row in rows if (shown := counted(label[id(row)], row.counters)) is not None]
+    if not counted_rows:
         return ""
-    unit = "step" if any((row.mode or "fwd") != "fwd" for row, _ in counted) else "forward"
+    unit = "step" if any((row.mode or "fwd") != "fwd" for row, _ in counted_rows) else "forward"
     parts = [
         "<h2 id='counters'>Kernel counters</h2>",
         f"<p class='note'>{esc(counters_heading('markdown', None, unit)[-1])} The roofline plot places each "
         "kernel: <a href='#plot-roofline'>Plots</a>.</p>",
     ]
-    shared = {ceilings_line(counters) for _, counters in counted}
+    shared = {ceilings_line(shown.counters) for _, shown in counted_rows}
     one_ceiling = len(shared) == 1
     if one_ceiling:
         line = next(iter(shared))
         parts.append(f"<p>{esc(line[0].upper() + line[1:])}.</p>")
     headers = ["variant · cell"] + [c.header for c in COUNTER_COLUMNS[1:]]
-    label = {id(row): f"{row.variant} · {cell_name(row)}" for row, _ in counted}
-    body = [[label[id(row)], *kernel_cells(k, p)] for row, c in counted for k, p in shown_kernels(c, False)]
+    body = [
+        [shown.label, *kernel_cells(k, p)] for _, shown in counted_rows for k, p in shown_kernels(shown.counters, False)
+    ]
     parts.append(html_table(headers, body, "counters"))
+    counter_ids = set(COUNTER_RULES.ids())
     items = []
-    for row, counters in counted:
-        typed = CellCounters.from_dict(counters)
-        notes = _counters_notes(counters, typed, one_ceiling)
-        ids = [f.id for f in typed.findings]
+    for row, shown in counted_rows:
+        notes = _counters_notes(shown, one_ceiling)
+        ids = [f.id for f in row.findings if f.id in counter_ids]
         found = f" Counter findings: {', '.join(finding_link(i) for i in ids)}." if ids else ""
-        every = shown_kernels(counters, every=True)
+        every = shown_kernels(shown.counters, every=True)
         folded = ""
-        if len(every) > len(shown_kernels(counters, every=False)):
+        if len(every) > len(shown_kernels(shown.counters, every=False)):
             table = html_table(headers[1:], [kernel_cells(k, p) for k, p in every], "counters")
             folded = f"<details><summary>every kernel of its report ({len(every)})</summary>{table}</details>"
-        items.append(f"<li><b>{esc(label[id(row)])}</b>: {esc(' '.join(notes))}{found}{folded}</li>")
+        items.append(f"<li><b>{esc(shown.label)}</b>: {esc(' '.join(notes))}{found}{folded}</li>")
     parts.append("<ul class='note'>" + "".join(items) + "</ul>")
     return "\n".join(parts)
 

@@ -5,21 +5,18 @@ against the baseline, attention's share of GPU time, its calls and backends, the
 attention kernels' GB/s (`kernel_gbps`: their bytes over their device time), kernel counts, memory, the
 logits against the baseline's, and the finding ids. Fitted to a width, the reasons of rows that are not ok
 and the messages of the problem findings follow as wrapped bullets (the info ones are counted; `--wide`
-shows them), then "What to look at". Counts read `/step` when a mode runs a backward. The helpers of
-`report.tables` and `report.impact` still read dict rows: they get the row's JSON (`_plain`).
+shows them), then "What to look at". Counts read `/step` when a mode runs a backward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.tables import latency_text, per_step, reason_bullets, speedup_text
-from attnprof.results.files import to_builtins
 from attnprof.results.schema import AttentionRecord, Row
 
 Cell = Callable[[Row], str]
@@ -92,8 +89,8 @@ def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell
         (Column("implementation", narrow=14), lambda r: r.variant),
         (Column("seq"), lambda r: _seq(r, modes)),
         (Column("status", wide=36), lambda r: r.status.partition(":")[0] if fitted else r.status),
-        (Column("latency µs ± IQR", narrow=17), lambda r: latency_text(_plain(r))),
-        (Column("speed-up"), lambda r: speedup_text(_plain(r))),
+        (Column("latency µs ± IQR", narrow=17), lambda r: latency_text(r)),
+        (Column("speed-up"), lambda r: speedup_text(r)),
         (Column("attn % GPU", drop=8), lambda r: fmt_number(r.attention_gpu_pct)),
         (Column("attn calls/fwd", drop=5), lambda r: fmt_count(r.attention_calls_per_forward)),
         (Column("attn backends", narrow=14, drop=4, wide=30), lambda r: _backends(r.attention_backends)),
@@ -103,18 +100,11 @@ def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell
         (Column("GPU µs", drop=2), lambda r: fmt_number(r.gpu_time_us)),
         (Column("peak MiB", drop=1), lambda r: fmt_number(r.peak_memory_mib)),
         (Column("logits vs baseline", narrow=12, drop=7), lambda r: _logits(r, baseline)),
-        (Column("findings", narrow=20, wide=40), lambda r: " ".join(f["id"] for f in _shown(r, 0 if fitted else None))),
+        (
+            Column("findings", narrow=20, wide=40),
+            lambda r: " ".join(f.id for f in shown(r.findings, 0 if fitted else None)),
+        ),
     ]
-
-
-def _plain(row: Row) -> dict[str, Any]:
-    """The row's JSON, for the helpers of `report.tables` and `report.impact` that still read dict rows."""
-    return to_builtins(row)
-
-
-def _shown(row: Row, width: int | None) -> list[dict[str, Any]]:
-    """The row's findings a table of `width` shows (`impact.shown`), as their JSON."""
-    return shown(to_builtins(row.findings), width)
 
 
 def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = None) -> str:
@@ -127,14 +117,11 @@ def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = No
     for row in rows:
         ran = row.status == "ok" or row.forwards is not None
         body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
-    plain = [_plain(r) for r in rows]
-    notes = reason_bullets(plain, width) if width is not None else []
-    messages = [
-        finding_line(f, unit_of(p), _cell(r)) for r, p in zip(rows, plain, strict=True) for f in _shown(r, width)
-    ]
+    notes = reason_bullets(rows, width) if width is not None else []
+    messages = [finding_line(f, unit_of(r), _cell(r)) for r in rows for f in shown(r.findings, width)]
     if messages:
         notes.append(bullets(messages, width))
-    notes += left_out(plain, width)
+    notes += left_out(rows, width)
     if any(row.speedup_reliable is False for row in rows):
         notes += wrap(UNRELIABLE, width)
     return "\n".join([table(list(headers), body, fmt, width)] + (["", *notes] if notes else []))
@@ -151,9 +138,9 @@ def model_report(rows: list[Row], fmt: str, baseline: str, width: int | None = N
         return ""
     heading = "###" if fmt == "markdown" else "=="
     title = wrap(f"{heading} {model_title(rows, baseline)}", limit(width, fmt))
-    cells = [(_cell(r), unit_of(_plain(r)), to_builtins(r.findings)) for r in rows]
+    cells = [(_cell(r), unit_of(r), r.findings) for r in rows]
     look = what_to_look_at(cells, fmt, limit(width, fmt))
-    unit = "step" if any(unit_of(_plain(r)) == "step" for r in rows) else "forward"
+    unit = "step" if any(unit_of(r) == "step" for r in rows) else "forward"
     counters = counters_section([(_cell(r), r.counters) for r in rows], fmt, width, unit)
     parts = [*title, "", model_table(rows, fmt, baseline, width)] + (["", *counters] if counters else [])
     return "\n".join(parts + (["", look] if look else []))

@@ -29,9 +29,6 @@ PROFILER_COLUMNS = (
     "CPU total %",
 )
 
-#: The profiler region `run` analyses unless its config names another (`config.Config.region`).
-DEFAULT_REGION = "attnprof"
-
 
 def _clock(row: Row) -> str:
     if not row.sm_clock_mhz:
@@ -119,19 +116,19 @@ def run_summary_table(row: Row, fmt: str, width: int | None = None) -> str:
     return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
 
 
-def trace_analysis(row: Row, region: str = DEFAULT_REGION) -> Analysis | None:
-    """The trace analysis a row holds, as `analyze` gives it: None when the row has none (no trace was
-    analysed: `forwards` is None). The row keeps no `gpu_annotation_time_us`, `input_dtype`,
-    `annotation_mismatches`, `region_choice` or `top_cpu_ops` (None here), and `region` is the run's."""
+def trace_analysis(row: Row) -> Analysis | None:
+    """The trace analysis a row holds, as `analyze` gives it, with the row's findings (the judge's) and
+    counters; None when the row has none (no trace was analysed: `forwards` is None)."""
     if row.forwards is None:
         return None
     return Analysis(
-        region=region,
+        region=row.region or "",
         forwards=row.forwards,
         kernels_per_forward=row.kernels_per_forward,
         memcpy_per_forward=row.memcpy_per_forward,
         memset_per_forward=row.memset_per_forward,
         gpu_time_us=row.gpu_time_us,
+        gpu_annotation_time_us=row.gpu_annotation_time_us,
         kernel_time_us=row.kernel_time_us,
         cpu_time_us=row.cpu_time_us,
         self_device_time_total_us=row.self_device_time_total_us,
@@ -139,35 +136,31 @@ def trace_analysis(row: Row, region: str = DEFAULT_REGION) -> Analysis | None:
         transposes_per_forward=row.transposes_per_forward,
         cpu_ops_per_forward=row.cpu_ops_per_forward,
         kernels=row.kernels,
-        findings=row.findings,  # the trace's joined with the counters' (`CellResult.findings`)
+        findings=row.findings,
         spread=row.spread,
         device=row.trace_device,
+        input_dtype=row.input_dtype,
+        annotation_mismatches=row.annotation_mismatches,
         notes=row.notes,
         phases=row.phases,
         comm=row.comm,
         attention=row.attention,
+        top_cpu_ops=row.top_cpu_ops,
         counters=row.counters,
     )
 
 
-def _render_trace(analysis: Analysis, fmt: str, width: int | None) -> str:
-    from attnprof.report.analysis_tables import render_analysis_dict
-    from attnprof.results.files import to_builtins
-
-    return render_analysis_dict(to_builtins(analysis), fmt, width)
-
-
-def run_report(
-    row: Row, key_averages: str | None, fmt: str, width: int | None = None, region: str = DEFAULT_REGION
-) -> str:
+def run_report(row: Row, key_averages: str | None, fmt: str, width: int | None = None) -> str:
     """`attnprof run`, one row: the summary, the trace analysis (when the row has one, `trace_analysis`;
-    `region` names the profiler region it is of) and the profiler's own key_averages table (fitted to
+    with the row's findings) and the profiler's own key_averages table (fitted to
     `width` by dropping its less wanted columns)."""
     width = limit(width, fmt)
     parts = [run_summary_table(row, fmt, width)]
-    analysis = trace_analysis(row, region)
+    analysis = trace_analysis(row)
     if analysis is not None:
-        parts += ["", _render_trace(analysis, fmt, width)]
+        from attnprof.report.analysis_tables import render_analysis
+
+        parts += ["", render_analysis(analysis, fmt, width)]
     elif row.counters:
         parts += ["", *counters_section([("", row.counters)], fmt, width, unit_of(row))]
     if key_averages:

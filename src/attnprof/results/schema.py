@@ -34,7 +34,7 @@ class FindingRecord(Record):
     severity: str = "problem"
     impact_us: float | None = None
     impact_pct: float | None = None
-    evidence: dict[str, float | str | bool | None] = {}
+    evidence: dict[str, int | float | str | bool | None] = {}
 
 
 class KernelRecord(Record):
@@ -258,16 +258,20 @@ class Row(Record):
     status: str = "ok"
     reason: str | None = None
     # the trace
+    region: str | None = None  # the profiler region analysed
     forwards: int | None = None
     kernels_per_forward: int | None = None
     memcpy_per_forward: int | None = None
     memset_per_forward: int | None = None
     gpu_time_us: float | None = None
+    gpu_annotation_time_us: float | None = None
     kernel_time_us: float | None = None
     cpu_time_us: float | None = None
     self_device_time_total_us: float | None = None
     transposes_per_forward: int | None = None
     cpu_ops_per_forward: int | None = None
+    input_dtype: str | None = None  # the inputs' dtype as the trace shows it
+    annotation_mismatches: int | None = None
     forward_kernels: int | None = None
     forward_kernel_time_us: float | None = None
     backward_kernels: int | None = None
@@ -357,6 +361,7 @@ class Row(Record):
     attention: AttentionRecord | None = None
     trace_device: DeviceRecord | None = None
     comm: CommRecord | None = None
+    top_cpu_ops: list[CpuOpRecord] | None = None  # a CPU-only trace's ops by self CPU time
     counters: dict[str, Any] | None = None  # `analysis.counters.CellCounters`'s JSON and `occupancy_measured`
     mask_alternatives: list[MaskAlternative] = []
     phases_s: dict[str, float] = {}
