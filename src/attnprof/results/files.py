@@ -15,6 +15,8 @@ Files are created whole and never overwritten (`attnprof.files.create_new`); NaN
 from __future__ import annotations
 
 import csv
+import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +36,19 @@ _ENCODER = msgspec.json.Encoder(enc_hook=str)
 
 
 def to_json(value: Any) -> str:
-    """JSON text of a document, a row or any structure of them (two-space indent; NaN becomes null)."""
-    return msgspec.json.format(_ENCODER.encode(value), indent=2).decode()
+    """JSON text of a document, a row or any structure of them: two-space indent, non-ASCII escaped, NaN and
+    infinities null (the text attnprof has always printed)."""
+    return json.dumps(_finite(to_builtins(value)), indent=2)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def to_builtins(value: Any) -> Any:
