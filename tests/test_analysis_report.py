@@ -13,8 +13,8 @@ from attnprof.analysis import analyze_trace, explain_kernel
 from attnprof.report.analysis_tables import comm_table, instance_unit, render_analysis, summary_table
 from attnprof.report.explain_tables import render_explanation
 from attnprof.results.files import to_json
+from attnprof.results.parts import Analysis
 from attnprof.results.records import analysis_record
-from attnprof.results.schema import Analysis
 
 
 def test_table_has_summary_kernels_and_findings():

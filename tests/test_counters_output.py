@@ -20,7 +20,8 @@ from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import results_document
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import Counted, counted, counters_report
-from attnprof.report.tables import compare_report, run_report
+from attnprof.report.run_tables import run_report
+from attnprof.report.tables import compare_report
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -196,7 +197,7 @@ def test_compare_and_run_print_the_counters_and_the_counter_findings():
     assert all(line == line.rstrip() and len(line) <= 120 for line in text.splitlines())
     assert "triton-flash  _attn_fwd" in text
     assert "[l2-thrash]" in text and "[tensor-pipe-underused]" in text
-    run = run_report(entries[2], None, None, "table", 120)
+    run = run_report(entries[2], None, "table", 120)
     assert "Kernel counters (Nsight Compute)" in run and "_attn_fwd" in run and "left out" in run
     assert "Kernel counters" not in compare_report(
         document([CellResult("sdpa", "built-in", SPEC)])["results"], "table", None, 120

@@ -20,7 +20,8 @@ import pytest
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html import PERFETTO, report_html
 from attnprof.results.files import ResultsFile, load_results
-from attnprof.results.schema import Document, FindingRecord, Row
+from attnprof.results.parts import FindingRecord
+from attnprof.results.schema import Document, Row
 
 RESULTS = Path(__file__).parent / "data" / "results"
 SEQS = RESULTS / "cpu-seqs.json"

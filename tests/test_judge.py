@@ -26,8 +26,8 @@ from attnprof.analysis.findings.judge import (
 )
 from attnprof.pipeline.measured import CellResult, ModelResult
 from attnprof.registry import RunSpec
+from attnprof.results.parts import MaskAlternative
 from attnprof.results.records import finding_of, finding_record
-from attnprof.results.schema import MaskAlternative
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "tests" / "data" / "h200"

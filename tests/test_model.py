@@ -215,7 +215,8 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
 
 def test_the_table_shows_the_ledger_of_the_row() -> None:
     from attnprof.report.model_tables import model_table
-    from attnprof.results.schema import AttentionRecord, OverheadRecord, Row
+    from attnprof.results.parts import AttentionRecord, OverheadRecord
+    from attnprof.results.schema import Row
 
     overhead = [msgspec.convert(o, OverheadRecord) for o in OVERHEAD]
     ledger = AttentionRecord(

@@ -18,12 +18,12 @@ from attnprof.registry import RunSpec
 from attnprof.report.analysis_tables import KERNEL_COLUMNS, render_analysis
 from attnprof.report.explain_tables import render_explanation
 from attnprof.report.layout import Column, bullets, fit_profiler_table, table, wrap
+from attnprof.report.run_tables import run_report
 from attnprof.report.tables import (
     GLANCE_COLUMNS,
     LIST_COLUMNS,
     SHAPE_COLUMNS,
     compare_report,
-    run_report,
     variant_list_table,
 )
 
@@ -117,7 +117,7 @@ def test_every_line_of_every_command_fits(width, results, entries) -> None:
     outputs = {"compare": compare_report(entries, "table", "sdpa-math", width),
                "list": variant_list_table(list_entries(), "table", width)}
     for result, entry in zip(results, entries, strict=True):
-        outputs[f"run {result.variant}"] = run_report(entry, result.analysis, result.key_averages_table, "table", width)
+        outputs[f"run {result.variant}"] = run_report(entry, result.key_averages_table, "table", width)
     for trace in TRACES:
         outputs[f"analyze {trace}"] = render_analysis(analyze_trace(trace), "table", width)
     for name in (LONG_NAME, CUBLAS_NAME):

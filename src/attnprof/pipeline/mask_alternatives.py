@@ -34,7 +34,8 @@ from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import join_alternatives
 from attnprof.registry import RunSpec, Variant
-from attnprof.results.schema import MaskAlternative, Row
+from attnprof.results.parts import MaskAlternative
+from attnprof.results.schema import Row
 
 if TYPE_CHECKING:
     from attnprof.config import Config, MeasureOptions

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from attnprof.registry import RunSpec
-from attnprof.results.schema import MaskAlternative
+from attnprof.results.parts import MaskAlternative
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis

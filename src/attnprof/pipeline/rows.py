@@ -11,8 +11,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.results.parts import Analysis, MaskAlternative
 from attnprof.results.records import analysis_record, finding_of, finding_record
-from attnprof.results.schema import SCHEMA_VERSION, Analysis, Document, MaskAlternative, Row
+from attnprof.results.schema import SCHEMA_VERSION, Document, Row
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis

@@ -27,7 +27,7 @@ from attnprof.report.impact import finding_line, left_out, shown, what_to_look_a
 from attnprof.report.kernel_tables import KERNEL_COLUMNS, cpu_ops_table, kernel_rows, kernel_table, pct_text
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.results.files import to_builtins
-from attnprof.results.schema import Analysis, FindingRecord
+from attnprof.results.parts import Analysis, FindingRecord
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis

@@ -7,7 +7,7 @@ from __future__ import annotations
 from attnprof.report.formatting import fmt_number
 from attnprof.report.kernel_tables import per_unit
 from attnprof.report.layout import Column, table, wrap
-from attnprof.results.schema import AttentionRecord, CallRecord, OverheadRecord
+from attnprof.results.parts import AttentionRecord, CallRecord, OverheadRecord
 
 CALL_COLUMNS = (
     Column("#"),

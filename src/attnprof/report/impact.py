@@ -16,7 +16,8 @@ from typing import Protocol
 
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import bullets, wrap
-from attnprof.results.schema import FindingRecord, Row
+from attnprof.results.parts import FindingRecord
+from attnprof.results.schema import Row
 
 #: How many findings "What to look at" lists.
 TOP = 5

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import Column, table
-from attnprof.results.schema import CpuOpRecord, KernelRecord
+from attnprof.results.parts import CpuOpRecord, KernelRecord
 
 NAME_WIDTH = 60
 

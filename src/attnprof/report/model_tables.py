@@ -17,7 +17,8 @@ from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.tables import latency_text, per_step, reason_bullets, speedup_text
-from attnprof.results.schema import AttentionRecord, Row
+from attnprof.results.parts import AttentionRecord
+from attnprof.results.schema import Row
 
 Cell = Callable[[Row], str]
 SHOWN_ALWAYS = 3  # implementation, seq and status: the cells of a row that never ran

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from attnprof.report.formatting import fmt_number
 from attnprof.report.impact import severity
-from attnprof.results.schema import FindingRecord, Row
+from attnprof.results.parts import FindingRecord
+from attnprof.results.schema import Row
 
 __all__ = ["INFO", "PROBLEM", "impact_text", "impact_us", "rank_key", "ranked", "row_findings", "severity"]
 

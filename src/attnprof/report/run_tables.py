@@ -11,7 +11,8 @@ from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import unit_of, what_to_look_at
 from attnprof.report.layout import Column, fit_profiler_table, limit, table, wrap
 from attnprof.report.tables import bandwidth_cell, cell_label, cell_title, error_text, executed_text, latency_text
-from attnprof.results.schema import Analysis, Row
+from attnprof.results.parts import Analysis
+from attnprof.results.schema import Row
 
 RUN_COLUMNS = (Column("metric"), Column("value", narrow=20))
 

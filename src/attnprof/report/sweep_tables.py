@@ -17,7 +17,8 @@ from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.ranking import INFO, impact_text, rank_key, ranked, row_findings, severity
 from attnprof.report.tables import UNRELIABLE, speedup_text, variant_label
-from attnprof.results.schema import FindingRecord, Row
+from attnprof.results.parts import FindingRecord
+from attnprof.results.schema import Row
 
 #: The fields a sweep varies, in the order a group's title names them.
 AXIS_FIELDS = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from attnprof.results.schema import (
+from attnprof.results.parts import (
     Analysis,
     AttentionRecord,
     CallRecord,
