@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from attnprof.errors import ConfigError
 from attnprof.kv_cache import page_size_problem, parse_kv_cache
-from attnprof.masks import PLAIN_KINDS, parse_mask, parse_score_mod
+from attnprof.masks import PLAIN_KINDS, Mask, parse_mask, parse_score_mod
 from attnprof.registry import DEFAULT_REGION, MODES, RunSpec
 
 Mode = Literal["fwd", "bwd", "fwd+bwd"]
@@ -149,11 +149,9 @@ class Shape(_Strict):
         kv_cache: KvCache | None = None,
     ) -> RunSpec:
         """The cell spec of this shape on `device` with `dtype`, masking and mode. `mask`, `score_mod` and
-        `kv_cache` are the config's defaults, used where the shape sets none; a plain mask (`causal`,
-        `none`) sets `causal`."""
+        `kv_cache` are the config's defaults, used where the shape sets none; without either mask, `causal`
+        chooses the plain one (a mask, plain or sized, overrides it)."""
         chosen = self.mask or mask
-        if chosen in PLAIN_KINDS:
-            causal, chosen = chosen == "causal", None
         return RunSpec(
             device,
             dtype,
@@ -162,9 +160,8 @@ class Shape(_Strict):
             self.seq_in_force,
             self.head_dim,
             self.kv_heads,
-            causal,
-            mode,
-            mask=chosen,
+            mode=mode,
+            mask=chosen if chosen is not None else Mask.plain(causal),
             score_mod=self.score_mod or score_mod,
             q_len=self.q_len,
             kv_len=self.kv_len,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import VariantFailure, VariantUnavailableError
-from attnprof.masks import SIZED_KINDS, parse_mask
+from attnprof.masks import SIZED_KINDS, Mask, parse_mask
 from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.registry import RunSpec, Variant
 from attnprof.results import CellResult, MaskAlternative
@@ -78,7 +78,7 @@ def wanted(variant: str, mask: str, kv_len: int, key: tuple[Any, ...]) -> list[W
 def alternative_spec(kind: str, spec: RunSpec) -> RunSpec:
     """The spec an alternative of `kind` runs at: the plain causal mask of the same shape for `is_causal`,
     the cell itself for the block mask."""
-    return replace(spec, mask=None, causal=True) if kind == IS_CAUSAL else spec
+    return replace(spec, mask=Mask("causal")) if kind == IS_CAUSAL else spec
 
 
 def dense_mask_latency(result: CellResult) -> float | None:
@@ -102,7 +102,7 @@ class Alternatives:
         spec = result.spec
         return [
             w
-            for w in wanted(result.variant, spec.mask_spec.text, spec.n_keys, spec.cell_key)
+            for w in wanted(result.variant, spec.mask.text, spec.n_keys, spec.cell_key)
             if w.measure and not any((name, w.key) in self.planned for name in w.variants)
         ]
 

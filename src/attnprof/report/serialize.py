@@ -142,7 +142,7 @@ ROW: tuple[tuple[str, Callable[[CellResult], Any]], ...] = (
     ("device", lambda r: r.spec.device),
     ("causal", lambda r: r.spec.causal),
     ("mode", lambda r: r.spec.mode),
-    ("mask", lambda r: r.spec.mask),
+    ("mask", lambda r: r.spec.mask.text),
     ("score_mod", lambda r: r.spec.score_mod),
     ("q_len", lambda r: r.spec.n_queries),
     ("kv_len", lambda r: r.spec.n_keys),
