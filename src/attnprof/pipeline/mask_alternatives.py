@@ -59,7 +59,7 @@ class Wanted:
     measure: bool
 
 
-def wanted(variant: str, mask: str, kv_len: int, key: tuple[Any, ...]) -> list[Wanted]:
+def wanted(variant: str, mask: Mask | str, kv_len: int, key: tuple[Any, ...]) -> list[Wanted]:
     """The alternatives of a dense-mask cell of `variant` with `mask` at `kv_len` keys (see the module
     docstring); `key` is the cell's `RunSpec.cell_key`."""
     parsed = parse_mask(mask)
@@ -102,7 +102,7 @@ class Alternatives:
         spec = result.spec
         return [
             w
-            for w in wanted(result.variant, spec.mask.text, spec.n_keys, spec.cell_key)
+            for w in wanted(result.variant, spec.mask, spec.n_keys, spec.cell_key)
             if w.measure and not any((name, w.key) in self.planned for name in w.variants)
         ]
 
