@@ -68,6 +68,8 @@ class RunSpec:
     kv_len: int | None
     page_size: int | None
 
+    # Written out (init=False) because `causal` is an input here but a property of the mask, not a field;
+    # `dataclasses.replace` passes every field to it, so a replaced spec keeps its Mask as it is.
     def __init__(
         self,
         device: str,
