@@ -72,7 +72,7 @@ def test_flex_cuts_the_blocks_at_the_lengths() -> None:
     assert decode == 1000  # the one query keeps every key: nothing executed beyond the useful pairs
     window = flex_pairs(spec(q_len=1, seq=1000, batch=1, heads=1, kv_heads=None, mask="sliding_window:100"))
     assert window == 1000 - 896  # its window, keys 900..999, lies in the last key block (896..999) alone
-    assert window >= spec(q_len=1, seq=1000, mask="sliding_window:100").mask_spec.pairs(1, 1000)
+    assert window >= spec(q_len=1, seq=1000, mask="sliding_window:100").mask.pairs(1, 1000)
 
 
 # --- through a cell, with a variant of our own --------------------------------------

@@ -98,7 +98,7 @@ def _row(variant: str, mask: str, latency: float | None, findings: tuple[str, ..
         "device": "cuda:0",
         "causal": spec.causal,
         "mode": "fwd",
-        "mask": spec.mask,
+        "mask": spec.mask.text,
         "score_mod": None,
         "q_len": 8192,
         "kv_len": 8192,

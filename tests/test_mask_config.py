@@ -27,7 +27,7 @@ def error(data: dict) -> str:
 def test_default_is_todays_causal_square_prefill() -> None:
     (spec,) = specs({"shapes": [SHAPE]})
     assert spec == RunSpec("cpu", "auto", 1, 2, 64, 16)
-    assert (spec.mask, spec.score_mod, spec.n_queries, spec.n_keys, spec.causal) == ("causal", None, 64, 64, True)
+    assert (spec.mask.text, spec.score_mod, spec.n_queries, spec.n_keys, spec.causal) == ("causal", None, 64, 64, True)
     assert spec.shape_label == "1x2x64x16"
     assert spec.cell_key[:9] == ("cpu", "auto", 1, 2, 2, 64, 16, True, "fwd")
 
@@ -43,12 +43,12 @@ def test_default_is_todays_causal_square_prefill() -> None:
 )
 def test_sized_masks_per_shape(mask, text, label) -> None:
     (spec,) = specs({"shapes": [SHAPE | {"mask": mask}]})
-    assert (spec.mask, spec.causal, spec.shape_label) == (text, False, label)
+    assert (spec.mask.text, spec.causal, spec.shape_label) == (text, False, label)
 
 
 def test_top_level_mask_is_the_default_a_shape_may_replace() -> None:
     both = specs({"mask": {"documents": 2}, "shapes": [SHAPE, SHAPE | {"mask": "none"}]})
-    assert [s.mask for s in both] == ["documents:2", "none"]
+    assert [s.mask.text for s in both] == ["documents:2", "none"]
     assert specs({"mask": "none", "shapes": [SHAPE]})[0].causal is False
 
 
@@ -116,10 +116,10 @@ def test_sweep_axes_for_masks_score_mods_and_lengths() -> None:
     assert left_out == []
     assert len(points) == 8
     assert {(s.n_queries, s.n_keys) for s in points} == {(1, 64), (1, 128)}
-    assert {s.mask for s in points} == {"causal", "sliding_window:32"}
+    assert {s.mask.text for s in points} == {"causal", "sliding_window:32"}
     assert {s.score_mod for s in points} == {None, "alibi"}
     # the OOM chain follows kv_len for decode
-    a, b = (s for s in points if s.mask == "causal" and s.score_mod is None)
+    a, b = (s for s in points if s.mask.text == "causal" and s.score_mod is None)
     assert chain_key("v", a) == chain_key("v", b)
 
 

@@ -103,3 +103,28 @@ def test_spec_labels() -> None:
     assert CPU.shape_label == "1x2x16x16" and CPU.device_type == "cpu" and CPU.n_kv_heads == 2
     gqa = RunSpec(device="cuda:1", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=16, head_dim=64)
     assert gqa.shape_label == "2x8x16x64/kv2" and gqa.device_type == "cuda"
+
+
+def test_spec_mask_is_parsed_once_and_causal_follows_it() -> None:
+    from dataclasses import replace
+
+    from attnprof.masks import Mask
+
+    assert CPU.mask == Mask("causal") and CPU.causal
+    window = RunSpec("cpu", "fp32", 1, 2, 64, 16, mask="sliding_window:8")
+    assert window.mask == Mask("sliding_window", 8) and not window.causal
+    assert RunSpec("cpu", "fp32", 1, 2, 64, 16, mask=Mask("sliding_window", 8)) == window
+    # the causal flag chooses between the plain masks; a sized mask overrides it
+    assert RunSpec("cpu", "fp32", 1, 2, 64, 16, causal=False).mask == Mask("none")
+    assert RunSpec("cpu", "fp32", 1, 2, 64, 16, causal=False, mask="causal").mask == Mask("none")
+    assert RunSpec("cpu", "fp32", 1, 2, 64, 16, causal=True, mask="sliding_window:8") == window
+    assert RunSpec("cpu", "fp32", 1, 2, 64, 16, mask="none").causal is False
+    # replace keeps the Mask (and may set another, or the flag)
+    moved = replace(window, seq=128)
+    assert moved.mask is window.mask and moved.shape_label == "1x2x128x16 sw8"
+    assert replace(window, mask=Mask("none")).causal is False
+    assert replace(CPU, causal=False).mask == Mask("none")
+    # the cell key and the label keep the mask's text
+    assert window.cell_key[7:10] == (False, "fwd", "sliding_window:8")
+    with pytest.raises(ValueError, match="unknown mask"):
+        RunSpec("cpu", "fp32", 1, 2, 64, 16, mask="sliding")

@@ -38,6 +38,11 @@ class Mask:
     kind: str
     size: int | None = None
 
+    @classmethod
+    def plain(cls, causal: bool) -> Mask:
+        """The plain mask a causal flag names: `causal` (True) or `none` (False)."""
+        return cls("causal" if causal else "none")
+
     @property
     def text(self) -> str:
         """The canonical text: `causal`, `none`, `sliding_window:256`, ..."""

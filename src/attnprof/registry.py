@@ -35,14 +35,16 @@ PAGED_NO_BACKWARD = f"{NO_BACKWARD} (a paged KV cache is timed forward only)"
 PAGED_KV_BUILT_IN = "flex"  # the built-in variant that reads a paged KV cache, named in skip reasons
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RunSpec:
     """One cell to run: the device, dtype and attention shape a variant is asked to handle.
 
-    Masking: `causal` chooses between the plain masks (`causal`, `none`); `mask` set to a sized mask
-    (`sliding_window:W`, `documents:N`, `prefix:P`, see `attnprof.masks`) overrides it, and `causal` is
-    then False (it means "plain causal": what `is_causal` may express). After construction `mask` is
-    always the canonical text. `score_mod` is None, `softcap:C` or `alibi`.
+    Masking: `mask` is a `Mask` (`attnprof.masks`: `causal`, `none`, `sliding_window:W`, `documents:N`,
+    `prefix:P`), parsed once when the spec is built, from its text or a Mask; `causal` is derived from it
+    (the plain causal mask: what `is_causal` may express). The constructor also takes the older inputs: a
+    `causal` flag, when given, chooses between the plain masks (it replaces `mask` `causal` or `none`, a
+    sized mask overrides it); neither given is causal. `replace(spec, ...)` keeps the spec's Mask.
+    `score_mod` is None, `softcap:C` or `alibi`.
 
     Lengths: `q_len` queries against `kv_len` keys, each `seq` when None; a value equal to `seq` is
     stored as None, so `replace(spec, seq=...)` moves a square shape whole. `n_queries` and `n_keys`
@@ -58,41 +60,59 @@ class RunSpec:
     heads: int
     seq: int
     head_dim: int
-    kv_heads: int | None = None
-    causal: bool = True
-    mode: str = "fwd"
-    mask: str | None = None
-    score_mod: str | None = None
-    q_len: int | None = None
-    kv_len: int | None = None
-    page_size: int | None = None
+    kv_heads: int | None
+    mode: str
+    mask: Mask
+    score_mod: str | None
+    q_len: int | None
+    kv_len: int | None
+    page_size: int | None
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
-        if self.page_size is not None:
-            object.__setattr__(self, "page_size", positive_page_size(self.page_size))
-            if problem := page_size_problem(self.page_size, self.n_keys):
-                raise ValueError(problem)
-        mask = parse_mask(self.mask) if self.mask is not None else None
-        if mask is None or mask.kind in PLAIN_KINDS:
-            mask = Mask("causal" if self.causal else "none")
-        object.__setattr__(self, "mask", mask.text)
-        object.__setattr__(self, "causal", mask.kind == "causal")
-        object.__setattr__(self, "score_mod", parse_score_mod(self.score_mod))
-        for name in ("q_len", "kv_len"):
-            if getattr(self, name) == self.seq:
-                object.__setattr__(self, name, None)
+    # Written out (init=False) because `causal` is an input here but a property of the mask, not a field;
+    # `dataclasses.replace` passes every field to it, so a replaced spec keeps its Mask as it is.
+    def __init__(
+        self,
+        device: str,
+        dtype: str,
+        batch: int,
+        heads: int,
+        seq: int,
+        head_dim: int,
+        kv_heads: int | None = None,
+        causal: bool | None = None,
+        mode: str = "fwd",
+        mask: Mask | str | None = None,
+        score_mod: str | None = None,
+        q_len: int | None = None,
+        kv_len: int | None = None,
+        page_size: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+        fields = {
+            "device": device,
+            "dtype": dtype,
+            "batch": batch,
+            "heads": heads,
+            "seq": seq,
+            "head_dim": head_dim,
+            "kv_heads": kv_heads,
+            "mode": mode,
+            "mask": _spec_mask(mask, causal),
+            "score_mod": parse_score_mod(score_mod),
+            "q_len": None if q_len == seq else q_len,
+            "kv_len": None if kv_len == seq else kv_len,
+            "page_size": None if page_size is None else positive_page_size(page_size),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+        if self.page_size is not None and (problem := page_size_problem(self.page_size, self.n_keys)):
+            raise ValueError(problem)
 
     @property
-    def mask_spec(self) -> Mask:
-        """The mask as a `Mask` (kind and size)."""
-        return parse_mask(self.mask)
-
-    @property
-    def mask_kind(self) -> str:
-        """`causal`, `none`, `sliding_window`, `documents` or `prefix`."""
-        return self.mask_spec.kind
+    def causal(self) -> bool:
+        """True for the plain causal mask (what `is_causal` may express); False for every other mask."""
+        return self.mask.kind == "causal"
 
     @property
     def score_mod_kind(self) -> str | None:
@@ -112,13 +132,13 @@ class RunSpec:
     @property
     def fully_masked_rows(self) -> int:
         """Query rows whose every key the mask hides (`Mask.empty_rows`; the reference gives them zeros)."""
-        return self.mask_spec.empty_rows(self.n_queries, self.n_keys)
+        return self.mask.empty_rows(self.n_queries, self.n_keys)
 
     @property
     def causal_alignment(self) -> str | None:
         """`bottom-right` (the queries are the last n_queries of n_keys positions) for every mask but
         `none`, which has no alignment (None)."""
-        return None if self.mask == "none" else "bottom-right"
+        return None if self.mask.kind == "none" else "bottom-right"
 
     @property
     def backward(self) -> bool:
@@ -146,7 +166,7 @@ class RunSpec:
         if self.n_kv_heads != self.heads:
             label += f"/kv{self.n_kv_heads}"
         extras = [
-            text for text in (self.mask_spec.label, score_mod_label(self.score_mod), page_label(self.page_size)) if text
+            text for text in (self.mask.label, score_mod_label(self.score_mod), page_label(self.page_size)) if text
         ]
         return " ".join([label, *extras])
 
@@ -164,7 +184,7 @@ class RunSpec:
             self.head_dim,
             self.causal,
             self.mode,
-            self.mask,
+            self.mask.text,
             self.score_mod,
             self.q_len,
             self.kv_len,
@@ -175,6 +195,15 @@ class RunSpec:
     def cell_label(self) -> str:
         """`shape_label`, with the mode after it when that is not the default `fwd`."""
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
+
+
+def _spec_mask(mask: Mask | str | None, causal: bool | None) -> Mask:
+    """`RunSpec.mask` from the constructor's inputs: `mask` parsed (a Mask passes through), a plain one
+    (or none) replaced by the one `causal` chooses when it is given; neither given: causal."""
+    parsed = parse_mask(mask) if mask is not None else None
+    if causal is not None and (parsed is None or parsed.kind in PLAIN_KINDS):
+        return Mask.plain(causal)
+    return parsed if parsed is not None else Mask("causal")
 
 
 @dataclass(frozen=True)
@@ -267,12 +296,12 @@ class Variant:
 
     def takes_dense_mask(self, spec: RunSpec) -> bool:
         """True when this variant reads the spec's mask as a dense tensor (for `bytes_moved`)."""
-        return spec.mask_kind in self.dense_masks
+        return spec.mask.kind in self.dense_masks
 
     def masking_reason(self, spec: RunSpec) -> str | None:
         """Why this variant cannot run the spec's mask, score mod, paged KV cache or lengths, or None."""
-        if spec.mask_kind not in self.masks:
-            return f"mask {spec.mask_kind} not supported by {self.name} (it runs {', '.join(sorted(self.masks))})"
+        if spec.mask.kind not in self.masks:
+            return f"mask {spec.mask.kind} not supported by {self.name} (it runs {', '.join(sorted(self.masks))})"
         kind = spec.score_mod_kind
         if kind is not None and kind not in self.score_mods:
             takes = ", ".join(sorted(self.score_mods)) or "none"

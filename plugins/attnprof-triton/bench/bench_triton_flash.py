@@ -42,7 +42,7 @@ def main() -> None:
         raise SystemExit(reason)
     variant.setup(spec)
     q, k, v = make_inputs(spec, seed=0)
-    print(f"{spec.shape_label} {spec.dtype} causal={causal}: chose {_kernel.best_config(q, k, spec.mask)}")
+    print(f"{spec.shape_label} {spec.dtype} causal={causal}: chose {_kernel.best_config(q, k, spec.mask.text)}")
     timings = getattr(_kernel._attn_fwd_tuned, "configs_timings", None) or {}
     for cfg, ms in sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1]):
         print(f"   {cfg}: {ms}")

@@ -86,8 +86,8 @@ def test_gpu_masked_backward_matches_float64_autograd(monkeypatch, batch, heads,
 
     rs = RunSpec(device="cuda", dtype=dtype, batch=batch, heads=heads, seq=kv_len, q_len=q_len, head_dim=head_dim,
                  kv_heads=kv_heads, mask=mask, causal=mask == "causal", mode="fwd+bwd")
-    if rs.mask_spec.problem(rs.n_queries, rs.n_keys):
-        pytest.skip(rs.mask_spec.problem(rs.n_queries, rs.n_keys))
+    if rs.mask.problem(rs.n_queries, rs.n_keys):
+        pytest.skip(rs.mask.problem(rs.n_queries, rs.n_keys))
     if mask == "sliding_window:1" and dtype == "fp32":
         # one key per row: dQ is exactly zero in float64, so the check falls back to the absolute error,
         # which tl.dot's TF32 rounding of dP leaves above fp32's limit (failed on the H200, 2026-12-02)
@@ -121,7 +121,7 @@ def test_gpu_masked_cell_reports_executed_flops(tmp_path, mode, mask):
     assert result.status == "ok", result.reason
     assert result.check.passed and (mode == "fwd" or result.grad_check.passed)
     useful = step_flops(rs)
-    dense = useful / rs.mask_spec.pairs(4096, 4096) * 4096 * 4096
+    dense = useful / rs.mask.pairs(4096, 4096) * 4096 * 4096
     assert useful <= result.executed_flops < 0.25 * dense, (useful, result.executed_flops, dense)
     row = cell_row(result)
     assert row.executed_flops == result.executed_flops and row.flops == useful

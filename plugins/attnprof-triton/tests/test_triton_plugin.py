@@ -395,8 +395,8 @@ def test_gpu_masks_match_float64(monkeypatch, case, dtype, mask):
 
     monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "0")
     rs = _gpu_mask_spec(case, dtype, mask)
-    if rs.mask_spec.problem(rs.n_queries, rs.n_keys):
-        pytest.skip(rs.mask_spec.problem(rs.n_queries, rs.n_keys))
+    if rs.mask.problem(rs.n_queries, rs.n_keys):
+        pytest.skip(rs.mask.problem(rs.n_queries, rs.n_keys))
     variant = attnprof_triton.make_variant()
     assert variant.unavailable_reason(rs) is None
     state = variant.setup(rs)
@@ -447,7 +447,7 @@ def test_gpu_variant_autotuned(case, dtype, causal):
     assert variant.unavailable_reason(rs) is None
     state = variant.setup(rs)
     q, k, v = make_inputs(rs, seed=0)
-    config = _kernel.best_config(q, k, rs.mask)
+    config = _kernel.best_config(q, k, rs.mask.text)
     assert config is not None and state.forward_tiles == (config.block_m, config.block_n)  # tuned in setup
     out = variant.forward(q, k, v, causal, state)
     torch.testing.assert_close(out.double(), reference(q, k, v, causal), atol=TOL[dtype], rtol=0)

@@ -50,7 +50,7 @@ MODE_TENSORS = {"fwd": (2, 2), "bwd": (4, 4), "fwd+bwd": (6, 6)}
 
 def attention_pairs(spec: RunSpec) -> int:
     """The (query, key) pairs one head keeps under the spec's mask (`Mask.pairs`), exactly."""
-    return spec.mask_spec.pairs(spec.n_queries, spec.n_keys)
+    return spec.mask.pairs(spec.n_queries, spec.n_keys)
 
 
 def attention_flops(spec: RunSpec) -> float:
@@ -70,7 +70,8 @@ def step_flops(spec: RunSpec) -> float:
 
 def flops_convention(spec: RunSpec) -> str:
     """How the spec's FLOPs were counted, in words, for the results (`flops_convention`)."""
-    pairs = "Sq·Skv" if spec.mask == "none" else f"the {attention_pairs(spec)} (query, key) pairs {spec.mask} keeps"
+    mask = spec.mask
+    pairs = "Sq·Skv" if mask.kind == "none" else f"the {attention_pairs(spec)} (query, key) pairs {mask.text} keeps"
     forward = f"fwd = 4·B·H·D × {pairs}"
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "

@@ -113,7 +113,8 @@ CHILD_MODULE = "attnprof.pipeline.ncu_child"
 
 def cell_command(variant: Variant, spec: RunSpec, seed: int, steps: int = 1) -> list[str]:
     """The child's command line for one cell."""
-    job = {"cell": {"variant": variant.name, "spec": asdict(spec), "seed": seed}}
+    fields = asdict(spec) | {"mask": spec.mask.text}  # the child's RunSpec(**fields) parses it back
+    job = {"cell": {"variant": variant.name, "spec": fields, "seed": seed}}
     return _command(job | {"no_plugins": variant.source == "built-in", "steps": steps})
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.analysis.findings.judge import BLOCK_MASK, DENSE_MASK, IS_CAUSAL, THIS_RUN
 from attnprof.errors import VariantFailure, VariantUnavailableError
-from attnprof.masks import SIZED_KINDS, parse_mask
+from attnprof.masks import SIZED_KINDS, Mask, parse_mask
 from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import join_alternatives
@@ -60,7 +60,7 @@ class Wanted:
     measure: bool
 
 
-def wanted(variant: str, mask: str, kv_len: int, key: tuple[Any, ...]) -> list[Wanted]:
+def wanted(variant: str, mask: Mask | str, kv_len: int, key: tuple[Any, ...]) -> list[Wanted]:
     """The alternatives of a dense-mask cell of `variant` with `mask` at `kv_len` keys (see the module
     docstring); `key` is the cell's `RunSpec.cell_key`."""
     parsed = parse_mask(mask)
@@ -79,7 +79,7 @@ def wanted(variant: str, mask: str, kv_len: int, key: tuple[Any, ...]) -> list[W
 def alternative_spec(kind: str, spec: RunSpec) -> RunSpec:
     """The spec an alternative of `kind` runs at: the plain causal mask of the same shape for `is_causal`,
     the cell itself for the block mask."""
-    return replace(spec, mask=None, causal=True) if kind == IS_CAUSAL else spec
+    return replace(spec, mask=Mask("causal")) if kind == IS_CAUSAL else spec
 
 
 def dense_mask_latency(result: CellResult) -> float | None:
@@ -103,7 +103,7 @@ class Alternatives:
         spec = result.spec
         return [
             w
-            for w in wanted(result.variant, spec.mask_spec.text, spec.n_keys, spec.cell_key)
+            for w in wanted(result.variant, spec.mask, spec.n_keys, spec.cell_key)
             if w.measure and not any((name, w.key) in self.planned for name in w.variants)
         ]
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from attnprof.errors import VariantFailure
+from attnprof.masks import Mask
 from attnprof.profiling.inputs import make_inputs, to_bhsd
 from attnprof.registry import RunSpec, Variant
 
@@ -72,7 +73,7 @@ def reference_attention(
     q_rows: Any = None,
     device: Any = "cpu",
     differentiable: bool = False,
-    mask: str | None = None,
+    mask: Mask | str | None = None,
     score_mod: str | None = None,
     head_ids: Sequence[int] | None = None,
     total_heads: int | None = None,
@@ -80,8 +81,8 @@ def reference_attention(
     """Softmax(mask(score_mod(q·kᵀ/√D)))·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
     GQA: k and v may have fewer heads, each repeated for its group of H / H_kv query heads.
-    `mask` (attnprof.masks text; None: `causal` or none) is bottom-right aligned: the S_q queries
-    are the last of the S_kv positions. `score_mod` (softcap:C, alibi) applies before the mask; ALiBi's
+    `mask` (an attnprof.masks Mask or its text; None: `causal` or none) is bottom-right aligned: the S_q
+    queries are the last of the S_kv positions. `score_mod` (softcap:C, alibi) applies before the mask; ALiBi's
     slopes follow the absolute query heads `head_ids` of `total_heads` (default: all, in order). A
     query row whose every key is masked gives zeros (none of attnprof's masks has one). `q_rows`
     (1-D indices) computes only those query rows, each against all the keys it may see.
@@ -89,7 +90,7 @@ def reference_attention(
     """
     import torch
 
-    from attnprof.masks import Mask, alibi_slopes, dense_mask, parse_mask, softcap_value
+    from attnprof.masks import alibi_slopes, dense_mask, parse_mask, softcap_value
 
     q, k, v = (t if differentiable else t.detach() for t in (q, k, v))
     q, k, v = (t.to(device=device, dtype=torch.float64) for t in (q, k, v))
@@ -113,7 +114,7 @@ def reference_attention(
         slopes = alibi_slopes(total_heads or heads, q.device).to(torch.float64).index_select(0, ids)
         distance = (positions[:, None] + (kv_len - q_len) - torch.arange(kv_len, device=q.device)[None, :]).double()
         scores = scores - slopes[:, None, None] * distance[None]
-    chosen = parse_mask(mask) if mask is not None else Mask("causal" if causal else "none")
+    chosen = parse_mask(mask) if mask is not None else Mask.plain(causal)
     if chosen.kind != "none":
         keep = dense_mask(chosen, q_len, kv_len, q.device).index_select(0, positions)
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -193,7 +194,7 @@ def check_variant_output(
     layout: str = "bhsd",
     limit: int = FULL_REFERENCE_LIMIT,
     rows: Sequence[int] | None = None,
-    mask: str | None = None,
+    mask: Mask | str | None = None,
     score_mod: str | None = None,
 ) -> Check:
     """Check a variant's output against the float64 reference (the same `mask` and `score_mod`, see
@@ -260,7 +261,7 @@ def check_against_reference(
     causal: bool,
     dtype: str,
     rows: Sequence[int] | None = None,
-    mask: str | None = None,
+    mask: Mask | str | None = None,
     score_mod: str | None = None,
 ) -> Check:
     """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask` and

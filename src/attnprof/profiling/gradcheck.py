@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from attnprof.masks import Mask
 from attnprof.profiling.correctness import (
     _spaced,
     nonfinite_reason,
@@ -84,7 +85,7 @@ def reference_grads(
     grad_out: Any,
     causal: bool,
     limit: int | None = None,
-    mask: str | None = None,
+    mask: Mask | str | None = None,
     score_mod: str | None = None,
     head_ids: list[int] | None = None,
     total_heads: int | None = None,
@@ -141,7 +142,7 @@ def check_grads(
     dtype: str,
     layout: str = "bhsd",
     limit: int = GRAD_REFERENCE_LIMIT,
-    mask: str | None = None,
+    mask: Mask | str | None = None,
     score_mod: str | None = None,
 ) -> GradCheck:
     """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`

@@ -132,7 +132,7 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
 
     fresh_compile_state()
     block_mask = None
-    mod = mask_mod(spec.mask_spec, spec.n_queries, spec.n_keys)
+    mod = mask_mod(spec.mask, spec.n_queries, spec.n_keys)
     if spec.page_size is not None:  # one key block per page, per sequence: PagedAttention maps them
         block_mask = create_block_mask(
             mod or noop_mask,

@@ -20,9 +20,9 @@ class ScoreState(NamedTuple):
 def build_causal_mask(spec: RunSpec) -> Any:
     """The boolean [q_len, kv_len] mask that is True where the spec's mask hides a key (above the
     diagonal when causal, bottom-right aligned); None without a mask."""
-    if spec.mask == "none":
+    if spec.mask.kind == "none":
         return None
-    return ~dense_mask(spec.mask_spec, spec.n_queries, spec.n_keys, spec.device)
+    return ~dense_mask(spec.mask, spec.n_queries, spec.n_keys, spec.device)
 
 
 def build_state(spec: RunSpec) -> Any:

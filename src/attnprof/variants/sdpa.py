@@ -79,8 +79,8 @@ def sdpa_setup(spec: RunSpec) -> Any:
     torch's lower-right CausalBias for causal with 1 < q_len < kv_len (no tensor), None otherwise
     (plain causal goes as is_causal, none as no mask; one query token, as in decode, sees the whole
     cache, so it needs no mask: cuDNN and math would build a dense one from the CausalBias)."""
-    if spec.mask_kind in SIZED_KINDS:
-        return dense_mask(spec.mask_spec, spec.n_queries, spec.n_keys, spec.device)
+    if spec.mask.kind in SIZED_KINDS:
+        return dense_mask(spec.mask, spec.n_queries, spec.n_keys, spec.device)
     if spec.causal and 1 < spec.n_queries < spec.n_keys:
         from torch.nn.attention.bias import causal_lower_right
 

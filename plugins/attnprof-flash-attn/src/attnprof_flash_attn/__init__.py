@@ -266,9 +266,9 @@ def _module(found: Found) -> Any:
 
 def masking_needs(spec: RunSpec) -> list[tuple[str, str, str | None]]:
     """What the spec's mask and score mod need of the interface: (what for, function, parameter or None)."""
-    documents = spec.mask_kind == "documents"
+    documents = spec.mask.kind == "documents"
     needs: list[tuple[str, str, str | None]] = []
-    if spec.mask_kind == "sliding_window":
+    if spec.mask.kind == "sliding_window":
         needs.append(("sliding_window", "flash_attn_func", "window_size"))
     if documents:
         needs.append(("documents", "flash_attn_varlen_func", None))
@@ -284,7 +284,7 @@ def masking_missing(found: Found, spec: RunSpec) -> str | None:
             needed = f"{function}({parameter}=...)" if parameter else function
             added = FA2_ADDED[parameter or function]
             return f"{what} needs {needed}, which {found.label} lacks (flash-attn {added} added it)"
-    if spec.mask_kind == "documents" and spec.n_queries != spec.n_keys:
+    if spec.mask.kind == "documents" and spec.n_queries != spec.n_keys:
         return f"documents with q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {VARIANT_NAME}"
     return None
 
@@ -298,7 +298,7 @@ def masking_state(found: Found, spec: RunSpec) -> FlashState:
     cap = softcap_value(spec.score_mod)
     if cap is not None:
         masking["softcap"] = cap
-    mask = spec.mask_spec
+    mask = spec.mask
     if mask.kind == "sliding_window":
         assert mask.size is not None
         masking["window_size"] = (mask.size - 1, 0)  # keys p - (W - 1) .. p: the W up to its own position
@@ -326,7 +326,7 @@ def check(spec: RunSpec) -> str | None:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
     if spec.page_size is not None and (reason := paged_reason(spec)):
         return reason
-    if spec.page_size is not None and (spec.mask_kind not in ("causal", "none") or spec.score_mod):
+    if spec.page_size is not None and (spec.mask.kind not in ("causal", "none") or spec.score_mod):
         return f"a paged KV cache in {VARIANT_NAME} runs causal or no mask, no score mod (use flex)"
     if spec.page_size is None and spec.n_queries != spec.n_keys:
         lengths = f"q_len {spec.n_queries} != kv_len {spec.n_keys}"

@@ -94,20 +94,20 @@ def setup(spec: RunSpec) -> TritonState:
         for tensor in (q, k, v):
             tensor.requires_grad_(True)
         with torch.enable_grad():
-            out = _backward.FlashAttention.apply(q, k, v, spec.mask)
+            out = _backward.FlashAttention.apply(q, k, v, spec.mask.text)
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     else:
-        _kernel.attention(q, k, v, mask=spec.mask)
+        _kernel.attention(q, k, v, mask=spec.mask.text)
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
-    config = _kernel.launched_config(q, k, spec.mask)
+    config = _kernel.launched_config(q, k, spec.mask.text)
     backward_tiles = None
     if spec.backward:
-        configs = _backward.launched_configs(q, k, spec.mask)
+        configs = _backward.launched_configs(q, k, spec.mask.text)
         if configs is not None:
             backward_tiles = ((configs[0].block_m, configs[0].block_n), (configs[1].block_m, configs[1].block_n))
     forward_tiles = (config.block_m, config.block_n) if config is not None else None
-    return TritonState(spec.mask, forward_tiles, backward_tiles)
+    return TritonState(spec.mask.text, forward_tiles, backward_tiles)
 
 
 def forward(q: Any, k: Any, v: Any, causal: bool, state: TritonState | None = None) -> Any:
@@ -162,7 +162,7 @@ def executed_pairs(spec: RunSpec, state: TritonState) -> ExecutedPairs | None:
     if state.forward_tiles is None:
         return None
     heads = spec.batch * spec.heads
-    mask, q_len, kv_len = spec.mask_spec, spec.n_queries, spec.n_keys
+    mask, q_len, kv_len = spec.mask, spec.n_queries, spec.n_keys
     forward_pairs = heads * tile_pairs(mask, q_len, kv_len, *state.forward_tiles)
     if state.backward_tiles is None:
         return ExecutedPairs(forward_pairs)
