@@ -166,7 +166,7 @@ def cell_row(result: CellResult) -> Row:
         device=spec.device,
         causal=spec.causal,
         mode=spec.mode,
-        mask=spec.mask,
+        mask=spec.mask.text,
         score_mod=spec.score_mod,
         q_len=spec.n_queries,
         kv_len=spec.n_keys,
