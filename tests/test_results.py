@@ -80,7 +80,8 @@ def test_the_row_holds_the_nested_parts_and_reads_back_the_same(tmp_path) -> Non
     assert row.kernels and row.launch_apis and row.trace_device.name == "NVIDIA H200"
     assert row.phases_s == {"timing": 0.3}
     assert row.attention == attention_record(result.analysis.attention) and row.attention.backends == {"cudnn": 1}
-    path = write_json(tmp_path / "results.json", results_document("compare", Config(shapes=[{"batch": 1, "heads": 1, "seq": 16, "head_dim": 16}]), {}, None, [row], False))
+    config = Config(shapes=[{"batch": 1, "heads": 1, "seq": 16, "head_dim": 16}])
+    path = write_json(tmp_path / "results.json", results_document("compare", config, {}, None, [row], False))
     [read] = load_results(path).rows
     assert read == row and json.loads(to_json(read)) == to_builtins(row)
 
