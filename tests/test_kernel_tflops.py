@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from attnprof.analysis import analyze_trace
-from attnprof.analysis.instance.ledger import AttentionLedger, CallFacts
+from attnprof.analysis.instance.ledger import CallFacts
+from attnprof.analysis.instance.ledger_summary import AttentionLedger
 from attnprof.analysis.roofline import attention_flops, kernel_tflops, step_flops
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.pipeline import run_cell

@@ -42,12 +42,12 @@ from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
 from attnprof.analysis.findings import Finding, FindingContext, build_findings
 from attnprof.analysis.hardware import PeaksLookup, datasheet
-from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS
+from attnprof.analysis.instance.call_names import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
 from attnprof.analysis.instance.cpu_ops import CpuOpStats, top_cpu_ops
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.kernels import kernel_stats
-from attnprof.analysis.instance.ledger import AttentionLedger, summarize
+from attnprof.analysis.instance.ledger_summary import AttentionLedger, summarize
 from attnprof.analysis.instance.metrics import (
     TRACE_DTYPES,
     ForwardMetrics,

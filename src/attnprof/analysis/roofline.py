@@ -38,7 +38,7 @@ from attnprof.kv_cache import PAGE_TABLE_ENTRY_BYTES, page_table_entries
 from attnprof.registry import ExecutedPairs, RunSpec
 
 if TYPE_CHECKING:
-    from attnprof.analysis.instance.ledger import AttentionLedger
+    from attnprof.analysis.instance.ledger_summary import AttentionLedger
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: FLOPs of each mode as a multiple of the forward's (tritonbench, flash-attention benchmarks).

@@ -21,7 +21,7 @@ from attnprof.analysis.roofline import bytes_moved, flops_convention, step_flops
 from attnprof.registry import RunSpec
 
 if TYPE_CHECKING:
-    from attnprof.analysis.instance.ledger import AttentionLedger
+    from attnprof.analysis.instance.ledger_summary import AttentionLedger
     from attnprof.analysis.instance.metrics import KernelStats
     from attnprof.analysis.trace.tables import ParsedTrace
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
-from attnprof.analysis.instance.calls import SDPA_OP
+from attnprof.analysis.instance.call_names import SDPA_OP
 from attnprof.analysis.instance.metrics import SIXTEEN_BIT, TRACE_DTYPES
 from attnprof.analysis.names import short_kernel_name
 from attnprof.stats import median, median_count

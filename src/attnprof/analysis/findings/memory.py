@@ -20,7 +20,8 @@ from attnprof.analysis.findings.registry import FindingContext, FindingRegistry,
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.bandwidth import Traffic
-    from attnprof.analysis.instance.ledger import AttentionLedger, CallFacts
+    from attnprof.analysis.instance.ledger import CallFacts
+    from attnprof.analysis.instance.ledger_summary import AttentionLedger
 
 #: The rules of this module, in the order their findings are emitted.
 RULES = FindingRegistry()

@@ -29,7 +29,7 @@ from attnprof.stats import median
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.roofline import StepCounters
-    from attnprof.analysis.instance.ledger import AttentionLedger
+    from attnprof.analysis.instance.ledger_summary import AttentionLedger
     from attnprof.analysis.instance.metrics import ForwardMetrics, KernelStats
 
 #: `problem`: something to act on, with what it costs; `info`: a fact worth knowing, nothing to fix.

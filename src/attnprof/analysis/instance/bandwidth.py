@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from attnprof.analysis.instance.calls import SDPA_BACKEND_OPS, SDPA_OP
+from attnprof.analysis.instance.call_names import SDPA_BACKEND_OPS, SDPA_OP
 from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.masks import Mask
 

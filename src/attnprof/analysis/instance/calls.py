@@ -30,6 +30,8 @@ training step) is linked to the call whose op carries the backward op's sequence
 op linked to nothing in a call (e.g. only to a compiled graph around it, or to a forward outside the
 region) still counts when it ran fused-attention kernels: those kernels form a backward call of their
 own, tied to the one call inside the linked op when there is exactly one.
+
+The names each recogniser looks for, and the backends they stand for, are in `call_names`.
 """
 
 from __future__ import annotations
@@ -37,115 +39,30 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import compress
 
 from attnprof.analysis.base import KERNEL
+from attnprof.analysis.instance.call_names import (
+    ENGINE_PREFIX,
+    MODULE_OPS,
+    SDPA_BACKEND_OPS,
+    LedgerNames,
+)
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.names import explain_kernel, short_kernel_name
-from attnprof.analysis.trace.tables import ParsedTrace
 
-SDPA_OP = "aten::scaled_dot_product_attention"
-#: The ops SDPA dispatches to, by backend; their `_backward` ops name the same backend.
-SDPA_BACKEND_OPS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
-    "aten::_flash_attention_forward": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_efficient_attention_forward": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_cudnn_attention_forward": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-}
+#: The backward ops of SDPA's backends: a backward call's backend (`_backward_backend`).
 _BACKWARD_BACKEND_OPS = {
     **{f"{op}_backward": backend for op, backend in SDPA_BACKEND_OPS.items()},
     "aten::_flash_attention_backward": "flash",
     "aten::_efficient_attention_backward": "efficient",
     "aten::_cudnn_attention_backward": "cudnn",
 }
-#: PyTorch's fused attention modules, by op: their backend and their role (see `op_role`), in the
-#: order they are looked for (a multi-head attention op inside an encoder layer op is the call).
-MODULE_OPS = {
-    "aten::_native_multi_head_attention": ("native-mha", "mha"),
-    "aten::_transformer_encoder_layer_fwd": ("encoder-layer", "encoder"),
-}
-#: Backend of a fused-attention kernel found outside an SDPA op, by its name rule's id.
-KERNEL_BACKENDS = {
-    "flex-attention": "flex",
-    "flash-attn-cute": "flash-attn",
-    "flash-attn-3": "flash-attn",
-    "flash-attn-2": "flash-attn",
-    "flash-attn-2-combine": "flash-attn",
-    "triton-attention": "triton",
-}
-#: Ops that only wrap compiled code: a call found inside one is never widened to it.
-CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
 #: A compiled template kernel (FlexAttention's) and the Inductor kernels after it in the same graph that
 #: finish the same call: split-KV decoding's reduction over the partial outputs (`_kernel_calls`).
 TEMPLATE_PREFIX = "triton_tem_"
 CONTINUATION_PREFIXES = ("triton_per_", "triton_red_", "triton_poi_")
-MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
-BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
 MAX_OPS_BEFORE_SOFTMAX = 6
 MAX_OPS_AFTER_SOFTMAX = 3
-ENGINE_PREFIX = "autograd::engine::evaluate_function: "
-#: functorch's vmap records each op it batches under a name holding this (VmappedVmapped...ModIndex):
-#: FlexAttention's `create_block_mask` run eagerly (see `masks`).
-VMAPPED = "Vmapped"
-
-
-def op_role(name: str) -> str | None:
-    """The role of an op, by its name: "sdpa", "mha", "encoder" (`MODULE_OPS`), "matmul", "softmax",
-    "container", or None for any other."""
-    if name == SDPA_OP or name in SDPA_BACKEND_OPS:
-        return "sdpa"
-    module = MODULE_OPS.get(name)
-    if module is not None:
-        return module[1]
-    if name in MATMUL_OPS:
-        return "matmul"
-    if "softmax" in name and "log_softmax" not in name and "backward" not in name:
-        return "softmax"
-    if name.startswith(CONTAINER_PREFIXES):
-        return "container"
-    return None
-
-
-def kernel_backend(name: str) -> str | None:
-    """The backend of a fused-attention kernel outside SDPA (see `KERNEL_BACKENDS`; SDPA's FlashAttention
-    kernels, `pytorch_flash::`, are "flash"); None for any other."""
-    expl = explain_kernel(name)
-    if expl.family != "fused-attention":
-        return None
-    if "pytorch_flash::" in name:  # SDPA's own copy of FlashAttention-2 (e.g. replayed from a CUDA graph)
-        return "flash"
-    return KERNEL_BACKENDS.get(expl.rule or "") or expl.backend or expl.rule or "fused"
-
-
-@dataclass(slots=True)
-class LedgerNames:
-    """What the ledger tests of a trace's names, found once per trace (`index.TraceIndex.ledger`): op
-    roles (`op_role`) and SDPA dispatch backends by op name id, fused-attention backends
-    (`kernel_backend`) by kernel name id. Filled by `ledger_names`, then only read."""
-
-    role: dict[int, str]
-    sdpa_backend: dict[int, str]
-    fused: dict[int, str]
-    batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
-    vmapped: frozenset[int] = frozenset()  # the name ids of the ops holding VMAPPED
-
-
-def ledger_names(trace: ParsedTrace) -> LedgerNames:
-    """The `LedgerNames` of a trace."""
-    names, dev = trace.names, trace.device
-    op_ids = set(trace.cpu_ops.name)
-    kernel_ids = set(compress(dev.name, map(KERNEL.__eq__, dev.kind)))
-    return LedgerNames(
-        role={n: role for n in op_ids if (role := op_role(names[n])) is not None},
-        sdpa_backend={n: SDPA_BACKEND_OPS[names[n]] for n in op_ids if names[n] in SDPA_BACKEND_OPS},
-        fused={n: backend for n in kernel_ids if (backend := kernel_backend(names[n])) is not None},
-        batched=frozenset(n for n in op_ids if names[n] in BATCHED_MATMUL_OPS),
-        vmapped=frozenset(n for n in op_ids if VMAPPED in names[n]),
-    )
 
 
 @dataclass

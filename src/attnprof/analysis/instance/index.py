@@ -46,7 +46,8 @@ from types import MappingProxyType
 from typing import Any
 
 from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
-from attnprof.analysis.instance.calls import Call, LedgerNames, ShapeCalls, ledger_names, shape_calls
+from attnprof.analysis.instance.call_names import LedgerNames, ledger_names
+from attnprof.analysis.instance.calls import Call, ShapeCalls, shape_calls
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.stalls import DeviceTimeline, sync_name_ids
 from attnprof.analysis.trace.tables import ParsedTrace

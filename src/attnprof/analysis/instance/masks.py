@@ -4,7 +4,7 @@ dense mask tensor, with the host and device time the building took (`mask-build`
 Two kinds, told apart by how they show in a trace:
 
 - ``BlockMask``: `create_block_mask` run eagerly shows as functorch's vmapped ops (names holding
-  `calls.VMAPPED`: the mask_mod evaluated over every index), then reductions, sorts and small copies
+  `call_names.VMAPPED`: the mask_mod evaluated over every index), then reductions, sorts and small copies
   that turn the dense block map into the BlockMask's index tensors. The build is the run of ops
   around the vmapped ones at their level that are not attention calls or compiled graphs and launch
   no GEMM or attention kernel; its host time is that run's span (the Python between the ops is part
@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnprof.analysis.base import KERNEL
-from attnprof.analysis.instance.calls import Call, LedgerNames
+from attnprof.analysis.instance.call_names import LedgerNames
+from attnprof.analysis.instance.calls import Call
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import OverheadUnit
 from attnprof.analysis.names import explain_kernel

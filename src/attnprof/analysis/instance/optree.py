@@ -20,7 +20,7 @@ from attnprof.analysis.trace.tables import ParsedTrace
 
 class OpTree:
     """The forward ops of `fwd` with their device work (see the module docstring). `op_names` is the
-    name id of each op of `fwd.ops` and `roles` its role (see `calls.op_role`; None: none); both
+    name id of each op of `fwd.ops` and `roles` its role (see `call_names.op_role`; None: none); both
     may be shared with other instances (see `index.OpFacts`), and are only read."""
 
     def __init__(self, trace: ParsedTrace, fwd: Forward, roles: Sequence[str | None], op_names: Sequence[int]) -> None:
