@@ -67,7 +67,7 @@ def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -
         result: CellResult | ModelResult = CellResult("sdpa", "built-in", SPEC)
         unit = "forward"
     else:
-        result = ModelResult("sdpa", "sdpa", "built-in", "llama", 1, 128, "fwd+bwd", "bf16", "cuda")
+        result = ModelResult("sdpa", "built-in", "sdpa", "llama", 1, 128, "fwd+bwd", "bf16", "cuda")
         unit = "step"
     result.analysis = _Analysis([CPU_BOUND, OTHER], 126.9)  # type: ignore[assignment]
     with patch.object(type(result), "latency_us", property(lambda self: latency)):

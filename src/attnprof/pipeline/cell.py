@@ -30,7 +30,7 @@ from attnprof.errors import (
     one_line,
 )
 from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
-from attnprof.pipeline.measured import CellResult, ModelResult, Throughput
+from attnprof.pipeline.measured import CellResult, Measured, Throughput
 from attnprof.registry import RunSpec, Variant
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def ran_out_of_memory(status: str, reason: str | None) -> bool:
 
 
 @contextmanager
-def phase(result: CellResult | ModelResult, name: str) -> Iterator[None]:
+def phase(result: Measured, name: str) -> Iterator[None]:
     """Add the block's wall time to `result.phases_s[name]`."""
     started = time.perf_counter()
     try:

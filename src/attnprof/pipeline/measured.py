@@ -1,12 +1,14 @@
-"""The typed result of one cell: what was run, how it ended, and every measurement, each in its part.
+"""What a measurement holds while it runs: `Measured`, the parts every row has (status, timing, the trace
+analysis, memory, clock, speed-up, counters, the judge's findings), and its two subjects, `CellResult` (one
+variant at one `RunSpec`) and `ModelResult` (one attention implementation inside a whole model).
 
-`CellResult` is the one object every command renders and exports; `report.serialize` turns it
-into JSON and CSV rows at the edge. A missing measurement is None, never 0.
+`pipeline.rows` makes the one typed `results.schema.Row` of either when the measurement ends. A missing
+measurement is None, never 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,55 +63,78 @@ class Placement:
 
 
 @dataclass
-class CellResult:
-    """The outcome of one variant at one spec. `status` is ok, skipped or failed; `reason` says why not ok.
-
-    Parts are None when they were not measured: `timing`, `memory_mib` and `throughput` with
-    `--no-timing`, `check` when the cell failed before its output existed, `grad_check` outside
-    the backward modes (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `clock` without
+class Measured:
+    """What a cell and a model row both hold. `status` is ok, skipped or failed; `reason` says why not ok.
+    Parts are None when they were not measured: `timing` and `memory_mib` with `--no-timing`, `clock` without
     nvidia-smi, `analysis` when no trace was analysed, `counters` without `--ncu` (or when Nsight Compute
-    could not measure the cell). `retimed` counts the samples thrown away
-    because they were unstable (`timing` is the last one). `speedup_reliable` is False when the
-    speed-up rests on a latency that is unstable, the variant's or the baseline's. With `--ncu`,
-    `ncu_report` is the Nsight Compute report of the cell's step and `ncu_note` says why it has no counters.
-    """
+    could not measure it; `ncu_note` then says why, `ncu_report` is the report its pass wrote).
+    `speedup_reliable` is False when the speed-up rests on an unstable latency, its own or the baseline's."""
 
     variant: str
     source: str
-    spec: RunSpec
+    _: KW_ONLY
     status: Status = "ok"
     reason: str | None = None
     timing: Timing | None = None
-    check: Check | None = None
-    grad_check: GradCheck | None = None
-    memory_mib: float | None = None
-    nan_on_fully_masked: bool | None = None
-    dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
-    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
-    clock: ClockWindow | None = None
-    throughput: Throughput | None = None
     analysis: TraceAnalysis | None = None
-    backend: str | None = None
+    memory_mib: float | None = None
+    clock: ClockWindow | None = None
     speedup_vs_baseline: float | None = None
     speedup_reliable: bool | None = None
-    retimed: int = 0
     trace_path: Path | None = None
-    key_averages_table: str | None = None
-    phases_s: dict[str, float] = field(default_factory=dict)
     timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
-    warnings: list[str] = field(default_factory=list)  # Python warnings raised during the cell, one line each
+    phases_s: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # Python warnings (and library logs) raised, one line each
     native_stderr: list[str] = field(default_factory=list)  # what the profiler's native code printed
-    placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
-    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
     counters: CellCounters | None = None  # hardware counters from Nsight Compute (--ncu); None without
-    ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the cell's step, beside its trace
-    ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
-    by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
+    ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the step, beside its trace
+    ncu_note: str | None = None  # --ncu: why there are no counters (one line); None when there are
 
     @property
     def ok(self) -> bool:
-        """True when the cell ran and passed its checks."""
+        """True when it ran to the end (and, for a cell, passed its checks)."""
         return self.status == "ok"
+
+    @property
+    def latency_us(self) -> float | None:
+        """The median latency outside the profiler, or None when not timed."""
+        return self.timing.median_us if self.timing else None
+
+    def verdict(self) -> Verdict:
+        """What the judge reads of it (`row_verdict`)."""
+        raise NotImplementedError
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Its final findings: what the judge (`analysis.findings.judge`) makes of its `verdict`."""
+        from attnprof.analysis.findings import judge
+
+        return judge(self.verdict())
+
+
+@dataclass
+class CellResult(Measured):
+    """The outcome of one variant at one spec (see `Measured` for what every row holds).
+
+    `check` is None when the cell failed before its output existed, `grad_check` outside the backward modes
+    (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `throughput` without timing or a ceiling.
+    `retimed` counts the samples thrown away because they were unstable (`timing` is the last one).
+    """
+
+    spec: RunSpec
+    _: KW_ONLY
+    check: Check | None = None
+    grad_check: GradCheck | None = None
+    nan_on_fully_masked: bool | None = None
+    dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
+    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
+    throughput: Throughput | None = None
+    backend: str | None = None
+    retimed: int = 0
+    key_averages_table: str | None = None
+    placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
+    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
+    by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
 
     def verdict(self) -> Verdict:
         """What the judge reads of the cell (see `row_verdict`), with its variant's `by_design` ids, the unit
@@ -118,22 +143,10 @@ class CellResult:
         return row_verdict(self, unit, self.by_design, self.mask_alternatives)
 
     @property
-    def findings(self) -> list[Finding]:
-        """The cell's final findings: what the judge (`analysis.findings.judge`) makes of its `verdict`."""
-        from attnprof.analysis.findings import judge
-
-        return judge(self.verdict())
-
-    @property
     def passed(self) -> bool | None:
         """Whether the output (and, in the backward modes, the gradients) matched float64; None unchecked."""
         checks = [c for c in (self.check, self.grad_check) if c is not None]
         return all(c.passed for c in checks) if checks else None
-
-    @property
-    def latency_us(self) -> float | None:
-        """The median latency outside the profiler, or None when not timed."""
-        return self.timing.median_us if self.timing else None
 
     @property
     def kernel_tflops(self) -> float | None:
@@ -153,7 +166,7 @@ class CellResult:
 
 
 def row_verdict(
-    result: CellResult | ModelResult,
+    result: Measured,
     unit: str,
     by_design: frozenset[str] = frozenset(),
     alternatives: list[MaskAlternative] | None = None,
@@ -213,7 +226,7 @@ def _basis(cell: SpeedCell) -> tuple[str, float] | None:
     return None
 
 
-def unstable(result: CellResult | ModelResult) -> bool:
+def unstable(result: Measured) -> bool:
     """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
     return result.timing is not None and result.timing.unstable
 
@@ -253,27 +266,25 @@ def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
 
 
 @dataclass
-class ModelResult:
-    """One row of `attnprof model`: one attention implementation inside a whole model, at one seq and mode.
+class ModelResult(Measured):
+    """One row of `attnprof model`: one attention implementation inside a whole model, at one seq and mode
+    (see `Measured` for what every row holds).
 
     `variant` is the implementation as the user named it, `implementation` what the model was given
     (`attnprof:NAME` for an attnprof variant; None for a model profiled as built). `seq` is None for a
     factory model whose inputs the factory chose; `heads`, `kv_heads` and `head_dim` are None where the
     model does not state them. `logits` compares the logits with the baseline implementation's (None
-    for the baseline itself and when either is missing). Missing measurements are None, never 0.
+    for the baseline itself and when either is missing).
     """
 
-    variant: str
     implementation: str | None
-    source: str
     model: str
     batch: int
     seq: int | None
     mode: str
     dtype: str
     device: str
-    status: Status = "ok"
-    reason: str | None = None
+    _: KW_ONLY
     params: int | None = None
     heads: int | None = None
     kv_heads: int | None = None
@@ -281,42 +292,11 @@ class ModelResult:
     causal: bool | None = None
     mask: str | None = None  # the mask every attention implementation ran (None: the model's own, unknown)
     score_mod: str | None = None
-    timing: Timing | None = None
-    analysis: TraceAnalysis | None = None
-    memory_mib: float | None = None
     logits: LogitsDiff | None = None
-    clock: ClockWindow | None = None
-    speedup_vs_baseline: float | None = None
-    speedup_reliable: bool | None = None
-    trace_path: Path | None = None
-    timing_window: tuple[float, float] | None = None
-    phases_s: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    native_stderr: list[str] = field(default_factory=list)
-    counters: CellCounters | None = None  # hardware counters of its attention kernels (--ncu); None without
-    ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the row's attention kernels
-    ncu_note: str | None = None  # --ncu: why the row has no counters (one line); None when it has them
-
-    @property
-    def ok(self) -> bool:
-        """True when the row ran to the end."""
-        return self.status == "ok"
 
     def verdict(self) -> Verdict:
         """What the judge reads of the row (see `row_verdict`); a training step's instance is a step."""
         return row_verdict(self, "forward" if self.mode == "fwd" else "step")
-
-    @property
-    def findings(self) -> list[Finding]:
-        """The row's final findings: what the judge (`analysis.findings.judge`) makes of its `verdict`."""
-        from attnprof.analysis.findings import judge
-
-        return judge(self.verdict())
-
-    @property
-    def latency_us(self) -> float | None:
-        """The median latency of the whole step, or None when not timed."""
-        return self.timing.median_us if self.timing else None
 
     @property
     def shape(self) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.pipeline.measured import CellResult, Measured, ModelResult
 from attnprof.results.parts import Analysis, MaskAlternative
 from attnprof.results.records import analysis_record, finding_of, finding_record
 from attnprof.results.schema import SCHEMA_VERSION, Document, Row
@@ -80,7 +80,7 @@ def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> di
     }
 
 
-def _timing_fields(result: CellResult | ModelResult) -> dict[str, Any]:
+def _timing_fields(result: Measured) -> dict[str, Any]:
     timing = result.timing
     if timing is None:
         return {}
@@ -100,7 +100,7 @@ def _timing_fields(result: CellResult | ModelResult) -> dict[str, Any]:
     }
 
 
-def _shared_fields(result: CellResult | ModelResult) -> dict[str, Any]:
+def _shared_fields(result: Measured) -> dict[str, Any]:
     """What a cell's row and a model's row both take the same way; its findings are the judge's."""
     from attnprof.analysis.findings import judge
 

@@ -29,7 +29,7 @@ from attnprof.results.parts import (
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.analysis.findings import Finding
-    from attnprof.analysis.instance.ledger import AttentionLedger
+    from attnprof.analysis.instance.ledger_summary import AttentionLedger
 
 RecordT = TypeVar("RecordT", bound=msgspec.Struct)
 
