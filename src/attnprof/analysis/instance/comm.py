@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
@@ -33,7 +33,6 @@ _COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)(?:Dev)?Kernel", re.IGNORE
 COMM_OP_PREFIX = "c10d::"  # the ops torch.distributed records for each collective or send/recv call
 
 Interval = tuple[float, float]
-TIME_DIGITS = {"comm_time_us": 3, "compute_time_us": 3, "overlapped_us": 3, "exposed_us": 3, "overlap_pct": 1}
 
 
 def is_comm_kernel(name: str) -> bool:
@@ -111,13 +110,6 @@ class CommStats:
     overlapped_us: float | None = None
     exposed_us: float | None = None
     overlap_pct: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON fields, times rounded to ns and the overlap to 0.1%."""
-        data = asdict(self)
-        for key, digits in TIME_DIGITS.items():
-            data[key] = None if data[key] is None else round(data[key], digits)
-        return data
 
 
 def forward_comm(attribution: Attribution, fwd: Forward) -> ForwardComm:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from attnprof.analysis.attribution.forward import Forward
 from attnprof.analysis.trace.decoding import input_type_value
@@ -42,17 +41,6 @@ class CpuOpStats:
     self_cpu_pct: float | None
     cpu_total_us: float
     input_shapes: str | None  # its commonest recorded input shapes, e.g. "2x32x64, 192x64"; None without
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON fields, times rounded to ns."""
-        return {
-            "name": self.name,
-            "calls_per_forward": self.calls_per_forward,
-            "self_cpu_us": round(self.self_cpu_us, 3),
-            "self_cpu_pct": None if self.self_cpu_pct is None else round(self.self_cpu_pct, 2),
-            "cpu_total_us": round(self.cpu_total_us, 3),
-            "input_shapes": self.input_shapes,
-        }
 
 
 def op_times(trace: ParsedTrace, fwd: Forward) -> dict[int, OpTimes]:

@@ -1,10 +1,11 @@
-"""The attention ledger over the instances (`summarize`), and its JSON (`AttentionLedger`).
+"""The attention ledger over the instances (`summarize`): `AttentionLedger`.
 
 Over the instances' ledgers (`ledger.ForwardLedger`): counts are low medians, times medians; the
 calls listed are those of the first instance that has the median number of calls, each with the
 median time of its position over the instances that ran the same calls.
 
-`AttentionLedger.to_dict()` is the JSON contract of `TraceAnalysis.to_dict()["attention"]`:
+Its JSON is `results.parts.AttentionRecord` (`results.records.attention_record`), the `attention` of a row
+and of `attnprof analyze`:
 
     time_base              what the times measure: "device" (the calls' device work), or "cpu" in a
                            CPU-only trace (the calls' ops on the CPU: a single op's duration, else
@@ -145,47 +146,6 @@ class AttentionLedger:
     def backends_text(self) -> str:
         """The backends as "cudnn:2" ("eager:1 flex:1" for several); "" without calls."""
         return " ".join(f"{backend}:{n}" for backend, n in self.backends.items())
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON contract (see the module docstring)."""
-
-        def r(value: float | None) -> float | None:
-            return None if value is None else round(value, 3)
-
-        def r2(value: float | None) -> float | None:
-            return None if value is None else round(value, 2)
-
-        return {
-            "time_base": self.time_base,
-            "calls_per_forward": self.calls_per_forward,
-            "backends": dict(self.backends),
-            "kernel_time_us": r(self.kernel_time_us),
-            "backward_kernel_time_us": r(self.backward_kernel_time_us),
-            "gpu_time_pct": r2(self.gpu_time_pct),
-            "cpu_time_pct": r2(self.cpu_time_pct),
-            "overhead_us": None if self.time_base == "cpu" else r(self.overhead_us),
-            "bytes_per_forward": self.bytes_per_forward,
-            "achieved_gbps": r(self.achieved_gbps),
-            "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(self.achieved_gbps)),
-            "read_bandwidth_gbps": r(self.read_bandwidth_gbps),
-            "read_bandwidth_basis": self.read_bandwidth_basis,
-            "read_bandwidth_source": self.read_bandwidth_source,
-            "calls": [
-                {
-                    "op": c.op,
-                    "backend": c.backend,
-                    "phase": c.phase,
-                    "kernels": list(c.kernels),
-                    "time_us": r(c.time_us),
-                    "bytes": c.traffic.bytes if c.traffic else None,
-                    "achieved_gbps": r(c.achieved_gbps),
-                    "pct_of_read_bandwidth": r2(self.pct_of_read_bandwidth(c.achieved_gbps)),
-                    "forward_call": c.forward_call,
-                }
-                for c in self.calls
-            ],
-            "overhead": [dict(item) for item in self.overhead],
-        }
 
 
 def summarize(ledgers: list[ForwardLedger]) -> AttentionLedger:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import add
-from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
 from attnprof.analysis.base import KERNEL, KIND_NAMES, MEMCPY, MEMSET
@@ -150,16 +149,6 @@ class KernelStats:
     def is_dtod_memcpy(self) -> bool:
         """True for a device-to-device memcpy."""
         return self.kind == KIND_NAMES[MEMCPY] and is_dtod(self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON fields (ordering and launch-op bookkeeping left out)."""
-        data = asdict(self)
-        data.pop("first_seen")
-        data.pop("forwards_run")
-        data.pop("total_count")
-        data.pop("launch_ops")
-        data.pop("flops_per_forward")
-        return data
 
 
 def _counter() -> Counter:
