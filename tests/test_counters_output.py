@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_html_report import Page
 from tracegen import BF16, TraceBuilder
@@ -17,11 +18,13 @@ from attnprof.analysis.counters import counters_for_cell, load_counters
 from attnprof.analysis.roofline import attention_flops
 from attnprof.config import parse_config
 from attnprof.pipeline.measured import CellResult
-from attnprof.pipeline.rows import results_document
+from attnprof.pipeline.rows import cell_row, results_document
 from attnprof.registry import RunSpec
 from attnprof.report.counters_tables import Counted, counted, counters_report
 from attnprof.report.run_tables import run_report
 from attnprof.report.tables import compare_report
+from attnprof.results.files import to_json
+from attnprof.results.schema import Document
 
 DATA = Path(__file__).parent / "data" / "h200"
 NCU = DATA / "ncu"
@@ -76,7 +79,8 @@ def counted_rows(variants: tuple[str, ...] = VARIANTS) -> list[CellResult]:
     return rows
 
 
-def document(rows: list[CellResult]) -> dict:
+def document(rows: list[CellResult]) -> Document:
+    """The compare document of these cells as its file holds it: JSON text decoded back into typed rows."""
     config = parse_config(
         {
             "device": "cuda",
@@ -86,7 +90,8 @@ def document(rows: list[CellResult]) -> dict:
             "shapes": [{"batch": 1, "heads": 64, "seq": 16384, "head_dim": 128, "kv_heads": 8}],
         }
     )
-    return json.loads(json.dumps(results_document("compare", config, {"gpu_name": "NVIDIA H200"}, None, rows, False)))
+    written = results_document("compare", config, {"gpu_name": "NVIDIA H200"}, None, [cell_row(r) for r in rows], False)
+    return msgspec.json.decode(to_json(written), type=Document)
 
 
 # --------------------------------------------------------------------------- analyze --ncu-report
@@ -191,7 +196,7 @@ def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
 
 
 def test_compare_and_run_print_the_counters_and_the_counter_findings():
-    entries = document(counted_rows())["results"]
+    entries = document(counted_rows()).results
     text = compare_report(entries, "table", "sdpa-cudnn", 120)
     assert "Kernel counters (Nsight Compute)" in text
     assert all(line == line.rstrip() and len(line) <= 120 for line in text.splitlines())
@@ -200,12 +205,12 @@ def test_compare_and_run_print_the_counters_and_the_counter_findings():
     run = run_report(entries[2], None, "table", 120)
     assert "Kernel counters (Nsight Compute)" in run and "_attn_fwd" in run and "left out" in run
     assert "Kernel counters" not in compare_report(
-        document([CellResult("sdpa", "built-in", SPEC)])["results"], "table", None, 120
+        document([CellResult("sdpa", "built-in", SPEC)]).results, "table", None, 120
     )
 
 
 def test_markdown_has_the_full_table():
-    entries = document(counted_rows(("flex",)))["results"]
+    entries = document(counted_rows(("flex",))).results
     text = compare_report(entries, "markdown", None, 120)
     assert "### Kernel counters (Nsight Compute)" in text
     assert "| triton_tem_fused_flex_attention_0 |" in text
@@ -218,7 +223,7 @@ def test_markdown_has_the_full_table():
 def test_the_html_report_has_the_counters_section(cli, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(document(counted_rows())))
+    path.write_text(to_json(document(counted_rows())))
     result = cli("report", str(path), "-o", str(tmp_path / "report.html"))
     assert result.exit_code == 0, result.output
     page_ = Page((tmp_path / "report.html").read_text())
@@ -239,14 +244,14 @@ def test_the_html_report_has_the_counters_section(cli, tmp_path):
 def test_no_counters_no_section():
     from attnprof.report.html import counters_section
 
-    assert counters_section(document([CellResult("sdpa", "built-in", SPEC)])["results"]) == ""
+    assert counters_section(document([CellResult("sdpa", "built-in", SPEC)]).results) == ""
 
 
 def test_the_roofline_plot_places_every_counted_kernel():
     pytest.importorskip("matplotlib")
     from attnprof.report.plots import figures
 
-    drawn, skipped = figures(document(counted_rows())["results"], ["roofline"])
+    drawn, skipped = figures(document(counted_rows()).results, ["roofline"])
     assert list(drawn) == ["roofline"] and not skipped
     (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     # one kernel per cell: colour and marker name it, so the points go unlabelled
@@ -259,7 +264,7 @@ def test_the_roofline_plot_places_every_counted_kernel():
     }
     flops = 4.0 * 64 * 128 * 16384 * 16385 / 2
     assert (round(flops / (2.140049e9 + 252_116_224)), round(flops / 8237.856e-6 / 1e12)) in points
-    _, skipped = figures(document([CellResult("sdpa", "built-in", SPEC)])["results"], ["roofline"])
+    _, skipped = figures(document([CellResult("sdpa", "built-in", SPEC)]).results, ["roofline"])
     assert skipped == {"roofline": "no row has hardware counters (--ncu)"}
 
 
@@ -275,7 +280,7 @@ def test_the_roofline_names_the_kernels_of_a_cell_that_runs_several():
     result = CellResult("triton-flash", "built-in", spec)
     report = NCU / "triton-flash-bwd.raw.csv"
     result.counters = counters_for_cell(load_counters(report), spec, None, seconds=19.0, report_path=str(report))
-    drawn, _ = figures(document([result])["results"], ["roofline"])
+    drawn, _ = figures(document([result]).results, ["roofline"])
     (ax,) = [ax for ax in drawn["roofline"].axes if ax.get_xlabel()]
     labels = [text.get_text() for text in ax.texts]
     assert sorted(labels) == ["_attn_bwd_dkdv", "_attn_bwd_dq", "ridge 206"], labels

@@ -22,6 +22,7 @@ from attnprof.report.analysis_tables import analyze_report, render_analysis
 from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
 from attnprof.report.tables import compare_report
+from attnprof.results.parts import FindingRecord
 from attnprof.stats import median
 
 H200 = Path(__file__).parent / "data" / "h200"
@@ -55,7 +56,8 @@ def test_a_hidden_memcpy_costs_the_copies_device_time() -> None:
     assert copies > 3_000 and finding.impact_us == pytest.approx(copies)
     assert finding.impact_pct == pytest.approx(100 * copies / analysis.gpu_time_us)  # GPU-bound: the GPU's time
     assert finding.to_dict() == {"id": "hidden-memcpy", "message": finding.message, "severity": "problem",
-                                 "impact_us": round(copies, 3), "impact_pct": round(finding.impact_pct, 2)}
+                                 "impact_us": round(copies, 3), "impact_pct": round(finding.impact_pct, 2),
+                                 "evidence": finding.evidence}
 
 
 def test_fp32_gemms_cost_their_time_beyond_their_flops_at_the_measured_ceiling() -> None:
@@ -263,19 +265,19 @@ def test_compare_ends_with_the_findings_that_cost_the_most() -> None:
     look = text[text.index("What to look at"):].splitlines()
     lines = [line[2:] for line in look if line.startswith("- ")]
     expected = sorted(
-        ((e["variant"], e["shape"], f) for e in entries for f in e["findings"] if (f["impact_us"] or 0) > 0),
-        key=lambda t: (t[2]["impact_pct"], t[2]["impact_us"]), reverse=True,
+        ((e.variant, e.shape, f) for e in entries for f in e.findings if (f.impact_us or 0) > 0),
+        key=lambda t: (t[2].impact_pct, t[2].impact_us), reverse=True,
     )[:5]
     assert len(lines) == 5
     for line, (variant, shape, finding) in zip(lines, expected, strict=True):
-        assert line == f"{finding['id']} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
+        assert line == f"{finding.id} on {variant}, {shape} bf16 causal fwd: {impact_text(finding, 'forward')}"
     assert {"4x16x8192x128", "8x16x1024x64"} <= {line.split(", ")[1].split()[0] for line in lines}
     assert all(FINDINGS.get(line.split()[0]).severity == "problem" for line in lines)
 
 
 def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() -> None:
-    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> dict:
-        return {"id": fid, "message": "", "severity": severity, "impact_us": us, "impact_pct": pct}
+    def finding(fid: str, us: float | None, pct: float | None, severity: str = "problem") -> FindingRecord:
+        return FindingRecord(id=fid, message="", severity=severity, impact_us=us, impact_pct=pct)
 
     found = ranked([
         ("a, 8x16x1024x64 bf16 causal fwd", "forward", [finding("cpu-bound", 50.0, 40.0),
@@ -283,7 +285,7 @@ def test_what_to_look_at_ranks_by_share_and_leaves_out_what_is_not_measured() ->
                                                       finding("hidden-memcpy", 0.0, 0.0)]),
         ("b, 4x16x8192x128 bf16 causal fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)]),
     ])
-    assert [(r.cell[0], r.finding["id"]) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
+    assert [(r.cell[0], r.finding.id) for r in found] == [("a", "cpu-bound"), ("b", "hidden-memcpy")]
     text = what_to_look_at([("b, x fwd+bwd", "step", [finding("hidden-memcpy", 4_000.0, 9.0)])], "markdown", None)
     assert text.splitlines()[0] == "### What to look at"
     assert "1. hidden-memcpy on b, x fwd+bwd: 4,000 µs per step (9% of the step)" in text

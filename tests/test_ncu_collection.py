@@ -68,7 +68,7 @@ def variants():
 
 
 def rows(outcome):
-    return {row["variant"]: row for row in outcome.document["results"]}
+    return {row.variant: row for row in outcome.document.results}
 
 
 # --------------------------------------------------------------------------- the command and one pass
@@ -178,19 +178,19 @@ def test_each_cell_runs_again_under_ncu_after_its_measurement(config, fake, read
         assert done[2][1] <= counters[4]  # the timing window closed before the pass began
     for call, (variant, report, seconds) in zip(fake.passes(), read, strict=True):
         row = by_variant[variant]
-        assert row["status"] == "ok" and row["latency_us"] > 0 and row["ncu_note"] is None
-        assert Path(row["ncu_report"]) == report and report.parent == Path(row["trace"]).parent
-        assert report.name == Path(row["trace"]).name.removesuffix(".json.gz") + ".ncu-rep"
-        assert row["phases_s"]["ncu"] >= seconds > 0
+        assert row.status == "ok" and row.latency_us > 0 and row.ncu_note is None
+        assert Path(row.ncu_report) == report and report.parent == Path(row.trace).parent
+        assert report.name == Path(row.trace).name.removesuffix(".json.gz") + ".ncu-rep"
+        assert row.phases_s["ncu"] >= seconds > 0
         job = child_job(call)
         assert job["cell"]["variant"] == variant and job["cell"]["seed"] == config.seed and job["no_plugins"]
         assert RunSpec(**job["cell"]["spec"]) == next(s for v, s in plan_cells(config, variants(), "cpu")
                                                       if v.name == variant)
         assert call[call.index("--launch-count") + 1] == "16" and "--kernel-name" not in call
         assert call[-4:-1] == [sys.executable, "-m", "attnprof.pipeline.ncu_child"]
-    summary = outcome.document["ncu"]
+    summary = outcome.document.ncu
     assert (summary["passes"], summary["with_counters"], summary["notes"]) == (2, 2, []) and summary["seconds"] > 0
-    assert outcome.document["measure"]["ncu"] is True
+    assert outcome.document.measure["ncu"] is True
 
 
 def test_one_failing_pass_loses_nothing_else(config, fake, read) -> None:
@@ -198,36 +198,36 @@ def test_one_failing_pass_loses_nothing_else(config, fake, read) -> None:
     outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
     assert outcome is not None and code == 0
     naive, math = rows(outcome)["naive"], rows(outcome)["sdpa-math"]
-    assert naive["status"] == math["status"] == "ok" and naive["latency_us"] > 0 and naive["speedup_vs_baseline"]
-    assert naive["ncu_report"] is None and naive["ncu_note"].startswith("the cell ran out of memory under Nsight")
-    assert math["ncu_note"] is None and Path(math["ncu_report"]).is_file()
+    assert naive.status == math.status == "ok" and naive.latency_us > 0 and naive.speedup_vs_baseline
+    assert naive.ncu_report is None and naive.ncu_note.startswith("the cell ran out of memory under Nsight")
+    assert math.ncu_note is None and Path(math.ncu_report).is_file()
     assert [variant for variant, _, _ in read] == ["sdpa-math"]
-    assert len(fake.passes()) == 2 and outcome.document["ncu"]["notes"] == [naive["ncu_note"]]
+    assert len(fake.passes()) == 2 and outcome.document.ncu["notes"] == [naive.ncu_note]
 
 
 def test_a_run_wide_refusal_stops_the_passes_after_the_first(config, fake, read) -> None:
     fake.behave("permission")
     outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
     assert outcome is not None and code == 0
-    notes = {row["ncu_note"] for row in outcome.document["results"]}
+    notes = {row.ncu_note for row in outcome.document.results}
     assert len(notes) == 1 and "ERR_NVGPUCTRPERM" in notes.pop()
-    assert len(fake.passes()) == 1 and read == [] and outcome.document["ncu"]["passes"] == 1
+    assert len(fake.passes()) == 1 and read == [] and outcome.document.ncu["passes"] == 1
 
 
 def test_without_ncu_every_row_says_so_once_and_no_pass_runs(config, tmp_path, monkeypatch, read) -> None:
     monkeypatch.setenv("ATTNPROF_NCU", str(tmp_path / "missing-ncu"))
     outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
     assert outcome is not None and code == 0
-    notes = [row["ncu_note"] for row in outcome.document["results"]]
+    notes = [row.ncu_note for row in outcome.document.results]
     assert notes[0] == notes[1] and f"ATTNPROF_NCU={tmp_path / 'missing-ncu'} is not an executable file" in notes[0]
-    assert outcome.document["ncu"] == {"passes": 0, "with_counters": 0, "seconds": 0.0, "notes": [notes[0]]}
+    assert outcome.document.ncu == {"passes": 0, "with_counters": 0, "seconds": 0.0, "notes": [notes[0]]}
 
 
 def test_on_cpu_no_pass_runs(config, fake) -> None:
     outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
     assert outcome is not None and code == 0
-    assert [row["ncu_note"] for row in outcome.document["results"]] == [CPU_NOTE, CPU_NOTE]
-    assert fake.calls == [] and all(row["latency_us"] > 0 for row in outcome.document["results"])
+    assert [row.ncu_note for row in outcome.document.results] == [CPU_NOTE, CPU_NOTE]
+    assert fake.calls == [] and all(row.latency_us > 0 for row in outcome.document.results)
 
 
 def test_a_resumed_run_keeps_the_reports_of_its_finished_cells(config, fake, read) -> None:
@@ -239,7 +239,7 @@ def test_a_resumed_run_keeps_the_reports_of_its_finished_cells(config, fake, rea
     cut_short = [cells[0], (replace(cells[1][0], forward=interrupt), cells[1][1])]
     first, code = run_job(Job("compare", config, "cpu", WITH_NCU, cut_short))
     assert first is not None and code == 130
-    kept_report = first.document["results"][0]["ncu_report"]
+    kept_report = first.document.results[0].ncu_report
     assert kept_report and len(fake.passes()) == 1
     previous = open_previous(first.folder.dir, "compare")
     measure = inherit_measure(MeasureOptions(min_time_s=0.02), previous)  # --ncu left out: the earlier run's
@@ -247,7 +247,7 @@ def test_a_resumed_run_keeps_the_reports_of_its_finished_cells(config, fake, rea
     resumed = resume_rows(previous, config, measure, "cpu", cells)
     final, code = run_job(Job("compare", config, "cpu", measure, cells, previous, resumed.rows))
     assert final is not None and code == 0
-    reports = [row["ncu_report"] for row in final.document["results"]]
+    reports = [row.ncu_report for row in final.document.results]
     assert reports[0] == kept_report and reports[1] and Path(reports[1]).is_file()
     assert len(fake.passes()) == 2  # only the missing cell ran again
 
@@ -361,8 +361,8 @@ def test_the_child_command_runs_a_cell_in_a_process_of_its_own(config, fake, rea
     outcome, code = run_job(Job("compare", config.model_copy(update={"variants": ["naive"], "baseline": None}),
                                 "cpu", WITH_NCU, plan_cells(config, variants()[:1], "cpu")))
     assert outcome is not None and code == 0
-    row = outcome.document["results"][0]
-    assert row["ncu_note"] is None and Path(row["ncu_report"]).is_file()
+    row = outcome.document.results[0]
+    assert row.ncu_note is None and Path(row.ncu_report).is_file()
 
 
 def test_a_child_whose_cell_cannot_run_says_why_in_one_line() -> None:
@@ -437,24 +437,24 @@ def test_a_passs_report_is_read_into_its_rows_counters(config, fake, monkeypatch
     cells = plan_cells(config, variants(), "cpu")
     outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, cells))
     assert outcome is not None and code == 0
-    for row in outcome.document["results"]:
-        assert row["ncu_note"] is None
-        report = Path(row["ncu_report"])
+    for row in outcome.document.results:
+        assert row.ncu_note is None
+        report = Path(row.ncu_report)
         assert report.with_name(report.name.removesuffix(".ncu-rep") + ".raw.csv").is_file()
-        counters = row["counters"]
+        counters = row.counters
         assert [k["short_name"] for k in counters["kernels"]] == ["flash_fwd_kernel"]
         assert counters["kernels"][0]["dram_read_bytes"] > 0
-        assert counters["report_path"] == str(report) and 0 < counters["seconds"] <= row["phases_s"]["ncu"]
-        assert row["ncu_seconds"] == pytest.approx(counters["seconds"], abs=1e-3)
-    assert outcome.document["ncu"]["with_counters"] == 2
+        assert counters["report_path"] == str(report) and 0 < counters["seconds"] <= row.phases_s["ncu"]
+        assert row.ncu_seconds == pytest.approx(counters["seconds"], abs=1e-3)
+    assert outcome.document.ncu["with_counters"] == 2
     assert [call[0] for call in fake.calls] == ["--profile-from-start", "--import"] * 2
 
     previous = open_previous(outcome.folder.dir, "compare")
     resumed = resume_rows(previous, config, WITH_NCU, "cpu", cells)
     final, _ = run_job(Job("compare", config, "cpu", WITH_NCU, cells, previous, resumed.rows))
     assert final is not None and len(fake.passes()) == 2  # nothing ran again
-    assert [row["counters"] for row in final.document["results"]] == [
-        row["counters"] for row in outcome.document["results"]]
+    assert [row.counters for row in final.document.results] == [
+        row.counters for row in outcome.document.results]
 
 
 def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_path, isolated_cache) -> None:
