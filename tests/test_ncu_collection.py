@@ -421,7 +421,7 @@ def test_a_model_rows_counters_count_the_flops_of_one_forward_call() -> None:
     from attnprof.pipeline.counters import model_spec
     from attnprof.pipeline.measured import ModelResult
 
-    row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=2, seq=256, mode="fwd", dtype="bf16",
+    row = ModelResult("sdpa", "transformers", "sdpa", "llama", batch=2, seq=256, mode="fwd", dtype="bf16",
                       device="cuda:0", heads=16, kv_heads=4, head_dim=64, causal=True, mask="causal")
     assert model_spec(row) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, 4, causal=True)
     assert model_spec(replace(row, kv_heads=16)) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, causal=True)
@@ -467,7 +467,7 @@ def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_pa
     from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
 
     page = Path(__file__).parent / "data" / "h200" / "ncu" / "sdpa-cudnn-fwd.raw.csv"
-    row = ModelResult("sdpa", "sdpa", "transformers", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",
+    row = ModelResult("sdpa", "transformers", "sdpa", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",
                       device="cuda:0", heads=64, kv_heads=8, head_dim=128, causal=True, mask="causal")
     attach_counters(row, page, 1.0, None, Path("ncu"))
     assert row.counters is not None and row.counters.peaks.basis == "datasheet"
