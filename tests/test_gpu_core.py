@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnprof.plugins import load_variants
+from attnprof.results.parts import KernelRecord
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -38,7 +39,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     results = {}
     for name in BUILTINS:
         result = run_cell(registry.get(name), spec, config, measure, ceiling)
-        entry = cell_row(result)  # the fields as JSON carries them
+        entry = cell_row(result)  # the typed row: the fields as JSON carries them
         results[name] = SimpleNamespace(status=result.status, reason=result.reason, trace_path=result.trace_path,
                                         analysis=entry, measures=entry)
     return results
@@ -48,9 +49,9 @@ def findings(result) -> set[str]:
     return {f.id for f in result.analysis.findings}
 
 
-def kernels(result) -> list[dict]:
+def kernels(result) -> list[KernelRecord]:
     """Kernel entries only (memcpy and memset entries are listed too, with another `kind`)."""
-    return [k for k in result.analysis.kernels if k.get("kind", "kernel") == "kernel"]
+    return [k for k in result.analysis.kernels if k.kind == "kernel"]
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -60,8 +61,8 @@ def test_every_builtin_runs_and_is_correct(results: dict, name: str) -> None:
     assert result.analysis.forwards == 3
     assert result.analysis.kernels_per_forward >= 1
     assert result.analysis.gpu_time_us > 0 and result.analysis.cpu_time_us > 0
-    assert result.measures["passed"] is True
-    assert 0 < result.measures["latency_us"] < 1e6
+    assert result.measures.passed is True
+    assert 0 < result.measures.latency_us < 1e6
     assert Path(result.trace_path).stat().st_size > 0
 
 
@@ -112,14 +113,14 @@ def test_flash_and_efficient_transpose_on_the_cpu_only(results: dict) -> None:
 
 
 def test_sdpa_reports_the_backend_it_dispatched_to(results: dict) -> None:
-    assert results["sdpa"].measures["backend"] in {"flash", "efficient", "cudnn"}
+    assert results["sdpa"].measures.backend in {"flash", "efficient", "cudnn"}
 
 
 def test_throughput_and_memory_are_measured(results: dict) -> None:
     flash = results["sdpa-flash"].measures
     assert flash.tflops > 0 and 0 < flash.pct_of_peak < 100
     assert flash.peak_memory_mib is not None
-    assert results["naive"].measures["peak_memory_mib"] > flash.peak_memory_mib  # naive materialises [S, S]
+    assert results["naive"].measures.peak_memory_mib > flash.peak_memory_mib  # naive materialises [S, S]
 
 
 LEDGER_BACKENDS = {"naive": "eager", "inplace": "eager", "compiled": "eager", "flex": "flex", "sdpa-math": "math",
@@ -133,5 +134,5 @@ def test_every_builtin_is_one_attention_call_in_the_ledger(results: dict, name: 
     assert row.attention_calls_per_forward == 1 and row.attention_backends == f"{backend}:1"
     shares = (name, row.attention_time_us, row.gpu_time_us, row.attention_gpu_pct)
     assert 0 < row.attention_time_us <= row.gpu_time_us and 50 < row.attention_gpu_pct <= 100, shares
-    assert row.attention["calls"][0]["phase"] == "forward"
+    assert row.attention.calls[0].phase == "forward"
     assert not {"gpu-idle", "attention-overhead", "host-sync"} & findings(results[name])

@@ -43,6 +43,11 @@ def _config(tmp_path: Path, shapes: list[dict], variants: list[str]) -> Path:
     return path
 
 
+def _ids(row: dict) -> list[str]:
+    """The ids of a JSON row's findings, in order (the CSV's `findings` column)."""
+    return [f["id"] for f in row["findings"]]
+
+
 def _message(row: dict, finding: str) -> str:
     return next(f["message"] for f in row["findings"] if f["id"] == finding)
 
@@ -54,7 +59,7 @@ def test_compare_names_the_alternatives_of_a_dense_mask(cli, tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     rows = {(r["variant"], r["shape"]): r for r in json.loads(result.stdout)["results"]}
     causal, dense = rows[("sdpa-efficient", "2x8x2048x64")], rows[("sdpa-efficient", "2x8x2048x64 prefix1")]
-    assert "dense-mask" in dense["finding_ids"].split()
+    assert "dense-mask" in _ids(dense)
     alternatives = {a["kind"]: a for a in dense["mask_alternatives"]}
     assert alternatives["is_causal"]["variant"] == "sdpa-efficient"  # the same backend without the tensor
     assert alternatives["is_causal"]["latency_us"] == causal["latency_us"]
@@ -94,8 +99,8 @@ def test_decode_cells_are_memory_bound_with_the_finding(cli, tmp_path: Path) -> 
     for row in json.loads(result.stdout)["results"]:
         assert row["status"] == "ok", row["status"]
         assert row["bound"] == "memory"
-        found = set(row["finding_ids"].split()) & {"memory-bound", "bandwidth-bound"}
-        assert found, (row["variant"], row["finding_ids"])
+        found = set(_ids(row)) & {"memory-bound", "bandwidth-bound"}
+        assert found, (row["variant"], _ids(row))
         assert row["attention"]["achieved_gbps"] > 0  # bytes from the recorded shapes
 
 
@@ -124,6 +129,6 @@ def test_model_with_a_sliding_window(cli, llama_2l_window) -> None:
         assert row["mask"] == "sliding_window:256" and row["shape"].endswith(" sw256")
         if name != "sdpa":
             assert row["logits_rel_diff"] < 2e-2, (name, row["logits_rel_diff"])
-    assert "dense-mask" in rows["sdpa"]["finding_ids"].split()  # transformers hands SDPA a bool mask
-    assert "mask-build" in rows["flex_attention"]["finding_ids"].split()  # a BlockMask in every forward
-    assert not {"mask-build", "dense-mask"} & set(rows["flex"]["finding_ids"].split())  # built once per shape
+    assert "dense-mask" in _ids(rows["sdpa"])  # transformers hands SDPA a bool mask
+    assert "mask-build" in _ids(rows["flex_attention"])  # a BlockMask in every forward
+    assert not {"mask-build", "dense-mask"} & set(_ids(rows["flex"]))  # built once per shape

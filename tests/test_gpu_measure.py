@@ -209,4 +209,4 @@ def test_clock_sampler_sees_the_gpu_and_the_runner_attaches_its_clock(tmp_path):
     results, interrupted = run_cells([(variant, spec)], config, MeasureOptions(min_time_s=0.1))
     assert not interrupted and results[0].ok, results[0].reason
     m = cell_row(results[0])
-    assert 300 < m["sm_clock_mhz"] <= m["sm_clock_max_mhz"] and m["sm_clock_min_mhz"] <= m["sm_clock_mhz"]
+    assert 300 < m.sm_clock_mhz <= m.sm_clock_max_mhz and m.sm_clock_min_mhz <= m.sm_clock_mhz

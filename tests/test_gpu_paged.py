@@ -72,7 +72,7 @@ def test_profiled_paged_cell_is_one_call_with_its_bytes(tmp_path: Path) -> None:
     attention = paged.attention
     assert attention.bytes_per_forward and attention.achieved_gbps  # from the recorded pool shapes
     print(  # the figures for docs/validation.md
-        f"\npaged64: {paged['latency_us']:.1f} us, {paged['achieved_gbps']:.0f} GB/s, "
-        f"{paged['kernels_per_forward']} kernels/fwd; contiguous: {contiguous['latency_us']:.1f} us, "
-        f"{contiguous['achieved_gbps']:.0f} GB/s, {contiguous['kernels_per_forward']} kernels/fwd"
+        f"\npaged64: {paged.latency_us:.1f} us, {paged.achieved_gbps:.0f} GB/s, "
+        f"{paged.kernels_per_forward} kernels/fwd; contiguous: {contiguous.latency_us:.1f} us, "
+        f"{contiguous.achieved_gbps:.0f} GB/s, {contiguous.kernels_per_forward} kernels/fwd"
     )

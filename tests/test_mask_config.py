@@ -10,6 +10,7 @@ from attnprof.pipeline.run import cell_specs
 from attnprof.pipeline.sweep import chain_key, sweep_specs
 from attnprof.registry import RunSpec
 from attnprof.results.keys import cell_key as row_cell_key
+from attnprof.results.schema import Row
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 64, "head_dim": 16}
 
@@ -143,16 +144,15 @@ def test_rows_written_before_masks_keep_their_keys() -> None:
         "causal": True,
         "mode": "fwd",
     }
-    assert row_cell_key(old_row) == spec.cell_key
+    assert row_cell_key(Row(**old_row)) == spec.cell_key
     new_row = old_row | {"mask": "causal", "score_mod": None, "q_len": 64, "kv_len": 64}
-    assert row_cell_key(new_row) == spec.cell_key
+    assert row_cell_key(Row(**new_row)) == spec.cell_key
     decode = RunSpec("cuda", "bf16", 1, 2, 64, 16, mask="sliding_window:8", q_len=1)
-    assert row_cell_key(new_row | {"mask": "sliding_window:8", "causal": False, "q_len": 1}) == decode.cell_key
+    assert row_cell_key(Row(**new_row | {"mask": "sliding_window:8", "causal": False, "q_len": 1})) == decode.cell_key
 
 
 def test_tables_name_a_sized_mask_masked() -> None:
     from attnprof.report.tables import cell_label
-    from attnprof.results.schema import Row
 
     row = Row(shape="1x2x64x16 sw8", dtype="fp32", causal=False, mask="sliding_window:8", mode="fwd")
     assert cell_label(row) == "1x2x64x16 sw8 fp32 masked fwd"
@@ -190,7 +190,7 @@ def test_an_earlier_rows_oom_skips_the_longer_cells_of_its_chain(q_len) -> None:
         "reason": "out of memory: CUDA out of memory",
     }
     rule = OomRule()
-    rule.note_row(row)
+    rule.note_row(Row(**row))
     variant = Variant("v", "v", forward=lambda *a: None)
     longer = RunSpec("cpu", "fp32", 1, 2, 128, 16, q_len=q_len, mask="sliding_window:8")
     assert rule.skip_reason(variant, longer) == "OOM at smaller size (seq 64)"

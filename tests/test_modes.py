@@ -143,7 +143,7 @@ def test_a_variant_without_backward_is_skipped(config) -> None:
     for mode in ("bwd", "fwd+bwd"):
         result = run_cell(naive, spec(mode), config, FAST)
         assert (result.status, result.reason) == ("skipped", "no backward")
-        assert cell_row(result)["status"] == "skipped: no backward"
+        assert cell_row(result).status == "skipped: no backward"
     assert run_cell(naive, spec("fwd"), config, FAST).ok
 
 
@@ -176,7 +176,7 @@ def test_a_wrong_gradient_fails_with_the_tensor_named(config) -> None:
     result = run_cell(replace(naive, forward=wrong), spec("bwd"), config, FAST)
     assert result.status == "failed"
     assert result.reason.startswith("gradient relative error dv 5.0e-01 > 2e-05 (fp32 limit)")
-    assert result.grad_check.rel_errors["dq"] < 2e-5 and not cell_row(result)["passed"]
+    assert result.grad_check.rel_errors["dq"] < 2e-5 and not cell_row(result).passed
 
 
 def test_plan_crosses_shapes_modes_and_variants_and_speedups_stay_within_a_mode(config) -> None:
@@ -190,9 +190,9 @@ def test_plan_crosses_shapes_modes_and_variants_and_speedups_stay_within_a_mode(
     assert results[2].speedup_vs_baseline == pytest.approx(results[3].latency_us / results[2].latency_us)
     outcome, _ = run_job(Job("compare", config, "cpu", FAST, cells))
     assert outcome is not None
-    assert [r.speedup_vs_baseline for r in outcome.document["results"][1::2]] == [pytest.approx(1.0)] * 2
+    assert [r.speedup_vs_baseline for r in outcome.document.results[1::2]] == [pytest.approx(1.0)] * 2
     document = json.loads(outcome.files[0].read_text())
-    assert [r.mode for r in document["results"]] == ["fwd", "fwd", "fwd+bwd", "fwd+bwd"]
+    assert [r["mode"] for r in document["results"]] == ["fwd", "fwd", "fwd+bwd", "fwd+bwd"]
     assert document["config"]["modes"] == ["fwd", "fwd+bwd"]
     header = outcome.files[1].read_text().splitlines()[0].split(",")
     assert {"mode", "flops_convention", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"} <= set(header)
@@ -217,8 +217,8 @@ def test_mode_option_overrides_the_config(cli, write_config) -> None:
     result = cli("compare", str(path), "--mode", "fwd+bwd,bwd", "--min-time", "0.02", "--format", "json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert [r.mode for r in document["results"]] == ["fwd+bwd", "bwd"]
-    assert all(r.grad_rel_error is not None for r in document["results"])
+    assert [r["mode"] for r in document["results"]] == ["fwd+bwd", "bwd"]
+    assert all(r["grad_rel_error"] is not None for r in document["results"])
 
 
 def test_a_bad_mode_is_one_line_and_no_traceback(cli, write_config) -> None:
@@ -260,12 +260,10 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     measured with; in a backward mode the tables' per-forward columns read per step."""
     from pathlib import Path
 
-    import msgspec
-
     from attnprof.analysis import analyze_trace
     from attnprof.report.run_tables import run_summary_table
     from attnprof.report.tables import compare_report
-    from attnprof.results.schema import Row
+    from attnprof.results.files import csv_values
 
     data = Path(__file__).parent / "data" / "h200" / "training"
     result = run_cell(builtin("naive"), spec("fwd+bwd"), config, FAST, ceiling())
@@ -274,14 +272,14 @@ def test_rows_carry_the_phases_and_tables_say_per_step(config) -> None:
     assert (entry.forward_kernels, entry.backward_kernels) == (1, 5)
     assert (entry.backward_memcpy, entry.backward_memset, entry.backward_outside_region) == (0, 0, False)
     assert entry.backward_kernel_time_us > entry.forward_kernel_time_us > 0
-    assert entry.phases["backward"]["kernels"] == 5 and entry.kernels_per_forward == 6
-    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(cell_row(step))
-    summary = run_summary_table(msgspec.convert(entry, Row), "table")
+    assert entry.phases.backward.kernels == 5 and entry.kernels_per_forward == 6
+    assert {"forward_kernels", "backward_kernels", "backward_kernel_time_us"} <= set(csv_values(cell_row(step)))
+    summary = run_summary_table(entry, "table")
     assert "kernels per step: forward + backward" in summary and "1 + 5 (" in summary
     after = replace(result, analysis=analyze_trace(data / "fwd-then-backward/8x16x1024x64/sdpa-flash.json.gz"))
     assert "(backward after the region)" in run_summary_table(cell_row(after), "table")
-    report = compare_report([msgspec.convert(entry, Row)], "table", None, width=200)
+    report = compare_report([entry], "table", None, width=200)
     assert "kernels/step" in report and "kernels/fwd" not in report
     forward_only = cell_row(run_cell(builtin("naive"), spec("fwd"), config, FAST))
     assert forward_only.forward_kernels is None and forward_only.phases is None  # CPU: no device work
-    assert "kernels/fwd" in compare_report([msgspec.convert(forward_only, Row)], "table", None, width=200)
+    assert "kernels/fwd" in compare_report([forward_only], "table", None, width=200)

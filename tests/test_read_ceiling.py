@@ -32,6 +32,7 @@ from attnprof.pipeline.rows import cell_row
 from attnprof.profiling import ceiling, read_probe
 from attnprof.profiling.ceiling import CACHE_VERSION, Ceiling
 from attnprof.registry import RunSpec
+from attnprof.results.files import to_builtins
 
 MASKS = Path(__file__).parent / "data" / "h200" / "masks"
 SPEC = RunSpec("cpu", "fp32", 1, 2, 32, 16, causal=True)  # 67,584 FLOPs over 16,384 bytes: 4.125 FLOP/byte
@@ -66,7 +67,7 @@ def test_an_achieved_rate_above_the_read_ceiling_is_the_reference_and_the_row_sa
     )
     assert tp.bound == "memory"  # ridge 1e12 / 16.4e9 = 61 FLOP/byte, still above 4.125
     row = cell_row(CellResult("sdpa-math", "built-in", SPEC, throughput=tp))
-    assert row["pct_of_read_bandwidth"] == 100.0 and row["read_bandwidth_note"] == tp.read_bandwidth_note
+    assert row.pct_of_read_bandwidth == 100.0 and row.read_bandwidth_note == tp.read_bandwidth_note
 
 
 def test_achieved_uses_the_higher_figure_for_every_percentage():
@@ -97,7 +98,7 @@ def test_no_percentage_above_100_on_any_row_path():
         for value in (tp.pct_of_peak, tp.pct_of_read_bandwidth):
             assert value is None or 0 <= value <= 100
         row = cell_row(CellResult("v", "built-in", spec, throughput=tp))
-        assert all(0 <= p <= 100 for p in percentages(row))
+        assert all(0 <= p <= 100 for p in percentages(to_builtins(row)))
         if tp.read_bandwidth_note:
             assert tp.pct_of_read_bandwidth == 100.0 and tp.achieved_gbps > (c.read_gbps or 0)
 
