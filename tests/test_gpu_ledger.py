@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from attnprof.analysis import analyze_trace
+from attnprof.results.files import to_builtins
+from attnprof.results.records import attention_record
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -112,13 +115,18 @@ def profile_model(impl: str, out: Path, train: bool = False):
     return analyze_trace(path, region=region)
 
 
+def ledger_json(ledger: Any) -> dict[str, Any]:
+    """The attention ledger as its JSON (the schema's AttentionRecord)."""
+    return to_builtins(attention_record(ledger))
+
+
 def kinds(ledger: dict) -> dict[str, int]:
     return {o["kind"]: o["count_per_forward"] for o in ledger["overhead"]}
 
 
 def test_eager_attention_is_two_calls_with_the_kv_repeat_and_the_host_sync(tmp_path: Path) -> None:
     analysis = profile_model("eager", tmp_path)
-    ledger = analysis.attention.to_dict()
+    ledger = ledger_json(analysis.attention)
     assert ledger["calls_per_forward"] == 2 and ledger["backends"] == {"eager": 2}
     assert ledger["calls"][0]["op"] == "aten::matmul → aten::softmax → aten::matmul"
     assert kinds(ledger).get("kv-repeat") == 4 and kinds(ledger).get("mask-build", 0) >= 1
@@ -128,7 +136,7 @@ def test_eager_attention_is_two_calls_with_the_kv_repeat_and_the_host_sync(tmp_p
 
 
 def test_sdpa_with_gqa_is_two_fused_calls_without_a_repeat(tmp_path: Path) -> None:
-    ledger = profile_model("sdpa", tmp_path).attention.to_dict()
+    ledger = ledger_json(profile_model("sdpa", tmp_path).attention)
     assert ledger["calls_per_forward"] == 2
     [(backend, count)] = ledger["backends"].items()
     assert backend in {"flash", "efficient", "cudnn"} and count == 2
@@ -137,13 +145,13 @@ def test_sdpa_with_gqa_is_two_fused_calls_without_a_repeat(tmp_path: Path) -> No
 
 def test_flex_attention_calls_are_its_compiled_kernels(tmp_path: Path) -> None:
     pytest.importorskip("triton")
-    ledger = profile_model("flex", tmp_path).attention.to_dict()
+    ledger = ledger_json(profile_model("flex", tmp_path).attention)
     assert ledger["calls_per_forward"] == 2 and ledger["backends"] == {"flex": 2}
     assert all("flex_attention" in c["kernels"][0] for c in ledger["calls"])
 
 
 def test_a_training_step_links_each_backward_to_its_forward_call(tmp_path: Path) -> None:
-    ledger = profile_model("eager", tmp_path, train=True).attention.to_dict()
+    ledger = ledger_json(profile_model("eager", tmp_path, train=True).attention)
     assert ledger["calls_per_forward"] == 2
     backward = [c for c in ledger["calls"] if c["phase"] == "backward"]
     assert [c["forward_call"] for c in backward] == [0, 1]
