@@ -68,8 +68,7 @@ def analyze_report(analysis: Analysis | TraceAnalysis, fmt: str = "table", width
     """`attnprof analyze`: `render_analysis`, then "What to look at" when a finding has a measured impact."""
     record = typed(analysis)
     text = render(record, fmt, width)
-    # report.impact still reads finding dicts: they go as their JSON
-    look = what_to_look_at([("", instance_unit(record), to_builtins(record.findings))], fmt, limit(width, fmt))
+    look = what_to_look_at([("", instance_unit(record), record.findings)], fmt, limit(width, fmt))
     return text + ("\n\n" + look if look else "")
 
 
