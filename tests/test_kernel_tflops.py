@@ -24,7 +24,8 @@ from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
 from attnprof.report.run_tables import run_summary_table
 from attnprof.report.tables import KERNEL_BANDWIDTH_HEADER, compare_report, shape_table
-from attnprof.results.files import load_results, write_csv
+from attnprof.results.files import load_results, to_json, write_csv
+from attnprof.results.schema import Row
 
 DATA = Path(__file__).parent / "data" / "h200"
 BLOG = RunSpec("cuda:0", "bf16", 8, 16, 1024, 64, causal=True)
@@ -64,10 +65,10 @@ def test_no_figure_without_device_time_an_attention_call_or_the_backward_of_a_ba
     assert kernel_tflops(replace(BLOG, mode="bwd"), ledger(0.0, 0.0)) is None
 
 
-def h200_row(variant: str) -> dict:
+def h200_row(variant: str) -> Row:
     """The variant's row at the blog shape in the recorded H200 compare (its real latency)."""
-    entries = json.loads((DATA / "results" / "compare.json").read_text())["results"]
-    return next(e for e in entries if e.variant == variant and e.shape == "8x16x1024x64")
+    rows = load_results(DATA / "results" / "compare.json").rows
+    return next(r for r in rows if r.variant == variant and r.shape == "8x16x1024x64")
 
 
 @pytest.mark.parametrize(("variant", "at_least"), [("sdpa-cudnn", 1.3), ("triton-flash", 2.5)])
@@ -77,11 +78,11 @@ def test_h200_trace_gives_the_kernel_figure_above_the_host_bound_latency_one(var
     analysis = analyze_trace(DATA / "8x16x1024x64" / f"{variant}.json.gz", dtype="bf16")
     recorded = h200_row(variant)
     result = CellResult(variant, "built-in", BLOG, analysis=analysis)
-    latency_figure = step_flops(BLOG) / (recorded["latency_us"] * 1e-6) / 1e12
-    assert latency_figure == pytest.approx(recorded["tflops"], rel=2e-3)  # recorded with S²/2 causal pairs
+    latency_figure = step_flops(BLOG) / (recorded.latency_us * 1e-6) / 1e12
+    assert latency_figure == pytest.approx(recorded.tflops, rel=2e-3)  # recorded with S²/2 causal pairs
     assert result.kernel_tflops == pytest.approx(step_flops(BLOG) / (analysis.attention.kernel_time_us * 1e-6) / 1e12)
     assert result.kernel_tflops / latency_figure == pytest.approx(
-        recorded["latency_us"] / analysis.attention.kernel_time_us
+        recorded.latency_us / analysis.attention.kernel_time_us
     )
     assert result.kernel_tflops > at_least * latency_figure
 
@@ -126,7 +127,7 @@ def test_the_row_json_and_csv_carry_both_figures_and_say_which_is_which(tmp_path
     assert row.kernel_pct_of_peak == pytest.approx(100 * row.kernel_tflops / 989.0)
     assert row.tflops_convention == TFLOPS_CONVENTION and "latency" in TFLOPS_CONVENTION
     assert entry.kernel_tflops == row.kernel_tflops and entry.pct_of_peak == 22.6
-    assert json.loads(json.dumps(entry))["tflops_convention"] == TFLOPS_CONVENTION
+    assert json.loads(to_json(entry))["tflops_convention"] == TFLOPS_CONVENTION
     path = write_csv(tmp_path / "r.csv", [row])
     line = next(csv.DictReader(path.open()))
     assert float(line["kernel_tflops"]) == pytest.approx(row.kernel_tflops)

@@ -26,6 +26,7 @@ from attnprof.report.tables import (
     compare_report,
     variant_list_table,
 )
+from attnprof.results.schema import Row
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200"
@@ -85,7 +86,7 @@ def results() -> list[CellResult]:
 
 
 @pytest.fixture(scope="module")
-def entries(results) -> list[dict]:
+def entries(results) -> list[Row]:
     return [cell_row(r) for r in results]
 
 
@@ -107,9 +108,9 @@ def list_entries() -> list[dict]:
 
 
 def test_the_rows_are_realistic(results, entries) -> None:
-    assert len(TRACES) >= 30 and {e["status"].partition(":")[0] for e in entries} == {"ok", "failed", "skipped"}
-    assert any(e["speedup_reliable"] is False for e in entries) and any(e["speedup_reliable"] for e in entries)
-    assert max(len(e["finding_ids"]) for e in entries) > 40  # ids that must wrap in a narrow column
+    assert len(TRACES) >= 30 and {e.status.partition(":")[0] for e in entries} == {"ok", "failed", "skipped"}
+    assert any(e.speedup_reliable is False for e in entries) and any(e.speedup_reliable for e in entries)
+    assert max(len(" ".join(e.finding_ids)) for e in entries) > 40  # ids that must wrap in a narrow column
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -135,10 +136,10 @@ def test_fitted_compare_has_ids_in_the_tables_and_messages_reasons_below(width, 
         return "".join(words.split())
 
     for entry in entries:
-        for finding in entry["findings"]:
-            line = squeezed(f"{entry['variant']} @ {entry['shape']} [{finding['id']}]: {finding['message']}")
-            assert (line in flat) == (finding["severity"] == "problem")  # info findings: --wide, JSON, report
-    info = sum(f["severity"] == "info" for e in entries for f in e["findings"])
+        for finding in entry.findings:
+            line = squeezed(f"{entry.variant} @ {entry.shape} [{finding.id}]: {finding.message}")
+            assert (line in flat) == (finding.severity == "problem")  # info findings: --wide, JSON, report
+    info = sum(f.severity == "info" for e in entries for f in e.findings)
     assert info and squeezed(f"{info} info finding(s) not shown") in flat
     assert squeezed(f"triton-flash-persistent-warp-specialized: failed: {FAILURE}") in flat
     assert "leftout:" in flat and "--wideshowseverycolumn" in flat
@@ -269,25 +270,25 @@ def test_list_fits_columns(cli) -> None:
 def test_an_unreliable_speedup_never_reads_as_a_plain_figure(fmt, width, entries) -> None:
     from attnprof.report.tables import UNRELIABLE, shape_table, speedup_text
 
-    rows = [e for e in entries if e["shape"] == "8x16x1024x64"]
-    wobbly = next(e for e in rows if e["variant"] == "sdpa-flash")
-    assert wobbly["speedup_reliable"] is False and wobbly["unstable"] and wobbly["retimed"] == 1
-    plain = f"{wobbly['speedup_vs_baseline']:.2f}x"
+    rows = [e for e in entries if e.shape == "8x16x1024x64"]
+    wobbly = next(e for e in rows if e.variant == "sdpa-flash")
+    assert wobbly.speedup_reliable is False and wobbly.unstable and wobbly.retimed == 1
+    plain = f"{wobbly.speedup_vs_baseline:.2f}x"
     text = shape_table(rows, fmt, width)
     assert speedup_text(wobbly) in text and plain not in text
     assert " ".join(UNRELIABLE.split()) in " ".join(text.split())
-    steady = [e for e in rows if e["speedup_reliable"]]
-    assert all(f"{e['speedup_vs_baseline']:.2f}x" in text for e in steady)
+    steady = [e for e in rows if e.speedup_reliable]
+    assert all(f"{e.speedup_vs_baseline:.2f}x" in text for e in steady)
     assert UNRELIABLE.split()[0] not in shape_table(steady, fmt, width)
 
 
 def test_speedup_text() -> None:
     from attnprof.report.tables import speedup_text
 
-    assert speedup_text({"speedup_vs_baseline": 4.1234, "speedup_reliable": True}) == "4.12x"
-    assert speedup_text({"speedup_vs_baseline": 4.1234, "speedup_reliable": False}) == "~4.1x?"
-    assert speedup_text({"speedup_vs_baseline": 175.9, "speedup_reliable": False}) == "~176x?"
-    assert speedup_text({"speedup_vs_baseline": None, "speedup_reliable": None}) == "n/a"
+    assert speedup_text(Row(speedup_vs_baseline=4.1234, speedup_reliable=True)) == "4.12x"
+    assert speedup_text(Row(speedup_vs_baseline=4.1234, speedup_reliable=False)) == "~4.1x?"
+    assert speedup_text(Row(speedup_vs_baseline=175.9, speedup_reliable=False)) == "~176x?"
+    assert speedup_text(Row(speedup_vs_baseline=None, speedup_reliable=None)) == "n/a"
 
 
 def test_a_memory_bound_rows_bandwidth_is_the_last_column_to_give_way() -> None:
@@ -297,8 +298,8 @@ def test_a_memory_bound_rows_bandwidth_is_the_last_column_to_give_way() -> None:
     def drop_of(rows):
         return next(c.drop for c in shape_columns(rows) if c.header == BANDWIDTH_HEADER)
 
-    decode = {"mode": "fwd", "bound": "memory", "achieved_gbps": 4310.0, "pct_of_read_bandwidth": 93.2}
-    prefill = {"mode": "fwd", "bound": "compute", "achieved_gbps": 310.0, "pct_of_read_bandwidth": 6.7}
+    decode = Row(mode="fwd", bound="memory", achieved_gbps=4310.0, pct_of_read_bandwidth=93.2)
+    prefill = Row(mode="fwd", bound="compute", achieved_gbps=310.0, pct_of_read_bandwidth=6.7)
     flops_drops = [c.drop for c in shape_columns([decode]) if c.header.startswith("TFLOP/s")]
     assert drop_of([prefill]) < min(flops_drops) < max(flops_drops) < drop_of([prefill, decode])
-    assert bandwidth_cell(decode) == "4,310 (93.2%)" and bandwidth_cell({}) == "n/a"
+    assert bandwidth_cell(decode) == "4,310 (93.2%)" and bandwidth_cell(Row()) == "n/a"
