@@ -17,6 +17,7 @@ from attnprof.pipeline.engine import Job, resume_rows, run_job
 from attnprof.pipeline.resume import open_previous
 from attnprof.pipeline.sweep import plan_sweep
 from attnprof.plugins import load_variants
+from attnprof.results.files import to_builtins
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
 FAST = MeasureOptions(min_time_s=0.02)
@@ -61,7 +62,7 @@ class Seen:
 
 def by_cell(document):
     """Each row, less its measured numbers' noise: variant, cell, status and reason, by variant and cell."""
-    return {(r["variant"], r["seq"], r["mode"], r["dtype"]): (r["status"], r["reason"]) for r in document["results"]}
+    return {(r.variant, r.seq, r.mode, r.dtype): (r.status, r.reason) for r in document.results}
 
 
 def test_compare_and_sweep_run_the_same_cells_through_one_path(config, capsys) -> None:
@@ -80,10 +81,11 @@ def test_compare_and_sweep_run_the_same_cells_through_one_path(config, capsys) -
         starts = [("start", i, 2, variant.name) for i, (variant, _) in enumerate(planned)]
         assert [e for e in seen.events if e[0] == "start"] == starts
         assert [e[1:] for e in seen.events if e[0] == "done"] == [(r.variant, "ok") for r in outcome.results]
-        assert all(r["speedup_vs_baseline"] is not None for r in outcome.document["results"])
+        assert all(r.speedup_vs_baseline is not None for r in outcome.document.results)
     stream = (sweep.folder.dir / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["variant"] for line in stream[1:]] == ["sdpa-math", "naive"]  # baseline first
-    assert "results_jsonl" not in compare.document["files"] and not (compare.folder.dir / "results.jsonl").exists()
+    assert compare.document.files is not None and "results_jsonl" not in compare.document.files
+    assert not (compare.folder.dir / "results.jsonl").exists()
     assert capsys.readouterr() == ("", "")  # the engine prints nothing: the CLI's Watcher shows what it says
 
 
@@ -97,7 +99,7 @@ def test_a_resumed_compare_ends_as_a_straight_one(config) -> None:
     cut_short = [cells[0], (replace(cells[1][0], forward=interrupt), cells[1][1])]
     first, code = run_job(Job("compare", config, "cpu", FAST, cut_short))
     assert first is not None and code == 130 and first.interrupted
-    assert [r["variant"] for r in first.document["results"]] == ["naive"]
+    assert [r.variant for r in first.document.results] == ["naive"]
 
     previous = open_previous(first.folder.dir, "compare")
     resumed = resume_rows(previous, config, FAST, "cpu", cells)
@@ -107,10 +109,10 @@ def test_a_resumed_compare_ends_as_a_straight_one(config) -> None:
     assert final is not None and code == 0 and not final.interrupted
     assert by_cell(final.document) == by_cell(straight.document)
     assert [e for e in seen.events if e[0] == "start"] == [("start", 0, 1, "sdpa-math")]  # only the missing cell
-    kept, again = final.document["results"][0], first.document["results"][0]
+    kept, again = to_builtins(final.document.results[0]), to_builtins(first.document.results[0])
     assert {k: v for k, v in kept.items() if k not in SPEED} == {k: v for k, v in again.items() if k not in SPEED}
     assert kept["speedup_vs_baseline"] is not None  # computed again over old and new rows
-    assert final.document["resumed_from"] == str(previous.path)
+    assert final.document.resumed_from == str(previous.path)
 
 
 @pytest.mark.parametrize(("error", "compare_code", "sweep_code"), [

@@ -90,7 +90,7 @@ def test_the_engine_names_its_folder_and_never_overwrites_a_results_file(tmp_pat
     outcome, code = run_job(Job("run", config, "cpu", MeasureOptions(timing=False), []))
     assert outcome is not None and code == 0
     folder = outcome.folder
-    assert outcome.document["files"] == folder.to_dict()
+    assert outcome.document.files == folder.to_dict()
     assert json.loads(folder.results_json.read_text())["files"]["traces"] == str(folder.traces)
     with pytest.raises(OutputError, match="already exists"):
         write_json(folder.results_json, outcome.document)
@@ -109,7 +109,7 @@ def test_json_names_the_files_and_stderr_says_where_they_are(cli, write_config, 
                      "results_csv": str(folder / "results.csv"), "traces": str(folder / "traces")}
     assert json.loads(Path(files["results_json"]).read_text())["results"] == document["results"]
     assert Path(files["results_csv"]).read_text().startswith("variant,")
-    assert {r.trace for r in document["results"]} == {str(p) for p in Path(files["traces"]).iterdir()}
+    assert {r["trace"] for r in document["results"]} == {str(p) for p in Path(files["traces"]).iterdir()}
     assert f"results: {files['results_json']} and results.csv" in result.stderr
     assert f"traces: 3 files in {files['traces']}{os.sep} (open in Perfetto, https://ui.perfetto.dev, " \
            "or in chrome://tracing)" in result.stderr

@@ -4,6 +4,7 @@ the page table's bytes, and flex over a paged cache on CPU against the float64 r
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from analysis_json import analysis_json
 
@@ -16,6 +17,8 @@ from attnprof.pipeline.sweep import sweep_specs
 from attnprof.plugins import load_variants
 from attnprof.registry import PAGED_NO_BACKWARD, RunSpec, Variant
 from attnprof.results.keys import cell_key as row_cell_key
+from attnprof.results.schema import Row
+from attnprof.results.upgrade import upgrade_row
 
 DECODE = {"batch": 32, "heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 4096, "head_dim": 128}
 PAGED = DECODE | {"kv_cache": {"page_size": 64}}
@@ -113,10 +116,11 @@ def test_rows_carry_page_size_and_keep_their_keys() -> None:
         "q_len": 1,
         "kv_len": 4096,
     }
-    assert row_cell_key(row | {"page_size": 64}) == paged.cell_key
+    assert row_cell_key(Row(**row, page_size=64)) == paged.cell_key
     contiguous = RunSpec("cuda:0", "bf16", 32, 32, 4096, 128, 8, q_len=1)
-    assert row_cell_key(row) == contiguous.cell_key  # a row written before paged caches
-    assert row_cell_key(row | {"page_size": None}) == contiguous.cell_key
+    old = msgspec.convert(upgrade_row(row, "cell"), Row)  # as a version-1 file's row is read back
+    assert row_cell_key(old) == contiguous.cell_key  # a row written before paged caches
+    assert row_cell_key(Row(**row, page_size=None)) == contiguous.cell_key
 
 
 # --- variants: who reads a paged cache ----------------------------------------------------

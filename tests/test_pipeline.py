@@ -219,7 +219,7 @@ def test_the_engine_writes_json_and_csv(config) -> None:
     assert document["command"] == "compare" and document["interrupted"] is False
     assert document["results"][0]["variant"] == "naive" and document["results"][0]["timing_reps"] >= 10
     [row] = list(csv.DictReader(csv_path.open()))
-    assert row.variant == "naive" and row.status == "ok"
+    assert row["variant"] == "naive" and row["status"] == "ok"
     assert outcome.exit_code == 0
 
 

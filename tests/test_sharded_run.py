@@ -14,6 +14,7 @@ import yaml
 from test_distributed import torchrun
 
 from attnprof.results.files import load_results
+from attnprof.results.schema import Row
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 64, "head_dim": 16}
 SPREAD = ["sdpa-math", "naive", "inplace"]  # split across the ranks
@@ -44,7 +45,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, Pat
     return run_folder(tmp_path), done, cfg
 
 
-def rows_of(path: Path) -> list[dict]:
+def rows_of(path: Path) -> list[Row]:
     return load_results(path).rows
 
 
@@ -53,7 +54,7 @@ def test_every_cell_runs_once_and_rank_0_writes_one_results_file(sharded) -> Non
     folder, done, _ = sharded
     document = json.loads(done.stdout)  # only rank 0 prints, and only the document
     assert document == json.loads((folder / "results.json").read_text())
-    rows = document["results"]
+    rows = rows_of(folder / "results.json")
     spread = [r for r in rows if r.variant in SPREAD]
     assert sorted(r.variant for r in spread) == sorted(SPREAD)  # each exactly once
     assert {r.rank for r in spread} == {0, 1}  # both ranks got a share
@@ -63,22 +64,24 @@ def test_every_cell_runs_once_and_rank_0_writes_one_results_file(sharded) -> Non
     assert all(r.correctness_scope == "this process's 32 of 64 query rows" for r in ring)
     assert all(r.comm.source == "cpu ops" and r.comm.ops_per_forward == 2 for r in ring)
     assert [r.variant for r in rows][:2] == ["sdpa-math", "naive"]  # the plan's order, not the ranks'
-    assert next(r for r in rows if r.variant == "sdpa-math")["speedup_vs_baseline"] == 1.0
+    assert next(r for r in rows if r.variant == "sdpa-math").speedup_vs_baseline == 1.0
     assert all(r.speedup_vs_baseline is not None for r in rows)  # across ranks: cells compare by their key
     ranks = document["distributed"]["ranks"]
-    assert document["distributed"]["world_size"] == 2 and [r.rank for r in ranks] == [0, 1]
-    assert sum(r.cells for r in ranks) == len(SPREAD) + 2 and all(r.collective_cells == 1 for r in ranks)
+    assert document["distributed"]["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
+    assert sum(r["cells"] for r in ranks) == len(SPREAD) + 2 and all(r["collective_cells"] == 1 for r in ranks)
     with (folder / "results.csv").open() as handle:
-        assert [row.rank for row in csv.DictReader(handle)] == [str(r.rank) for r in rows]
+        assert [row["rank"] for row in csv.DictReader(handle)] == [str(r.rank) for r in rows]
 
 
 @pytest.mark.slow
 def test_each_rank_streams_its_rows_and_keeps_its_traces(sharded) -> None:
     folder, done, _ = sharded
-    rows = json.loads(done.stdout)["results"]
+    assert json.loads(done.stdout) == json.loads((folder / "results.json").read_text())
+    rows = rows_of(folder / "results.json")
     for rank in (0, 1):
         stream = load_results(folder / f"results.rank{rank}.jsonl")
-        assert stream.header["format"] == "attnprof-results-jsonl" and stream.header["placement"]["rank"] == rank
+        assert stream.header.format == "attnprof-results-jsonl" and stream.header.placement is not None
+        assert stream.header.placement["rank"] == rank
         mine = [(r.variant, r.rank) for r in rows if r.rank == rank]
         assert sorted((r.variant, r.rank) for r in stream.rows) == sorted(mine)
         traces = {p.name for p in (folder / "traces" / f"rank{rank}").iterdir()}
@@ -99,12 +102,12 @@ def test_resume_after_a_rank_died_redoes_only_the_missing_cells(sharded, tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     (resumed,) = (tmp_path / "again").iterdir()
     document = json.loads((resumed / "results.json").read_text())
-    rows = document["results"]
+    rows = rows_of(resumed / "results.json")
     assert sorted(r.variant for r in rows) == sorted([*SPREAD, "cp-ring", "cp-ring"])
     kept = [r for r in survived if r.variant in SPREAD]
     for old in kept:  # rank 0's finished cells are kept as they were
-        new = next(r for r in rows if r.variant == old["variant"])
-        assert new.latency_us == old["latency_us"] and new.trace == old["trace"]
+        new = next(r for r in rows if r.variant == old.variant)
+        assert new.latency_us == old.latency_us and new.trace == old.trace
     new_rows = rows_of(resumed / "results.rank0.jsonl")[len(kept):] + rows_of(resumed / "results.rank1.jsonl")
     redone = sorted(r.variant for r in new_rows)
     # cp-ring had only rank 0's row: incomplete, so both ranks ran it again; of the rest only what rank 1 held.
@@ -130,13 +133,13 @@ def test_a_single_process_resumes_from_its_results_json(cli, write_config, tmp_p
     assert again.exit_code == 0, again.output  # no config and no --no-timing: both are the earlier run's
     assert "1 finished cell(s) kept, 1 of 2 to run" in again.stderr
     merged = json.loads(again.stdout)
-    assert [r.variant for r in merged["results"]] == ["sdpa-math", "naive"]
+    assert [r["variant"] for r in merged["results"]] == ["sdpa-math", "naive"]
     assert merged["results"][0]["trace"] == document["results"][0]["trace"]  # kept, not run again
     assert merged["results"][1]["timing_method"] is None  # --no-timing was taken over
     resumed = Path(merged["files"]["dir"])
     assert [p.name for p in (resumed / "traces").iterdir()] == [Path(merged["results"][1]["trace"]).name]
     assert merged["resumed_from"] == str(partial / "results.json")
-    assert "distributed" not in merged and merged["results"][1]["rank"] is None  # a single process: no ranks
+    assert merged["distributed"] is None and merged["results"][1]["rank"] is None  # a single process: no ranks
     assert not list(resumed.glob("*.jsonl"))  # a compare of one process streams nothing
     other = cli("--no-plugins", "compare", "--resume", str(partial), "--seed", "3")
     assert other.exit_code == 2 and "seed 0 (now 3)" in other.output

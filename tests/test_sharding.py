@@ -23,6 +23,7 @@ from attnprof.pipeline.sharding import (
 )
 from attnprof.registry import RunSpec, Variant
 from attnprof.results.files import ResultsFile
+from attnprof.results.schema import Document, Row
 
 
 def spec(seq: int = 1024, causal: bool = True, mode: str = "fwd", device: str = "cuda:0", **kw) -> RunSpec:
@@ -182,10 +183,10 @@ def test_a_group_keeps_its_cells_on_one_rank() -> None:
     assert any(len({specs[i][0] for i in shard}) * 2 != len(shard) for shard in loose.shards)
 
 
-def row(name: str, s: RunSpec, **extra) -> dict:
-    return {"variant": name, "device": s.device, "dtype": s.dtype, "batch": s.batch, "heads": s.heads,
-            "kv_heads": s.n_kv_heads, "seq": s.seq, "head_dim": s.head_dim, "causal": s.causal, "mode": s.mode,
-            "status": "ok"} | extra
+def row(name: str, s: RunSpec, **extra) -> Row:
+    return Row(**({"variant": name, "device": s.device, "dtype": s.dtype, "batch": s.batch, "heads": s.heads,
+                   "kv_heads": s.n_kv_heads, "seq": s.seq, "head_dim": s.head_dim, "causal": s.causal,
+                   "mode": s.mode, "status": "ok"} | extra))
 
 
 def test_resume_keeps_each_finished_cell_once_and_collective_cells_only_whole() -> None:
@@ -200,8 +201,8 @@ def test_resume_keeps_each_finished_cell_once_and_collective_cells_only_whole() 
         row("a", spec(2048), status="failed: NaN in output", reason="NaN in output"),  # transient: run again
         row("zzz", spec(1024)),  # a variant the plan does not hold: kept, as a sweep's resume keeps it
     ]
-    kept = kept_rows(ResultsFile(Path("run"), {"command": "compare"}, rows), {"ring"})
-    assert [(r.variant, r.get("rank")) for r in kept] == [("a", 1), ("ring", 0), ("ring", 1), ("zzz", None)]
+    kept = kept_rows(ResultsFile(Path("run"), Document(command="compare"), rows), {"ring"})
+    assert [(r.variant, r.rank) for r in kept] == [("a", 1), ("ring", 0), ("ring", 1), ("zzz", None)]
     assert still_to_run(cells, kept) == [1, 3, 4]
 
 

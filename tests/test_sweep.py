@@ -6,6 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from attnprof.config import load_config, parse_config
@@ -16,7 +17,8 @@ from attnprof.pipeline.resume import kept_rows
 from attnprof.pipeline.sweep import OomRule, cell_key, plan_sweep, row_key, sweep_specs, without_axes
 from attnprof.plugins import load_variants
 from attnprof.registry import RunSpec
-from attnprof.results.files import ResultsFile, ResultsStream, load_results
+from attnprof.results.files import ResultsFile, ResultsStream, load_results, stream_header
+from attnprof.results.schema import Document, Row
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ("--no-timing",)
@@ -96,23 +98,28 @@ def test_compare_refuses_a_config_with_sweep_axes(cli, write_config) -> None:
     assert "declares sweep axes (seq)" in result.output and "attnprof sweep" in result.output
 
 
-def stream_rows(folder: Path) -> list[dict]:
+def stream_rows(folder: Path) -> list[Row]:
     return load_results(folder / "results.jsonl").rows
+
+
+def printed(stdout: str) -> Document:
+    """The results document `--format json` printed, typed."""
+    return msgspec.json.decode(stdout, type=Document)
 
 
 def test_sweep_streams_every_cell_and_an_option_fixes_an_axis(cli, write_config, tmp_path) -> None:
     config = write_config(sweep={"seq": [48, 32], "head_dim": [16, 32]}, variants=["naive", "sdpa-math"])
     result = cli("sweep", str(config), "--head-dim", "16", "--format", "json", *QUICK)
     assert result.exit_code == 0, result.output
-    document = json.loads(result.stdout)
-    cells = [(r.variant, r.seq, r.head_dim) for r in document["results"]]
+    document = printed(result.stdout)
+    cells = [(r.variant, r.seq, r.head_dim) for r in document.results]
     assert cells == [("sdpa-math", 32, 16), ("naive", 32, 16), ("sdpa-math", 48, 16), ("naive", 48, 16)]
     [folder] = (tmp_path / "out").glob("*-sweep")
     streamed = load_results(folder / "results.jsonl")
     assert streamed.command == "sweep" and not streamed.truncated
-    assert [row_key(r) for r in streamed.rows] == [row_key(r) for r in document["results"]]
-    assert streamed.rows[1]["speedup_vs_baseline"] is not None  # the baseline ran first at that point
-    assert document["files"]["results_jsonl"] == str(folder / "results.jsonl")
+    assert [row_key(r) for r in streamed.rows] == [row_key(r) for r in document.results]
+    assert streamed.rows[1].speedup_vs_baseline is not None  # the baseline ran first at that point
+    assert document.files is not None and document.files["results_jsonl"] == str(folder / "results.jsonl")
     assert (folder / "results.csv").read_text().count("\n") == 5
 
 
@@ -132,11 +139,11 @@ def test_the_oom_rule_skips_larger_sequences_of_that_variant(cli, write_config, 
     rows = {(r.variant, r.seq, r.head_dim): r for r in stream_rows(folder)}
     assert len(rows) == 12
     for head_dim in (16, 32):
-        assert rows["naive", 32, head_dim]["status"] == "ok"
-        assert rows["naive", 48, head_dim]["status"].startswith("failed: out of memory")
-        assert rows["naive", 64, head_dim]["status"] == "skipped: OOM at smaller size (seq 48)"
-        assert rows["naive", 64, head_dim]["forwards"] is None  # not run at all
-        assert all(rows["inplace", seq, head_dim]["status"] == "ok" for seq in (32, 48, 64))
+        assert rows["naive", 32, head_dim].status == "ok"
+        assert rows["naive", 48, head_dim].status.startswith("failed: out of memory")
+        assert rows["naive", 64, head_dim].status == "skipped: OOM at smaller size (seq 48)"
+        assert rows["naive", 64, head_dim].forwards is None  # not run at all
+        assert all(rows["inplace", seq, head_dim].status == "ok" for seq in (32, 48, 64))
 
 
 def test_the_oom_rule_groups_by_every_other_axis() -> None:
@@ -151,20 +158,20 @@ def test_the_oom_rule_groups_by_every_other_axis() -> None:
     assert rule.skip_reason(registry().get("inplace"), RunSpec("cpu", "fp32", 1, 4, 128, 16)) is None
     rule.note_result(CellResult("naive", "built-in", spec, status="failed", reason="NaN in output"))
     rule.note_row(
-        {
-            "variant": "inplace",
-            "batch": 1,
-            "heads": 4,
-            "kv_heads": 4,
-            "seq": 32,
-            "head_dim": 16,
-            "dtype": "fp32",
-            "causal": True,
-            "mode": "fwd",
-            "device": "cpu",
-            "status": "failed: out of memory: x",
-            "reason": "out of memory: x",
-        }
+        Row(
+            variant="inplace",
+            batch=1,
+            heads=4,
+            kv_heads=4,
+            seq=32,
+            head_dim=16,
+            dtype="fp32",
+            causal=True,
+            mode="fwd",
+            device="cpu",
+            status="failed: out of memory: x",
+            reason="out of memory: x",
+        )
     )
     assert rule.skip_reason(registry().get("inplace"), RunSpec("cpu", "fp32", 1, 4, 64, 16)) is not None
 
@@ -210,10 +217,10 @@ def test_resume_after_ctrl_c_runs_only_the_unfinished_cells(cli, write_config, t
     again = cli("sweep", "--resume", str(folder), "--format", "json", *QUICK)
     assert again.exit_code == 0, again.output
     assert "5 finished cell(s) kept, 4 of 9 to run" in again.stderr
-    document = json.loads(again.stdout)
-    keys = [row_key(r) for r in document["results"]]
-    assert len(keys) == len(set(keys)) == 9 and all(r.status == "ok" for r in document["results"])
-    assert document["resumed_from"] == str(folder / "results.jsonl")
+    document = printed(again.stdout)
+    keys = [row_key(r) for r in document.results]
+    assert len(keys) == len(set(keys)) == 9 and all(r.status == "ok" for r in document.results)
+    assert document.resumed_from == str(folder / "results.jsonl")
     [resumed] = [f for f in (tmp_path / "out").glob("*-sweep*") if f != folder]
     assert len(stream_rows(resumed)) == 9
     assert len(list((resumed / "traces").glob("*.json.gz"))) == 4  # only the cells it ran
@@ -241,27 +248,28 @@ def test_resume_refuses_other_settings_and_other_files(cli, write_config, tmp_pa
 
 def test_resume_keeps_finished_and_out_of_memory_rows_and_redoes_other_failures() -> None:
     rows = [
-        {"variant": "a", "status": "ok"},
-        {"variant": "b", "status": "skipped: needs CUDA", "reason": "needs CUDA"},
-        {"variant": "c", "status": "skipped: OOM at smaller size (seq 64)", "reason": "OOM at smaller size (seq 64)"},
-        {"variant": "d", "status": "failed: out of memory: 2 GiB", "reason": "out of memory: 2 GiB"},
-        {"variant": "e", "status": "failed: NaN in output", "reason": "NaN in output"},
+        Row(variant="a", status="ok"),
+        Row(variant="b", status="skipped: needs CUDA", reason="needs CUDA"),
+        Row(variant="c", status="skipped: OOM at smaller size (seq 64)", reason="OOM at smaller size (seq 64)"),
+        Row(variant="d", status="failed: out of memory: 2 GiB", reason="out of memory: 2 GiB"),
+        Row(variant="e", status="failed: NaN in output", reason="NaN in output"),
     ]
-    kept = kept_rows(ResultsFile(Path("s.jsonl"), {"command": "sweep"}, rows))
+    kept = kept_rows(ResultsFile(Path("s.jsonl"), Document(command="sweep"), rows))
     assert [r.variant for r in kept] == ["a", "b", "c", "d"]
 
 
 def test_the_stream_is_created_once_and_read_back_line_by_line(tmp_path) -> None:
     path = tmp_path / "results.jsonl"
-    stream = ResultsStream(path, {"command": "sweep", "format": "attnprof-results-jsonl"})
-    stream.append({"variant": "a", "latency_us": float("nan")})
+    stream = ResultsStream(path, stream_header(Document(command="sweep")))
+    assert stream_header(Document(command="sweep")).format == "attnprof-results-jsonl"
+    stream.append(Row(variant="a", latency_us=float("nan")))
     stream.close()
     with pytest.raises(OutputError):
-        ResultsStream(path, {})
+        ResultsStream(path, Document())
     with path.open("a") as handle:
         handle.write('{"variant": "b", "lat')  # a crash in the middle of a line
     loaded = load_results(path)
-    assert loaded.rows == [{"variant": "a", "latency_us": None}] and loaded.truncated
+    assert loaded.rows == [Row(variant="a", latency_us=None)] and loaded.truncated
     with pytest.raises(ResultsFileError):
         load_results(tmp_path / "missing.jsonl")
 
