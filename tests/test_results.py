@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from tracegen import build, fused_forward
@@ -16,6 +17,7 @@ from attnprof.profiling.clocks import ClockWindow
 from attnprof.profiling.correctness import Check
 from attnprof.profiling.timing import summarize
 from attnprof.registry import RunSpec
+from attnprof.report.tables import compare_report
 from attnprof.results.files import load_results, to_builtins, to_json, write_csv, write_json
 from attnprof.results.records import attention_record
 from attnprof.results.schema import CELL_COLUMNS
@@ -159,3 +161,21 @@ def test_retimed_and_speedup_reliable_reach_json_and_csv(tmp_path) -> None:
     [line] = list(csv.DictReader(path.open()))
     assert (line["retimed"], line["speedup_reliable"]) == ("1", "False")
     assert cell_row(CellResult("v", "built-in", SPEC)).retimed is None  # not timed: no count, not 0
+
+
+DECODE = Path(__file__).parent / "data" / "h200" / "results" / "decode-kernel-gbps.json"
+
+
+def test_a_decode_row_and_its_bandwidth_finding_say_the_same_thing() -> None:
+    """On the H200, decode at batch 1 is host-bound: the row's bytes over its latency (`achieved_gbps`) are far
+    below the kernel's rate, which `kernel_gbps` gives and the bandwidth finding judges (its evidence)."""
+    results = load_results(DECODE)
+    assert results.header.schema_version == 2 and [r.subject for r in results.rows] == ["cell"] * 3
+    for row in results.rows:
+        finding = row.finding("bandwidth-bound") or row.finding("memory-bound")
+        assert finding is not None and row.kernel_gbps is not None and row.achieved_gbps is not None
+        assert row.kernel_gbps == pytest.approx(finding.evidence["achieved_gbps"], abs=1e-3)
+        assert row.kernel_gbps > 1.5 * row.achieved_gbps  # the host's share of the latency
+    cudnn = results.rows[0]
+    assert cudnn.variant == "sdpa-cudnn" and cudnn.kernel_gbps == pytest.approx(3622.5, abs=0.1)
+    assert "kernel GB/s" in compare_report(results.rows, "table", "sdpa-cudnn", None)
