@@ -1,7 +1,11 @@
+from dataclasses import asdict
+
 import pytest
 import torch
 
 from attnprof.errors import VariantFailure
+from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.rows import cell_row
 from attnprof.profiling import timing
 from attnprof.profiling.timing import (
     TimingOptions,
@@ -11,6 +15,7 @@ from attnprof.profiling.timing import (
     summarize,
     time_forward,
 )
+from attnprof.registry import RunSpec
 
 
 class FakeClock:
@@ -126,7 +131,7 @@ def test_cpu_notes_graph_and_flush_as_not_applicable():
     t = time_forward(lambda: x * 2, "cpu", options)
     assert "cuda-graph n/a on CPU" in t.method and "flush-l2 n/a on CPU" in t.method
     assert t.cuda_graph is False and t.flush_l2 is False
-    assert set(t.to_dict()) >= {"median_us", "iqr_us", "p25_us", "p75_us", "reps", "cold_ms", "unstable", "method"}
+    assert set(asdict(t)) >= {"median_us", "iqr_us", "p25_us", "p75_us", "reps", "cold_ms", "unstable", "method"}
 
 
 def test_oom_becomes_one_line_variant_failure():
@@ -166,12 +171,12 @@ def test_summarize_flags_unstable():
     assert t.unstable and t.median_us == pytest.approx(1500.0)
 
 
-def test_to_dict_carries_result_row_names():
+def test_the_row_carries_the_timing_under_its_names():
     t = timing.summarize([1e-3, 2e-3, 3e-3], reps=3, warmup_reps=1, cold_s=0.5, method="m")
-    row = t.to_dict()
-    assert row["latency_us"] == row["median_us"] == pytest.approx(2000.0)
-    assert row["latency_iqr_us"] == row["iqr_us"] and row["timing_method"] == "m"
-    assert row["cold_ms"] == pytest.approx(500.0)
+    row = cell_row(CellResult("v", "built-in", RunSpec("cpu", "fp32", 1, 1, 16, 16), timing=t))
+    assert row.latency_us == t.median_us == pytest.approx(2000.0)
+    assert row.latency_iqr_us == t.iqr_us and row.timing_method == "m"
+    assert row.cold_ms == pytest.approx(500.0) and (row.timing_reps, row.warmup_reps) == (3, 1)
 
 
 def test_forwards_per_graph_fills_the_target_and_is_clamped():
@@ -190,7 +195,7 @@ def test_forwards_per_graph_fills_the_target_and_is_clamped():
 def test_summarize_records_forwards_per_sample():
     t = summarize([1e-5] * 4, reps=4, warmup_reps=3, cold_s=0.0, method="m", cuda_graph=True,
                   forwards_per_sample=19)
-    assert t.forwards_per_sample == 19 and t.to_dict()["forwards_per_sample"] == 19
+    assert t.forwards_per_sample == 19 and asdict(t)["forwards_per_sample"] == 19
     assert t.median_us == pytest.approx(10.0)
 
 

@@ -22,7 +22,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from attnprof.errors import VariantFailure
@@ -50,10 +50,6 @@ class Check:
     reason: str | None = None
     threshold: float | None = None
     scope: str = "full"
-
-    def to_dict(self) -> dict:
-        """A JSON-ready dict of the fields."""
-        return asdict(self)
 
 
 def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:

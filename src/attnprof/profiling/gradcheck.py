@@ -23,7 +23,7 @@ Inf are looked for in the whole gradients.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.masks import Mask
@@ -52,10 +52,6 @@ class GradCheck:
     reason: str | None = None
     threshold: float | None = None
     scope: str = "full"
-
-    def to_dict(self) -> dict:
-        """A JSON-ready dict of the fields."""
-        return asdict(self)
 
 
 def grad_threshold_for(dtype: str) -> float:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
@@ -79,13 +79,6 @@ class Timing:
     forwards_per_sample: int = 1
     drift: float = 0.0
     cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
-
-    def to_dict(self) -> dict:
-        """A JSON-ready dict of the fields, plus the result-row names `latency_us` (the median),
-        `latency_iqr_us` and `timing_method`."""
-        data = asdict(self)
-        data.update(latency_us=self.median_us, latency_iqr_us=self.iqr_us, timing_method=self.method)
-        return data
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
