@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis_json import analysis_json
+from analysis_json import analysis_json, ledger_json
 from tracegen import FLASH, TraceBuilder, build
 
 from attnprof.analysis import analyze_trace
@@ -188,7 +188,7 @@ def test_overlapping_attention_kernels_count_once_in_the_share_of_gpu_time():
     assert ledger.kernel_time_us == pytest.approx(200.0)
     assert ledger.kernel_time_us > analysis.gpu_time_us  # the plain sum would say about 190%
     assert ledger.gpu_time_pct == pytest.approx(100.0)  # the two kernels' union is the whole span
-    assert ledger.to_dict()["gpu_time_pct"] <= 100.0
+    assert ledger_json(ledger)["gpu_time_pct"] <= 100.0
 
 
 def findings(name: str) -> dict[str, str]:
@@ -273,7 +273,7 @@ def test_graph_replayed_combine_kernels_finish_the_call_before_them():
     def forward(b: TraceBuilder):
         b.graph([splitkv, combine, "triton_poi_fused_add_0", splitkv, combine], gpu_us=10.0)
 
-    ledger = analyze_trace(build(forward)).attention.to_dict()
+    ledger = ledger_json(analyze_trace(build(forward)).attention)
     assert ledger["calls_per_forward"] == 2
     pair = ["flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel"]
     assert [c["kernels"] for c in ledger["calls"]] == [pair, pair]

@@ -5,7 +5,7 @@ attention-overhead findings."""
 from __future__ import annotations
 
 import pytest
-from analysis_json import analysis_json
+from analysis_json import analysis_json, ledger_json
 from tracegen import (
     BF16,
     COPY,
@@ -40,7 +40,7 @@ LINEAR_GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
 
 
 def ledger(trace, **kwargs):
-    return analyze_trace(trace, **kwargs).attention.to_dict()
+    return ledger_json(analyze_trace(trace, **kwargs).attention)
 
 
 def linear(b: TraceBuilder, us: float = 10.0) -> None:
@@ -200,7 +200,7 @@ def test_flex_calls_are_its_compiled_kernels_and_the_block_mask_is_overhead():
         flex_layer(b)
 
     analysis = analyze_trace(build(forward))
-    d = analysis.attention.to_dict()
+    d = ledger_json(analysis.attention)
     assert d["calls_per_forward"] == 2 and d["backends"] == {"flex": 2}
     assert d["calls"][0] == {
         "op": FLEX,
@@ -349,7 +349,7 @@ def test_instances_of_one_shape_each_get_their_own_calls_and_times():
     calls = [m.attention.calls for m in analysis.per_forward]
     assert [[c.time_us for c in found] for found in calls] == [[100.0], [200.0], [300.0]]
     assert all(found[0].op == "FlexAttention" and found[0].backend == "flex" for found in calls)
-    assert analysis.attention.to_dict()["kernel_time_us"] == 200.0
+    assert ledger_json(analysis.attention)["kernel_time_us"] == 200.0
 
 
 def test_instances_that_differ_in_a_kernel_are_different_shapes():
@@ -377,7 +377,7 @@ def test_instances_of_one_shape_each_get_their_own_overhead_times():
     analysis = analyze_trace(build(forward))
     times = [m.attention.overhead["kv-repeat"].time_us for m in analysis.per_forward]
     assert times == [10.0, 20.0, 30.0]
-    assert analysis.attention.to_dict()["overhead"][0]["time_us"] == 20.0
+    assert ledger_json(analysis.attention)["overhead"][0]["time_us"] == 20.0
 
 
 FLEX_DECODE = "triton_tem_fused__to_copy_flex_attention_ones_slice_sort_sum_transpose_zeros_2"  # as in
@@ -398,7 +398,7 @@ def test_a_split_kv_flex_decode_is_one_call_of_its_template_and_its_reduction():
             with b.op(FLEX_REDUCE):
                 b.kernel(FLEX_REDUCE, gpu_us=5.0, api="cuLaunchKernel")
 
-    d = analyze_trace(build(forward)).attention.to_dict()
+    d = ledger_json(analyze_trace(build(forward)).attention)
     assert d["calls_per_forward"] == 1 and d["backends"] == {"flex": 1}
     (call,) = d["calls"]
     assert call["kernels"] == [FLEX_DECODE, FLEX_REDUCE] and call["time_us"] == pytest.approx(105.0)

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from analysis_json import ledger_json
 
 from attnprof.analysis import analyze_trace
 
@@ -75,7 +76,7 @@ def test_the_raw_trace_holds_two_attention_calls_per_forward(name, op, per_forwa
 )
 def test_two_layers_are_two_calls_per_forward(name, backend, pct):
     a = llama(name)
-    d = a.attention.to_dict()
+    d = ledger_json(a.attention)
     assert d["calls_per_forward"] == 2 and d["backends"] == {backend: 2}
     assert pct[0] < d["gpu_time_pct"] < pct[1]
     assert 0 < d["kernel_time_us"] < a.gpu_time_us
@@ -85,7 +86,7 @@ def test_two_layers_are_two_calls_per_forward(name, backend, pct):
 
 
 def test_eager_calls_cover_matmuls_scale_mask_softmax_and_its_casts():
-    d = llama("eager").attention.to_dict()
+    d = ledger_json(llama("eager").attention)
     call = d["calls"][0]
     assert call["op"] == "aten::matmul → aten::softmax → aten::matmul"
     # the query's layout copy inside matmul, memset + GEMM, scale, mask add, fp32 cast, softmax, cast back, GEMM
@@ -103,7 +104,7 @@ def test_eager_calls_cover_matmuls_scale_mask_softmax_and_its_casts():
 
 
 def test_eager_overhead_is_the_mask_the_kv_repeat_and_the_output_copy():
-    d = llama("eager").attention.to_dict()
+    d = ledger_json(llama("eager").attention)
     items = {o["kind"]: o for o in d["overhead"]}
     assert list(items) == ["mask-build", "kv-repeat", "layout-copy"]
     assert items["mask-build"]["count_per_forward"] == 2 and items["mask-build"]["ops"][0] == "aten::le"
@@ -115,8 +116,8 @@ def test_eager_overhead_is_the_mask_the_kv_repeat_and_the_output_copy():
 
 
 def test_sdpa_with_gqa_has_no_overhead_and_flex_builds_its_block_mask():
-    assert llama("sdpa").attention.to_dict()["overhead"] == []
-    d = llama("flex_attention").attention.to_dict()
+    assert ledger_json(llama("sdpa").attention)["overhead"] == []
+    d = ledger_json(llama("flex_attention").attention)
     items = {o["kind"]: o for o in d["overhead"]}
     assert list(items) == ["mask-build", "dtype-cast"]
     assert items["mask-build"]["count_per_forward"] == 1 and 15 < items["mask-build"]["time_us"] < 25
@@ -125,14 +126,14 @@ def test_sdpa_with_gqa_has_no_overhead_and_flex_builds_its_block_mask():
 
 
 def test_the_training_step_links_each_backward_to_its_forward_call():
-    d = llama("eager-train_step").attention.to_dict()
+    d = ledger_json(llama("eager-train_step").attention)
     backward = [c for c in d["calls"] if c["phase"] == "backward"]
     assert [c["forward_call"] for c in backward] == [0, 1]
     assert all("SoftmaxBackward0" in c["op"] and "BmmBackward0" in c["op"] for c in backward)
     assert d["backward_kernel_time_us"] == pytest.approx(sum(c["time_us"] for c in backward), rel=0.01)
     assert 3_000 < d["backward_kernel_time_us"] < 4_000
     kv = next(o for o in d["overhead"] if o["kind"] == "kv-repeat")
-    forward_only = next(o for o in llama("eager").attention.to_dict()["overhead"] if o["kind"] == "kv-repeat")
+    forward_only = next(o for o in ledger_json(llama("eager").attention)["overhead"] if o["kind"] == "kv-repeat")
     assert kv["count_per_forward"] == 4 and kv["time_us"] > forward_only["time_us"] + 40  # ExpandBackward0 sums
 
 
@@ -230,7 +231,7 @@ SINGLE = sorted(p for p in DATA.glob("*x*/*.json.gz"))
 @pytest.mark.parametrize("path", SINGLE, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_each_variant_is_one_call_with_its_backend(path):
     a = analyze_trace(path, dtype="bf16")
-    d = a.attention.to_dict()
+    d = ledger_json(a.attention)
     backend = BACKENDS[path.name.removesuffix(".json.gz")]
     assert d["calls_per_forward"] == 1 and d["backends"] == {backend: 1}
     [call] = d["calls"]
@@ -241,13 +242,13 @@ def test_each_variant_is_one_call_with_its_backend(path):
 
 
 def test_the_math_backend_holds_its_twenty_kernels():
-    d = analyze_trace(DATA / "8x16x1024x64" / "sdpa-math.json.gz").attention.to_dict()
+    d = ledger_json(analyze_trace(DATA / "8x16x1024x64" / "sdpa-math.json.gz").attention)
     assert len(d["calls"][0]["kernels"]) == 20 and d["overhead"] == []
 
 
 @pytest.mark.parametrize("variant", ["naive", "inplace"])
 def test_gqa_repeat_interleave_is_kv_repeat(variant):
-    d = analyze_trace(DATA / "4x32x8192x128-kv8" / f"{variant}.json.gz").attention.to_dict()
+    d = ledger_json(analyze_trace(DATA / "4x32x8192x128-kv8" / f"{variant}.json.gz").attention)
     [item] = d["overhead"]
     assert item["kind"] == "kv-repeat" and item["count_per_forward"] == 2
     assert item["ops"][0].startswith("aten::repeat_interleave")
@@ -260,7 +261,7 @@ TRAINING = sorted((DATA / "training").glob("*/*/*.json.gz"))
 def test_training_steps_link_the_backward_to_the_forward_call(path):
     region = "train_step" if path.parent.parent.name == "train_step" else "attnprof"
     a = analyze_trace(path, region=region)
-    d = a.attention.to_dict()
+    d = ledger_json(a.attention)
     variant = path.name.removesuffix(".json.gz")
     backward = [c for c in d["calls"] if c["phase"] == "backward"]
     if path.parent.parent.name == "bwd":  # the forward ran before the region: only a fused backward is known

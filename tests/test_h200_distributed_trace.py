@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from analysis_json import comm_json, ledger_json
 
 from attnprof.analysis import analyze_trace
 
@@ -20,7 +21,7 @@ def analysis():
 
 def test_the_ring_communication_is_counted_per_forward_and_overlaps_the_compute(analysis) -> None:
     assert (analysis.region, analysis.forwards, analysis.kernels_per_forward) == ("attnprof", 3, 4)
-    comm = analysis.comm.to_dict()
+    comm = comm_json(analysis.comm)
     assert comm["source"] == "device" and comm["kernels"] == ["ncclDevKernel_SendRecv"]
     assert (comm["kernels_per_forward"], comm["ops_per_forward"]) == (1, 2)  # one kernel for the send/recv pair
     assert comm["comm_time_us"] == pytest.approx(179.0, abs=1.0)
@@ -31,5 +32,5 @@ def test_the_ring_communication_is_counted_per_forward_and_overlaps_the_compute(
 
 
 def test_the_block_attention_is_one_flash_call(analysis) -> None:
-    ledger = analysis.attention.to_dict()
+    ledger = ledger_json(analysis.attention)
     assert ledger["calls_per_forward"] == 1 and ledger["backends"] == {"flash": 1}
