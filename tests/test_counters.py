@@ -12,6 +12,7 @@ import types
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from attnprof.analysis import analyze_trace
@@ -36,6 +37,9 @@ from attnprof.peaks import measured_peaks
 from attnprof.pipeline.measured import CellResult
 from attnprof.profiling.ceiling import Ceiling
 from attnprof.registry import RunSpec
+from attnprof.results.files import to_json
+from attnprof.results.parts import CountersRecord
+from attnprof.results.records import counters_of, counters_record
 
 
 def counter_findings(counters):
@@ -387,7 +391,7 @@ def test_a_measured_ceiling_replaces_the_datasheet():
     assert found.peaks is not None and found.peaks.basis == "measured"
     assert (found.peaks.tensor_tflops, found.peaks.read_gbps) == (760.0, 4300.0)
     assert found.placements[0].pct_of_ceiling == pytest.approx(100 * FLOPS / 8237.856e-6 / 1e12 / 760.0)
-    assert "measured on this machine (2026-12-02)" in found.to_dict()["peaks"]["text"]
+    assert "measured on this machine (2026-12-02)" in counters_record(found, []).peaks.text
     unknown = replace(load_counters(page("triton-flash")), device="a GPU nobody knows")
     assert counters_for_cell(unknown, SPEC, None, seconds=None, report_path=None).peaks is None
 
@@ -599,11 +603,12 @@ def test_counters_round_trip_through_json():
         counters("sdpa-cudnn", spec=SPEC),
         counters_for_cell(backward_report(), replace(SPEC, mode="bwd"), None, seconds=1.5, report_path="bwd.csv"),
     ):
-        data = json.loads(json.dumps(found.to_dict()))
-        again = CellCounters.from_dict(data)
-        assert again.to_dict() == data
+        data = json.loads(to_json(counters_record(found, [])))
+        again = counters_of(msgspec.convert(data, CountersRecord))
+        assert json.loads(to_json(counters_record(again, []))) == data
         assert [k.name for k in again.kernels] == [k.name for k in found.kernels]
-        assert again.shown.kernels == CellCounters.from_dict(again.to_dict()).shown.kernels
+        assert again.shown.kernels == counters_of(counters_record(again, [])).shown.kernels
+        assert again.peaks == found.peaks and again.match == found.match
         assert ids(counter_findings(again)) == ids(counter_findings(found))
 
 
@@ -617,9 +622,10 @@ def test_the_results_entry_holds_the_counters_and_the_findings():
     row = cell_row(result)
     entry = json.loads(to_json(row))
     assert "l2-thrash" in row.finding_ids and "l2-thrash" in [f["id"] for f in entry["findings"]]
-    assert CellCounters.from_dict(entry["counters"]).to_dict() == {
-        k: v for k, v in entry["counters"].items() if k != "occupancy_measured"
-    }
+    assert (
+        json.loads(to_json(counters_record(result.counters, entry["counters"]["occupancy_measured"])))
+        == (entry["counters"])
+    )
     assert entry["counters"]["occupancy_measured"] == [
         "_attn_fwd: achieved occupancy 12.5% measured by Nsight Compute (the trace reported none)"
     ]
@@ -648,7 +654,7 @@ def test_resume_keeps_the_counters_of_a_finished_row(tmp_path):
         tmp_path / "results.json", results_document("compare", config, {}, None, [cell_row(result)], False)
     )
     (row,) = kept_rows(load_results(path))
-    assert CellCounters.from_dict(row.counters).to_dict() == result.counters.to_dict()
+    assert row.counters == counters_record(result.counters, [])
     assert row.findings == []  # cuDNN's forward raises no counter finding (see above)
 
 

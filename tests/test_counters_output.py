@@ -182,7 +182,7 @@ def test_a_bad_report_is_one_line_and_exit_2(cli, tmp_path, name, text, message)
 
 
 def test_the_counters_table_fits_120_columns_and_wide_shows_every_column():
-    items = [counted(r.variant, r.counters.to_dict()) for r in counted_rows()]  # typed from the rows' JSON
+    items = [counted(r.variant, cell_row(r).counters) for r in counted_rows()]  # the rows' typed records
     assert all(isinstance(item, Counted) for item in items)
     fitted = counters_report([item for item in items if item is not None], "table", 120)
     assert max(len(line) for line in fitted.splitlines()) <= 120

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from analysis_json import analysis_json
 from tracegen import BF16, FLASH, TraceBuilder
@@ -23,6 +24,7 @@ from attnprof.report.impact import impact_text, ranked, what_to_look_at
 from attnprof.report.model_tables import model_report
 from attnprof.report.tables import compare_report
 from attnprof.results.parts import FindingRecord
+from attnprof.results.records import finding_record
 from attnprof.stats import median
 
 H200 = Path(__file__).parent / "data" / "h200"
@@ -55,9 +57,10 @@ def test_a_hidden_memcpy_costs_the_copies_device_time() -> None:
     finding = analysis.finding("hidden-memcpy")
     assert copies > 3_000 and finding.impact_us == pytest.approx(copies)
     assert finding.impact_pct == pytest.approx(100 * copies / analysis.gpu_time_us)  # GPU-bound: the GPU's time
-    assert finding.to_dict() == {"id": "hidden-memcpy", "message": finding.message, "severity": "problem",
-                                 "impact_us": round(copies, 3), "impact_pct": round(finding.impact_pct, 2),
-                                 "evidence": finding.evidence}
+    assert msgspec.to_builtins(finding_record(finding)) == {
+        "id": "hidden-memcpy", "message": finding.message, "severity": "problem", "impact_us": round(copies, 3),
+        "impact_pct": round(finding.impact_pct, 2), "evidence": finding.evidence,
+    }
 
 
 def test_fp32_gemms_cost_their_time_beyond_their_flops_at_the_measured_ceiling() -> None:

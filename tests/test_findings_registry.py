@@ -7,6 +7,7 @@ import ast
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_import_cycles import find_cycle, import_graph
 
@@ -15,6 +16,7 @@ from attnprof.analysis.findings import FINDINGS, SEVERITIES, Finding, FindingCon
 from attnprof.errors import DuplicateFindingError, ExpectationsError, UnknownFindingError
 from attnprof.report.expectations import parse_expectations
 from attnprof.report.findings_tables import REGENERATE
+from attnprof.results.records import finding_record
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "attnprof" / "analysis" / "findings"
@@ -107,8 +109,10 @@ def test_a_match_carries_the_severity_the_impact_and_its_share_of_the_instance(c
                          gpu_time_us=200.0)  # the instance's time: the larger, 200 us
     found = rule.match(ctx)
     assert (found.severity, found.impact_us, found.impact_pct) == ("problem", *expected)
-    assert found.to_dict() == {"id": "some-finding", "message": "said.", "severity": "problem",
-                               "impact_us": expected[0], "impact_pct": expected[1], "evidence": {}}
+    assert msgspec.to_builtins(finding_record(found)) == {
+        "id": "some-finding", "message": "said.", "severity": "problem",
+        "impact_us": expected[0], "impact_pct": expected[1], "evidence": {},
+    }
 
 
 def test_an_unknown_id_gets_the_closest():

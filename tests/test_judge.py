@@ -5,10 +5,12 @@ evidence; and no module outside analysis/findings/ makes, drops or rewrites a fi
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import replace
 from pathlib import Path
 from unittest.mock import patch
 
+import msgspec
 import pytest
 
 from attnprof.analysis import analyze_trace
@@ -26,7 +28,8 @@ from attnprof.analysis.findings.judge import (
 )
 from attnprof.pipeline.measured import CellResult, ModelResult
 from attnprof.registry import RunSpec
-from attnprof.results.parts import MaskAlternative
+from attnprof.results.files import to_json
+from attnprof.results.parts import FindingRecord, MaskAlternative
 from attnprof.results.records import finding_of, finding_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,8 +208,10 @@ def test_a_finding_keeps_its_evidence_through_a_row_and_back() -> None:
     finding = judge(Verdict([CPU_BOUND], latency_us=130.0, gpu_time_us=126.9))[0]
     record = finding_record(finding)
     assert record.evidence == finding.evidence and finding_of(record) == finding
-    assert Finding.from_dict(finding.to_dict()) == finding
-    assert Finding.from_dict({"id": "x", "message": "m"}).evidence == {}  # written before findings had evidence
+    written = msgspec.convert(json.loads(to_json(record)), FindingRecord)
+    assert finding_of(written) == finding
+    old = msgspec.convert({"id": "x", "message": "m"}, FindingRecord)  # written before findings had evidence
+    assert finding_of(old).evidence == {}
 
 
 # ---------------------------------------------------------------- only findings/ makes a finding

@@ -16,7 +16,7 @@ SM, threads per SM, warp size, SM count).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 WARP_SIZE = 32
@@ -48,10 +48,6 @@ class SmLimits:
         """The compute capability as major.minor ("9.0" for sm90)."""
         digits = self.arch[2:]
         return f"{digits[:-1]}.{digits[-1]}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return asdict(self)
 
 
 KB = 1024
@@ -140,10 +136,6 @@ class Occupancy:
     blocks_by_limit: dict[str, int]
     arithmetic: str
     arch: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the fields."""
-        return asdict(self)
 
 
 def limits_for(

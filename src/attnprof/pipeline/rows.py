@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.pipeline.measured import CellResult, Measured, ModelResult
 from attnprof.results.parts import Analysis, MaskAlternative
-from attnprof.results.records import analysis_record, finding_of, finding_record
+from attnprof.results.records import analysis_record, counters_record, finding_of, finding_record
 from attnprof.results.schema import SCHEMA_VERSION, Document, Row
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _shared_fields(result: Measured) -> dict[str, Any]:
         from attnprof.analysis.counters import occupancy_notes
 
         kernels = result.analysis.kernels if result.analysis is not None else []
-        counters = result.counters.to_dict() | {"occupancy_measured": occupancy_notes(kernels, result.counters)}
+        counters = counters_record(result.counters, occupancy_notes(kernels, result.counters))
     report = result.ncu_report or (result.counters.report_path if result.counters is not None else None)
     seconds = result.counters.seconds if result.counters is not None else None
     return {

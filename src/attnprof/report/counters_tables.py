@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from attnprof.analysis.counters.cell import CellCounters, ceilings_text
 from attnprof.analysis.counters.kernel import KernelCounters
 from attnprof.analysis.counters.roofline import KernelPlacement
 from attnprof.report.formatting import fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
+from attnprof.results.parts import CountersRecord
+from attnprof.results.records import counters_of
 
 COUNTER_COLUMNS = (
     Column("variant", narrow=12),
@@ -49,11 +50,11 @@ class Counted:
     occupancy_measured: list[str] = field(default_factory=list)
 
 
-def counted(label: str, data: dict[str, Any] | None) -> Counted | None:
-    """A row's `counters` (their JSON, `CellCounters.to_dict` with `occupancy_measured`) typed; None without."""
-    if not data:
+def counted(label: str, found: CountersRecord | None) -> Counted | None:
+    """A row's `counters` as the tables read them; None without."""
+    if found is None:
         return None
-    return Counted(label, CellCounters.from_dict(data), list(data.get("occupancy_measured") or []))
+    return Counted(label, counters_of(found), list(found.occupancy_measured))
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -192,7 +193,7 @@ def counters_heading(fmt: str, width: int | None, unit: str = "forward") -> list
 
 
 def counters_section(
-    items: Sequence[tuple[str, dict[str, Any] | None]], fmt: str, width: int | None = None, unit: str = "forward"
+    items: Sequence[tuple[str, CountersRecord | None]], fmt: str, width: int | None = None, unit: str = "forward"
 ) -> list[str]:
     """The heading, the line on how to read it and `counters_report` of the items that have counters: (label,
     a row's `counters`, None for a row without), typed by `counted`; [] when none has."""

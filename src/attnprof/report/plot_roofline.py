@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from attnprof.analysis.counters.cell import CellCounters
 from attnprof.analysis.hardware import Peaks
 from attnprof.report.plot_style import (
     GUIDE_COLOUR,
@@ -23,6 +22,7 @@ from attnprof.report.plot_style import (
     ok_rows,
     series_key,
 )
+from attnprof.results.records import counters_of
 from attnprof.results.schema import Row
 
 #: The title of the roofline plot (`plots.PLOTS["roofline"]`).
@@ -42,7 +42,7 @@ def _counted_points(rows: list[Row]) -> tuple[list[Series], list[Peaks], int]:
     for row in ok_rows(rows):
         if not row.counters:
             continue
-        counters = CellCounters.from_dict(row.counters)
+        counters = counters_of(row.counters)
         item = Series(row.variant, series_key(row))
         shown = counters.shown
         for kernel, placement in zip(shown.kernels, shown.placements, strict=True):

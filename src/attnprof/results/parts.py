@@ -3,8 +3,6 @@ encoded field by field. Field names are those of the JSON."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 
@@ -180,6 +178,99 @@ class MaskAlternative(Record):
     reason: str | None = None
 
 
+class StallRecord(Record):
+    """One warp-stall reason (`StallShare`); `label` and `words` are for readers."""
+
+    reason: str
+    label: str = ""
+    words: str = ""
+    per_issue: float = 0.0
+    share_pct: float = 0.0
+
+
+class KernelCountersRecord(Record):
+    """What Nsight Compute measured of one kernel launch (`KernelCounters`)."""
+
+    name: str
+    short_name: str = ""
+    index: int = 0
+    duration_us: float | None = None
+    dram_read_bytes: float | None = None
+    dram_write_bytes: float | None = None
+    dram_gbps: float | None = None
+    dram_pct_of_peak: float | None = None
+    sm_throughput_pct: float | None = None
+    tensor_pipe_pct: float | None = None
+    gmma_instructions: float | None = None
+    achieved_occupancy_pct: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    l2_hit_rate_pct: float | None = None
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = None
+    block: list[int] | None = None
+    grid: list[int] | None = None
+    stalls: list[StallRecord] = []
+    tensor_pipe: str | None = None
+
+
+class PlacementRecord(Record):
+    """One kernel on the roofline (`KernelPlacement`)."""
+
+    index: int
+    step: int = 0
+    flops: float | None = None
+    flops_share_pct: float | None = None
+    intensity: float | None = None
+    tflops: float | None = None
+    bound: str | None = None
+    pct_of_ceiling: float | None = None
+    text: str = ""
+
+
+class PeaksRecord(Record):
+    """The ceilings the placements use (`analysis.hardware.Peaks`) and their line in words."""
+
+    tflops: float
+    read_gbps: float
+    ridge: float | None = None
+    basis: str = "datasheet"
+    source: str = ""
+    text: str = ""
+
+
+class TraceMatchRecord(Record):
+    """How a report's kernels met a trace's launches (`TraceMatch`)."""
+
+    matched: int
+    total: int
+    attention: int = 0
+    unmatched: list[str] = []
+    text: str = ""
+
+
+class CountersRecord(Record):
+    """A row's (and `analyze --ncu-report`'s) hardware counters, with `occupancy_measured`: the notes on the
+    trace's kernels whose achieved occupancy Nsight Compute measured."""
+
+    kernels: list[KernelCountersRecord] = []
+    placements: list[PlacementRecord] = []
+    counted: list[int] = []
+    kernels_per_step: int = 0
+    steps: int = 0
+    shown_step: int = 0
+    flops_per_step: float | None = None
+    flops_source: str | None = None
+    compulsory_bytes: float | None = None
+    peaks: PeaksRecord | None = None
+    unit: str = "forward"
+    device: str | None = None
+    seconds: float | None = None
+    report_path: str | None = None
+    notes: list[str] = []
+    match: TraceMatchRecord | None = None
+    occupancy_measured: list[str] = []
+
+
 class Analysis(Record):
     """What `analyze` found for one region of one trace: the JSON contract of `attnprof analyze`, and the
     trace part of a row (see `analysis.analyze`). GPU fields are None for a CPU-only trace."""
@@ -209,4 +300,4 @@ class Analysis(Record):
     comm: CommRecord | None = None
     attention: AttentionRecord | None = None
     top_cpu_ops: list[CpuOpRecord] | None = None
-    counters: dict[str, Any] | None = None  # `analysis.counters.CellCounters`'s JSON, read back by its from_dict
+    counters: CountersRecord | None = None

@@ -8,6 +8,7 @@ percentages to 0.01) and the few figures that take an argument are written out.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -17,17 +18,22 @@ from attnprof.results.parts import (
     AttentionRecord,
     CallRecord,
     CommRecord,
+    CountersRecord,
     CpuOpRecord,
     DeviceRecord,
     FindingRecord,
+    KernelCountersRecord,
     KernelRecord,
     MinMax,
     OverheadRecord,
+    PeaksRecord,
     PhasesRecord,
+    StallRecord,
 )
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
+    from attnprof.analysis.counters import CellCounters
     from attnprof.analysis.findings import Finding
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
 
@@ -66,9 +72,9 @@ def finding_record(finding: Finding) -> FindingRecord:
 
 def finding_of(found: FindingRecord) -> Finding:
     """The live finding of a row's record (the inverse of `finding_record`, to judge a row made before)."""
-    from attnprof.analysis.findings import Finding
+    from attnprof.analysis.findings import read_finding
 
-    return Finding.from_dict(msgspec.to_builtins(found))
+    return read_finding(found)
 
 
 def attention_record(ledger: AttentionLedger) -> AttentionRecord:
@@ -121,7 +127,7 @@ def analysis_record(analysis: TraceAnalysis) -> Analysis:
         phases = PhasesRecord(rounded(phases.forward), rounded(phases.backward))
     counters = None
     if analysis.counters is not None:
-        counters = analysis.counters.to_dict() | {"occupancy_measured": list(analysis.occupancy_measured)}
+        counters = counters_record(analysis.counters, list(analysis.occupancy_measured))
     return rounded(
         Analysis(
             region=analysis.region,
@@ -153,4 +159,87 @@ def analysis_record(analysis: TraceAnalysis) -> Analysis:
             else [record(op, CpuOpRecord) for op in analysis.top_cpu_ops],
             counters=counters,
         )
+    )
+
+
+def _rounded(record: RecordT, digits: int, names: tuple[str, ...] | None = None) -> RecordT:
+    """The record with its float fields (those in `names`, or all) rounded to `digits`."""
+    changes = {
+        name: round(value, digits)
+        for name in names or record.__struct_fields__
+        if isinstance(value := getattr(record, name), float)
+    }
+    return msgspec.structs.replace(record, **changes) if changes else record
+
+
+def _stall(stall: StallRecord) -> StallRecord:
+    return _rounded(_rounded(stall, 2, ("share_pct",)), 4, ("per_issue",))
+
+
+def counters_record(counters: CellCounters, occupancy_measured: list[str]) -> CountersRecord:
+    """The record of `counters`: kernel figures to 4 digits, stall shares to 0.01, placements to 3 digits."""
+    from attnprof.analysis.counters import ceilings_text
+
+    found = msgspec.convert(replace(counters, peaks=None), CountersRecord, from_attributes=True)
+    kernels = [_rounded(msgspec.structs.replace(k, stalls=[_stall(s) for s in k.stalls]), 4) for k in found.kernels]
+    placements = [
+        _rounded(p, 3, ("flops_share_pct", "intensity", "tflops", "pct_of_ceiling")) for p in found.placements
+    ]
+    peaks = None
+    if counters.peaks is not None:
+        p = counters.peaks
+        peaks = PeaksRecord(
+            tflops=p.tensor_tflops,
+            read_gbps=p.read_gbps,
+            ridge=round(p.ridge, 3),
+            basis=p.basis,
+            source=p.source,
+            text=ceilings_text(p),
+        )
+    return msgspec.structs.replace(
+        found,
+        kernels=kernels,
+        placements=placements,
+        peaks=peaks,
+        seconds=None if found.seconds is None else round(found.seconds, 3),
+        occupancy_measured=list(occupancy_measured),
+    )
+
+
+def counters_of(found: CountersRecord) -> CellCounters:
+    """The live counters of a record (the inverse of `counters_record`), for the tables and the roofline."""
+    from attnprof.analysis.counters import CellCounters, KernelCounters, KernelPlacement, StallShare, TraceMatch
+    from attnprof.analysis.hardware import Peaks
+
+    def kernel(k: KernelCountersRecord) -> KernelCounters:
+        values: dict[str, Any] = {
+            name: getattr(k, name)
+            for name in KernelCounters.__dataclass_fields__
+            if name not in ("block", "grid", "stalls")
+        }
+        return KernelCounters(
+            **values,
+            block=None if k.block is None else tuple(k.block),  # type: ignore[arg-type]
+            grid=None if k.grid is None else tuple(k.grid),  # type: ignore[arg-type]
+            stalls=tuple(StallShare(s.reason, s.per_issue, s.share_pct) for s in k.stalls),
+        )
+
+    peaks = found.peaks
+    match = found.match
+    return CellCounters(
+        kernels=[kernel(k) for k in found.kernels],
+        placements=[msgspec.convert(p, KernelPlacement, from_attributes=True) for p in found.placements],
+        counted=list(found.counted),
+        kernels_per_step=found.kernels_per_step,
+        shown_step=found.shown_step,
+        flops_per_step=found.flops_per_step,
+        flops_source=found.flops_source,
+        compulsory_bytes=found.compulsory_bytes,
+        peaks=None if peaks is None else Peaks(peaks.read_gbps, peaks.tflops, peaks.basis, peaks.source),  # type: ignore[arg-type]
+        unit=found.unit,
+        device=found.device,
+        seconds=found.seconds,
+        report_path=found.report_path,
+        notes=list(found.notes),
+        match=None if match is None else TraceMatch(match.matched, match.total, match.attention, list(match.unmatched)),
     )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from attnprof.results.parts import (
     AttentionRecord,
     CommRecord,
+    CountersRecord,
     CpuOpRecord,
     DeviceRecord,
     FindingRecord,
@@ -169,7 +170,7 @@ class Row(Record):
     trace_device: DeviceRecord | None = None
     comm: CommRecord | None = None
     top_cpu_ops: list[CpuOpRecord] | None = None  # a CPU-only trace's ops by self CPU time
-    counters: dict[str, Any] | None = None  # `analysis.counters.CellCounters`'s JSON and `occupancy_measured`
+    counters: CountersRecord | None = None
     mask_alternatives: list[MaskAlternative] = []
     phases_s: dict[str, float] = {}
     notes: list[str] = []

@@ -3,16 +3,17 @@ model) or `counters_for_trace` (`analyze --ncu-report`).
 
 `CellCounters` keeps every kernel of the report with its roofline placement, the steps they form, the
 step the tables show and the findings judge (the median one by time), the time Nsight Compute took and the
-report's path. `to_dict`/`from_dict` round-trip through the results JSON. It holds measurements only: the
-judge (`analysis.findings.judge.Counted.of`) reads its shown step and `measured_names` (the trace's kernels
-whose achieved occupancy Nsight Compute measured) and makes the counter findings.
+report's path; its JSON is the schema's (`results.records.counters_record`, read back by `counters_of`).
+It holds measurements only: the judge (`analysis.findings.judge.Counted.of`) reads its shown step and
+`measured_names` (the trace's kernels whose achieved occupancy Nsight Compute measured) and makes the
+counter findings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnprof.analysis.counters.kernel import CounterReport, KernelCounters
 from attnprof.analysis.counters.roofline import KernelPlacement, StepCounters, kernel_key, place_kernels, steps_of
@@ -47,15 +48,6 @@ class TraceMatch:
             f"{self.attention} of them in attention calls"
         )
         return text + (f"; unmatched: {', '.join(self.unmatched)}" if self.unmatched else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields and `text`."""
-        return {**self.__dict__, "unmatched": list(self.unmatched), "text": self.text}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TraceMatch:
-        """The inverse of `to_dict`."""
-        return cls(data["matched"], data["total"], data["attention"], list(data.get("unmatched") or []))
 
 
 @dataclass
@@ -107,63 +99,6 @@ class CellCounters:
         """The names of those of a trace's `kernels` whose achieved occupancy Nsight Compute measured."""
         measured = measured_occupancy(self)
         return frozenset(k.name for k in kernels if kernel_key(k.name) in measured)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form; `from_dict` reads it back."""
-        return {
-            "kernels": [k.to_dict() for k in self.kernels],
-            "placements": [p.to_dict() for p in self.placements],
-            "counted": list(self.counted),
-            "kernels_per_step": self.kernels_per_step,
-            "steps": self.steps,
-            "shown_step": self.shown_step,
-            "flops_per_step": self.flops_per_step,
-            "flops_source": self.flops_source,
-            "compulsory_bytes": self.compulsory_bytes,
-            "peaks": None if self.peaks is None else _peaks_dict(self.peaks),
-            "unit": self.unit,
-            "device": self.device,
-            "seconds": None if self.seconds is None else round(self.seconds, 3),
-            "report_path": self.report_path,
-            "notes": list(self.notes),
-            "match": None if self.match is None else self.match.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CellCounters:
-        """The inverse of `to_dict`."""
-        peaks = data.get("peaks")
-        match = data.get("match")
-        return cls(
-            kernels=[KernelCounters.from_dict(k) for k in data.get("kernels") or []],
-            placements=[KernelPlacement.from_dict(p) for p in data.get("placements") or []],
-            counted=list(data.get("counted") or []),
-            kernels_per_step=int(data.get("kernels_per_step") or 0),
-            shown_step=int(data.get("shown_step") or 0),
-            flops_per_step=data.get("flops_per_step"),
-            flops_source=data.get("flops_source"),
-            compulsory_bytes=data.get("compulsory_bytes"),
-            peaks=None
-            if peaks is None
-            else Peaks(peaks["read_gbps"], peaks["tflops"], peaks["basis"], peaks["source"]),
-            unit=data.get("unit") or "forward",
-            device=data.get("device"),
-            seconds=data.get("seconds"),
-            report_path=data.get("report_path"),
-            notes=list(data.get("notes") or []),
-            match=None if match is None else TraceMatch.from_dict(match),
-        )
-
-
-def _peaks_dict(peaks: Peaks) -> dict[str, Any]:
-    return {
-        "tflops": peaks.tensor_tflops,
-        "read_gbps": peaks.read_gbps,
-        "ridge": round(peaks.ridge, 3),
-        "basis": peaks.basis,
-        "source": peaks.source,
-        "text": ceilings_text(peaks),
-    }
 
 
 def ceilings_text(peaks: Peaks | None) -> str:

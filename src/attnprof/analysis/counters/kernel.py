@@ -8,7 +8,7 @@ way out: µs, bytes, GB/s, percent. A metric the report lacks gives None, never 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnprof.analysis.counters.metrics import (
@@ -48,21 +48,6 @@ class StallShare:
     def words(self) -> str:
         """What the stalled warps wait for, in plain words."""
         return STALL_REASONS.get(self.reason, self.label)
-
-    def to_dict(self) -> dict[str, Any]:
-        """{reason, label, words, per_issue, share_pct} (label and words are for readers, not read back)."""
-        return {
-            "reason": self.reason,
-            "label": self.label,
-            "words": self.words,
-            "per_issue": round(self.per_issue, 4),
-            "share_pct": round(self.share_pct, 2),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StallShare:
-        """The inverse of `to_dict`."""
-        return cls(data["reason"], float(data["per_issue"]), float(data["share_pct"]))
 
 
 @dataclass(frozen=True)
@@ -120,33 +105,6 @@ class KernelCounters:
         if self.tensor_pipe_pct is None or self.duration_us is None:
             return None
         return self.tensor_pipe_pct / 100.0 * self.duration_us
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field (block and grid as lists, stalls as `StallShare.to_dict`), plus `short_name` and
-        `tensor_pipe` for readers."""
-        data: dict[str, Any] = {"name": self.name, "short_name": self.short_name, "index": self.index}
-        for f in fields(self)[2:]:
-            value = getattr(self, f.name)
-            if f.name == "stalls":
-                value = [s.to_dict() for s in value]
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, float):
-                value = round(value, 4)
-            data[f.name] = value
-        data["tensor_pipe"] = self.tensor_pipe
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KernelCounters:
-        """The inverse of `to_dict` (the readers' extra keys ignored)."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        for key in ("block", "grid"):
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
-        values["stalls"] = tuple(StallShare.from_dict(s) for s in data.get("stalls") or [])
-        return cls(**values)
 
 
 @dataclass

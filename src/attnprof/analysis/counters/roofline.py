@@ -17,8 +17,7 @@ GPU's datasheet (`Peaks.basis`).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from attnprof.analysis.counters.kernel import KernelCounters
 from attnprof.analysis.hardware import Peaks
@@ -86,20 +85,6 @@ class KernelPlacement:
     bound: str | None
     pct_of_ceiling: float | None
     text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, rounded for the JSON."""
-        data = asdict(self)
-        for key in ("flops_share_pct", "intensity", "tflops", "pct_of_ceiling"):
-            if data[key] is not None:
-                data[key] = round(data[key], 3)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KernelPlacement:
-        """The inverse of `to_dict`."""
-        values: dict[str, Any] = {key: data.get(key) for key in cls.__dataclass_fields__}
-        return cls(**values)
 
 
 def placement_text(bound: str | None, pct: float | None, flops: float | None, peaks: Peaks | None) -> str:

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from attnprof.analysis.findings import backward, comm, counters, cpu, forward, ledger, masks, memory, occupancy
 from attnprof.analysis.findings.judge import Counted, Verdict, judge, judge_alternatives
-from attnprof.analysis.findings.registry import SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
+from attnprof.analysis.findings.registry import (
+    SEVERITIES,
+    Finding,
+    FindingContext,
+    FindingRegistry,
+    Rule,
+    read_finding,
+)
 
 #: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
@@ -47,6 +54,7 @@ def counter_findings(ctx: FindingContext) -> list[Finding]:
 
 
 __all__ = [
+    "read_finding",
     "FINDINGS",
     "FINDING_IDS",
     "SEVERITIES",

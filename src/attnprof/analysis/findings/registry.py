@@ -21,7 +21,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import DuplicateFindingError, UnknownFindingError
@@ -54,27 +54,12 @@ class Finding:
     impact_pct: float | None = None
     evidence: Numbers = field(default_factory=dict, hash=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        """{"id", "message", "severity", "impact_us", "impact_pct", "evidence"} (impact rounded: µs to 3
-        decimals, % to 2)."""
-        data = asdict(self)
-        if self.impact_us is not None:
-            data["impact_us"] = round(self.impact_us, 3)
-        if self.impact_pct is not None:
-            data["impact_pct"] = round(self.impact_pct, 2)
-        return data
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Finding:
-        """The inverse of `to_dict` (a dict written before findings had evidence has none)."""
-        return cls(
-            data["id"],
-            data.get("message") or "",
-            data.get("severity") or "problem",
-            data.get("impact_us"),
-            data.get("impact_pct"),
-            dict(data.get("evidence") or {}),
-        )
+def read_finding(written: Any) -> Finding:
+    """A finding read back from its record (anything with a finding's fields: `results.parts.FindingRecord`),
+    to judge a row made before; evidence written before findings had any is empty."""
+    evidence = dict(written.evidence or {})
+    return Finding(written.id, written.message, written.severity, written.impact_us, written.impact_pct, evidence)
 
 
 @dataclass(frozen=True)
