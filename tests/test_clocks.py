@@ -121,8 +121,8 @@ def _row(**extra):
 
 
 def test_tables_show_a_held_down_clock_and_leave_a_free_one_alone():
+    from attnprof.report.columns import latency_text
     from attnprof.report.run_tables import run_summary_table
-    from attnprof.report.tables import latency_text
 
     held = _row(sm_clock_mhz=1650, sm_clock_min_mhz=1560, sm_clock_max_mhz=1980, clock_limits="sw_power_cap")
     assert latency_text(held) == "2,036 ± 27 @ 1,650 MHz"

@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from attnprof.errors import OutputError
+from attnprof.report.columns import speedup_text
 from attnprof.report.formatting import fmt_number
 from attnprof.report.plot_style import log_ticks, seq_ticks, series, shape_label, style_for, tick
 from attnprof.report.plots import figures, left_out, svg_bytes, write_figures
-from attnprof.report.tables import speedup_text
 from attnprof.results.files import load_results
 from attnprof.results.schema import Row
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
+from attnprof.report.columns import speedup_text
 from attnprof.report.formatting import fmt_number
 from attnprof.report.sweep_tables import pivot_field, sweep_groups, sweep_report
-from attnprof.report.tables import compare_report, speedup_text
+from attnprof.report.tables import compare_report
 from attnprof.results.files import load_results
 
 RESULTS = Path(__file__).parent / "data" / "results"

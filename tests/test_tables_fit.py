@@ -22,8 +22,8 @@ from attnprof.report.run_tables import run_report
 from attnprof.report.tables import (
     GLANCE_COLUMNS,
     LIST_COLUMNS,
-    SHAPE_COLUMNS,
     compare_report,
+    shape_columns,
     variant_list_table,
 )
 from attnprof.results.schema import Row
@@ -151,7 +151,7 @@ def test_wide_keeps_every_column_and_the_messages_in_the_table(entries) -> None:
     text = compare_report(entries, "table", "sdpa-math", None)
     headers = [line for line in text.splitlines() if line.startswith("variant")]
     assert len(headers) == 3
-    for line, columns in zip(headers, (SHAPE_COLUMNS, SHAPE_COLUMNS, GLANCE_COLUMNS), strict=True):
+    for line, columns in zip(headers, (shape_columns(entries), shape_columns(entries), GLANCE_COLUMNS), strict=True):
         assert [c.header for c in columns] == re.split(r"\s{2,}", line.strip())
     assert "left out" not in text and "skipped: the efficient backend" in text
     assert widest(text) > 180
@@ -268,7 +268,8 @@ def test_list_fits_columns(cli) -> None:
 
 @pytest.mark.parametrize("fmt, width", [("table", 100), ("table", None), ("markdown", None)])
 def test_an_unreliable_speedup_never_reads_as_a_plain_figure(fmt, width, entries) -> None:
-    from attnprof.report.tables import UNRELIABLE, shape_table, speedup_text
+    from attnprof.report.columns import speedup_text
+    from attnprof.report.tables import UNRELIABLE, shape_table
 
     rows = [e for e in entries if e.shape == "8x16x1024x64"]
     wobbly = next(e for e in rows if e.variant == "sdpa-flash")
@@ -283,7 +284,7 @@ def test_an_unreliable_speedup_never_reads_as_a_plain_figure(fmt, width, entries
 
 
 def test_speedup_text() -> None:
-    from attnprof.report.tables import speedup_text
+    from attnprof.report.columns import speedup_text
 
     assert speedup_text(Row(speedup_vs_baseline=4.1234, speedup_reliable=True)) == "4.12x"
     assert speedup_text(Row(speedup_vs_baseline=4.1234, speedup_reliable=False)) == "~4.1x?"
@@ -293,7 +294,8 @@ def test_speedup_text() -> None:
 
 def test_a_memory_bound_rows_bandwidth_is_the_last_column_to_give_way() -> None:
     """Decode is read by its GB/s: with a memory-bound row the bandwidth column outlasts the TFLOP/s ones."""
-    from attnprof.report.tables import BANDWIDTH_HEADER, bandwidth_cell, shape_columns
+    from attnprof.report.columns import BANDWIDTH_HEADER, bandwidth_cell
+    from attnprof.report.tables import shape_columns
 
     def drop_of(rows):
         return next(c.drop for c in shape_columns(rows) if c.header == BANDWIDTH_HEADER)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attnprof.report.columns import speedup_text
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html_parts import (
     SPEED_TIMES,
@@ -36,7 +37,6 @@ from attnprof.report.tables import (
     compare_groups,
     shape_columns,
     shape_rows,
-    speedup_text,
     variant_label,
 )
 from attnprof.results.schema import Row

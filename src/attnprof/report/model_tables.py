@@ -2,26 +2,23 @@
 
 One table: a row per implementation × seq (× mode), with the latency of the whole step, the speed-up
 against the baseline, attention's share of GPU time, its calls and backends, the overhead ledger, the
-attention kernels' GB/s (`kernel_gbps`: their bytes over their device time), kernel counts, memory, the
-logits against the baseline's, and the finding ids. Fitted to a width, the reasons of rows that are not ok
-and the messages of the problem findings follow as wrapped bullets (the info ones are counted; `--wide`
-shows them), then "What to look at". Counts read `/step` when a mode runs a backward.
+attention kernels' GB/s (their bytes over their device time), kernel counts, memory (these are the metric
+columns of `report.columns`), the logits against the baseline's, and the finding ids. Fitted to a width,
+the reasons of rows that are not ok and the messages of the problem findings follow as wrapped bullets (the
+info ones are counted; `--wide` shows them), then "What to look at". Counts read `/step` when a mode runs
+a backward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from attnprof.report.columns import Cell, placed
 from attnprof.report.counters_tables import counters_section
-from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
-from attnprof.report.tables import latency_text, per_step, reason_bullets, speedup_text
-from attnprof.results.parts import AttentionRecord
+from attnprof.report.tables import per_step, reason_bullets
 from attnprof.results.schema import Row
 
-Cell = Callable[[Row], str]
-SHOWN_ALWAYS = 3  # implementation, seq and status: the cells of a row that never ran
+SHOWN_ALWAYS = ("implementation", "seq", "status")  # the cells of a row that never ran
 UNRELIABLE = (
     "~x? marks an unreliable speed-up: the row's or the baseline's timing is unstable (IQR over 10% of the median)"
 )
@@ -35,21 +32,6 @@ def params_text(count: int | None) -> str:
         if count >= size:
             return f"{count / size:.3g}{suffix}"
     return str(count)
-
-
-def _backends(text: str | None) -> str:
-    """`cudnn:2` as `cudnn ×2`; `n/a` without a ledger."""
-    if text is None:
-        return "n/a"
-    return ", ".join(" ×".join(item.rsplit(":", 1)) for item in text.split())
-
-
-def _overhead(ledger: AttentionRecord | None) -> str:
-    """Each overhead entry of the ledger: `kind ×count/fwd time µs`."""
-    if ledger is None or ledger.time_base == "cpu":
-        return "n/a"  # no ledger, or one timed on the CPU (no overhead measured there)
-    parts = [f"{o.kind} ×{fmt_count(o.count_per_forward)} {fmt_number(o.time_us)} µs" for o in ledger.overhead]
-    return "; ".join(parts) or "none"
 
 
 def _logits(row: Row, baseline: str) -> str:
@@ -85,27 +67,19 @@ def model_title(rows: list[Row], baseline: str) -> str:
 
 
 def _columns(baseline: str, modes: int, fitted: bool) -> list[tuple[Column, Cell]]:
-    """Each column of the table, with what its cell shows for a row."""
-    return [
+    """Each column of the table, with what its cell shows for a row: its own and the metric columns
+    `report.columns` places in it."""
+    own: list[tuple[Column, Cell]] = [
         (Column("implementation", narrow=14), lambda r: r.variant),
         (Column("seq"), lambda r: _seq(r, modes)),
         (Column("status", wide=36), lambda r: r.status.partition(":")[0] if fitted else r.status),
-        (Column("latency µs ± IQR", narrow=17), lambda r: latency_text(r)),
-        (Column("speed-up"), lambda r: speedup_text(r)),
-        (Column("attn % GPU", drop=8), lambda r: fmt_number(r.attention_gpu_pct)),
-        (Column("attn calls/fwd", drop=5), lambda r: fmt_count(r.attention_calls_per_forward)),
-        (Column("attn backends", narrow=14, drop=4, wide=30), lambda r: _backends(r.attention_backends)),
-        (Column("overhead", narrow=20, drop=3, wide=40), lambda r: _overhead(r.attention)),
-        (Column("kernel GB/s", drop=0), lambda r: fmt_number(r.kernel_gbps)),
-        (Column("kernels/fwd", drop=6), lambda r: fmt_count(r.kernels_per_forward)),
-        (Column("GPU µs", drop=2), lambda r: fmt_number(r.gpu_time_us)),
-        (Column("peak MiB", drop=1), lambda r: fmt_number(r.peak_memory_mib)),
         (Column("logits vs baseline", narrow=12, drop=7), lambda r: _logits(r, baseline)),
         (
             Column("findings", narrow=20, wide=40),
             lambda r: " ".join(f.id for f in shown(r.findings, 0 if fitted else None)),
         ),
     ]
+    return placed("model", own)
 
 
 def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = None) -> str:
@@ -117,7 +91,7 @@ def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = No
     body = []
     for row in rows:
         ran = row.status == "ok" or row.forwards is not None
-        body.append([cell(row) if ran or n < SHOWN_ALWAYS else "" for n, (_, cell) in enumerate(columns)])
+        body.append([cell(row) if ran or c.header in SHOWN_ALWAYS else "" for c, cell in columns])
     notes = reason_bullets(rows, width) if width is not None else []
     messages = [finding_line(f, unit_of(r), _cell(r)) for r in rows for f in shown(r.findings, width)]
     if messages:

@@ -171,7 +171,8 @@ def _bar_panel(ax: Any, group: list[Row], style: Style) -> bool:
     and speed-up, and one last row naming the others by status. True when a bar is unstable (hatched)."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    from attnprof.report.tables import cell_label, speedup_text, variant_label
+    from attnprof.report.columns import speedup_text
+    from attnprof.report.tables import cell_label, variant_label
 
     timed = [(row, value) for row in group if (value := number(row.latency_us))]
     timed.sort(key=lambda hit: hit[1])

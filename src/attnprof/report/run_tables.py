@@ -6,11 +6,12 @@ Formatting only: every figure is the row's (`results.schema.Row`).
 
 from __future__ import annotations
 
+from attnprof.report.columns import Cell, error_text, placed
 from attnprof.report.counters_tables import counters_section
-from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.formatting import fmt_number
 from attnprof.report.impact import unit_of, what_to_look_at
 from attnprof.report.layout import Column, fit_profiler_table, limit, table, wrap
-from attnprof.report.tables import bandwidth_cell, cell_label, cell_title, error_text, executed_text, latency_text
+from attnprof.report.tables import cell_label, cell_title
 from attnprof.results.parts import Analysis
 from attnprof.results.schema import Row
 
@@ -31,38 +32,6 @@ PROFILER_COLUMNS = (
 )
 
 
-def _clock(row: Row) -> str:
-    if not row.sm_clock_mhz:
-        return "n/a (not sampled: CPU, no nvidia-smi, --no-clocks or --no-timing)"
-    text = (
-        f"{fmt_count(row.sm_clock_mhz)} MHz median, {fmt_count(row.sm_clock_min_mhz)} lowest, "
-        f"{fmt_count(row.sm_clock_max_mhz)} max"
-    )
-    return text + (f"; held down by {row.clock_limits}" if row.clock_limits else "")
-
-
-def _throughput(row: Row) -> str:
-    """TFLOP/s with its % of the measured peak, or `n/a: why` when there is no meaningful peak."""
-    if row.pct_of_peak is None and row.pct_of_peak_note:
-        return f"{fmt_number(row.tflops)} (n/a: {row.pct_of_peak_note})"
-    return f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%)"
-
-
-def _kernel_throughput(row: Row) -> str:
-    """TFLOP/s by the attention calls' device time, with its % of the measured peak when there is one."""
-    if row.kernel_tflops is None:
-        return "n/a"
-    pct = row.kernel_pct_of_peak
-    return fmt_number(row.kernel_tflops) + ("" if pct is None else f" ({fmt_number(pct)}%)")
-
-
-def _bandwidth(row: Row) -> str:
-    """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
-    note when the achieved figure beat the read bandwidth."""
-    text = bandwidth_cell(row) + f", {row.bound or 'n/a'}"
-    return text + (f" ({row.read_bandwidth_note})" if row.read_bandwidth_note else "")
-
-
 def _phase_split(row: Row) -> str:
     """`1 + 5 (backward after the region)`: the step's kernels by phase, from the row's phase fields."""
     forward, backward = row.forward_kernels, row.backward_kernels
@@ -81,40 +50,22 @@ def _grad_errors(row: Row) -> str:
     return ", ".join(f"{name} {error_text(e)}" for name, e in errors.items())
 
 
-def _flops_text(row: Row) -> str:
-    """The step's useful FLOPs, and a block-sparse kernel's executed ones with their ratio."""
-    useful = row.flops
-    if useful is None:
-        return "n/a"
-    if row.executed_flops is None:
-        return f"{useful:.3g}, n/a (the variant does not report its tiles)"
-    return f"{useful:.3g}, {row.executed_flops:.3g} ({executed_text(row)})"
-
-
 def run_summary_table(row: Row, fmt: str, width: int | None = None) -> str:
-    """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it)."""
-    items = [
-        ("variant", f"{row.variant} ({row.source})"),
-        ("shape", cell_title(row)),
-        ("status", row.status),
-        ("backend dispatched", row.backend or "n/a"),
-        ("latency (µs, median ± IQR)", latency_text(row, say_retimed=True)),
-        ("timing method", row.timing_method or "n/a"),
-        ("SM clock while timed", _clock(row)),
-        ("cold first call (ms)", fmt_number(row.cold_ms)),
-        ("TFLOP/s by latency (% of measured peak)", _throughput(row)),
-        ("TFLOP/s by kernel time (% of peak)", _kernel_throughput(row)),
-        ("achieved GB/s (% of read bandwidth), bound", _bandwidth(row)),
-        ("GB/s by kernel time", fmt_number(row.kernel_gbps)),
-        ("FLOPs useful, executed by the kernel's tiles", _flops_text(row)),
-        ("peak extra memory (MiB)", fmt_number(row.peak_memory_mib)),
-        ("rel. error vs float64", error_text(row.rel_error)),
-        ("trace", row.trace or "n/a"),
+    """`attnprof run`: the cell and its measurements outside the profiler (the trace facts follow it), a line
+    per figure: its own and the metric columns `report.columns` places in it."""
+    stepped = (row.mode or "fwd") != "fwd"
+    own: list[tuple[str, Cell]] = [
+        ("variant", lambda r: f"{r.variant} ({r.source})"),
+        ("shape", cell_title),
+        *([("kernels per step: forward + backward", _phase_split)] if stepped else []),
+        ("status", lambda r: r.status),
+        ("backend dispatched", lambda r: r.backend or "n/a"),
+        ("timing method", lambda r: r.timing_method or "n/a"),
+        *([("gradient rel. error vs float64", _grad_errors)] if stepped else []),
+        ("trace", lambda r: r.trace or "n/a"),
     ]
-    if (row.mode or "fwd") != "fwd":
-        items.insert(-1, ("gradient rel. error vs float64", _grad_errors(row)))
-        items.insert(2, ("kernels per step: forward + backward", _phase_split(row)))
-    return table(RUN_COLUMNS, [list(item) for item in items], fmt, width)
+    items = placed("run", [(Column(label), cell) for label, cell in own])
+    return table(RUN_COLUMNS, [[column.header, cell(row)] for column, cell in items], fmt, width)
 
 
 def trace_analysis(row: Row) -> Analysis | None:

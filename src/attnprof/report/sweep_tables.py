@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnprof.report.columns import speedup_text
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.ranking import INFO, impact_text, rank_key, ranked, row_findings, severity
-from attnprof.report.tables import UNRELIABLE, speedup_text, variant_label
+from attnprof.report.tables import UNRELIABLE, variant_label
 from attnprof.results.parts import FindingRecord
 from attnprof.results.schema import Row
 

@@ -1,5 +1,5 @@
-"""Tables for `list` and `compare` (and the cell texts `run`'s view shares, `report.run_tables`), rendered
-with tabulate from typed rows (`results.schema.Row`). Formatting only.
+"""Tables for `list` and `compare`, rendered with tabulate from typed rows (`results.schema.Row`); the
+comparison table's metric columns are `report.columns`'. Formatting only.
 
 Every renderer takes `width`: None (`--wide`, and always for markdown) gives the full tables;
 a number fits every line of the `table` style to it (see `report.layout`): low-value columns
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from attnprof.report.columns import BANDWIDTH_HEADER, Cell, placed
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
@@ -32,27 +33,6 @@ LIST_COLUMNS = (
     Column("description", narrow=20, wide=60),
 )
 
-BANDWIDTH_HEADER = "GB/s (% read BW)"
-KERNEL_BANDWIDTH_HEADER = "kernel GB/s"
-SHAPE_COLUMNS = (
-    Column("variant", narrow=16),
-    Column("status", wide=36),
-    Column("kernels/fwd", drop=7),
-    Column("GPU µs", drop=8),
-    Column("CPU µs", drop=5),
-    Column("latency µs ± IQR", narrow=17),
-    Column("TFLOP/s (latency)", drop=3),
-    Column("TFLOP/s (kernels)", drop=4),
-    Column("% peak", drop=2),
-    Column(BANDWIDTH_HEADER, drop=1),  # kept to the last when a row is memory-bound (`shape_columns`)
-    Column(KERNEL_BANDWIDTH_HEADER, drop=-1),  # the first to go: a table it does not fit in is as before
-    Column("executed/useful FLOPs", drop=0),
-    Column("peak MiB", drop=1),
-    Column("rel err", drop=6),
-    Column("speed-up"),
-    Column("findings", narrow=30, wide=40),
-)
-
 GLANCE_COLUMNS = (
     Column("variant", narrow=16),
     Column("shape"),
@@ -70,40 +50,6 @@ def variant_list_table(entries: list[dict[str, Any]], fmt: str, width: int | Non
         for e in entries
     ]
     return table(LIST_COLUMNS, rows, fmt, width)
-
-
-def latency_text(row: Row, say_retimed: bool = False) -> str:
-    if row.latency_us is None:
-        return "n/a"
-    text = f"{fmt_number(row.latency_us)} ± {fmt_number(row.latency_iqr_us)}"
-    if clock_held_down(row):
-        text += f" @ {fmt_count(row.sm_clock_mhz)} MHz"
-    retimed = say_retimed and bool(row.retimed)
-    if row.unstable:
-        return text + (" (unstable, also when re-timed)" if retimed else " (unstable)")
-    return text + (" (re-timed: the first sample was unstable)" if retimed else "")
-
-
-def clock_held_down(row: Row) -> bool:
-    """True when the median SM clock while timing was more than 1% under the device's maximum."""
-    mhz, top = row.sm_clock_mhz, row.sm_clock_max_mhz
-    return bool(mhz and top and mhz < 0.99 * top)
-
-
-def speedup_text(row: Row) -> str:
-    """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `UNRELIABLE`);
-    a missing one `n/a`."""
-    value = row.speedup_vs_baseline
-    if value is None:
-        return "n/a"
-    if row.speedup_reliable is False:
-        return f"~{value:.2g}x?" if value < 10 else f"~{value:,.0f}x?"
-    return f"{value:.2f}x"
-
-
-def error_text(value: float | None) -> str:
-    """A relative error: `1.5e-03`, or n/a."""
-    return "n/a" if value is None else f"{value:.1e}"
 
 
 def _status_word(row: Row) -> str:
@@ -127,57 +73,37 @@ def per_step(columns: tuple[Column, ...], modes: set[str]) -> tuple[Column, ...]
     return tuple(replace(c, header=c.header.replace("/fwd", "/step")) for c in columns)
 
 
+def _shape_cells(rows: list[Row], full: bool, problems_only: bool = False) -> list[tuple[Column, Cell]]:
+    """The comparison table's columns and cells: its own (variant, status, findings) and the metric columns
+    `report.columns` places in it."""
+    own: list[tuple[Column, Cell]] = [
+        (Column("variant", narrow=16), lambda r: variant_label(r, rows)),
+        (Column("status", wide=36), lambda r: r.status if full else _status_word(r)),
+        (Column("findings", narrow=30, wide=40), lambda r: shown_ids(r, 0 if problems_only else None)),
+    ]
+    return placed("compare", own)
+
+
 def shape_columns(rows: list[Row]) -> tuple[Column, ...]:
-    """`SHAPE_COLUMNS` for these rows (`per_step` by their modes): when one of them is memory-bound (decode),
-    its achieved bandwidth is the figure to read, so that column is the last to give way to a width."""
-    columns = per_step(SHAPE_COLUMNS, {row.mode or "fwd" for row in rows})
+    """The comparison table's columns for these rows (`per_step` by their modes): when one of them is
+    memory-bound (decode), its achieved bandwidth is the figure to read, so that column is the last to give
+    way to a width."""
+    columns = per_step(tuple(c for c, _ in _shape_cells(rows, full=False)), {row.mode or "fwd" for row in rows})
     if any(row.bound == "memory" for row in rows):
         columns = tuple(replace(c, drop=99) if c.header == BANDWIDTH_HEADER else c for c in columns)
     return columns
 
 
-def bandwidth_cell(row: Row) -> str:
-    """ "4,310 (95.8%)": achieved GB/s and its % of the read bandwidth (n/a without bytes)."""
-    pct = row.pct_of_read_bandwidth
-    return fmt_number(row.achieved_gbps) + ("" if pct is None else f" ({fmt_number(pct)}%)")
-
-
 def shape_rows(rows: list[Row], full: bool, problems_only: bool = False) -> list[list[str]]:
-    """The comparison table's cells (`SHAPE_COLUMNS`) for the rows of one shape; `full` keeps each
-    status's reason in its cell, else only the status word; `problems_only` leaves the info findings out."""
+    """The comparison table's cells (`shape_columns`) for the rows of one shape; `full` keeps each
+    status's reason in its cell, else only the status word; `problems_only` leaves the info findings out.
+    A row that never ran shows its variant and status only."""
+    cells = _shape_cells(rows, full, problems_only)
     body = []
     for row in rows:
-        status = row.status if full else _status_word(row)
-        if row.status != "ok" and row.forwards is None:
-            body.append([variant_label(row, rows), status] + ["" for _ in SHAPE_COLUMNS[2:]])
-            continue
-        body.append(
-            [
-                variant_label(row, rows),
-                status,
-                fmt_count(row.kernels_per_forward),
-                fmt_number(row.gpu_time_us),
-                fmt_number(row.cpu_time_us),
-                latency_text(row),
-                fmt_number(row.tflops),
-                fmt_number(row.kernel_tflops),
-                fmt_number(row.pct_of_peak),
-                bandwidth_cell(row),
-                fmt_number(row.kernel_gbps),
-                executed_text(row),
-                fmt_number(row.peak_memory_mib),
-                error_text(row.rel_error),
-                speedup_text(row),
-                shown_ids(row, 0 if problems_only else None),
-            ]
-        )
+        ran = row.status == "ok" or row.forwards is not None
+        body.append([cell(row) if ran or c.header in ("variant", "status") else "" for c, cell in cells])
     return body
-
-
-def executed_text(row: Row) -> str:
-    """A block-sparse kernel's executed FLOPs over the useful ones (`1.37×`); n/a for a dense variant."""
-    executed, useful = row.executed_flops, row.flops
-    return f"{executed / useful:.2f}×" if executed is not None and useful else "n/a"
 
 
 def shape_table(rows: list[Row], fmt: str, width: int | None = None, keep: list[int] | None = None) -> str:

@@ -1,0 +1,264 @@
+"""The row-metric columns, each declared once: how its cell reads a typed row (`results.schema.Row`), and
+where it stands in each view that shows it: compare's shape table (and the HTML report's comparison tables,
+made from it), run's summary, the model table. A view lists only its own columns (variant, status,
+findings, ...) and takes its metric columns from `METRIC_COLUMNS` through `placed`. Formatting only.
+
+A metric column is one `MetricColumn`: its cell, and a `Place` per view it appears in, naming the column
+it follows there (by header; run's summary: by label) and its header and layout hints there
+(`report.layout.Column`: drop priority, narrow and wide widths). A new metric of the row is its `Row` field
+(`results/schema.py`), its computation (`pipeline/rows.py`) and one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.layout import Column
+from attnprof.results.parts import AttentionRecord
+from attnprof.results.schema import Row
+
+Cell = Callable[[Row], str]
+View = Literal["compare", "run", "model"]
+BANDWIDTH_HEADER = "GB/s (% read BW)"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a metric column stands in one view: after the column headed `after`, as `column` (its header
+    there and how it gives way to a width)."""
+
+    after: str
+    column: Column
+
+
+@dataclass(frozen=True)
+class MetricColumn:
+    """One metric column: its cell text for a row, and its place in each view that shows it (None: not there)."""
+
+    cell: Cell
+    compare: Place | None = None
+    run: Place | None = None
+    model: Place | None = None
+
+
+def placed(view: View, own: Sequence[tuple[Column, Cell]]) -> list[tuple[Column, Cell]]:
+    """The view's own columns with its metric columns, each right after the column it follows (and before
+    those that follow it in turn); of several that follow the same column, the last in `METRIC_COLUMNS`
+    stands nearest it, so an entry added at the end lands right after the column it names."""
+    following: dict[str, list[tuple[Column, Cell]]] = {}
+    for metric in METRIC_COLUMNS:
+        place = getattr(metric, view)
+        if place is not None:
+            following.setdefault(place.after, []).insert(0, (place.column, metric.cell))
+    columns: list[tuple[Column, Cell]] = []
+
+    def add(column: Column, cell: Cell) -> None:
+        columns.append((column, cell))
+        for after in following.pop(column.header, []):
+            add(*after)
+
+    for column, cell in own:
+        add(column, cell)
+    if following:
+        raise ValueError(f"{view}: no column {', '.join(map(repr, following))} for a metric column to follow")
+    return columns
+
+
+# ------------------------------------------------------------------ cell texts
+
+
+def latency_text(row: Row, say_retimed: bool = False) -> str:
+    if row.latency_us is None:
+        return "n/a"
+    text = f"{fmt_number(row.latency_us)} ± {fmt_number(row.latency_iqr_us)}"
+    if clock_held_down(row):
+        text += f" @ {fmt_count(row.sm_clock_mhz)} MHz"
+    retimed = say_retimed and bool(row.retimed)
+    if row.unstable:
+        return text + (" (unstable, also when re-timed)" if retimed else " (unstable)")
+    return text + (" (re-timed: the first sample was unstable)" if retimed else "")
+
+
+def clock_held_down(row: Row) -> bool:
+    """True when the median SM clock while timing was more than 1% under the device's maximum."""
+    mhz, top = row.sm_clock_mhz, row.sm_clock_max_mhz
+    return bool(mhz and top and mhz < 0.99 * top)
+
+
+def speedup_text(row: Row) -> str:
+    """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `tables.UNRELIABLE`);
+    a missing one `n/a`."""
+    value = row.speedup_vs_baseline
+    if value is None:
+        return "n/a"
+    if row.speedup_reliable is False:
+        return f"~{value:.2g}x?" if value < 10 else f"~{value:,.0f}x?"
+    return f"{value:.2f}x"
+
+
+def error_text(value: float | None) -> str:
+    """A relative error: `1.5e-03`, or n/a."""
+    return "n/a" if value is None else f"{value:.1e}"
+
+
+def bandwidth_cell(row: Row) -> str:
+    """ "4,310 (95.8%)": achieved GB/s and its % of the read bandwidth (n/a without bytes)."""
+    pct = row.pct_of_read_bandwidth
+    return fmt_number(row.achieved_gbps) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+
+
+def executed_text(row: Row) -> str:
+    """A block-sparse kernel's executed FLOPs over the useful ones (`1.37×`); n/a for a dense variant."""
+    executed, useful = row.executed_flops, row.flops
+    return f"{executed / useful:.2f}×" if executed is not None and useful else "n/a"
+
+
+def _clock(row: Row) -> str:
+    if not row.sm_clock_mhz:
+        return "n/a (not sampled: CPU, no nvidia-smi, --no-clocks or --no-timing)"
+    text = (
+        f"{fmt_count(row.sm_clock_mhz)} MHz median, {fmt_count(row.sm_clock_min_mhz)} lowest, "
+        f"{fmt_count(row.sm_clock_max_mhz)} max"
+    )
+    return text + (f"; held down by {row.clock_limits}" if row.clock_limits else "")
+
+
+def _throughput(row: Row) -> str:
+    """TFLOP/s with its % of the measured peak, or `n/a: why` when there is no meaningful peak."""
+    if row.pct_of_peak is None and row.pct_of_peak_note:
+        return f"{fmt_number(row.tflops)} (n/a: {row.pct_of_peak_note})"
+    return f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%)"
+
+
+def _kernel_throughput(row: Row) -> str:
+    """TFLOP/s by the attention calls' device time, with its % of the measured peak when there is one."""
+    if row.kernel_tflops is None:
+        return "n/a"
+    pct = row.kernel_pct_of_peak
+    return fmt_number(row.kernel_tflops) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+
+
+def _bandwidth_bound(row: Row) -> str:
+    """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
+    note when the achieved figure beat the read bandwidth."""
+    text = bandwidth_cell(row) + f", {row.bound or 'n/a'}"
+    return text + (f" ({row.read_bandwidth_note})" if row.read_bandwidth_note else "")
+
+
+def _flops_text(row: Row) -> str:
+    """The step's useful FLOPs, and a block-sparse kernel's executed ones with their ratio."""
+    useful = row.flops
+    if useful is None:
+        return "n/a"
+    if row.executed_flops is None:
+        return f"{useful:.3g}, n/a (the variant does not report its tiles)"
+    return f"{useful:.3g}, {row.executed_flops:.3g} ({executed_text(row)})"
+
+
+def _backends(text: str | None) -> str:
+    """`cudnn:2` as `cudnn ×2`; `n/a` without a ledger."""
+    if text is None:
+        return "n/a"
+    return ", ".join(" ×".join(item.rsplit(":", 1)) for item in text.split())
+
+
+def _overhead(ledger: AttentionRecord | None) -> str:
+    """Each overhead entry of the ledger: `kind ×count/fwd time µs`."""
+    if ledger is None or ledger.time_base == "cpu":
+        return "n/a"  # no ledger, or one timed on the CPU (no overhead measured there)
+    parts = [f"{o.kind} ×{fmt_count(o.count_per_forward)} {fmt_number(o.time_us)} µs" for o in ledger.overhead]
+    return "; ".join(parts) or "none"
+
+
+# ------------------------------------------------------------------ the registry
+
+LATENCY = "latency µs ± IQR"
+RUN_BANDWIDTH = "achieved GB/s (% of read bandwidth), bound"
+
+METRIC_COLUMNS: list[MetricColumn] = [
+    MetricColumn(
+        lambda r: fmt_count(r.kernels_per_forward),
+        compare=Place("status", Column("kernels/fwd", drop=7)),
+        model=Place("kernel GB/s", Column("kernels/fwd", drop=6)),
+    ),
+    MetricColumn(
+        lambda r: fmt_number(r.gpu_time_us),
+        compare=Place("kernels/fwd", Column("GPU µs", drop=8)),
+        model=Place("kernels/fwd", Column("GPU µs", drop=2)),
+    ),
+    MetricColumn(lambda r: fmt_number(r.cpu_time_us), compare=Place("GPU µs", Column("CPU µs", drop=5))),
+    MetricColumn(
+        latency_text,
+        compare=Place("CPU µs", Column(LATENCY, narrow=17)),
+        model=Place("status", Column(LATENCY, narrow=17)),
+    ),
+    MetricColumn(lambda r: fmt_number(r.tflops), compare=Place(LATENCY, Column("TFLOP/s (latency)", drop=3))),
+    MetricColumn(
+        lambda r: fmt_number(r.kernel_tflops),
+        compare=Place("TFLOP/s (latency)", Column("TFLOP/s (kernels)", drop=4)),
+    ),
+    MetricColumn(lambda r: fmt_number(r.pct_of_peak), compare=Place("TFLOP/s (kernels)", Column("% peak", drop=2))),
+    # kept to the last when a row is memory-bound (`tables.shape_columns`)
+    MetricColumn(bandwidth_cell, compare=Place("% peak", Column(BANDWIDTH_HEADER, drop=1))),
+    MetricColumn(
+        lambda r: fmt_number(r.kernel_gbps),
+        # the first to go: a table it does not fit in is as before
+        compare=Place(BANDWIDTH_HEADER, Column("kernel GB/s", drop=-1)),
+        run=Place(RUN_BANDWIDTH, Column("GB/s by kernel time")),
+        model=Place("overhead", Column("kernel GB/s", drop=0)),
+    ),
+    MetricColumn(executed_text, compare=Place("kernel GB/s", Column("executed/useful FLOPs", drop=0))),
+    MetricColumn(
+        lambda r: fmt_number(r.peak_memory_mib),
+        compare=Place("executed/useful FLOPs", Column("peak MiB", drop=1)),
+        run=Place("FLOPs useful, executed by the kernel's tiles", Column("peak extra memory (MiB)")),
+        model=Place("GPU µs", Column("peak MiB", drop=1)),
+    ),
+    MetricColumn(
+        lambda r: error_text(r.rel_error),
+        compare=Place("peak MiB", Column("rel err", drop=6)),
+        run=Place("peak extra memory (MiB)", Column("rel. error vs float64")),
+    ),
+    MetricColumn(
+        speedup_text,
+        compare=Place("rel err", Column("speed-up")),
+        model=Place(LATENCY, Column("speed-up")),
+    ),
+    # the model table's attention ledger
+    MetricColumn(lambda r: fmt_number(r.attention_gpu_pct), model=Place("speed-up", Column("attn % GPU", drop=8))),
+    MetricColumn(
+        lambda r: fmt_count(r.attention_calls_per_forward),
+        model=Place("attn % GPU", Column("attn calls/fwd", drop=5)),
+    ),
+    MetricColumn(
+        lambda r: _backends(r.attention_backends),
+        model=Place("attn calls/fwd", Column("attn backends", narrow=14, drop=4, wide=30)),
+    ),
+    MetricColumn(
+        lambda r: _overhead(r.attention),
+        model=Place("attn backends", Column("overhead", narrow=20, drop=3, wide=40)),
+    ),
+    # run's summary, a line per figure
+    MetricColumn(
+        lambda r: latency_text(r, say_retimed=True),
+        run=Place("backend dispatched", Column("latency (µs, median ± IQR)")),
+    ),
+    MetricColumn(_clock, run=Place("timing method", Column("SM clock while timed"))),
+    MetricColumn(lambda r: fmt_number(r.cold_ms), run=Place("SM clock while timed", Column("cold first call (ms)"))),
+    MetricColumn(
+        _throughput,
+        run=Place("cold first call (ms)", Column("TFLOP/s by latency (% of measured peak)")),
+    ),
+    MetricColumn(
+        _kernel_throughput,
+        run=Place("TFLOP/s by latency (% of measured peak)", Column("TFLOP/s by kernel time (% of peak)")),
+    ),
+    MetricColumn(_bandwidth_bound, run=Place("TFLOP/s by kernel time (% of peak)", Column(RUN_BANDWIDTH))),
+    MetricColumn(
+        _flops_text,
+        run=Place("GB/s by kernel time", Column("FLOPs useful, executed by the kernel's tiles")),
+    ),
+]
