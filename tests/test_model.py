@@ -199,22 +199,25 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
 
     from attnprof.analysis import analyze_trace
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
-    from attnprof.pipeline.measured import ModelResult
-    from attnprof.pipeline.rows import model_row
+    from attnprof.model_spec import ModelSpec
+    from attnprof.pipeline.measured import CellResult
+    from attnprof.pipeline.rows import cell_row
     from attnprof.results.files import to_builtins
     from attnprof.results.records import attention_record
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))
     analysis.attention = AttentionLedger(**ledger, backward_kernel_time_us=None, overhead_us=0.0)
-    result = ModelResult("sdpa", "transformers", "sdpa", "llama", 1, 16, "fwd", "fp32", "cpu", analysis=analysis)
-    entry = model_row(result)
+    subject = ModelSpec("llama", "sdpa", 1, 16, "fwd", "fp32", "cpu")
+    result = CellResult("sdpa", "transformers", subject, analysis=analysis)
+    entry = cell_row(result)
+    assert (entry.subject, entry.model, entry.implementation, entry.shape) == ("model", "llama", "sdpa", "1x16")
     assert entry.attention == attention_record(analysis.attention)
     assert {k: v for k, v in to_builtins(entry.attention).items() if k in ledger} == ledger
     assert entry.attention_backends == "flash:2 math:1"  # as compare's rows
     assert (entry.attention_gpu_pct, entry.attention_calls_per_forward, entry.attention_time_us) == (40, 2, 3)
-    assert model_row(result).attention_backends == "flash:2 math:1"
-    bare = model_row(ModelResult("sdpa", "transformers", "sdpa", "llama", 1, 16, "fwd", "fp32", "cpu"))
+    assert cell_row(result).attention_backends == "flash:2 math:1"
+    bare = cell_row(CellResult("sdpa", "transformers", subject))
     assert bare.attention is None and bare.attention_gpu_pct is None
 
 

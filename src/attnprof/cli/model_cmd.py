@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from attnprof.models.implementations import Implementation
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.counters import CounterCollector
-    from attnprof.pipeline.measured import ModelResult
+    from attnprof.pipeline.measured import CellResult
 
 
 def _list(text: str | None) -> list[str] | None:
@@ -178,9 +178,7 @@ MODEL_OPTIONS = {
 }
 
 
-def _run(
-    cfg: ModelConfig, implementations: list[Implementation], counters: CounterCollector | None
-) -> RunOutcome[ModelResult]:
+def _run(cfg: ModelConfig, implementations: list[Implementation], counters: CounterCollector | None) -> RunOutcome:
     """Open the model, run every row with a progress display on stderr (with `counters`, each row's Nsight
     Compute pass), and write the results."""
     from attnprof.pipeline.model import model_rows, open_model, resolve_model_config, run_model_job
@@ -200,7 +198,7 @@ def _run(
             if not shown.terminal:
                 c.note(f"[{index + 1}/{total}] {label} {cfg.dtype} on {device}")
 
-        def on_done(result: ModelResult) -> None:
+        def on_done(result: CellResult) -> None:
             shown.progress.advance(shown.task)
             if not result.ok:
                 c.note(f"  {result.label}: {result.status}: {result.reason}")
@@ -219,7 +217,7 @@ def _run(
     return outcome
 
 
-def _print(outcome: RunOutcome[ModelResult], fmt: c.OutputFormat, width: int | None) -> None:
+def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.model_tables import model_report
     from attnprof.results.files import to_json
 

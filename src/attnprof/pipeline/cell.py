@@ -30,7 +30,7 @@ from attnprof.errors import (
     one_line,
 )
 from attnprof.interrupts import caused_by_interrupt, raise_if_interrupted
-from attnprof.pipeline.measured import CellResult, Measured, Throughput
+from attnprof.pipeline.measured import CellResult, Throughput
 from attnprof.registry import RunSpec, Variant
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def ran_out_of_memory(status: str, reason: str | None) -> bool:
 
 
 @contextmanager
-def phase(result: Measured, name: str) -> Iterator[None]:
+def phase(result: CellResult, name: str) -> Iterator[None]:
     """Add the block's wall time to `result.phases_s[name]`."""
     started = time.perf_counter()
     try:
@@ -100,7 +100,7 @@ def run_cell(
     the largest of the ranks' values) makes the ranks take the same number of calls: the timing's
     warm-up, repetitions and re-time are agreed, so every forward has its partners.
     """
-    result = CellResult(variant=variant.name, source=variant.source, spec=spec)
+    result = CellResult(variant=variant.name, source=variant.source, subject=spec)
     if variant.load_error:  # a broken plugin is a failure, not something this machine merely lacks
         result.status, result.reason = "failed", variant.load_error
         return result

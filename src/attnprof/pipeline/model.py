@@ -20,7 +20,7 @@ from attnprof.models.factory import AS_BUILT
 from attnprof.models.implementations import Implementation, resolve_implementations
 from attnprof.models.source import FactorySource, ModelSource, open_source
 from attnprof.pipeline.counters import CounterCollector
-from attnprof.pipeline.measured import ModelResult, attach_model_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
 from attnprof.registry import Registry
@@ -71,15 +71,15 @@ def run_model(
     device: str,
     trace_dir: Path,
     on_start: Callable[[int, int, str], None] | None = None,
-    on_done: Callable[[ModelResult], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
     counters: CounterCollector | None = None,
     on_counters: Callable[[int, int, str], None] | None = None,
-) -> tuple[list[ModelResult], bool]:
+) -> tuple[list[CellResult], bool]:
     """Run every row (see the module docstring); returns the rows and whether Ctrl-C cut the run short.
     `on_start(index, total, label)` and `on_done(result)` report progress. With `counters` (--ncu) each ok
     row's step runs again under Nsight Compute, its attention kernels only (`pipeline.counters`;
     `on_counters(index, total, label)` is told as the pass starts), before `on_done`."""
-    results: list[ModelResult] = []
+    results: list[CellResult] = []
     references: dict[tuple[int | None, str], Any] = {}
     total = model_rows(source, config, implementations)
     baseline = implementations[0].name  # plan_implementations put it first
@@ -113,7 +113,7 @@ def run_model(
         source.release()
         if sampler is not None:
             _attach_clocks(results, sampler.stop())
-    attach_model_speedups(results, baseline)
+    attach_speedups(results, baseline)
     return results, interrupted
 
 
@@ -126,7 +126,7 @@ def _clock_sampler(device: str) -> Any:
     return ClockSampler(device).start()
 
 
-def _attach_clocks(results: list[ModelResult], samples: list[Any]) -> None:
+def _attach_clocks(results: list[CellResult], samples: list[Any]) -> None:
     from attnprof.profiling.clocks import clock_window
 
     for result in results:
@@ -140,10 +140,10 @@ def run_model_job(
     implementations: list[Implementation],
     device: str,
     on_start: Callable[[int, int, str], None] | None = None,
-    on_done: Callable[[ModelResult], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
     counters: CounterCollector | None = None,
     on_counters: Callable[[int, int, str], None] | None = None,
-) -> RunOutcome[ModelResult]:
+) -> RunOutcome:
     """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones;
     with `counters`, each row's Nsight Compute pass), then the results written into the folder
     (`finish_model_run`)."""
@@ -157,20 +157,20 @@ def run_model_job(
 def finish_model_run(
     config: ModelConfig,
     device: str,
-    results: list[ModelResult],
+    results: list[CellResult],
     interrupted: bool,
     folder: RunFolder,
     counters: CounterCollector | None = None,
-) -> RunOutcome[ModelResult]:
+) -> RunOutcome:
     """Write the rows as `results.json` (the results document, `command` "model"; with `counters`, what
     --ncu did as `ncu`) and `results.csv` into `folder`."""
-    from attnprof.pipeline.rows import model_row, results_document
+    from attnprof.pipeline.rows import cell_row, results_document
     from attnprof.profiling.environment import collect_environment, package_version
     from attnprof.results.files import write_csv, write_json
 
     environment = collect_environment(device)
     environment["transformers"] = package_version("transformers")
-    rows = [model_row(r) for r in results]
+    rows = [cell_row(r) for r in results]
     document = results_document("model", config, environment, None, rows, interrupted, files=folder.to_dict())
     if counters is not None:
         document.ncu = counters.summary()

@@ -17,15 +17,17 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from attnprof.errors import TraceError, VariantFailure, VariantUnavailableError, one_line
 from attnprof.model_config import ModelConfig
+from attnprof.model_spec import ModelSpec
 from attnprof.models.implementations import Implementation
 from attnprof.models.source import ModelSource
 from attnprof.pipeline.cell import guard, phase, release_after_failure, warning_lines
-from attnprof.pipeline.measured import ModelResult
+from attnprof.pipeline.measured import CellResult
 
 LOGGERS = ("transformers",)  # libraries whose log messages a row keeps instead of printing
 
@@ -40,21 +42,14 @@ def run_row(
     trace_dir: Path,
     references: dict[tuple[int | None, str], Any],
     baseline: str,
-) -> ModelResult:
+) -> CellResult:
     """Profile `implementation` inside the model at `seq` and `mode`; never raises for the model's or the
     implementation's own failures. The `baseline` implementation's logits are kept in `references` by
     (seq, mode), and the others' compared with them."""
-    result = ModelResult(
-        variant=implementation.name,
-        implementation=implementation.attn_implementation,
-        source=implementation.source,
-        model=config.model_label,
-        batch=config.batch,
-        seq=seq,
-        mode=mode,
-        dtype=config.dtype,
-        device=device,
+    subject = ModelSpec(
+        config.model_label, implementation.attn_implementation, config.batch, seq, mode, config.dtype, device
     )
+    result = CellResult(implementation.name, implementation.source, subject)
     variant = implementation.variant
     if variant is not None and variant.load_error:  # a broken plugin is a failure
         result.status, result.reason = "failed", variant.load_error
@@ -62,7 +57,7 @@ def run_row(
     with warnings.catch_warnings(record=True) as caught, captured_logs() as logs:
         try:
             _measure(source, implementation, result, config, trace_dir, references, baseline)
-            _analyse(result, config.region)  # the row's findings are the judge's (`ModelResult.findings`)
+            _analyse(result, config.region)  # the row's findings are the judge's (`CellResult.findings`)
         except VariantUnavailableError as exc:
             result.status, result.reason = "skipped", exc.message
         except VariantFailure as exc:
@@ -76,7 +71,7 @@ def run_row(
 def _measure(
     source: ModelSource,
     implementation: Implementation,
-    result: ModelResult,
+    result: CellResult,
     config: ModelConfig,
     trace_dir: Path,
     references: dict[tuple[int | None, str], Any],
@@ -87,25 +82,31 @@ def _measure(
     from attnprof.profiling.warmup import warm_process
 
     variant = implementation.variant
-    stage = "training step" if result.mode == "fwd+bwd" else "forward"
+    spec = result.model
+    stage = "training step" if spec.mode == "fwd+bwd" else "forward"
     with phase(result, "process_warmup"), guard("process warm-up", None):
-        warm_process(result.device)
+        warm_process(spec.device)
     with phase(result, "build"), guard("model build", variant):
-        built = source.prepare(implementation, result.seq, result.mode)
-        result.params = built.params
-    result.seq = built.seq
-    for name in ("heads", "kv_heads", "head_dim", "causal"):  # as the model states them (None: it does not)
-        setattr(result, name, getattr(built.shape, name))
-    result.mask = config.mask or ("causal" if built.shape.causal else None)
-    result.causal = result.causal if config.mask is None else config.mask == "causal"
-    result.score_mod = config.score_mod
+        built = source.prepare(implementation, spec.seq, spec.mode)
+        result.subject = spec = replace(spec, params=built.params)
+    shape = built.shape  # the heads, kv heads, head dim and causality as the model states them (None: it does not)
+    result.subject = spec = replace(
+        spec,
+        seq=built.seq,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        causal=shape.causal if config.mask is None else config.mask == "causal",
+        mask=config.mask or ("causal" if shape.causal else None),
+        score_mod=config.score_mod,
+    )
     with phase(result, "timing"), guard(stage, variant):
         started = time.time()
         options = timing.TimingOptions(**config.timing.model_dump())
-        result.timing = timing.time_forward(built.step, result.device, options)
+        result.timing = timing.time_forward(built.step, spec.device, options)
         result.timing_window = (started, time.time())
     with phase(result, "profile"), guard(stage, variant):
-        run = profile_forward(built.step, result.device, config.schedule, config.region, trace_dir / trace_name(result))
+        run = profile_forward(built.step, spec.device, config.schedule, config.region, trace_dir / trace_name(result))
     result.phases_s["profile"] -= run.export_s
     result.phases_s["trace_export"] = run.export_s
     result.trace_path, result.native_stderr = run.trace_path, run.native_stderr
@@ -113,16 +114,16 @@ def _measure(
         _compare_logits(result, run.output, references, baseline)
     del run
     with phase(result, "memory"), guard(stage, variant):
-        result.memory_mib = memory.peak_extra_memory_mib(built.step, result.device)
+        result.memory_mib = memory.peak_extra_memory_mib(built.step, spec.device)
 
 
 def _compare_logits(
-    result: ModelResult, logits: Any, references: dict[tuple[int | None, str], Any], baseline: str
+    result: CellResult, logits: Any, references: dict[tuple[int | None, str], Any], baseline: str
 ) -> None:
     """Keep the baseline's logits, or compare the row's with them; NaN or Inf logits fail the row."""
     from attnprof.profiling.correctness import logits_difference, nonfinite_reason
 
-    key = (result.seq, result.mode)
+    key = result.model.speed_key
     reference = references.get(key)
     if result.variant == baseline or reference is None:
         bad = nonfinite_reason(logits)
@@ -134,7 +135,7 @@ def _compare_logits(
     result.logits = logits_difference(logits, reference, baseline)
 
 
-def _analyse(result: ModelResult, region: str) -> None:
+def _analyse(result: CellResult, region: str) -> None:
     """The trace analysis of the model's region (the attention ledger is part of it), its % of read
     bandwidth against the figures measured on this machine when the ceiling cache holds them."""
     from attnprof.analysis import analyze_trace
@@ -144,15 +145,18 @@ def _analyse(result: ModelResult, region: str) -> None:
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
-            result.analysis = analyze_trace(result.trace_path, region=region, dtype=result.dtype, peaks=cached_peaks)
+            result.analysis = analyze_trace(
+                result.trace_path, region=region, dtype=result.model.dtype, peaks=cached_peaks
+            )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
 
 
-def trace_name(result: ModelResult) -> str:
+def trace_name(result: CellResult) -> str:
     """`IMPL_MODEL_BxSEQ_DTYPE_MODE_DEVICE.json.gz`, safe as a file name (the profiler numbers a second one)."""
-    seq = result.seq if result.seq is not None else "inputs"
-    raw = f"{result.variant}_{result.model}_{result.batch}x{seq}_{result.dtype}_{result.mode}_{result.device}"
+    spec = result.model
+    seq = spec.seq if spec.seq is not None else "inputs"
+    raw = f"{result.variant}_{spec.model}_{spec.batch}x{seq}_{spec.dtype}_{spec.mode}_{spec.device}"
     return re.sub(r"[^A-Za-z0-9._+-]", "-", raw.replace(":", "")) + ".json.gz"
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError, OutputError
@@ -24,7 +24,7 @@ from attnprof.interrupts import (
     recording_interrupts,
 )
 from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
-from attnprof.pipeline.measured import CellResult, ModelResult, attach_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results.schema import Document, Row
 
@@ -68,16 +68,13 @@ class RunFolder:
         }
 
 
-ResultT = TypeVar("ResultT", CellResult, ModelResult)
-
-
 @dataclass
-class RunOutcome(Generic[ResultT]):
+class RunOutcome:
     """What a run produced: its results (cells, or the rows of `attnprof model`), the JSON document, its
     folder, and whether Ctrl-C cut it short."""
 
     command: str
-    results: list[ResultT]
+    results: list[CellResult]
     document: Document
     folder: RunFolder
     interrupted: bool
