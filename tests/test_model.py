@@ -310,6 +310,33 @@ def test_training_step_rows_compare_logits_too(cli, model_config) -> None:
     assert rows[1]["latency_us"] > 0 and rows[1]["speedup_vs_baseline"] == 1.0
 
 
+def test_the_shared_measurement_options_apply_to_a_model(cli, model_config) -> None:
+    """`model` takes compare's option block where it applies: --min-time and the profiler schedule map onto the
+    model config, --no-timing leaves latency and memory out (speed-ups then come from the profiled times)."""
+    args = ("--attn", "sdpa,naive", "--no-timing", "--active", "3", "--min-time", "0.05", "--format", "json")
+    result = cli("model", str(model_config()), *args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["config"]["schedule"]["active"], document["config"]["timing"]["min_time_s"]) == (3, 0.05)
+    assert (document["measure"]["timing"], document["measure"]["min_time_s"]) == (False, 0.05)
+    for row in document["results"]:
+        assert row["status"] == "ok" and row["forwards"] == 3
+        assert row["latency_us"] is None and row["peak_memory_mib"] is None and row["retimed"] is None
+        assert "timing" not in row["phases_s"] and "warmup" in row["phases_s"]
+    assert document["results"][0]["speedup_vs_baseline"] == 1.0
+
+
+def test_model_help_lists_the_shared_options_and_a_bad_value_names_its_flag(cli, model_config) -> None:
+    out = cli("model", "--help").stdout
+    for flag in ("--seq", "--mode", "--attn", "--batch", "--no-timing", "--min-time", "--flush-l2", "--wait",
+                 "--with-stack", "--ncu-launches"):  # fmt: skip
+        assert flag in out
+    for flag in ("--heads", "--head-dim", "--causal", "--cuda-graph", "--check-masking"):  # a model states its own
+        assert flag not in out
+    assert_one_line_error(cli("model", str(model_config()), "--min-time", "0"), 2, "--min-time")
+    assert_one_line_error(cli("model", str(model_config()), "--mode", "bwd"), 2, "--mode")
+
+
 def test_an_implementation_transformers_rejects_is_a_skipped_row(cli, model_config) -> None:
     result = cli("model", str(model_config()), "--attn", "sdpa,flash_attention_2", "--format", "json")
     assert result.exit_code == 0, result.output

@@ -163,7 +163,7 @@ def cell_row(result: CellResult) -> Row:
         **fields,
         dense_mask=result.dense_mask,
         backend=result.backend,
-        retimed=result.retimed if result.timing is not None and isinstance(subject, RunSpec) else None,
+        retimed=result.retimed if result.timing is not None else None,
         executed_flops=result.executed_flops,
         tflops=rates.tflops if rates else None,
         kernel_tflops=kernel_tflops,

@@ -304,8 +304,13 @@ def _collective_cell(
 
 def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
     """A started ClockSampler for the first CUDA device among the cells, or None."""
-    device = next((spec.device for _, spec in cells if spec.device_type == "cuda"), None)
-    if device is None or not (measure.timing and measure.clocks):
+    return clock_sampler(next((spec.device for _, spec in cells if spec.device_type == "cuda"), None), measure)
+
+
+def clock_sampler(device: str | None, measure: MeasureOptions) -> Any:
+    """A started ClockSampler on a CUDA `device` while rows are timed (not with --no-timing or --no-clocks),
+    else None."""
+    if device is None or not device.startswith("cuda") or not (measure.timing and measure.clocks):
         return None
     from attnprof.profiling.clocks import ClockSampler
 
@@ -317,5 +322,5 @@ def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) ->
     from attnprof.profiling.clocks import clock_window
 
     for result in results:
-        if result.timing_window is not None and result.spec.device == device:
+        if result.timing_window is not None and result.subject.device == device:
             result.clock = clock_window(samples, [result.timing_window])
