@@ -16,7 +16,7 @@ TRACE = Path(__file__).resolve().parent / "data" / "h200" / "8x16x1024x64" / "sd
 
 def cell_findings(by_design: frozenset[str]) -> list[str]:
     spec = RunSpec(device="cuda:0", dtype="bf16", batch=8, heads=16, seq=1024, head_dim=64)
-    result = CellResult(variant="sdpa-math", source="built-in", spec=spec)
+    result = CellResult(variant="sdpa-math", source="built-in", subject=spec)
     result.trace_path, result.by_design = TRACE, by_design
     _analyse(result, "attnprof", None)
     assert result.analysis is not None

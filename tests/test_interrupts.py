@@ -22,7 +22,7 @@ import pytest
 from attnprof.config import Config, MeasureOptions, Schedule
 from attnprof.interrupts import interrupt_requested, recording_interrupts
 from attnprof.pipeline import plan_cells, run_cells
-from attnprof.pipeline.cell import guard
+from attnprof.pipeline.stages import guard
 from attnprof.plugins import load_variants
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}

@@ -26,7 +26,8 @@ from attnprof.analysis.findings.judge import (
     settle_cpu_bound,
     weigh_dense_mask,
 )
-from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.model_spec import ModelSpec
+from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec
 from attnprof.results.files import to_json
 from attnprof.results.parts import FindingRecord, MaskAlternative
@@ -67,10 +68,10 @@ def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -
     timed without it: the GPU sets the pace, and cpu-bound becomes info. At 160 us the host does show. A model
     row (timed without the profiler too) is settled alike; in a training step the words say step."""
     if row == "cell":
-        result: CellResult | ModelResult = CellResult("sdpa", "built-in", SPEC)
+        result = CellResult("sdpa", "built-in", SPEC)
         unit = "forward"
     else:
-        result = ModelResult("sdpa", "built-in", "sdpa", "llama", 1, 128, "fwd+bwd", "bf16", "cuda")
+        result = CellResult("sdpa", "built-in", ModelSpec("llama", "sdpa", 1, 128, "fwd+bwd", "bf16", "cuda"))
         unit = "step"
     result.analysis = _Analysis([CPU_BOUND, OTHER], 126.9)  # type: ignore[assignment]
     with patch.object(type(result), "latency_us", property(lambda self: latency)):

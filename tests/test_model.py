@@ -199,22 +199,25 @@ def test_the_ledger_is_read_into_the_row_and_the_table_when_the_analysis_has_one
 
     from attnprof.analysis import analyze_trace
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
-    from attnprof.pipeline.measured import ModelResult
-    from attnprof.pipeline.rows import model_row
+    from attnprof.model_spec import ModelSpec
+    from attnprof.pipeline.measured import CellResult
+    from attnprof.pipeline.rows import cell_row
     from attnprof.results.files import to_builtins
     from attnprof.results.records import attention_record
 
     ledger = {"calls_per_forward": 2, "backends": {"flash": 2, "math": 1}, "kernel_time_us": 3.0, "gpu_time_pct": 40.0}
     analysis = analyze_trace(build(fused_forward, backend="cudnn"))
     analysis.attention = AttentionLedger(**ledger, backward_kernel_time_us=None, overhead_us=0.0)
-    result = ModelResult("sdpa", "transformers", "sdpa", "llama", 1, 16, "fwd", "fp32", "cpu", analysis=analysis)
-    entry = model_row(result)
+    subject = ModelSpec("llama", "sdpa", 1, 16, "fwd", "fp32", "cpu")
+    result = CellResult("sdpa", "transformers", subject, analysis=analysis)
+    entry = cell_row(result)
+    assert (entry.subject, entry.model, entry.implementation, entry.shape) == ("model", "llama", "sdpa", "1x16")
     assert entry.attention == attention_record(analysis.attention)
     assert {k: v for k, v in to_builtins(entry.attention).items() if k in ledger} == ledger
     assert entry.attention_backends == "flash:2 math:1"  # as compare's rows
     assert (entry.attention_gpu_pct, entry.attention_calls_per_forward, entry.attention_time_us) == (40, 2, 3)
-    assert model_row(result).attention_backends == "flash:2 math:1"
-    bare = model_row(ModelResult("sdpa", "transformers", "sdpa", "llama", 1, 16, "fwd", "fp32", "cpu"))
+    assert cell_row(result).attention_backends == "flash:2 math:1"
+    bare = cell_row(CellResult("sdpa", "transformers", subject))
     assert bare.attention is None and bare.attention_gpu_pct is None
 
 
@@ -305,6 +308,33 @@ def test_training_step_rows_compare_logits_too(cli, model_config) -> None:
     ]  # fmt: skip
     assert all(r["logits_rel_diff"] < 1e-5 for r in rows[2:])
     assert rows[1]["latency_us"] > 0 and rows[1]["speedup_vs_baseline"] == 1.0
+
+
+def test_the_shared_measurement_options_apply_to_a_model(cli, model_config) -> None:
+    """`model` takes compare's option block where it applies: --min-time and the profiler schedule map onto the
+    model config, --no-timing leaves latency and memory out (speed-ups then come from the profiled times)."""
+    args = ("--attn", "sdpa,naive", "--no-timing", "--active", "3", "--min-time", "0.05", "--format", "json")
+    result = cli("model", str(model_config()), *args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["config"]["schedule"]["active"], document["config"]["timing"]["min_time_s"]) == (3, 0.05)
+    assert (document["measure"]["timing"], document["measure"]["min_time_s"]) == (False, 0.05)
+    for row in document["results"]:
+        assert row["status"] == "ok" and row["forwards"] == 3
+        assert row["latency_us"] is None and row["peak_memory_mib"] is None and row["retimed"] is None
+        assert "timing" not in row["phases_s"] and "warmup" in row["phases_s"]
+    assert document["results"][0]["speedup_vs_baseline"] == 1.0
+
+
+def test_model_help_lists_the_shared_options_and_a_bad_value_names_its_flag(cli, model_config) -> None:
+    out = cli("model", "--help").stdout
+    for flag in ("--seq", "--mode", "--attn", "--batch", "--no-timing", "--min-time", "--flush-l2", "--wait",
+                 "--with-stack", "--ncu-launches"):  # fmt: skip
+        assert flag in out
+    for flag in ("--heads", "--head-dim", "--causal", "--cuda-graph", "--check-masking"):  # a model states its own
+        assert flag not in out
+    assert_one_line_error(cli("model", str(model_config()), "--min-time", "0"), 2, "--min-time")
+    assert_one_line_error(cli("model", str(model_config()), "--mode", "bwd"), 2, "--mode")
 
 
 def test_an_implementation_transformers_rejects_is_a_skipped_row(cli, model_config) -> None:

@@ -418,15 +418,14 @@ def test_a_model_rows_pass_profiles_only_its_attention_kernels(cli, model_config
 
 
 def test_a_model_rows_counters_count_the_flops_of_one_forward_call() -> None:
-    from attnprof.pipeline.counters import model_spec
-    from attnprof.pipeline.measured import ModelResult
+    from attnprof.model_spec import ModelSpec
 
-    row = ModelResult("sdpa", "transformers", "sdpa", "llama", batch=2, seq=256, mode="fwd", dtype="bf16",
-                      device="cuda:0", heads=16, kv_heads=4, head_dim=64, causal=True, mask="causal")
-    assert model_spec(row) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, 4, causal=True)
-    assert model_spec(replace(row, kv_heads=16)) == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, causal=True)
-    assert model_spec(replace(row, mode="fwd+bwd")) is None  # its layers' kernels are no calls of one shape
-    assert model_spec(replace(row, heads=None)) is None  # a factory model that does not state them
+    row = ModelSpec("llama", "sdpa", batch=2, seq=256, mode="fwd", dtype="bf16", device="cuda:0", heads=16,
+                    kv_heads=4, head_dim=64, causal=True, mask="causal")
+    assert row.attention_spec == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, 4, causal=True)
+    assert replace(row, kv_heads=16).attention_spec == RunSpec("cuda:0", "bf16", 2, 16, 256, 64, causal=True)
+    assert replace(row, mode="fwd+bwd").attention_spec is None  # its layers' kernels are no calls of one shape
+    assert replace(row, heads=None).attention_spec is None  # a factory model that does not state them
 
 
 def test_a_passs_report_is_read_into_its_rows_counters(config, fake, monkeypatch) -> None:
@@ -463,13 +462,15 @@ def test_a_model_rows_counters_use_the_ceiling_cached_for_the_reports_gpu(tmp_pa
     dtype, as its trace analysis does, and the datasheet only without one."""
     from datetime import datetime, timezone
 
+    from attnprof.model_spec import ModelSpec
     from attnprof.pipeline.counters import attach_counters
-    from attnprof.pipeline.measured import ModelResult
+    from attnprof.pipeline.measured import CellResult
     from attnprof.profiling.ceiling import Ceiling, cache_path, write_cache
 
     page = Path(__file__).parent / "data" / "h200" / "ncu" / "sdpa-cudnn-fwd.raw.csv"
-    row = ModelResult("sdpa", "transformers", "sdpa", "llama", batch=1, seq=16384, mode="fwd", dtype="bf16",
-                      device="cuda:0", heads=64, kv_heads=8, head_dim=128, causal=True, mask="causal")
+    spec = ModelSpec("llama", "sdpa", batch=1, seq=16384, mode="fwd", dtype="bf16", device="cuda:0", heads=64,
+                     kv_heads=8, head_dim=128, causal=True, mask="causal")
+    row = CellResult("sdpa", "transformers", spec)
     attach_counters(row, page, 1.0, None, Path("ncu"))
     assert row.counters is not None and row.counters.peaks.basis == "datasheet"
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")

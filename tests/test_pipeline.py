@@ -21,10 +21,11 @@ from attnprof.pipeline import (
     select_variants,
     without_collective,
 )
-from attnprof.pipeline.cell import exceeds, guard, phase, throughput
+from attnprof.pipeline.cell import exceeds, throughput
 from attnprof.pipeline.engine import Job, run_job
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import cell_row
+from attnprof.pipeline.stages import guard, phase
 from attnprof.plugins import load_variants
 from attnprof.profiling.ceiling import Ceiling, RunCeiling
 from attnprof.registry import RunSpec

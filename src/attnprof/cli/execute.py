@@ -252,7 +252,7 @@ def note_captured(result: CellResult, say: Callable[[str], None] = note) -> None
         say(f"{where}: warning: {line}")
 
 
-def note_outputs(outcome: RunOutcome[Any]) -> None:
+def note_outputs(outcome: RunOutcome) -> None:
     """Say on stderr, in every format, where the results and traces went and what opens a trace."""
     folder, traces = outcome.folder, outcome.traces
     note(f"results: {folder.results_json} and {folder.results_csv.name}")

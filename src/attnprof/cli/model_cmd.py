@@ -9,14 +9,15 @@ import typer
 
 from attnprof.cli import common as c
 from attnprof.cli.execute import cell_progress, counters_text, note_outputs
-from attnprof.config import MODEL_NCU_LAUNCHES
+from attnprof.cli.options import MODEL_CONFIG_FIELDS, SCHEDULE_FIELDS, shared_options
 
 if TYPE_CHECKING:
+    from attnprof.config import MeasureOptions
     from attnprof.model_config import ModelConfig
     from attnprof.models.implementations import Implementation
     from attnprof.pipeline import RunOutcome
     from attnprof.pipeline.counters import CounterCollector
-    from attnprof.pipeline.measured import ModelResult
+    from attnprof.pipeline.measured import CellResult
 
 
 def _list(text: str | None) -> list[str] | None:
@@ -55,33 +56,11 @@ AttnOpt = Annotated[
 ]
 BaselineOpt = Annotated[str | None, _option("--baseline", help="What speed-ups and logits are compared with.")]
 SeqOpt = Annotated[str | None, _option("--seq", metavar=LIST, help="Comma-separated sequence lengths.")]
-BatchOpt = Annotated[int | None, _option("--batch", help="Batch size.")]
 ModeOpt = Annotated[str | None, _option("--mode", metavar="fwd|fwd+bwd", help="fwd, fwd+bwd (training step) or both.")]
-RegionOpt = Annotated[str | None, _option("--region", help="The record_function range around each step.")]
-SeedOpt = Annotated[int | None, _option("--seed", help="Seed for the weights and the inputs.")]
-MinTimeOpt = Annotated[float | None, _option("--min-time", help="Seconds of timed steps per row.")]
-OutputOpt = Annotated[Path | None, _option("--output-dir", "-o", help="Where traces and results go.")]
-NcuOpt = Annotated[
-    bool,
-    typer.Option(
-        "--ncu",
-        help="After each row's measurement, run its step again under Nsight Compute and attach the hardware "
-        "counters of its attention kernels; about 10-30 s per row on a GPU. The report is written beside the "
-        "row's trace.",
-    ),
-]
-NcuLaunchesOpt = Annotated[
-    int,
-    typer.Option(
-        "--ncu-launches",
-        metavar="N",
-        min=1,
-        help="With --ncu: attention-kernel launches profiled per row at most (the first layers' in a step).",
-    ),
-]
 
 
 @c.handle_errors
+@shared_options(model=True)
 def model_command(
     config: ConfigArg = None,
     config_file: ConfigOpt = None,
@@ -90,22 +69,17 @@ def model_command(
     attn: AttnOpt = None,
     baseline: BaselineOpt = None,
     seq: SeqOpt = None,
-    batch: BatchOpt = None,
     mode: ModeOpt = None,
-    device: c.DeviceOpt = None,
-    dtype: c.DtypeOpt = None,
-    region: RegionOpt = None,
-    seed: SeedOpt = None,
-    min_time: MinTimeOpt = None,
-    output_dir: OutputOpt = None,
-    ncu: NcuOpt = False,
-    ncu_launches: NcuLaunchesOpt = MODEL_NCU_LAUNCHES,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
+    *,
+    overrides: dict[str, Any],
+    measure: "MeasureOptions",
 ) -> None:
     """Profile a whole model under several attention implementations and compare them in one table.
 
-    Options override the config's values."""
+    Options override the config's values; the measurement options are compare's, those that apply to a
+    whole model's step."""
     from attnprof.errors import ConfigError
     from attnprof.pipeline.counters import CounterCollector
     from attnprof.pipeline.model import plan_implementations
@@ -114,36 +88,42 @@ def model_command(
         seqs = [int(s) for s in _list(seq) or []] or None
     except ValueError:
         raise ConfigError(f"--seq: expected comma-separated whole numbers (got {seq!r})") from None
+    given = {name: overrides[name] for name in MODEL_CONFIG_FIELDS if name not in SCHEDULE_FIELDS}
+    if given["output_dir"] is not None:
+        given["output_dir"] = str(given["output_dir"])
     cfg = _config(
         c.config_path(config, config_file),
         hf=hf,
         factory=factory,
-        min_time=min_time,
+        min_time=measure.min_time_s if "min_time_s" in measure.model_fields_set else None,
+        schedule={name: overrides[name] for name in SCHEDULE_FIELDS},
         implementations=_list(attn),
         baseline=baseline,
         seq=seqs,
-        batch=batch,
         modes=_list(mode),
-        device=device,
-        dtype=dtype,
-        region=region,
-        seed=seed,
-        output_dir=str(output_dir) if output_dir is not None else None,
+        **given,
     )
+    measure = measure.model_copy(update={"min_time_s": cfg.timing.min_time_s})  # the results say what was used
     loaded = c.load_variants_for_cli()
     for line in c.plugin_notes(loaded):
         c.note(line)
     implementations = plan_implementations(cfg, loaded.registry)  # an unknown name fails before torch loads
-    outcome = _run(cfg, implementations, CounterCollector(ncu_launches) if ncu else None)
+    outcome = _run(cfg, implementations, measure, CounterCollector(measure.ncu_launches) if measure.ncu else None)
     _print(outcome, fmt, c.table_width(fmt, wide))
     note_outputs(outcome)
     raise typer.Exit(outcome.exit_code)
 
 
 def _config(
-    path: Path | None, hf: str | None, factory: str | None, min_time: float | None, **overrides: Any
+    path: Path | None,
+    hf: str | None,
+    factory: str | None,
+    min_time: float | None,
+    schedule: dict[str, int | None],
+    **overrides: Any,
 ) -> ModelConfig:
-    """The model config file (or, without one, the model given by --hf or --model) with the options applied."""
+    """The model config file (or, without one, the model given by --hf or --model) with the options applied:
+    --min-time onto its `timing`, --wait, --warmup and --active onto its `schedule`."""
     from attnprof.config import validate_mapping
     from attnprof.errors import ConfigError
     from attnprof.model_config import ModelConfig, apply_model_overrides, load_model_config
@@ -157,7 +137,11 @@ def _config(
     else:
         cfg = validate_mapping(ModelConfig, {"hf": hf} if hf else {"factory": factory}, "command-line options")
     timing = None if min_time is None else cfg.timing.model_dump() | {"min_time_s": min_time}
-    return apply_model_overrides(cfg, MODEL_OPTIONS, hf=hf, factory=factory, timing=timing, **overrides)
+    steps = {name: value for name, value in schedule.items() if value is not None}
+    profiled = cfg.schedule.model_dump() | steps if steps else None
+    return apply_model_overrides(
+        cfg, MODEL_OPTIONS, hf=hf, factory=factory, timing=timing, schedule=profiled, **overrides
+    )
 
 
 #: Where the user typed each model config field an option sets (`config.FieldNames`), for the errors.
@@ -174,13 +158,16 @@ MODEL_OPTIONS = {
     ("region",): "--region",
     ("seed",): "--seed",
     ("timing", "min_time_s"): "--min-time",
+    ("schedule", "wait"): "--wait",
+    ("schedule", "warmup"): "--warmup",
+    ("schedule", "active"): "--active",
     ("output_dir",): "--output-dir",
 }
 
 
 def _run(
-    cfg: ModelConfig, implementations: list[Implementation], counters: CounterCollector | None
-) -> RunOutcome[ModelResult]:
+    cfg: ModelConfig, implementations: list[Implementation], measure: MeasureOptions, counters: CounterCollector | None
+) -> RunOutcome:
     """Open the model, run every row with a progress display on stderr (with `counters`, each row's Nsight
     Compute pass), and write the results."""
     from attnprof.pipeline.model import model_rows, open_model, resolve_model_config, run_model_job
@@ -200,7 +187,7 @@ def _run(
             if not shown.terminal:
                 c.note(f"[{index + 1}/{total}] {label} {cfg.dtype} on {device}")
 
-        def on_done(result: ModelResult) -> None:
+        def on_done(result: CellResult) -> None:
             shown.progress.advance(shown.task)
             if not result.ok:
                 c.note(f"  {result.label}: {result.status}: {result.reason}")
@@ -210,7 +197,7 @@ def _run(
                     c.note(f"  {result.label}: {line}")
 
         outcome = run_model_job(
-            source, cfg, implementations, device, on_start, on_done, counters, shown.counters_started
+            source, cfg, implementations, device, measure, on_start, on_done, counters, shown.counters_started
         )
     if outcome.interrupted:
         c.note(f"interrupted: keeping the {len(outcome.results)} finished row(s)")
@@ -219,7 +206,7 @@ def _run(
     return outcome
 
 
-def _print(outcome: RunOutcome[ModelResult], fmt: c.OutputFormat, width: int | None) -> None:
+def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.model_tables import model_report
     from attnprof.results.files import to_json
 

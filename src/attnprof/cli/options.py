@@ -1,10 +1,12 @@
-"""The option block `run`, `compare`, `sweep` and `check` share: config overrides and measurement flags,
-declared once (and the variant selection of all but `run`).
+"""The option block `run`, `compare`, `sweep`, `check` and `model` share: config overrides and measurement
+flags, declared once (and the variant selection of `compare`, `sweep` and `check`).
 
-`shared_options` adds every option below to a command's signature. The command receives them
-gathered: `overrides` (a dict of config fields the user set) and `measure` (a `MeasureOptions`).
-A new measurement option is one field on `config.MeasureOptions` plus one entry in
-`MEASURE_OPTIONS`; its default comes from the model.
+`shared_options` adds every option below to a command's signature (`model`: those that apply to a whole
+model, `MODEL_CONFIG_FIELDS` and `MODEL_MEASURE_FIELDS`). The command receives them gathered: `overrides` (a
+dict of config fields the user set) and `measure` (a `MeasureOptions`). A new measurement option is one field
+on `config.MeasureOptions` plus one entry in `MEASURE_OPTIONS`; its default comes from the model. A
+measurement option whose default is None for a command (`model`'s `--min-time`: its config's `timing`
+decides) is left out of `measure.model_fields_set` when not given.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from attnprof.cli.common import DeviceOpt, DtypeOpt
-from attnprof.config import MeasureOptions
+from attnprof.config import MODEL_NCU_LAUNCHES, MeasureOptions
 
 #: Config fields a command-line option overrides; None means "as the config says".
 CONFIG_OPTIONS: dict[str, Any] = {
@@ -46,9 +48,14 @@ CONFIG_OPTIONS: dict[str, Any] = {
         Path | None, typer.Option("--output-dir", "-o", help="Where traces and results go.", show_default=False)
     ],
     "region": Annotated[
-        str | None, typer.Option(help="Name of the record_function region around each forward.", show_default=False)
+        str | None,
+        typer.Option(
+            help="Name of the record_function region around each forward (a model's: each step).", show_default=False
+        ),
     ],
-    "seed": Annotated[int | None, typer.Option(help="Seed for the inputs.", show_default=False)],
+    "seed": Annotated[
+        int | None, typer.Option(help="Seed for the inputs (and a model's weights).", show_default=False)
+    ],
     "wait": Annotated[int | None, typer.Option(help="Profiler schedule: steps skipped.", show_default=False)],
     "warmup": Annotated[int | None, typer.Option(help="Profiler schedule: warm-up steps.", show_default=False)],
     "active": Annotated[int | None, typer.Option(help="Profiler schedule: recorded steps.", show_default=False)],
@@ -101,7 +108,8 @@ MEASURE_OPTIONS: dict[str, Any] = {
             "--ncu",
             help="After each cell's measurement, run its step again under Nsight Compute and attach the hardware "
             "counters of its kernels (DRAM bytes, tensor-pipe use, occupancy, warp stalls); about 10-30 s per "
-            "cell on a GPU. The report is written beside the cell's trace.",
+            "cell on a GPU (attnprof model: each row, its attention kernels). The report is written beside the cell's "
+            "trace.",
         ),
     ],
     "ncu_launches": Annotated[
@@ -143,36 +151,57 @@ SELECT_OPTIONS: dict[str, Any] = {
 SHAPE_FIELDS = ("batch", "heads", "kv_heads", "seq", "head_dim")
 SCHEDULE_FIELDS = ("wait", "warmup", "active")
 
+#: The config overrides that apply to `attnprof model`: a model states its own attention shape (heads, head
+#: dim, causality), and its `--seq` (a list) and `--mode` (fwd or fwd+bwd) are the model command's own.
+MODEL_CONFIG_FIELDS = ("device", "dtype", "batch", "output_dir", "region", "seed", *SCHEDULE_FIELDS)
+#: The measurement flags that apply to a whole model's step (no CUDA graph of it, no masking probe, no ceiling).
+MODEL_MEASURE_FIELDS = (
+    "timing",
+    "min_time_s",
+    "flush_l2",
+    "clocks",
+    "record_shapes",
+    "with_stack",
+    "ncu",
+    "ncu_launches",
+)
+#: `attnprof model`'s own defaults: its config's `timing` decides --min-time; --ncu profiles fewer launches.
+MODEL_MEASURE_DEFAULTS = {"min_time_s": None, "ncu_launches": MODEL_NCU_LAUNCHES}
 
-def _parameters(config_options: dict[str, Any]) -> list[inspect.Parameter]:
+
+def _parameters(config_options: dict[str, Any], measure: dict[str, Any]) -> list[inspect.Parameter]:
     keyword = inspect.Parameter.KEYWORD_ONLY
     params = [
         inspect.Parameter(name, keyword, annotation=annotation, default=None)
         for name, annotation in config_options.items()
     ]
-    defaults = MeasureOptions()
     params += [
-        inspect.Parameter(name, keyword, annotation=annotation, default=getattr(defaults, name))
-        for name, annotation in MEASURE_OPTIONS.items()
+        inspect.Parameter(name, keyword, annotation=MEASURE_OPTIONS[name], default=default)
+        for name, default in measure.items()
     ]
     return params
 
 
-def shared_options(command: Callable[..., Any] | None = None, *, select: bool = False) -> Any:
-    """Give `command` the shared option block (with `select`, the variant selection too, `SELECT_OPTIONS`);
-    it is called with `overrides=` and `measure=` instead. Use as `@shared_options` or
-    `@shared_options(select=True)`."""
+def shared_options(command: Callable[..., Any] | None = None, *, select: bool = False, model: bool = False) -> Any:
+    """Give `command` the shared option block (with `select`, the variant selection too, `SELECT_OPTIONS`; with
+    `model`, only what applies to a whole model); it is called with `overrides=` and `measure=` instead. Use
+    as `@shared_options`, `@shared_options(select=True)` or `@shared_options(model=True)`."""
     if command is None:
-        return functools.partial(shared_options, select=select)
+        return functools.partial(shared_options, select=select, model=model)
     config_options = CONFIG_OPTIONS | (SELECT_OPTIONS if select else {})
+    defaults = MeasureOptions().model_dump()
+    if model:
+        config_options = {name: CONFIG_OPTIONS[name] for name in MODEL_CONFIG_FIELDS}
+        defaults = {name: defaults[name] for name in MODEL_MEASURE_FIELDS} | MODEL_MEASURE_DEFAULTS
+    defaults = {name: defaults[name] for name in MEASURE_OPTIONS if name in defaults}
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name not in ("overrides", "measure")]
-    added = _parameters(config_options)
+    added = _parameters(config_options, defaults)
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         overrides = {name: kwargs.pop(name) for name in config_options}
-        measure = measure_options({name: kwargs.pop(name) for name in MEASURE_OPTIONS})
+        measure = measure_options({name: kwargs.pop(name) for name in defaults})
         return command(*args, overrides=overrides, measure=measure, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
@@ -185,14 +214,15 @@ _MEASURE_FLAGS = {"min_time_s": "--min-time"}
 
 
 def measure_options(values: dict[str, Any]) -> MeasureOptions:
-    """The MeasureOptions of the flags given; ConfigError (exit 2) naming the option of a bad value
-    (`--min-time must be > 0 (got 0.0)`)."""
+    """The MeasureOptions of the flags given (None: not given, the field's default, left out of
+    `model_fields_set`); ConfigError (exit 2) naming the option of a bad value (`--min-time must be > 0
+    (got 0.0)`)."""
     from pydantic import ValidationError
 
     from attnprof.config import validation_error
 
     try:
-        return MeasureOptions(**values)
+        return MeasureOptions(**{name: value for name, value in values.items() if value is not None})
     except ValidationError as exc:
         names: dict[tuple[str, ...], str] = {
             (name,): _MEASURE_FLAGS.get(name, "--" + name.replace("_", "-")) for name in values

@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING, Any
 from attnprof.config import NCU_LAUNCHES
 from attnprof.errors import AttnprofError, OutputError, one_line
 from attnprof.nsight import NsightUnavailableError
-from attnprof.pipeline.measured import CellResult, ModelResult
+from attnprof.pipeline.measured import CellResult
 from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
+from attnprof.registry import RunSpec
 
 if TYPE_CHECKING:
     from attnprof.model_config import ModelConfig
     from attnprof.models.implementations import Implementation
     from attnprof.profiling.ceiling import Ceiling
-    from attnprof.registry import RunSpec, Variant
+    from attnprof.registry import Variant
 
 REPORT_SUFFIX = ".ncu-rep"
 
@@ -48,9 +49,7 @@ def ncu_collection() -> tuple[Sequence[str], Sequence[str]]:
     return NCU_SECTIONS, NCU_METRICS
 
 
-def attach_counters(
-    result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
-) -> None:
+def attach_counters(result: CellResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path) -> None:
     """Read `report` and set `result.counters` (`analysis.counters.counters_for_cell`: each kernel's counters,
     placed against `ceiling`, the run's, else the ceiling cached for the report's GPU, as `attnprof model`'s
     analysis uses it, else the datasheet). A `.ncu-rep` this machine's `ncu_report` module cannot read (missing, or its
@@ -66,34 +65,10 @@ def attach_counters(
         loaded = load_counters(export_raw_page(ncu, report))
     from attnprof.peaks import cached_peaks, measured_peaks
 
-    spec = result.spec if isinstance(result, CellResult) else model_spec(result)
-    dtype = result.spec.dtype if isinstance(result, CellResult) else result.dtype
-    peaks = measured_peaks(ceiling) or cached_peaks(loaded.device, dtype)
+    subject = result.subject
+    spec = subject if isinstance(subject, RunSpec) else subject.attention_spec
+    peaks = measured_peaks(ceiling) or cached_peaks(loaded.device, subject.dtype)
     result.counters = counters_for_cell(loaded, spec, peaks, seconds=seconds, report_path=str(report))
-
-
-def model_spec(result: ModelResult) -> RunSpec | None:
-    """The attention call of a model row's forward as a RunSpec, whose FLOPs the counters' roofline divides
-    among the kernels of each call (one fused kernel a layer); None where the model does not state its heads,
-    head dim or seq, and for a training step, whose layers' forward and backward kernels do not come in
-    calls of one shape."""
-    from attnprof.registry import RunSpec
-
-    if result.mode != "fwd" or result.seq is None or result.heads is None or result.head_dim is None:
-        return None
-    kv_heads = result.kv_heads if result.kv_heads != result.heads else None
-    return RunSpec(
-        result.device,
-        result.dtype,
-        result.batch,
-        result.heads,
-        result.seq,
-        result.head_dim,
-        kv_heads,
-        causal=result.causal is not False,
-        mask=result.mask,
-        score_mod=result.score_mod,
-    )
 
 
 def attention_kernel_regex() -> str:
@@ -165,7 +140,7 @@ class CounterCollector:
 
     def collect_model_row(
         self,
-        result: ModelResult,
+        result: CellResult,
         config: ModelConfig,
         implementations: list[Implementation],
         started: Callable[[], None] | None = None,
@@ -174,12 +149,13 @@ class CounterCollector:
         if not result.ok or result.trace_path is None:
             return
         no_plugins = all(i.variant is None or i.variant.source == "built-in" for i in implementations)
-        command = model_command(config, result.device, result.variant, result.seq, result.mode, no_plugins)
+        spec = result.model
+        command = model_command(config, spec.device, result.variant, spec.seq, spec.mode, no_plugins)
         self._collect(result, command, report_path(result.trace_path), attention_kernel_regex(), None, started)
 
     def _collect(
         self,
-        result: CellResult | ModelResult,
+        result: CellResult,
         child: list[str],
         report: Path,
         kernel_regex: str | None,
@@ -189,8 +165,7 @@ class CounterCollector:
         from attnprof.profiling.memory import release_cached_memory
         from attnprof.profiling.ncu import NcuPassFailed, NcuRequest, run_ncu
 
-        device = result.spec.device if isinstance(result, CellResult) else result.device
-        self.refused = self.refused or device_problem(device)
+        self.refused = self.refused or device_problem(result.subject.device)
         if self.refused is None and self.ncu is None:
             self.ncu = self._find_ncu()
         if self.refused is not None or self.ncu is None:
@@ -226,9 +201,7 @@ class CounterCollector:
             self.seconds += taken
             result.phases_s["ncu"] = taken
 
-    def _read(
-        self, result: CellResult | ModelResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path
-    ) -> None:
+    def _read(self, result: CellResult, report: Path, seconds: float, ceiling: Ceiling | None, ncu: Path) -> None:
         """Attach the report's counters; a report that cannot be read is a note (the report stays)."""
         try:
             attach_counters(result, report, seconds, ceiling, ncu)
@@ -248,7 +221,7 @@ class CounterCollector:
             self.refused = _line(exc)
             return None
 
-    def _note(self, result: CellResult | ModelResult, reason: str) -> None:
+    def _note(self, result: CellResult, reason: str) -> None:
         result.ncu_note = reason
         if reason not in self.notes:
             self.notes.append(reason)

@@ -140,7 +140,7 @@ def resume_rows(
     return Resumed(kept, len(still_to_run(cells, kept)), len(cells), announce)
 
 
-def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome[CellResult] | None, int]:
+def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome | None, int]:
     """Run `job` as the module docstring says: (the outcome, on rank 0 or alone, else None; the exit code,
     the same on every rank: 130 after Ctrl-C, 1 when a row failed, else 0). Closes the process group."""
     group = distributed.current()

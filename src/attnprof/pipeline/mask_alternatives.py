@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from attnprof.analysis.findings.judge import BLOCK_MASK, DENSE_MASK, IS_CAUSAL, THIS_RUN
 from attnprof.errors import VariantFailure, VariantUnavailableError
 from attnprof.masks import SIZED_KINDS, Mask, parse_mask
-from attnprof.pipeline.cell import guard, phase, warning_lines
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import join_alternatives
+from attnprof.pipeline.stages import guard, phase, warning_lines
 from attnprof.registry import RunSpec, Variant
 from attnprof.results.parts import MaskAlternative
 from attnprof.results.schema import Row

@@ -1,8 +1,9 @@
-"""What a measurement holds while it runs: `Measured`, the parts every row has (status, timing, the trace
-analysis, memory, clock, speed-up, counters, the judge's findings), and its two subjects, `CellResult` (one
-variant at one `RunSpec`) and `ModelResult` (one attention implementation inside a whole model).
+"""What a measurement holds while it runs: `CellResult`, one class for both subjects, a cell (one variant
+at one `registry.RunSpec`) and a row of `attnprof model` (one attention implementation inside a whole model,
+`model_spec.ModelSpec`): status, timing, the trace analysis, memory, clock, speed-up, counters, the judge's
+findings, and the checks its subject has. Speed-ups are computed here for both (`attach_speedups`).
 
-`pipeline.rows` makes the one typed `results.schema.Row` of either when the measurement ends. A missing
+`pipeline.rows` makes the one typed `results.schema.Row` of it when the measurement ends. A missing
 measurement is None, never 0.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from attnprof.model_spec import ModelSpec
 from attnprof.registry import RunSpec
 from attnprof.results.parts import MaskAlternative
 
@@ -63,15 +65,28 @@ class Placement:
 
 
 @dataclass
-class Measured:
-    """What a cell and a model row both hold. `status` is ok, skipped or failed; `reason` says why not ok.
-    Parts are None when they were not measured: `timing` and `memory_mib` with `--no-timing`, `clock` without
-    nvidia-smi, `analysis` when no trace was analysed, `counters` without `--ncu` (or when Nsight Compute
-    could not measure it; `ncu_note` then says why, `ncu_report` is the report its pass wrote).
-    `speedup_reliable` is False when the speed-up rests on an unstable latency, its own or the baseline's."""
+class CellResult:
+    """What one measurement holds while it runs, whichever its `subject`: a cell (`RunSpec`: one variant at
+    one spec) or a row of `attnprof model` (`ModelSpec`: one attention implementation inside a whole model
+    at one seq and mode; `variant` is the implementation as the user named it, `source` where it came from).
+
+    `status` is ok, skipped or failed; `reason` says why not ok. Parts are None when they were not measured:
+    `timing` and `memory_mib` with `--no-timing`, `clock` without nvidia-smi, `analysis` when no trace was
+    analysed, `counters` without `--ncu` (or when Nsight Compute could not measure it; `ncu_note` then says
+    why, `ncu_report` is the report its pass wrote). `speedup_reliable` is False when the speed-up rests on an
+    unstable latency, its own or the baseline's. `retimed` counts the samples thrown away because they were
+    unstable (`timing` is the last one).
+
+    What is checked depends on the subject: a cell's `check` (None when the cell failed before its output
+    existed) and `grad_check` (outside the backward modes and when no gradients existed: None), a model
+    row's `logits` against the baseline implementation's (None for the baseline itself and when either is
+    missing). `throughput` is None without timing or a ceiling (always, for a model row), as are the other
+    parts only a cell has (its dense mask, backend, placement, the mask alternatives measured beside it).
+    """
 
     variant: str
     source: str
+    subject: RunSpec | ModelSpec
     _: KW_ONLY
     status: Status = "ok"
     reason: str | None = None
@@ -89,6 +104,40 @@ class Measured:
     counters: CellCounters | None = None  # hardware counters from Nsight Compute (--ncu); None without
     ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the step, beside its trace
     ncu_note: str | None = None  # --ncu: why there are no counters (one line); None when there are
+    retimed: int = 0
+    check: Check | None = None
+    grad_check: GradCheck | None = None
+    logits: LogitsDiff | None = None
+    nan_on_fully_masked: bool | None = None
+    dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
+    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
+    throughput: Throughput | None = None
+    backend: str | None = None
+    key_averages_table: str | None = None
+    placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
+    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
+    by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
+
+    @property
+    def spec(self) -> RunSpec:
+        """The cell's spec; TypeError for a model row (whose subject is a `ModelSpec`, `model`)."""
+        if not isinstance(self.subject, RunSpec):
+            raise TypeError(f"{self.label} is a model row, not a cell")
+        return self.subject
+
+    @property
+    def model(self) -> ModelSpec:
+        """The model row's subject; TypeError for a cell (whose subject is its `spec`)."""
+        if not isinstance(self.subject, ModelSpec):
+            raise TypeError(f"{self.variant} at {self.subject.cell_label} is a cell, not a model row")
+        return self.subject
+
+    @property
+    def label(self) -> str:
+        """`sdpa @ seq 2048 fwd` for a model row, `sdpa @ 1x8x1024x64` for a cell: for progress lines."""
+        if isinstance(self.subject, ModelSpec):
+            return self.subject.label(self.variant)
+        return f"{self.variant} @ {self.subject.cell_label}"
 
     @property
     def ok(self) -> bool:
@@ -101,8 +150,11 @@ class Measured:
         return self.timing.median_us if self.timing else None
 
     def verdict(self) -> Verdict:
-        """What the judge reads of it (`row_verdict`)."""
-        raise NotImplementedError
+        """What the judge reads of it (see `row_verdict`), with its variant's `by_design` ids, the unit of its
+        mode (a backward or training step's instance is a step) and the dense mask's alternatives measured
+        beside it."""
+        unit = "step" if self.subject.backward else "forward"
+        return row_verdict(self, unit, self.by_design, self.mask_alternatives)
 
     @property
     def findings(self) -> list[Finding]:
@@ -110,37 +162,6 @@ class Measured:
         from attnprof.analysis.findings import judge
 
         return judge(self.verdict())
-
-
-@dataclass
-class CellResult(Measured):
-    """The outcome of one variant at one spec (see `Measured` for what every row holds).
-
-    `check` is None when the cell failed before its output existed, `grad_check` outside the backward modes
-    (`spec.mode` bwd and fwd+bwd) and when no gradients existed, `throughput` without timing or a ceiling.
-    `retimed` counts the samples thrown away because they were unstable (`timing` is the last one).
-    """
-
-    spec: RunSpec
-    _: KW_ONLY
-    check: Check | None = None
-    grad_check: GradCheck | None = None
-    nan_on_fully_masked: bool | None = None
-    dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
-    executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
-    throughput: Throughput | None = None
-    backend: str | None = None
-    retimed: int = 0
-    key_averages_table: str | None = None
-    placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
-    mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
-    by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
-
-    def verdict(self) -> Verdict:
-        """What the judge reads of the cell (see `row_verdict`), with its variant's `by_design` ids, the unit
-        of its mode and the dense mask's alternatives measured beside it."""
-        unit = "step" if self.spec.backward else "forward"
-        return row_verdict(self, unit, self.by_design, self.mask_alternatives)
 
     @property
     def passed(self) -> bool | None:
@@ -150,12 +171,15 @@ class CellResult(Measured):
 
     @property
     def kernel_tflops(self) -> float | None:
-        """The step's FLOPs (those of `throughput.tflops`) over the attention calls' device time per step
+        """A cell's FLOPs (those of `throughput.tflops`) over the attention calls' device time per step
         in the trace, TFLOP/s (`analysis.roofline.kernel_tflops`); None without an analysis, device time
-        or attention call. `throughput.tflops` is by latency, which includes host launch time."""
+        or attention call, and for a model row. `throughput.tflops` is by latency, which includes host
+        launch time."""
         from attnprof.analysis.roofline import kernel_tflops
 
-        return kernel_tflops(self.spec, self.analysis.attention) if self.analysis is not None else None
+        if not isinstance(self.subject, RunSpec) or self.analysis is None:
+            return None
+        return kernel_tflops(self.subject, self.analysis.attention)
 
     @property
     def kernel_pct_of_peak(self) -> float | None:
@@ -166,7 +190,7 @@ class CellResult(Measured):
 
 
 def row_verdict(
-    result: Measured,
+    result: CellResult,
     unit: str,
     by_design: frozenset[str] = frozenset(),
     alternatives: list[MaskAlternative] | None = None,
@@ -194,7 +218,7 @@ SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
 
 @dataclass(frozen=True)
 class SpeedCell:
-    """What a speed-up needs of one row: its variant, cell (`RunSpec.cell_key`), whether it is ok,
+    """What a speed-up needs of one row: its variant, what it is matched by (`speed_key`), whether it is ok,
     its times by `SPEED_KEYS` name (positive or None) and whether its latency is unstable."""
 
     variant: str
@@ -226,14 +250,20 @@ def _basis(cell: SpeedCell) -> tuple[str, float] | None:
     return None
 
 
-def unstable(result: Measured) -> bool:
+def unstable(result: CellResult) -> bool:
     """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
     return result.timing is not None and result.timing.unstable
 
 
+def speed_key(subject: RunSpec | ModelSpec) -> tuple[Any, ...]:
+    """What a row's speed-up matches against the baseline's: a cell by `RunSpec.cell_key` (so results of one
+    cell on two ranks' GPUs compare), a model row by its seq and mode (`ModelSpec.speed_key`)."""
+    return subject.speed_key if isinstance(subject, ModelSpec) else subject.cell_key
+
+
 def _speed_cell(result: CellResult) -> SpeedCell:
     times = {key: speed_time(result, key) for key in SPEED_KEYS}
-    return SpeedCell(result.variant, result.spec.cell_key, result.ok, times, unstable(result))
+    return SpeedCell(result.variant, speed_key(result.subject), result.ok, times, unstable(result))
 
 
 def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, bool] | None]:
@@ -258,84 +288,8 @@ def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, 
 
 
 def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
-    """Set `speedup_vs_baseline` and `speedup_reliable` on the results (see `speedups`); cells are
-    matched by `RunSpec.cell_key`, so results of one cell on two ranks' GPUs compare."""
+    """Set `speedup_vs_baseline` and `speedup_reliable` on the results, cells or model rows (see `speedups`),
+    each matched with the baseline's row by `speed_key`."""
     for result, found in zip(results, speedups([_speed_cell(r) for r in results], baseline), strict=True):
         if found is not None:
             result.speedup_vs_baseline, result.speedup_reliable = found
-
-
-@dataclass
-class ModelResult(Measured):
-    """One row of `attnprof model`: one attention implementation inside a whole model, at one seq and mode
-    (see `Measured` for what every row holds).
-
-    `variant` is the implementation as the user named it, `implementation` what the model was given
-    (`attnprof:NAME` for an attnprof variant; None for a model profiled as built). `seq` is None for a
-    factory model whose inputs the factory chose; `heads`, `kv_heads` and `head_dim` are None where the
-    model does not state them. `logits` compares the logits with the baseline implementation's (None
-    for the baseline itself and when either is missing).
-    """
-
-    implementation: str | None
-    model: str
-    batch: int
-    seq: int | None
-    mode: str
-    dtype: str
-    device: str
-    _: KW_ONLY
-    params: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    causal: bool | None = None
-    mask: str | None = None  # the mask every attention implementation ran (None: the model's own, unknown)
-    score_mod: str | None = None
-    logits: LogitsDiff | None = None
-
-    def verdict(self) -> Verdict:
-        """What the judge reads of the row (see `row_verdict`); a training step's instance is a step."""
-        return row_verdict(self, "forward" if self.mode == "fwd" else "step")
-
-    @property
-    def shape(self) -> str | None:
-        """The attention shape as `compare` labels it, `BxHxSxD` (`/kvN` with GQA, then a sized mask and a score
-        mod: `... sw64 softcap30`), when the model states its heads; `BxS` otherwise; None for a factory model
-        whose inputs the factory chose."""
-        if self.seq is None:
-            return None
-        if self.heads is None or self.head_dim is None:
-            return f"{self.batch}x{self.seq}"
-        spec = RunSpec(
-            "cpu",
-            self.dtype,
-            self.batch,
-            self.heads,
-            self.seq,
-            self.head_dim,
-            self.kv_heads,
-            causal=self.causal is not False,
-            mask=self.mask,
-            score_mod=self.score_mod,
-        )
-        return spec.shape_label
-
-    @property
-    def label(self) -> str:
-        """`sdpa @ seq 2048 fwd`: the implementation, the seq (when known) and the mode, for progress lines."""
-        seq = f" @ seq {self.seq}" if self.seq is not None else ""
-        return f"{self.variant}{seq} {self.mode}"
-
-
-def attach_model_speedups(results: list[ModelResult], baseline: str) -> None:
-    """Set `speedup_vs_baseline` = the baseline's latency / the row's, between ok rows of the same seq and
-    mode, and `speedup_reliable` (False when either latency is unstable; the baseline's own 1.00x is exact)."""
-    for base in results:
-        if base.variant != baseline or not base.ok or not base.latency_us:
-            continue
-        for result in results:
-            if result.ok and result.latency_us and (result.seq, result.mode) == (base.seq, base.mode):
-                result.speedup_vs_baseline = base.latency_us / result.latency_us
-                shaky = result is not base and (unstable(base) or unstable(result))
-                result.speedup_reliable = not shaky

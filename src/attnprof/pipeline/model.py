@@ -14,15 +14,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from attnprof.config import MeasureOptions
 from attnprof.interrupts import interrupt_requested, raise_if_interrupted, recording_interrupts
 from attnprof.model_config import ModelConfig
 from attnprof.models.factory import AS_BUILT
 from attnprof.models.implementations import Implementation, resolve_implementations
 from attnprof.models.source import FactorySource, ModelSource, open_source
 from attnprof.pipeline.counters import CounterCollector
-from attnprof.pipeline.measured import ModelResult, attach_model_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.pipeline.model_row import run_row
-from attnprof.pipeline.run import RunFolder, RunOutcome, open_run_folder
+from attnprof.pipeline.run import RunFolder, RunOutcome, attach_clocks, clock_sampler, open_run_folder
 from attnprof.registry import Registry
 
 
@@ -70,21 +71,23 @@ def run_model(
     implementations: list[Implementation],
     device: str,
     trace_dir: Path,
+    measure: MeasureOptions,
     on_start: Callable[[int, int, str], None] | None = None,
-    on_done: Callable[[ModelResult], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
     counters: CounterCollector | None = None,
     on_counters: Callable[[int, int, str], None] | None = None,
-) -> tuple[list[ModelResult], bool]:
+) -> tuple[list[CellResult], bool]:
     """Run every row (see the module docstring); returns the rows and whether Ctrl-C cut the run short.
     `on_start(index, total, label)` and `on_done(result)` report progress. With `counters` (--ncu) each ok
     row's step runs again under Nsight Compute, its attention kernels only (`pipeline.counters`;
-    `on_counters(index, total, label)` is told as the pass starts), before `on_done`."""
-    results: list[ModelResult] = []
+    `on_counters(index, total, label)` is told as the pass starts), before `on_done`. `measure` holds the
+    measurement flags the command shares with `compare` (`--no-timing`, `--flush-l2`, `--no-clocks`, ...)."""
+    results: list[CellResult] = []
     references: dict[tuple[int | None, str], Any] = {}
     total = model_rows(source, config, implementations)
     baseline = implementations[0].name  # plan_implementations put it first
     interrupted = False
-    sampler = _clock_sampler(device)
+    sampler = clock_sampler(device, measure)
     try:
         with recording_interrupts():
             try:
@@ -96,7 +99,16 @@ def run_model(
                                 seq_text = f" @ seq {seq}" if seq is not None else ""
                                 on_start(len(results), total, f"{implementation.name}{seq_text} {mode}")
                             result = run_row(
-                                source, implementation, seq, mode, config, device, trace_dir, references, baseline
+                                source,
+                                implementation,
+                                seq,
+                                mode,
+                                config,
+                                measure,
+                                device,
+                                trace_dir,
+                                references,
+                                baseline,
                             )
                             if counters is not None:
                                 told = partial(on_counters, len(results), total, result.label) if on_counters else None
@@ -112,26 +124,9 @@ def run_model(
     finally:
         source.release()
         if sampler is not None:
-            _attach_clocks(results, sampler.stop())
-    attach_model_speedups(results, baseline)
+            attach_clocks(results, sampler.device, sampler.stop())
+    attach_speedups(results, baseline)
     return results, interrupted
-
-
-def _clock_sampler(device: str) -> Any:
-    """A started SM clock sampler on a CUDA device, else None."""
-    if not device.startswith("cuda"):
-        return None
-    from attnprof.profiling.clocks import ClockSampler
-
-    return ClockSampler(device).start()
-
-
-def _attach_clocks(results: list[ModelResult], samples: list[Any]) -> None:
-    from attnprof.profiling.clocks import clock_window
-
-    for result in results:
-        if result.timing_window is not None:
-            result.clock = clock_window(samples, [result.timing_window])
 
 
 def run_model_job(
@@ -139,39 +134,42 @@ def run_model_job(
     config: ModelConfig,
     implementations: list[Implementation],
     device: str,
+    measure: MeasureOptions,
     on_start: Callable[[int, int, str], None] | None = None,
-    on_done: Callable[[ModelResult], None] | None = None,
+    on_done: Callable[[CellResult], None] | None = None,
     counters: CounterCollector | None = None,
     on_counters: Callable[[int, int, str], None] | None = None,
-) -> RunOutcome[ModelResult]:
+) -> RunOutcome:
     """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones;
     with `counters`, each row's Nsight Compute pass), then the results written into the folder
     (`finish_model_run`)."""
     folder = open_run_folder(Path(config.output_dir), "model")
     results, interrupted = run_model(
-        source, config, implementations, device, folder.traces, on_start, on_done, counters, on_counters
+        source, config, implementations, device, folder.traces, measure, on_start, on_done, counters, on_counters
     )
-    return finish_model_run(config, device, results, interrupted, folder, counters)
+    return finish_model_run(config, device, results, interrupted, folder, measure, counters)
 
 
 def finish_model_run(
     config: ModelConfig,
     device: str,
-    results: list[ModelResult],
+    results: list[CellResult],
     interrupted: bool,
     folder: RunFolder,
+    measure: MeasureOptions,
     counters: CounterCollector | None = None,
-) -> RunOutcome[ModelResult]:
-    """Write the rows as `results.json` (the results document, `command` "model"; with `counters`, what
-    --ncu did as `ncu`) and `results.csv` into `folder`."""
-    from attnprof.pipeline.rows import model_row, results_document
+) -> RunOutcome:
+    """Write the rows as `results.json` (the results document, `command` "model", with the measurement flags
+    as `measure`, as compare's; with `counters`, what --ncu did as `ncu`) and `results.csv` into `folder`."""
+    from attnprof.pipeline.rows import cell_row, results_document
     from attnprof.profiling.environment import collect_environment, package_version
     from attnprof.results.files import write_csv, write_json
 
     environment = collect_environment(device)
     environment["transformers"] = package_version("transformers")
-    rows = [model_row(r) for r in results]
+    rows = [cell_row(r) for r in results]
     document = results_document("model", config, environment, None, rows, interrupted, files=folder.to_dict())
+    document.measure = measure.model_dump(mode="json")
     if counters is not None:
         document.ncu = counters.summary()
     write_json(folder.results_json, document)

@@ -56,7 +56,7 @@ def _registry(no_plugins: bool) -> Registry:
 def run_cell_again(cell: dict[str, Any], registry: Registry, steps: int) -> None:
     """The cell of a job's `cell` part, its variant from `registry`: its step built as the cell built it, warmed
     up, then `steps` calls between the profiler's start and stop. The variant's failures raise one line."""
-    from attnprof.pipeline.cell import guard
+    from attnprof.pipeline.stages import guard
     from attnprof.profiling.ncu import profiled_steps
     from attnprof.profiling.steps import cell_step
     from attnprof.registry import RunSpec
@@ -76,8 +76,8 @@ def run_model_row_again(row: dict[str, Any], registry: Registry, steps: int) -> 
     built it, its step warmed up, then `steps` calls between the profiler's start and stop."""
     from attnprof.model_config import ModelConfig
     from attnprof.models.implementations import resolve_implementations
-    from attnprof.pipeline.cell import guard
     from attnprof.pipeline.model import open_model
+    from attnprof.pipeline.stages import guard
     from attnprof.profiling.ncu import profiled_steps
 
     config = ModelConfig.model_validate(row["config"])

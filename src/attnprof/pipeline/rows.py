@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from attnprof.pipeline.measured import CellResult, Measured, ModelResult
+from attnprof.model_spec import ModelSpec
+from attnprof.pipeline.measured import CellResult
+from attnprof.registry import RunSpec
 from attnprof.results.parts import Analysis, MaskAlternative
 from attnprof.results.records import analysis_record, counters_record, finding_of, finding_record
 from attnprof.results.schema import SCHEMA_VERSION, Document, Row
@@ -80,7 +82,7 @@ def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> di
     }
 
 
-def _timing_fields(result: Measured) -> dict[str, Any]:
+def _timing_fields(result: CellResult) -> dict[str, Any]:
     timing = result.timing
     if timing is None:
         return {}
@@ -100,7 +102,7 @@ def _timing_fields(result: Measured) -> dict[str, Any]:
     }
 
 
-def _shared_fields(result: Measured) -> dict[str, Any]:
+def _shared_fields(result: CellResult) -> dict[str, Any]:
     """What a cell's row and a model's row both take the same way; its findings are the judge's."""
     from attnprof.analysis.findings import judge
 
@@ -139,44 +141,29 @@ def _shared_fields(result: Measured) -> dict[str, Any]:
 
 
 def cell_row(result: CellResult) -> Row:
-    """The row of one cell."""
-    from attnprof.analysis.roofline import EXECUTED_CONVENTION, flops_convention, step_flops
-
-    spec, rates, check, grads, where = result.spec, result.throughput, result.check, result.grad_check, result.placement
-    has_flops = rates is not None or result.executed_flops is not None
-    convention = None
-    if has_flops:
-        convention = flops_convention(spec)
-        convention = convention if result.executed_flops is None else f"{convention}; {EXECUTED_CONVENTION}"
+    """The row of one result, a cell or a model row: its subject's fields (`_spec_fields`, `_model_fields`),
+    then the parts it measured, each None where it has none (a model row has no output check or throughput,
+    a cell no logits difference)."""
+    subject = result.subject
+    fields = _model_fields(subject) if isinstance(subject, ModelSpec) else _spec_fields(result, subject)
+    rates, check, grads, where, logits = (
+        result.throughput,
+        result.check,
+        result.grad_check,
+        result.placement,
+        result.logits,
+    )
     scope = check.scope if check is not None else None
     if check is not None and grads is not None:
         scope = f"output: {check.scope}; gradients: {grads.scope}"
     kernel_tflops = result.kernel_tflops
     return Row(
-        subject="cell",
         variant=result.variant,
         source=result.source,
-        shape=spec.shape_label,
-        batch=spec.batch,
-        heads=spec.heads,
-        kv_heads=spec.n_kv_heads,
-        seq=spec.seq,
-        head_dim=spec.head_dim,
-        dtype=spec.dtype,
-        device=spec.device,
-        causal=spec.causal,
-        mode=spec.mode,
-        mask=spec.mask.text,
-        score_mod=spec.score_mod,
-        q_len=spec.n_queries,
-        kv_len=spec.n_keys,
-        page_size=spec.page_size,
-        causal_alignment=spec.causal_alignment,
-        fully_masked_rows=spec.fully_masked_rows,
+        **fields,
         dense_mask=result.dense_mask,
         backend=result.backend,
         retimed=result.retimed if result.timing is not None else None,
-        flops=step_flops(spec) if has_flops else None,
         executed_flops=result.executed_flops,
         tflops=rates.tflops if rates else None,
         kernel_tflops=kernel_tflops,
@@ -200,7 +187,9 @@ def cell_row(result: CellResult) -> Row:
         rel_error_threshold=check.threshold if check else None,
         grad_rel_error_threshold=grads.threshold if grads else None,
         correctness_scope=scope,
-        flops_convention=convention,
+        logits_baseline=logits.baseline if logits else None,
+        logits_max_abs_diff=logits.max_abs_diff if logits else None,
+        logits_rel_diff=logits.rel_diff if logits else None,
         rank=where.rank if where else None,
         local_rank=where.local_rank if where else None,
         world_size=where.world_size if where else None,
@@ -212,33 +201,61 @@ def cell_row(result: CellResult) -> Row:
     )
 
 
-def model_row(result: ModelResult) -> Row:
-    """The row of one implementation inside a whole model."""
-    logits = result.logits
-    return Row(
-        subject="model",
-        variant=result.variant,
-        implementation=result.implementation,
-        source=result.source,
-        model=result.model,
-        params=result.params,
-        shape=result.shape,
-        batch=result.batch,
-        seq=result.seq,
-        heads=result.heads,
-        kv_heads=result.kv_heads,
-        head_dim=result.head_dim,
-        dtype=result.dtype,
-        device=result.device,
-        causal=result.causal,
-        mask=result.mask,
-        score_mod=result.score_mod,
-        mode=result.mode,
-        logits_baseline=logits.baseline if logits else None,
-        logits_max_abs_diff=logits.max_abs_diff if logits else None,
-        logits_rel_diff=logits.rel_diff if logits else None,
-        **_shared_fields(result),
-    )
+def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:
+    """A cell's subject: its spec, and the FLOPs of a step at it when its throughput (or executed FLOPs) was
+    measured."""
+    from attnprof.analysis.roofline import EXECUTED_CONVENTION, flops_convention, step_flops
+
+    has_flops = result.throughput is not None or result.executed_flops is not None
+    convention = None
+    if has_flops:
+        convention = flops_convention(spec)
+        convention = convention if result.executed_flops is None else f"{convention}; {EXECUTED_CONVENTION}"
+    return {
+        "subject": "cell",
+        "shape": spec.shape_label,
+        "batch": spec.batch,
+        "heads": spec.heads,
+        "kv_heads": spec.n_kv_heads,
+        "seq": spec.seq,
+        "head_dim": spec.head_dim,
+        "dtype": spec.dtype,
+        "device": spec.device,
+        "causal": spec.causal,
+        "mode": spec.mode,
+        "mask": spec.mask.text,
+        "score_mod": spec.score_mod,
+        "q_len": spec.n_queries,
+        "kv_len": spec.n_keys,
+        "page_size": spec.page_size,
+        "causal_alignment": spec.causal_alignment,
+        "fully_masked_rows": spec.fully_masked_rows,
+        "flops": step_flops(spec) if has_flops else None,
+        "flops_convention": convention,
+    }
+
+
+def _model_fields(spec: ModelSpec) -> dict[str, Any]:
+    """A model row's subject: the model, the implementation it was given, and its attention as the model
+    states it."""
+    return {
+        "subject": "model",
+        "implementation": spec.implementation,
+        "model": spec.model,
+        "params": spec.params,
+        "shape": spec.shape,
+        "batch": spec.batch,
+        "seq": spec.seq,
+        "heads": spec.heads,
+        "kv_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "dtype": spec.dtype,
+        "device": spec.device,
+        "causal": spec.causal,
+        "mask": spec.mask,
+        "score_mod": spec.score_mod,
+        "mode": spec.mode,
+    }
 
 
 def join_alternatives(row: Row, found: list[MaskAlternative], dense_us: float) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError, OutputError
@@ -24,7 +24,7 @@ from attnprof.interrupts import (
     recording_interrupts,
 )
 from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
-from attnprof.pipeline.measured import CellResult, ModelResult, attach_speedups
+from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.registry import Registry, RunSpec, Variant
 from attnprof.results.schema import Document, Row
 
@@ -68,16 +68,13 @@ class RunFolder:
         }
 
 
-ResultT = TypeVar("ResultT", CellResult, ModelResult)
-
-
 @dataclass
-class RunOutcome(Generic[ResultT]):
+class RunOutcome:
     """What a run produced: its results (cells, or the rows of `attnprof model`), the JSON document, its
     folder, and whether Ctrl-C cut it short."""
 
     command: str
-    results: list[ResultT]
+    results: list[CellResult]
     document: Document
     folder: RunFolder
     interrupted: bool
@@ -307,8 +304,13 @@ def _collective_cell(
 
 def _clock_sampler(cells: list[Cell], measure: MeasureOptions) -> Any:
     """A started ClockSampler for the first CUDA device among the cells, or None."""
-    device = next((spec.device for _, spec in cells if spec.device_type == "cuda"), None)
-    if device is None or not (measure.timing and measure.clocks):
+    return clock_sampler(next((spec.device for _, spec in cells if spec.device_type == "cuda"), None), measure)
+
+
+def clock_sampler(device: str | None, measure: MeasureOptions) -> Any:
+    """A started ClockSampler on a CUDA `device` while rows are timed (not with --no-timing or --no-clocks),
+    else None."""
+    if device is None or not device.startswith("cuda") or not (measure.timing and measure.clocks):
         return None
     from attnprof.profiling.clocks import ClockSampler
 
@@ -320,5 +322,5 @@ def attach_clocks(results: list[CellResult], device: str, samples: list[Any]) ->
     from attnprof.profiling.clocks import clock_window
 
     for result in results:
-        if result.timing_window is not None and result.spec.device == device:
+        if result.timing_window is not None and result.subject.device == device:
             result.clock = clock_window(samples, [result.timing_window])
