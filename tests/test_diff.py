@@ -233,11 +233,11 @@ def test_a_contended_base_is_not_judged_either_and_the_summary_counts_it() -> No
     new = [cpu_row(1000.0, fastest=900.0), cpu_row(600.0, variant="naive", fastest=460.0)]
     diff = diff_results(base, new, 0.05)
     assert diff.rows[0].verdict == "not judged: other processes took 90% of the CPU while BASE was timed"
-    assert diff.rows[0].not_judged and not diff.regressions
+    assert diff.rows[0].not_judged and not diff.regressions and diff.outcome == "not judged"
     assert summary(diff) == (
-        "2 row(s) matched: no regression; 1 latency change(s) within noise, 1 not judged (timed while other "
-        "processes held the CPU) (threshold 5.0%, noise floor cpu 50%, beyond both runs' IQRs and in the fastest "
-        "call too)"
+        "2 row(s) matched: no judged regression; 1 latency change(s) within noise, 1 not judged (timed while "
+        "other processes held the CPU) (threshold 5.0%, noise floor cpu 50%, beyond both runs' IQRs and in the "
+        "fastest call too)"
     )
 
 
@@ -281,7 +281,7 @@ BUSY_PAIR = Path(__file__).parent / "data" / "results" / "cpu-busy-neighbour"
 def test_compares_beside_a_busy_neighbour_are_not_judged_rather_than_called_slower(cli) -> None:
     """Two identical default compares run one after the other while another process kept one of the two cores
     busy: naive took 60 ms in the first and 0.43 ms in the second. Taking the second as BASE, the spread rule
-    alone called the first a regression."""
+    alone called the first a regression; not judged, it is no pass either: exit 3 (issue 32)."""
     base_path, new_path = BUSY_PAIR / "second.json", BUSY_PAIR / "first.json"
     rows = {
         side: {r["variant"]: r for r in json.loads(path.read_text())["results"] if r.get("latency_us")}
@@ -295,8 +295,10 @@ def test_compares_beside_a_busy_neighbour_are_not_judged_rather_than_called_slow
     ]
     assert old_rule, "the files no longer show what the issue saw"
     result = cli("diff", str(base_path), str(new_path), "--format", "json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output
     document = json.loads(result.stdout)
     verdicts = {r["variant"]: r["verdict"] for r in document["rows"]}
     assert all(verdicts[name].startswith("not judged: other processes took ") for name in old_rule), verdicts
     assert "not judged (timed while other processes held the CPU)" in document["summary"]
+    assert document["outcome"] == "not judged" and document["not_judged"] == len(verdicts) - 2  # 2 skipped
+    assert cli("diff", str(base_path), str(new_path), "--allow-unjudged").exit_code == 0

@@ -23,11 +23,13 @@ from conftest import TINY_LLAMA
 from fake_ncu import child_job, install
 
 from attnprof.config import Config, MeasureOptions, Schedule
+from attnprof.errors import CountersUnavailableError
 from attnprof.nsight import NsightUnavailableError
 from attnprof.pipeline import counters as collection
 from attnprof.pipeline import plan_cells
 from attnprof.pipeline.counters import attention_kernel_regex, cell_command, model_command
 from attnprof.pipeline.engine import Job, resume_rows, run_job
+from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.ncu_child import run_cell_again, run_model_row_again
 from attnprof.pipeline.resume import inherit_measure, open_previous
 from attnprof.plugins import load_variants
@@ -214,20 +216,28 @@ def test_a_run_wide_refusal_stops_the_passes_after_the_first(config, fake, read)
     assert len(fake.passes()) == 1 and read == [] and outcome.document.ncu["passes"] == 1
 
 
-def test_without_ncu_every_row_says_so_once_and_no_pass_runs(config, tmp_path, monkeypatch, read) -> None:
+def test_without_ncu_the_run_is_refused_before_any_cell(config, tmp_path, monkeypatch, read) -> None:
     monkeypatch.setenv("ATTNPROF_NCU", str(tmp_path / "missing-ncu"))
-    outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
-    assert outcome is not None and code == 0
-    notes = [row.ncu_note for row in outcome.document.results]
-    assert notes[0] == notes[1] and f"ATTNPROF_NCU={tmp_path / 'missing-ncu'} is not an executable file" in notes[0]
-    assert outcome.document.ncu == {"passes": 0, "with_counters": 0, "seconds": 0.0, "notes": [notes[0]]}
+    with pytest.raises(CountersUnavailableError) as refused:
+        run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
+    assert f"--ncu: ATTNPROF_NCU={tmp_path / 'missing-ncu'} is not an executable file" == refused.value.message
+    assert refused.value.exit_code == 3 and refused.value.hint.startswith("install Nsight Compute")
+    assert not config.output_dir.exists()  # no run folder: nothing ran
 
 
-def test_on_cpu_no_pass_runs(config, fake) -> None:
-    outcome, code = run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
-    assert outcome is not None and code == 0
-    assert [row.ncu_note for row in outcome.document.results] == [CPU_NOTE, CPU_NOTE]
-    assert fake.calls == [] and all(row.latency_us > 0 for row in outcome.document.results)
+def test_on_cpu_the_run_is_refused_before_any_cell(config, fake) -> None:
+    with pytest.raises(CountersUnavailableError, match=re.escape(f"--ncu: {CPU_NOTE}")):
+        run_job(Job("compare", config, "cpu", WITH_NCU, plan_cells(config, variants(), "cpu")))
+    assert fake.calls == [] and not config.output_dir.exists()
+
+
+def test_a_collector_on_cpu_still_says_why_without_a_pass(config, fake) -> None:
+    """What a caller that does not refuse up front (`refuse_counters`) gets: each row says why, no pass runs."""
+    results = [CellResult("naive", "built-in", spec) for _, spec in plan_cells(config, variants()[:1], "cpu")]
+    results[0].trace_path = config.output_dir / "naive.json.gz"
+    collector = collection.CounterCollector()
+    collector.collect_cell(results[0], variants()[0], seed=0, ceiling=None)
+    assert results[0].ncu_note == CPU_NOTE and collector.summary()["notes"] == [CPU_NOTE] and fake.calls == []
 
 
 def test_a_resumed_run_keeps_the_reports_of_its_finished_cells(config, fake, read) -> None:
@@ -264,15 +274,62 @@ def test_under_torchrun_ncu_is_refused_in_one_line(config, monkeypatch) -> None:
 # --------------------------------------------------------------------------- the CLI
 
 
-def test_compare_says_each_reason_once_and_the_time_added(cli, tmp_path) -> None:
+def test_compare_says_each_reason_once_and_the_time_added(cli, tmp_path, fake, read) -> None:
+    fake.behave("permission")
     result = cli("compare", "--device", "cpu", "--dtype", "fp32", "--variants", "naive,sdpa-math", "--batch", "1",
                  "--heads", "2", "--seq", "32", "--head-dim", "16", "--min-time", "0.02", "-o", str(tmp_path),
                  "--ncu", "--format", "json")
     assert result.exit_code == 0, result.output
-    assert result.stderr.count(f"--ncu: no counters: {CPU_NOTE}") == 1
-    assert "--ncu: 0 of 2 cell(s) got counters; Nsight Compute added 0.0 s to the run (0 pass(es))" in result.stderr
     document = json.loads(result.stdout)
-    assert document["ncu"]["notes"] == [CPU_NOTE] and document["measure"]["ncu_launches"] == 16
+    [reason] = document["ncu"]["notes"]
+    assert "ERR_NVGPUCTRPERM" in reason and result.stderr.count(f"--ncu: no counters: {reason}") == 1
+    assert re.search(r"--ncu: 0 of 2 cell\(s\) got counters; Nsight Compute added \d+\.\d s to the run "
+                     r"\(1 pass\(es\)\)", result.stderr)
+    assert document["measure"]["ncu_launches"] == 16
+
+
+SMALL = ("--dtype", "fp32", "--batch", "1", "--heads", "2", "--seq", "32", "--head-dim", "16", "--min-time", "0.02")
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--variant", "naive", *SMALL],
+    ["compare", "--variants", "naive,sdpa-math", *SMALL],
+    ["sweep", "--variants", "naive", *SMALL],
+    ["check", "EXPECTATIONS", "--variants", "naive", *SMALL],
+    ["model", "MODEL", "--attn", "sdpa"],
+])
+def test_ncu_on_a_cpu_run_is_refused_up_front(cli, tmp_path, model_config, command) -> None:
+    """As `--device cuda` is on a CPU-only torch: one line, exit 3, before any cell runs (no run folder, no
+    progress). `--device cpu` makes the run a CPU one on any machine, a GPU's included."""
+    expectations = tmp_path / "expect.yaml"
+    expectations.write_text("naive: {status: ok}\n")
+    args = [str(expectations) if a == "EXPECTATIONS" else str(model_config()) if a == "MODEL" else a for a in command]
+    out = tmp_path / "runs"
+    result = cli(*args, "--device", "cpu", "-o", str(out), "--ncu")
+    assert result.exit_code == 3, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+    assert errors[0].startswith(f"error: --ncu: {CPU_NOTE}") and len(errors) == 2
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not out.exists() and "[1/" not in result.stderr and "results:" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["compare", "--variants", "naive", *SMALL], ["model", "MODEL", "--attn", "sdpa"]])
+def test_ncu_without_nsight_compute_is_refused_up_front(cli, tmp_path, model_config, monkeypatch, command) -> None:
+    monkeypatch.setattr(collection, "device_problem", lambda device: None)  # as on a GPU
+    monkeypatch.setenv("ATTNPROF_NCU", str(tmp_path / "missing-ncu"))
+    args = [str(model_config()) if a == "MODEL" else a for a in command]
+    result = cli(*args, "--device", "cpu", "-o", str(tmp_path / "runs"), "--ncu")
+    assert result.exit_code == 3, result.output
+    assert f"error: --ncu: ATTNPROF_NCU={tmp_path / 'missing-ncu'} is not an executable file" in result.stderr
+    assert "hint: install Nsight Compute" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ncu_with_device_cuda_on_a_cpu_only_torch_is_refused_for_the_device(cli, tmp_path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    result = cli("compare", "--device", "cuda", "-o", str(tmp_path / "runs"), "--ncu")
+    assert result.exit_code == 3 and "error: device 'cuda' requested but this machine has " in result.stderr
 
 
 def test_progress_names_each_cells_pass(cli, tmp_path, fake, read) -> None:

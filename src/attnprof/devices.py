@@ -221,6 +221,18 @@ def resolve_dtype(requested: str, device: str) -> str:
     return "bf16" if compute_capability(device) >= (8, 0) else "fp16"
 
 
+def cuda_absence() -> str | None:
+    """Why this machine has no CUDA device (`a CPU-only torch build`, `no visible CUDA device`), or None when
+    it has one; torch-free where `cuda_available` is."""
+    if cuda_available():
+        return None
+    version = sys.modules["torch"].version if _torch_loaded() else None
+    build = torch_build_info() if version is None else {"cuda": version.cuda, "hip": getattr(version, "hip", None)}
+    return (
+        "a CPU-only torch build" if build.get("cuda") is None and build.get("hip") is None else "no visible CUDA device"
+    )
+
+
 def resolve_device(requested: str) -> str:
     """`auto`, `cpu`, `cuda` or `cuda:N` as a device this machine has, or DeviceError; torch-free
     (`attnprof list`); once torch is imported (runs: `profiling.inputs.resolve_device`), torch answers."""
@@ -228,16 +240,10 @@ def resolve_device(requested: str) -> str:
         return "cuda:0" if cuda_available() else "cpu"
     if requested == "cpu":
         return "cpu"
-    if not cuda_available():
-        version = sys.modules["torch"].version if _torch_loaded() else None
-        build = torch_build_info() if version is None else {"cuda": version.cuda, "hip": getattr(version, "hip", None)}
-        built = (
-            "a CPU-only torch build"
-            if build.get("cuda") is None and build.get("hip") is None
-            else "no visible CUDA device"
-        )
+    lacking = cuda_absence()
+    if lacking is not None:
         raise DeviceError(
-            f"device {requested!r} requested but this machine has {built}", hint="use --device cpu or --device auto"
+            f"device {requested!r} requested but this machine has {lacking}", hint="use --device cpu or --device auto"
         )
     index = _index(requested)
     count = cuda_device_count()

@@ -59,6 +59,11 @@ class DeviceError(AttnprofError):
     exit_code = 3
 
 
+class CountersUnavailableError(DeviceError):
+    """`--ncu` asked for on a run that cannot have hardware counters: no CUDA device, or no Nsight Compute.
+    Refused before any cell runs, with the exit code of a missing device."""
+
+
 class DistributedError(AttnprofError):
     """A torchrun run that cannot go on: no backend, a failed rendezvous, a rank that left."""
 

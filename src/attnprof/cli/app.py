@@ -38,7 +38,7 @@ SUMMARIES = {
     "compare": "Profile every selected variant at every configured shape and compare them.",
     "sweep": "Run every selected variant at every point of the config's sweep axes (their cross product).",
     "diff": "Compare two results files row by row (variant, shape, dtype, causal, mode).",
-    "check": "Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run.",
+    "check": "Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run, ? not judged.",
     "model": "Profile a whole model under several attention implementations and compare them in one table.",
     "analyze": "Analyse a trace: attribute GPU work to each forward and explain what it shows.",
     "explain": "Decode a GPU kernel name: library, algorithm, dtype, tile, architecture, tensor cores.",

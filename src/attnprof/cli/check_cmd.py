@@ -42,17 +42,21 @@ def check_command(
     expectations: ExpectationsArg,
     results: ResultsArg = None,
     config_file: CheckConfigOpt = None,
+    allow_unjudged: c.AllowUnjudgedOpt = False,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
     *,
     overrides: dict[str, Any],
     measure: "MeasureOptions",
 ) -> None:
-    """Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run.
+    """Check each variant's results against declared expectations: ✓ held, ✗ missed, – not run, ? not judged.
 
     With RESULTS, reads them (several files: their rows together); without, runs a compare (the config
     from -c, else each config the expectations file names, one compare each, else the built-in default)
-    and checks its rows. Exit 1 on any miss.
+    and checks its rows. Exit 1 on any miss. A latency figure (latency_us, pct_of_peak, speedup_vs_baseline,
+    ...) of a row timed while other processes held over a quarter of the CPU, or a faster_than between two
+    unstable timings whose margin is within their IQRs, is not judged, with the reason: exit 3 when nothing
+    judged missed (--allow-unjudged: 0). Exit 0 when nothing missed and everything was judged; 1 outweighs 3.
     """
     from attnprof.config import MeasureOptions
     from attnprof.errors import UsageError
@@ -92,4 +96,7 @@ def check_command(
         c.emit(to_json(check_json(outcomes, expectations, sources[0] if len(sources) == 1 else sources)))
     else:
         c.emit(check_table(outcomes, fmt.value, c.table_width(fmt, wide)))
-    raise typer.Exit(code or (1 if counts(outcomes)["missed"] else 0))
+    if code:
+        raise typer.Exit(code)
+    found = counts(outcomes)
+    c.gate_exit(bool(found["missed"]), found["not judged"], allow_unjudged, "expectation(s)")

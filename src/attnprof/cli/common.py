@@ -87,6 +87,31 @@ WideOpt = Annotated[
     ),
 ]
 
+AllowUnjudgedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unjudged",
+        help="Exit 0 instead of 3 when nothing judged failed but a latency could not be judged (timed while "
+        "other processes held the CPU, or both timings unstable); the reason is still printed.",
+    ),
+]
+
+#: The exit codes of a gate (`diff`, `check`): anything judged failed, else something not judged, else passed.
+GATE_FAILED, GATE_UNJUDGED, GATE_PASSED = 1, 3, 0
+
+
+def gate_exit(failed: bool, unjudged: int, allow_unjudged: bool, what: str) -> None:
+    """End a gate: exit 1 when anything judged failed (whatever was not judged), else 3 when `unjudged`
+    `what` could not be judged (0 with --allow-unjudged, saying so), else 0. Precedence: 1 > 3 > 0."""
+    if failed:
+        raise typer.Exit(GATE_FAILED)
+    if unjudged:
+        then = "exit 0 (--allow-unjudged)" if allow_unjudged else "exit 3 (--allow-unjudged makes it 0)"
+        note(f"not judged: {unjudged} {what} could not be judged, nothing judged failed; {then}")
+        raise typer.Exit(GATE_PASSED if allow_unjudged else GATE_UNJUDGED)
+    raise typer.Exit(GATE_PASSED)
+
+
 #: The width tables fit when stdout is not a terminal and $COLUMNS is unset (a pipe, a file, CI logs).
 DEFAULT_WIDTH = 120
 #: Tables are never fitted to fewer columns than this; a narrower terminal wraps their lines.

@@ -35,6 +35,7 @@ def diff_command(
     new: NewArg,
     threshold: ThresholdOpt = "5%",
     noise_floor: NoiseFloorOpt = None,
+    allow_unjudged: c.AllowUnjudgedOpt = False,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
@@ -42,10 +43,11 @@ def diff_command(
 
     Exit 1 when a row got slower beyond the noise between runs (by more than the threshold and the
     device's noise floor, by more than both runs' latency IQRs together, and in its fastest call too),
-    started failing, or gained a finding; 0 otherwise. A change the rest does not bear out is `within
-    noise`; a row timed while other processes held over a quarter of the CPU is `not
-    judged`. Exit 2 for
-    unreadable files, a bad threshold or noise floor, or files without a row in common.
+    started failing, or gained a finding. A change the rest does not bear out is `within noise`. A row
+    timed while other processes held over a quarter of the CPU (in either file), or a slowdown not borne
+    out between two unstable timings, is `not judged`, with the reason: exit 3 when no judged row
+    regressed (--allow-unjudged: 0). Exit 0 when every row was judged and none regressed; 1 outweighs 3.
+    Exit 2 for unreadable files, a bad threshold or noise floor, or files without a row in common.
     """
     from attnprof.errors import UsageError
     from attnprof.report.diff import diff_json, diff_results, diff_table, parse_threshold
@@ -67,4 +69,4 @@ def diff_command(
         c.emit(to_json(diff_json(diff, str(base), str(new))))
     else:
         c.emit(diff_table(diff, fmt.value, c.table_width(fmt, wide)))
-    raise typer.Exit(1 if diff.regressions else 0)
+    c.gate_exit(bool(diff.regressions), len(diff.unjudged), allow_unjudged, "row(s)")

@@ -170,10 +170,13 @@ def _run(
 ) -> RunOutcome:
     """Open the model, run every row with a progress display on stderr (with `counters`, each row's Nsight
     Compute pass), and write the results."""
+    from attnprof.pipeline.counters import refuse_counters
     from attnprof.pipeline.model import model_rows, open_model, resolve_model_config, run_model_job
     from attnprof.profiling.inputs import resolve_torch_device
 
     device = resolve_torch_device(cfg.device)
+    if counters is not None:
+        refuse_counters(device)  # before the model is built
     cfg = resolve_model_config(cfg, device)
     source, implementations, note = open_model(cfg, device, implementations)
     if note:

@@ -7,10 +7,12 @@ A `CounterCollector` belongs to one run. For each ok cell it starts a child proc
 (`analysis.counters`). The cell's own figures are taken before, so `--ncu` changes none of them; the pass
 runs in its own process, after the parent handed its cached GPU memory back.
 
-Nothing here fails a cell or the run: a pass that fails leaves the row without counters and with a note
-(`ncu_note`, one line). A reason that holds for the whole run (no CUDA device, no `ncu`, counters
-restricted to administrators, a profiler that cannot start in a sandbox) is found once, and no further
-pass is tried; each distinct reason is in `notes`, in order, for the command to say once. The seconds
+A run that cannot have counters at all (not on a CUDA device, or no `ncu` to be found) is refused before any
+cell runs (`refuse_counters`, exit 3 as a missing device is). Past that, nothing here fails a cell or the run:
+a pass that fails leaves the row without counters and with a note (`ncu_note`, one line). A reason that holds
+for the whole run (counters restricted to administrators, a profiler that cannot start in a sandbox; no CUDA
+device or no `ncu`, when a caller did not refuse them) is found once, and no further pass is tried; each
+distinct reason is in `notes`, in order, for the command to say once. The seconds
 every pass took (`seconds`; each row's `phases_s["ncu"]`) are what `--ncu` added to the run.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnprof.config import NCU_LAUNCHES
-from attnprof.errors import AttnprofError, OutputError, one_line
+from attnprof.errors import AttnprofError, CountersUnavailableError, OutputError, one_line
 from attnprof.nsight import NsightUnavailableError
 from attnprof.pipeline.measured import CellResult
 from attnprof.profiling.ncu import DEFAULT_TIMEOUT_S
@@ -110,6 +112,28 @@ def device_problem(device: str) -> str | None:
     if device.startswith("cuda"):
         return None
     return f"hardware counters need a CUDA GPU (this run is on {device})"
+
+
+def refuse_counters(device: str) -> None:
+    """Refuse `--ncu` up front, before any cell runs, when no pass could give counters: CountersUnavailableError
+    (exit 3, one line) when `device` is not a CUDA GPU (`device_problem`; saying why the machine has none), or
+    when Nsight Compute's `ncu` is not found (`nsight.find_ncu`)."""
+    from attnprof.devices import cuda_absence
+    from attnprof.nsight import find_ncu
+
+    problem = device_problem(device)
+    if problem is not None:
+        lacking = cuda_absence()
+        raise CountersUnavailableError(
+            f"--ncu: {problem}" + (f", and this machine has {lacking}" if lacking else ""),
+            hint="run without --ncu: hardware counters need an NVIDIA GPU and Nsight Compute"
+            if lacking
+            else "use --device cuda with --ncu",
+        )
+    try:
+        find_ncu()
+    except NsightUnavailableError as exc:
+        raise CountersUnavailableError(f"--ncu: {exc.message}", exc.hint) from None
 
 
 @dataclass

@@ -10,8 +10,9 @@ before the watcher hears of it. In a sweep (`Job.sweep`) the OOM rule (`pipeline
 knows the resumed rows too) skips the larger sequence lengths of a variant that ran out of memory, and
 the watcher gets an estimate of the time left (`pipeline.eta`).
 
-With `--ncu` (`MeasureOptions.ncu`, one process only: refused under torchrun) each ok cell's step runs
-again under Nsight Compute after its measurement (`pipeline.counters`), before its row is recorded.
+With `--ncu` (`MeasureOptions.ncu`, one process only: refused under torchrun, and before any cell runs on a
+device without counters or without Nsight Compute, `pipeline.counters.refuse_counters`) each ok cell's step
+runs again under Nsight Compute after its measurement (`pipeline.counters`), before its row is recorded.
 
 The engine prints nothing: what a command shows (each ceiling, progress, failed cells, each cell's Nsight
 Compute pass) it learns through its `Watcher`. Ctrl-C ends the share with its finished cells kept and
@@ -32,7 +33,7 @@ from attnprof.config import Config, MeasureOptions
 from attnprof.errors import ConfigError
 from attnprof.interrupts import raise_if_interrupted
 from attnprof.pipeline import distributed
-from attnprof.pipeline.counters import CounterCollector
+from attnprof.pipeline.counters import CounterCollector, refuse_counters
 from attnprof.pipeline.eta import TimeLeft, time_left
 from attnprof.pipeline.mask_alternatives import Alternatives
 from attnprof.pipeline.measured import CellResult, attach_speedups
@@ -142,7 +143,8 @@ def resume_rows(
 
 def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome | None, int]:
     """Run `job` as the module docstring says: (the outcome, on rank 0 or alone, else None; the exit code,
-    the same on every rank: 130 after Ctrl-C, 1 when a row failed, else 0). Closes the process group."""
+    the same on every rank: 130 after Ctrl-C, 1 when a row failed, else 0). Closes the process group.
+    `--ncu` that cannot give counters is refused before the run's folder exists (`refuse_counters`)."""
     group = distributed.current()
     try:
         if group is not None and job.measure.ncu:
@@ -150,6 +152,8 @@ def run_job(job: Job, watcher: Watcher | None = None) -> tuple[RunOutcome | None
                 "--ncu does not run under torchrun (each rank would start Nsight Compute on its own)",
                 hint="collect counters in one process: the same command without torchrun, with --ncu",
             )
+        if job.measure.ncu:
+            refuse_counters(job.device)
         where = None if group is None else distributed.placement(group.ctx, job.device)
         return run_sharded(job, group, partial(run_share, job, watcher or Unwatched()), where)
     finally:

@@ -20,7 +20,7 @@ from attnprof.model_config import ModelConfig
 from attnprof.models.factory import AS_BUILT
 from attnprof.models.implementations import Implementation, resolve_implementations
 from attnprof.models.source import FactorySource, ModelSource, open_source
-from attnprof.pipeline.counters import CounterCollector
+from attnprof.pipeline.counters import CounterCollector, refuse_counters
 from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, attach_clocks, clock_sampler, open_run_folder
@@ -141,8 +141,10 @@ def run_model_job(
     on_counters: Callable[[int, int, str], None] | None = None,
 ) -> RunOutcome:
     """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones;
-    with `counters`, each row's Nsight Compute pass), then the results written into the folder
-    (`finish_model_run`)."""
+    with `counters`, each row's Nsight Compute pass, refused before the folder exists where it cannot give
+    counters: `refuse_counters`), then the results written into the folder (`finish_model_run`)."""
+    if counters is not None:
+        refuse_counters(device)
     folder = open_run_folder(Path(config.output_dir), "model")
     results, interrupted = run_model(
         source, config, implementations, device, folder.traces, measure, on_start, on_done, counters, on_counters

@@ -12,10 +12,12 @@ mode. A matched row is a regression when the new one:
   analysed) lacks. A gained `info` finding (a fact, nothing to fix) is shown, never gated on.
 
 A latency change beyond `threshold` that the rest does not bear out is `within noise`, with the reason. A
-pair either of whose rows was timed while other processes took more than `CONTENTION_LIMIT` (a quarter) of
-the machine's CPU (`cpu_contention`, see `profiling.contention`) is not judged on its latency: on a small CPU
-such a run measures the other work (the same cell took 787 µs and 370 ms in two back-to-back compares).
-Faster rows, fixed rows, lost findings, kernel-count and memory changes are shown, never gated on.
+pair is `not judged` on its latency (`report.judged`) when either row was timed while other processes took
+more than `CONTENTION_LIMIT` (a quarter) of the machine's CPU (`cpu_contention`), whatever the change, or when
+both rows' timings are unstable and a slowdown beyond `threshold` is not borne out. The diff's outcome
+(`Diff.outcome`): `regressed` when a pair is a regression, else `not judged` when a pair's latency was not
+judged, else `no regression`. Faster rows, fixed rows, lost findings, kernel-count and memory changes are
+shown, never gated on.
 Pure functions on typed rows (`results.schema.Row`, as `results.files.load_results` reads them); formatting
 at the end.
 """
@@ -29,6 +31,7 @@ from typing import Any
 from attnprof.errors import UsageError
 from attnprof.profiling.contention import CONTENTION_LIMIT
 from attnprof.report.formatting import fmt_count, fmt_number
+from attnprof.report.judged import CONTENTION, UNSTABLE, UNSTABLE_TEXT, both_unstable, contention
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.results.keys import cell_label
 from attnprof.results.schema import Row
@@ -37,9 +40,6 @@ MATCH_FIELDS = ("variant", "shape", "dtype", "causal", "mode")
 #: The least latency change, as a fraction of the base, that two runs of a device kind tell from noise:
 #: back-to-back identical default compares on the 2-core development CPU differed by up to 49.9%.
 NOISE_FLOOR = {"cpu": 0.5, "cuda": 0.0}
-#: The share of the machine's CPU other processes may take while a row is timed for its latency to count:
-#: on the 2-core development CPU one busy neighbour (a share of 0.5) made a default compare's latencies 23 to
-#: 97 times longer.
 THRESHOLD_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
 COLUMNS = (
@@ -117,14 +117,16 @@ class RowDiff:
     slower: bool = False
     faster: bool = False
     noise: str | None = None
+    unjudged_by: str | None = None  # not judged: `judged.CONTENTION` or `judged.UNSTABLE`
     gained: list[str] = field(default_factory=list)  # problem findings the new row gained: gated on
     gained_info: list[str] = field(default_factory=list)  # info findings it gained: shown only
     lost: list[str] = field(default_factory=list)
 
     @property
     def not_judged(self) -> bool:
-        """The latencies were not compared: a row was timed while other processes held the CPU."""
-        return self.noise is not None and self.noise.startswith("not judged")
+        """The latencies were not judged (`report.judged`): a row was timed while other processes held the
+        CPU, or both timings are unstable and a slowdown is not borne out."""
+        return self.unjudged_by is not None
 
     @property
     def started_failing(self) -> bool:
@@ -179,15 +181,22 @@ class Diff:
         """The pairs that are regressions."""
         return [row for row in self.rows if row.regressions]
 
+    @property
+    def unjudged(self) -> list[RowDiff]:
+        """The pairs whose latency was not judged and that are no regression otherwise: what could hide one."""
+        return [row for row in self.rows if row.not_judged and not row.regressions]
+
+    @property
+    def outcome(self) -> str:
+        """`regressed` (a judged regression outweighs the rest), `not judged`, or `no regression`."""
+        return "regressed" if self.regressions else "not judged" if self.unjudged else "no regression"
+
 
 def _contended(base: Row, new: Row) -> str | None:
     """`not judged: ...` when either row was timed while other processes took over `CONTENTION_LIMIT` of
     the CPU; None otherwise (or when the rows do not say)."""
-    for side, row in (("BASE", base), ("NEW", new)):
-        share = row.cpu_contention
-        if share is not None and share > CONTENTION_LIMIT:
-            return f"not judged: other processes took {share:.0%} of the CPU while {side} was timed"
-    return None
+    reason = contention(base, "BASE") or contention(new, "NEW")
+    return None if reason is None else f"not judged: {reason}"
 
 
 def _latency_noise(base: Row, new: Row, change: float, threshold: float, floor: float) -> str | None:
@@ -216,8 +225,14 @@ def compare_rows(base: Row, new: Row, threshold: float, floor: float | None = No
     before, after = base.latency_us, new.latency_us
     if before and after is not None and not _failing(base) and not _failing(new):
         diff.change = after / before - 1
-        if abs(diff.change) > threshold:
-            diff.noise = _contended(base, new) or _latency_noise(base, new, diff.change, threshold, diff.floor)
+        diff.noise = _contended(base, new)  # whatever the change: a contended BASE hides a slowdown too
+        if diff.noise is not None:
+            diff.unjudged_by = CONTENTION
+        elif abs(diff.change) > threshold:
+            diff.noise = _latency_noise(base, new, diff.change, threshold, diff.floor)
+            if diff.noise is not None and diff.change > 0 and both_unstable(base, new):
+                diff.noise = f"not judged: {UNSTABLE_TEXT}: {diff.noise.removeprefix('within noise: ')}"
+                diff.unjudged_by = UNSTABLE
             diff.slower = diff.noise is None and diff.change > 0
             diff.faster = diff.noise is None and diff.change < 0
     if _analysed(base) and _analysed(new):
@@ -285,8 +300,19 @@ def diff_table(diff: Diff, fmt: str, width: int | None = None) -> str:
     unmatched += [f"only in NEW: {row.variant} @ {cell_label(row)}" for row in diff.only_new]
     if unmatched:
         parts += ["", bullets(unmatched, width)]
+    if diff.unjudged:
+        parts += ["", bullets(unjudged_lines(diff), width)]
     parts += ["", *wrap(summary(diff), width)]
     return "\n".join(parts)
+
+
+def unjudged_lines(diff: Diff) -> list[str]:
+    """One line per pair not judged (and no regression otherwise): `not judged: VARIANT @ CELL: why`."""
+    return [f"not judged: {pair.new.variant} @ {cell_label(pair.new)}: {_why(pair)}" for pair in diff.unjudged]
+
+
+def _why(pair: RowDiff) -> str:
+    return (pair.noise or "").removeprefix("not judged: ")
 
 
 def rule_text(diff: Diff) -> str:
@@ -309,14 +335,16 @@ def summary(diff: Diff) -> str:
         "gained a finding": sum(1 for r in regressions if r.gained),
     }
     detail = ", ".join(f"{count} {kind}" for kind, count in kinds.items() if count)
-    found = f"{len(regressions)} regression(s): {detail}" if regressions else "no regression"
-    noisy = [r for r in diff.rows if r.noise]
-    unjudged = sum(1 for r in noisy if r.not_judged)
-    notes = []
-    if len(noisy) > unjudged:
-        notes.append(f"{len(noisy) - unjudged} latency change(s) within noise")
+    unjudged = [r for r in diff.rows if r.not_judged]
+    if regressions:
+        found = f"{len(regressions)} regression(s): {detail}"
+    else:
+        found = "no judged regression" if unjudged else "no regression"
+    noisy = sum(1 for r in diff.rows if r.noise) - len(unjudged)
+    notes = [f"{noisy} latency change(s) within noise"] if noisy else []
     if unjudged:
-        notes.append(f"{unjudged} not judged (timed while other processes held the CPU)")
+        why = " or ".join(kind for kind in (CONTENTION, UNSTABLE) if any(r.unjudged_by == kind for r in unjudged))
+        notes.append(f"{len(unjudged)} not judged ({why})")
     extra = f"; {', '.join(notes)}" if notes else ""
     return f"{len(diff.rows)} row(s) matched: {found}{extra} ({rule_text(diff)})"
 
@@ -333,6 +361,11 @@ def diff_json(diff: Diff, base_path: str, new_path: str) -> dict[str, Any]:
         "only_in_base": [_identity_json(row) for row in diff.only_base],
         "only_in_new": [_identity_json(row) for row in diff.only_new],
         "regressions": len(diff.regressions),
+        "not_judged": len(diff.unjudged),
+        "not_judged_rows": [
+            {**_identity_json(pair.new), "reason": _why(pair), "kind": pair.unjudged_by} for pair in diff.unjudged
+        ],
+        "outcome": diff.outcome,
         "summary": summary(diff),
     }
 
@@ -354,6 +387,7 @@ def _pair_json(pair: RowDiff) -> dict[str, Any]:
         "latency_change": pair.change,
         "noise_floor": pair.floor,
         "noise": pair.noise,
+        "judged": not pair.not_judged,
         "base_kernels_per_forward": base.kernels_per_forward,
         "new_kernels_per_forward": new.kernels_per_forward,
         "base_peak_memory_mib": base.peak_memory_mib,

@@ -2,6 +2,11 @@
 against the typed rows of a compare: each expectation on every row its pattern and `where` match, then the
 table and the JSON of the outcomes. A field an expectation names was resolved against the row's schema when
 the file was loaded, and is read from each row by attribute.
+
+An expectation on a timed figure (`TIMED_FIELDS`: the latency and what is computed from it) is `not judged`
+(`report.judged`) when its row was timed under contention, and a `faster_than` when either row was, or when
+both rows' timings are unstable and the margin is within their IQRs. The check's outcome (`check_outcome`):
+`missed` when a judged expectation missed, else `not judged` when one could not be judged, else `held`.
 """
 
 from __future__ import annotations
@@ -21,14 +26,20 @@ from attnprof.report.expectations_file import (
     parse_expectations,
 )
 from attnprof.report.formatting import fmt_number
-from attnprof.report.layout import Column, limit, table, wrap
+from attnprof.report.judged import UNSTABLE_TEXT, both_unstable, contention, within_spread
+from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.results.keys import cell_label
 from attnprof.results.schema import Row
 
 __all__ = ["Expectation", "Expectations", "Outcome", "check_json", "check_rows", "check_table", "counts"]
-__all__ += ["load_expectations", "parse_expectations"]
+__all__ += ["check_outcome", "load_expectations", "parse_expectations", "unjudged_lines"]
 
-MARKS = {"held": "✓", "missed": "✗", "not run": "–"}
+MARKS = {"held": "✓", "missed": "✗", "not run": "–", "not judged": "?"}
+#: The fields timed without the profiler, or computed from that latency: not judged on a contended row.
+TIMED_FIELDS = frozenset(
+    {"latency_us", "latency_iqr_us", "latency_p25_us", "latency_p75_us", "latency_min_us", "cold_ms"}
+    | {"tflops", "pct_of_peak", "achieved_gbps", "pct_of_read_bandwidth", "speedup_vs_baseline"}
+)
 
 COLUMNS = (
     Column(""),
@@ -46,8 +57,9 @@ class Outcome:
 
     expectation: Expectation
     row: Row | None
-    verdict: str  # held, missed or not run
+    verdict: str  # held, missed, not run or not judged
     measured: str
+    reason: str | None = None  # why it was not judged
 
 
 def _same(measured: Any, expected: Any) -> bool:
@@ -58,11 +70,24 @@ def _same(measured: Any, expected: Any) -> bool:
     return measured == expected
 
 
-def _judge(expectation: Expectation, row: Row, rows: list[Row]) -> tuple[str, str]:
-    """(verdict, measured text) of one expectation on one row (`rows`: all of them, for `faster_than`)."""
+Judged = tuple[str, str, str | None]  # verdict, measured text, why it was not judged (None: it was)
+
+
+def _judge(expectation: Expectation, row: Row, rows: list[Row]) -> Judged:
+    """One expectation on one row (`rows`: all of them, for `faster_than`)."""
     status = row.status
     if status != "ok":
-        return ("not run" if status.startswith("skipped") else "missed"), status
+        return ("not run" if status.startswith("skipped") else "missed"), status, None
+    if expectation.kind == "faster":
+        return _judge_faster(expectation.value, row, rows)
+    verdict, measured = _judge_value(expectation, row)
+    timed = expectation.field in TIMED_FIELDS and getattr(row, expectation.field) is not None
+    why = contention(row, row.variant) if timed else None
+    return ("not judged" if why else verdict), measured, why
+
+
+def _judge_value(expectation: Expectation, row: Row) -> tuple[str, str]:
+    """(verdict, measured text) of an expectation on the findings or a field of an ok row."""
     if expectation.kind in ("has", "lacks", "any"):
         ids = row.finding_ids
         if expectation.kind == "any":
@@ -71,8 +96,6 @@ def _judge(expectation: Expectation, row: Row, rows: list[Row]) -> tuple[str, st
         present = expectation.value in ids
         held = present if expectation.kind == "has" else not present
         return ("held" if held else "missed"), "present" if present else "absent"
-    if expectation.kind == "faster":
-        return _judge_faster(expectation.value, row, rows)
     measured = getattr(row, expectation.field)  # a field of the row: resolved when the file was loaded
     if expectation.kind == "range":
         bounds = expectation.value
@@ -111,23 +134,28 @@ def _latency(row: Row) -> float | None:
     return float(value) if value is not None and value > 0 else None
 
 
-def _judge_faster(faster: Faster, row: Row, rows: list[Row]) -> tuple[str, str]:
-    """The row's latency against that of `faster.variant` at its cell (with `faster.fields` changed)."""
+def _judge_faster(faster: Faster, row: Row, rows: list[Row]) -> Judged:
+    """The row's latency against that of `faster.variant` at its cell (with `faster.fields` changed); not
+    judged when either was timed under contention, or both are unstable and the margin within their IQRs."""
     changed = dict(faster.fields)
     others = [r for r in rows if r.variant == faster.variant and _same_cell(r, row, changed)]
     if not others:
         at = "".join(f", {k}={v}" for k, v in faster.fields)
-        return "missed", f"no {faster.variant} row at this cell{at}"
+        return "missed", f"no {faster.variant} row at this cell{at}", None
     other = next((r for r in others if r.status == "ok"), others[0])
     status = other.status
     if status != "ok":
-        return ("not run" if status.startswith("skipped") else "missed"), f"{faster.variant}: {status}"
+        return ("not run" if status.startswith("skipped") else "missed"), f"{faster.variant}: {status}", None
     mine, theirs = _latency(row), _latency(other)
     if mine is None or theirs is None:
-        return "missed", f"no latency: {fmt_number(mine)} against {faster.variant} {fmt_number(theirs)} us"
-    ratio = theirs / mine
+        return "missed", f"no latency: {fmt_number(mine)} against {faster.variant} {fmt_number(theirs)} us", None
+    ratio, need = theirs / mine, faster.by if faster.by is not None else 1.0
     held = ratio >= faster.by if faster.by is not None else ratio > 1
-    return ("held" if held else "missed"), f"{ratio:.2f}x: {fmt_number(mine)} us against {fmt_number(theirs)} us"
+    measured = f"{ratio:.2f}x: {fmt_number(mine)} us against {fmt_number(theirs)} us"
+    why = contention(row, row.variant) or contention(other, faster.variant)
+    if why is None and both_unstable(row, other) and within_spread(theirs - need * mine, other, row, need):
+        why = f"{UNSTABLE_TEXT}, and {ratio:.2f}x is within their IQRs of the {need:g}x wanted"
+    return ("not judged" if why else "held" if held else "missed"), measured, why
 
 
 def _matches(expectation: Expectation, row: Row) -> bool:
@@ -149,9 +177,22 @@ def check_rows(expectations: Expectations, rows: list[Row]) -> list[Outcome]:
             where = f" where {_where_text(expectation)}" if expectation.where else ""
             outcomes.append(Outcome(expectation, None, "missed", f"no row of this variant{where} in the results"))
         for row in matching:
-            verdict, measured = _judge(expectation, row, rows)
-            outcomes.append(Outcome(expectation, row, verdict, measured))
+            outcomes.append(Outcome(expectation, row, *_judge(expectation, row, rows)))
     return outcomes
+
+
+def check_outcome(outcomes: list[Outcome]) -> str:
+    """`missed` (a judged miss outweighs the rest), `not judged`, or `held` (what was not run aside)."""
+    found = counts(outcomes)
+    return "missed" if found["missed"] else "not judged" if found["not judged"] else "held"
+
+
+def unjudged_lines(outcomes: list[Outcome]) -> list[str]:
+    """One line per row and reason not judged: `not judged: VARIANT @ CELL: why`."""
+    found = dict.fromkeys(
+        (o.row.variant, _cell(o.row), o.reason) for o in outcomes if o.row is not None and o.reason is not None
+    )
+    return [f"not judged: {variant} @ {cell}: {why}" for variant, cell, why in found]
 
 
 def _cell(row: Row | None) -> str:
@@ -159,13 +200,13 @@ def _cell(row: Row | None) -> str:
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, int]:
-    """How many expectations held, were missed, or were not run."""
+    """How many expectations held, were missed, were not run, or were not judged."""
     return {verdict: sum(1 for o in outcomes if o.verdict == verdict) for verdict in MARKS}
 
 
 def check_table(outcomes: list[Outcome], fmt: str, width: int | None = None) -> str:
-    """One line per expectation and row: ✓ held, ✗ missed, – not run; the expected value next to the
-    measured one; then a summary line."""
+    """One line per expectation and row: ✓ held, ✗ missed, – not run, ? not judged; the expected value next
+    to the measured one; then why each row was not judged, and a summary line."""
     width = limit(width, fmt)
     cells = list(dict.fromkeys(_cell(o.row) for o in outcomes if o.row is not None))
     one_cell = len(cells) <= 1  # then the cell is said once, above the table
@@ -181,9 +222,11 @@ def check_table(outcomes: list[Outcome], fmt: str, width: int | None = None) -> 
         for o in outcomes
     ]
     columns = [c for c in COLUMNS if not (one_cell and c.header == "cell")]
-    tally = ", ".join(f"{count} {verdict}" for verdict, count in counts(outcomes).items())
+    found = counts(outcomes)
+    tally = ", ".join(f"{n} {verdict}" for verdict, n in found.items() if n or verdict != "not judged")
     heading = wrap(f"checked at {cells[0]}", width) + [""] if one_cell and cells else []
-    return "\n".join([*heading, table(columns, body, fmt, width), "", *wrap(tally, width)])
+    unjudged = ["", bullets(unjudged_lines(outcomes), width)] if found["not judged"] else []
+    return "\n".join([*heading, table(columns, body, fmt, width), *unjudged, "", *wrap(tally, width)])
 
 
 def check_json(outcomes: list[Outcome], expectations: Path, results: str | list[str] | None) -> dict[str, Any]:
@@ -202,8 +245,11 @@ def check_json(outcomes: list[Outcome], expectations: Path, results: str | list[
                 "where": {name: list(values) for name, values in o.expectation.where} or None,
                 "expected": o.expectation.expected_text,
                 "measured": o.measured,
+                "reason": o.reason,
             }
             for o in outcomes
         ],
         **counts(outcomes),
+        "not_judged_reasons": unjudged_lines(outcomes),
+        "outcome": check_outcome(outcomes),
     }
