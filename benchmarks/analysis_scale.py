@@ -125,6 +125,17 @@ def _current_rss_bytes() -> int | None:
 
 # --------------------------------------------------------------------------- children
 
+def _json_text(analysis: Any) -> str:
+    """The analysis' JSON as `attnprof analyze --format json` writes it (a tree from before the schema's
+    records has `to_dict`)."""
+    if hasattr(analysis, "to_dict"):
+        return json.dumps(analysis.to_dict(), indent=2)
+    from attnprof.results.files import to_json
+    from attnprof.results.records import analysis_record
+
+    return to_json(analysis_record(analysis))
+
+
 def child_attnprof(path: str, cprofile: bool, one_process: bool = False) -> dict[str, Any]:
     """Parse and analyse one trace; clocks, counts and peak RSS (this process and its worker)."""
     from attnprof.analysis import analyze_trace, load_trace
@@ -144,7 +155,7 @@ def child_attnprof(path: str, cprofile: bool, one_process: bool = False) -> dict
     trace = load_trace(path)
     t1 = time.perf_counter()
     analysis = analyze_trace(trace, region="attnprof")
-    document = json.dumps(analysis.to_dict())
+    document = _json_text(analysis)
     t2 = time.perf_counter()
     out: dict[str, Any] = {
         "events": trace.event_count, "forwards": analysis.forwards, "kernels": len(trace.device),
@@ -200,7 +211,7 @@ def child_stages(path: str) -> dict[str, Any]:
     gc.callbacks.append(on_gc)
     t0, w0 = time.process_time(), time.perf_counter()
     with analyze.gc_paused():  # as `attnprof analyze` does: the collector stays off until the JSON is written
-        document = json.dumps(analyze.analyze_trace(path, region="attnprof").to_dict(), indent=2)
+        document = _json_text(analyze.analyze_trace(path, region="attnprof"))
     spent["analyze_trace + to_dict + json, CPU"] = time.process_time() - t0
     spent["analyze_trace + to_dict + json, wall"] = time.perf_counter() - w0
     worker = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -503,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
           f"JSON: {args.out}\n")
     print(markdown(rows))
     for size, spent in stages.items():
-        print(f"\nstages at {size} (CPU s):\n" + "\n".join(f"  {k}: {v:.3f}" for k, v in spent.items()))
+        print(f"\nstages at {size} (CPU s):\n" + "\n".join(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}"
+                                                        for k, v in spent.items()))
     return 0
 
 

@@ -84,6 +84,15 @@ def test_odd_events_that_fit_the_schema():
     assert "f" not in t.names  # python functions are counted, never interned
 
 
+def test_an_id_too_large_for_its_column_fails_as_the_array_would():
+    """The columns are packed by `struct`; a value out of a column's range raises what `array` raises."""
+    data = build(math_forward, steps=1)
+    op = next(e for e in data["traceEvents"] if e.get("cat") == "cpu_op")
+    op["args"]["External id"] = 2**64
+    with pytest.raises(OverflowError):
+        load_trace(data)
+
+
 def test_events_outside_the_schema_are_read_one_by_one(tmp_path, monkeypatch):
     """A batch holding events that do not fit the schema is decoded generically, and each event
     converted: the events that fit read exactly as they would without the odd ones."""

@@ -301,12 +301,13 @@ def sdpa_prep(tree: OpTree, names: LedgerNames, call: Call) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class CallAt:
-    """A call by position: its ops in `tree.order`, its events in `fwd.device` (first/last: -1, none)."""
+    """A call by position: its ops in `tree.order` (a range where they follow one another, as a call's
+    subtree does), its events in `fwd.device` (first/last: -1, none)."""
 
     op: str
     backend: str
     events: tuple[int, ...]
-    ops: tuple[int, ...]
+    ops: tuple[int, ...] | range
     first: int
     last: int
     prep: tuple[int, ...] = ()  # see Call.prep
@@ -316,11 +317,14 @@ class CallAt:
         """The positions of a call found in `tree` (`prep`: see `Call.prep`)."""
         at_event = {e: i for i, e in enumerate(tree.fwd.device)}
         pos = tree.pos
+        ops: tuple[int, ...] | range = tuple(map(pos.__getitem__, call.ops))
+        if ops and ops == tuple(range(ops[0], ops[-1] + 1)):
+            ops = range(ops[0], ops[-1] + 1)
         return cls(
             call.op,
             call.backend,
             tuple(map(at_event.__getitem__, call.events)),
-            tuple(map(pos.__getitem__, call.ops)),
+            ops,
             pos[call.first] if call.first >= 0 else -1,
             pos[call.last] if call.last >= 0 else -1,
             prep,
@@ -337,7 +341,8 @@ class CallAt:
         else:
             launch = fwd.device_launch.get(events[0])
             start = trace.runtime.ts[launch] if launch is not None else trace.device.ts[events[0]]
-        ops = list(map(order.__getitem__, self.ops))
+        at = self.ops
+        ops = list(order[at.start : at.stop]) if isinstance(at, range) else list(map(order.__getitem__, at))
         last = order[self.last] if self.last >= 0 else -1
         return Call(self.op, self.backend, events, ops, first, last, start, prep=self.prep)
 

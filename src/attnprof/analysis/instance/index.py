@@ -26,8 +26,8 @@ instances (the whole `attnprof analyze` takes about 3.3 CPU s):
   JSON. Saves about 0.2 s.
 
 Each instance's attention ledger is timed from its own calls (`ledger.forward_ledger`): a per-shape
-cache of the ledger saved about 0.17 s of 2.6 s at 1M, and the analysis stays within 1.5x of a bare
-msgspec decode without it (docs/performance.md).
+cache of the ledger saved about 0.17 s of 2.6 s at 1M (4-7% of `attnprof analyze`), and was left out
+(docs/performance.md).
 
 An entry is shared by the instances that read it and never changed once made. `op_facts` and
 `launch_counts` count the instances that read each entry (`forwards`): the medians over instances

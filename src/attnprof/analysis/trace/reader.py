@@ -196,7 +196,7 @@ class ByteStream:
             for cut in reversed(cuts[-3:]):
                 if cut <= pos:
                     break
-                payload = b"[" + buf[pos:cut] + b"]"
+                payload = b"".join((b"[", memoryview(buf)[pos:cut], b"]"))  # one copy of the events, not three
                 try:
                     batch = _records(payload)
                 except ValueError:  # not JSON: a wrong cut
