@@ -5,7 +5,9 @@
 # Usage, from a checkout where attnprof and its test extra are installed (this script installs nothing):
 #   scripts/validate-gpu.sh [OUT_DIR]          default OUT_DIR: attnprof-out/validate-gpu-<UTC date and time>
 #   FIDELITY_MODES="fwd bwd" scripts/validate-gpu.sh   also time the backward against do_bench (about 1 min more)
-# Takes about 7-9 minutes on an H200. Exits with pytest's status when the tests fail, 2 without a CUDA GPU,
+#   PARTS="tests" scripts/validate-gpu.sh OUT_DIR; PARTS="plugins bench" scripts/validate-gpu.sh OUT_DIR
+#       runs it in pieces into one OUT_DIR (default PARTS: "tests plugins bench"); the summary covers what is there
+# Takes about 13 minutes on an H200 with pytest-xdist installed (the plugins' tests in parallel), 20 without. Exits with pytest's status when the tests fail, 2 without a CUDA GPU,
 # and non-zero when a benchmark fails; once the tests have run, the summary is written in every case.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,15 +22,34 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 mkdir -p "$out"
 
+# tests/ runs in one process (its timing tests need a quiet GPU); the plugins' tests mostly compile Triton
+# kernels, which pytest-xdist spreads over the CPU cores when it is installed (8 workers: 226 s instead of >540 s).
+plugin_tests=(plugins/attnprof-triton/tests plugins/attnprof-flash-attn/tests)
+parallel=()
+if "$py" -c 'import xdist' 2>/dev/null; then parallel=(-n "${PLUGIN_WORKERS:-8}"); fi
+parts=" ${PARTS:-tests plugins bench} "
 tests=0
-"$py" -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.txt" || tests=$?
+set +e
+if [[ $parts == *" tests "* ]]; then
+    "$py" -m pytest -m gpu -q -rs -p no:cacheprovider tests 2>&1 | tee "$out/pytest-gpu-tests.txt"
+    tests=${PIPESTATUS[0]}
+fi
+if [[ $parts == *" plugins "* ]]; then
+    "$py" -m pytest -m gpu -q -rs -p no:cacheprovider "${parallel[@]}" "${plugin_tests[@]}" 2>&1 \
+        | tee "$out/pytest-gpu-plugins.txt"
+    rc=${PIPESTATUS[0]}
+    if [ "$tests" -eq 0 ]; then tests=$rc; fi
+fi
+set -e
 
 bench=0
-"$py" benchmarks/overhead.py --out "$out/overhead.json" 2>&1 | tee "$out/overhead.md" || bench=$?
-for mode in ${FIDELITY_MODES:-fwd}; do
-    "$py" benchmarks/fidelity.py --mode "$mode" --out "$out/fidelity-$mode.json" 2>&1 | tee "$out/fidelity-$mode.md" \
-        || bench=$?
-done
+if [[ $parts == *" bench "* ]]; then
+    "$py" benchmarks/overhead.py --out "$out/overhead.json" 2>&1 | tee "$out/overhead.md" || bench=$?
+    for mode in ${FIDELITY_MODES:-fwd}; do
+        "$py" benchmarks/fidelity.py --mode "$mode" --out "$out/fidelity-$mode.json" 2>&1 \
+            | tee "$out/fidelity-$mode.md" || bench=$?
+    done
+fi
 
 "$py" - "$out" "$tests" <<'EOF' > "$out/summary.md"
 import json, re, sys, time
@@ -37,11 +58,16 @@ from pathlib import Path
 import torch
 
 out, tests_rc = Path(sys.argv[1]), int(sys.argv[2])
-lines = (out / "pytest-gpu.txt").read_text().splitlines()
-counts = [line for line in lines if re.match(r"=*\s*\d+ \w+.* in [0-9.]+s", line)]
 print(f"# attnprof on a GPU, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
 print(f"- GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__} (CUDA {torch.version.cuda})")
-print(f"- `python -m pytest -m gpu`: {counts[-1].strip('= ') if counts else 'no summary line'} (exit {tests_rc})")
+for name in ("tests", "plugins"):
+    path = out / f"pytest-gpu-{name}.txt"
+    if not path.exists():
+        print(f"- `python -m pytest -m gpu` over {name}: not run in this directory")
+        continue
+    counts = [line for line in path.read_text().splitlines() if re.match(r"=*\s*\d+ \w+.* in [0-9.]+s", line)]
+    print(f"- `python -m pytest -m gpu` over {name}: {counts[-1].strip('= ') if counts else 'no summary line'}")
+print(f"- pytest exit status of this invocation: {tests_rc}")
 try:
     o = json.loads((out / "overhead.json").read_text())
     print(f"- `benchmarks/overhead.py` ({o['spec']['shape']} {o['spec']['dtype']}, {o['rounds']} rounds): attnprof "
