@@ -218,9 +218,16 @@ def execute(job: Job) -> tuple[RunOutcome, int]:
         note(counters_text(outcome.document.ncu, len(outcome.results)))
     if outcome.interrupted:
         rows = len(outcome.document.results)
-        goes_on = f"; --resume {outcome.folder.dir} goes on" if job.command in RESUMABLE else ""
+        goes_on = f"; to go on: {resume_command(job.command, outcome.folder.dir)}" if job.command in RESUMABLE else ""
         note(f"interrupted: keeping the {rows} finished cell(s){goes_on}")
     return outcome, code
+
+
+def resume_command(command: str, folder: Path) -> str:
+    """The command line that goes on with an interrupted run: `attnprof compare --resume DIR` (with
+    `--no-plugins` when this one had it, so the resumed run plans the same cells)."""
+    plugins = " --no-plugins" if STATE.no_plugins else ""
+    return f"attnprof{plugins} {command} --resume {folder}"
 
 
 def resumed_rows(
