@@ -299,7 +299,7 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
     if current.source == "none":
         return f"% of peak is n/a: {current.reason}"
     if ceiling.replaced is not None:
-        still = f"; still beaten by {', '.join(beaten)}: % of peak is n/a there" if beaten else ""
+        still = f"; still beaten by {', '.join(beaten)}: % of peak is of the best achieved figure" if beaten else ""
         return (
             f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
             f"measured again: {current.tflops:.3g} TFLOP/s{still}"

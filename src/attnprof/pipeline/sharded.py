@@ -16,7 +16,8 @@ Every rank runs `run_sharded` with the same `Job`:
    with the kept rows), so a rank that dies loses only the cell it was running (`--resume` redoes
    the rest);
 5. rank 0 gathers every rank's rows and writes the one `results.json` and `results.csv`, the rows in
-   the plan's order with their speed-ups computed over all of them (and each dense-mask row joined with
+   the plan's order with their speed-ups and percentages' references computed over all of them
+   (`pipeline.references`; and each dense-mask row joined with
    its alternative's cell, `pipeline.mask_alternatives`); every row names its rank, host
    and GPU, and the document's `distributed` section each rank's share.
 
@@ -40,6 +41,7 @@ from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.distributed import MULTICAST_OFF
 from attnprof.pipeline.mask_alternatives import attach_row_alternatives
 from attnprof.pipeline.measured import CellResult, Placement
+from attnprof.pipeline.references import attach_references
 from attnprof.pipeline.resume import (
     STREAM_NAME,
     attach_row_speedups,
@@ -226,6 +228,7 @@ def _run_in_folder(
         if interrupted and not rows:
             raise folder.discard()
         attach_row_speedups(rows, job.config.baseline)
+        attach_references(rows)  # one reference per device for every percentage of the run
         attach_row_alternatives(rows)
         ceilings: dict[str, Any] = {}
         for s in shares:
