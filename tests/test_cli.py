@@ -302,8 +302,8 @@ def test_the_cached_note_is_printed_only_when_the_cached_figure_was_used(cli, wr
     assert "measured now" not in second.stderr
 
 
-def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason(cli, write_config, tmp_path,
-                                                                                monkeypatch) -> None:
+def test_a_ceiling_still_exceeded_after_measuring_again_gives_way_to_the_achieved_figure(cli, write_config, tmp_path,
+                                                                                         monkeypatch) -> None:
     from attnprof.profiling import ceiling
 
     calls = []
@@ -317,15 +317,16 @@ def test_a_ceiling_still_exceeded_after_measuring_again_reads_na_with_its_reason
     assert result.exit_code == 0, result.output
     assert calls == ["fp32", "fp32"]  # at the start, and once more when the cell exceeded it
     assert ("1e-09 TFLOP/s exceeded (sdpa-math at 1x2x32x16 reached " in result.stderr
-            and "measured again: 1e-09 TFLOP/s; still beaten by sdpa-math @ 1x2x32x16: % of peak is n/a there"
-            in result.stderr), result.stderr
-    assert "n/a: the fp32 matmul on cpu (1e-09 TFLOP/s) is slower than this attention (" in result.stdout
+            and "measured again: 1e-09 TFLOP/s; still beaten by sdpa-math @ 1x2x32x16: % of peak is of the best "
+                "achieved figure" in result.stderr), result.stderr
     [json_file] = (tmp_path / "out").glob("*-run/results.json")
     [row] = json.loads(json_file.read_text())["results"]
-    assert row["pct_of_peak"] is None and row["bound"] is None and row["tflops"] > 1e-9
-    assert row["pct_of_peak_note"].endswith("TFLOP/s): no ceiling")
+    assert row["pct_of_peak"] == 100.0 and row["tflops"] > 1e-9 and row["bound"] is None  # no read figure faked
+    assert row["pct_of_peak_note"] is None and row["peak_reference_tflops"] == row["tflops"]
+    assert row["peak_reference_note"].endswith("above the fp32 matmul measured on cpu (1e-09 TFLOP/s)")
+    assert row["peak_reference_note"] in " ".join(result.stdout.split())  # beside the run summary's figure
     [line] = csv.DictReader(json_file.with_suffix(".csv").open())
-    assert line["pct_of_peak"] == "" and line["pct_of_peak_note"] == row["pct_of_peak_note"]
+    assert float(line["pct_of_peak"]) == 100.0 and line["peak_reference_note"] == row["peak_reference_note"]
 
 
 def test_half_precision_on_cpu_has_no_ceiling(cli, write_config, tmp_path) -> None:

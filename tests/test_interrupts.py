@@ -104,10 +104,81 @@ def test_a_ctrl_c_swallowed_before_the_cells_ends_the_command_with_130(cli, writ
     monkeypatch.setattr(common, "load_variants_for_cli", loading_with_a_swallowed_interrupt)
     result = cli("compare", str(write_config()), "--no-timing")
     assert result.exit_code == 130, result.output
-    assert "interrupted: keeping the 0 finished cell(s)" in result.stderr
-    [results] = (tmp_path / "out").glob("*-compare/results.json")
-    assert json.loads(results.read_text())["results"] == []
+    assert result.stderr.strip() == "error: interrupted before any cell finished: nothing written"
+    assert list((tmp_path / "out").iterdir()) == []  # no 0-row results file, no empty run folder
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_ctrl_c_while_the_ceiling_is_measured_leaves_no_run_folder(cli, write_config, monkeypatch, tmp_path,
+                                                                   command) -> None:
+    """The first stage of a dtype, before any cell: nothing finished, so nothing is kept (a sweep's stream,
+    opened with its header before the ceiling, goes with the folder)."""
+    from attnprof.profiling import ceiling
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ceiling.RunCeiling, "start", interrupted)
+    sweep = {"shapes": [{"batch": 1, "heads": 2, "head_dim": 16}], "sweep": {"seq": [32, 64]}}
+    config = write_config(**sweep) if command == "sweep" else write_config()
+    result = cli(command, str(config), "--min-time", "0.02")
+    assert result.exit_code == 130, result.output
+    assert "error: interrupted before any cell finished: nothing written" in result.stderr
+    assert "Traceback" not in result.output and list((tmp_path / "out").iterdir()) == []
+
+
+def test_ctrl_c_after_the_folder_opened_and_before_the_cells_leaves_no_run_folder(cli, write_config, monkeypatch,
+                                                                                  tmp_path) -> None:
+    """An interrupt outside the cells' loop (here while the environment is collected) removes the folder too."""
+    from attnprof.profiling import environment
+
+    def interrupted(device):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(environment, "collect_environment", interrupted)
+    result = cli("compare", str(write_config()), "--no-timing")
+    assert result.exit_code == 130 and "interrupted before any cell finished: nothing written" in result.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_ctrl_c_before_the_first_model_row_leaves_no_run_folder(cli, model_config, monkeypatch, tmp_path) -> None:
+    from attnprof.pipeline import model
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "run_model", interrupted)
+    result = cli("model", str(model_config(output_dir=str(tmp_path / "model-out"))), "--no-timing")
+    assert result.exit_code == 130, result.output
+    assert "error: interrupted before any cell finished: nothing written" in result.stderr
+    assert not (tmp_path / "model-out").exists() or list((tmp_path / "model-out").iterdir()) == []
+
+
+def test_an_interrupted_compare_names_the_whole_command_that_goes_on(cli, write_config, monkeypatch,
+                                                                    tmp_path) -> None:
+    """Ctrl-C in the second cell: the first is kept, and the line printed is a command that resumes the run."""
+    from attnprof.pipeline import run
+
+    real, calls = run.run_cell, []
+
+    def second_interrupted(*args, **kwargs):
+        calls.append(args[0].name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "run_cell", second_interrupted)
+    result = cli("compare", str(write_config()), "--no-timing")
+    assert result.exit_code == 130, result.output
+    [folder] = (tmp_path / "out").glob("*-compare")
+    line = f"interrupted: keeping the 1 finished cell(s); to go on: attnprof compare --resume {folder}"
+    assert line in result.stderr, result.stderr
+    monkeypatch.setattr(run, "run_cell", real)
+    command = line.split("to go on: attnprof ")[1].split()
+    resumed = cli(*command, "--no-timing")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming {folder / 'results.json'}: 1 finished cell(s) kept, 2 of 3 to run" in resumed.stderr
 
 
 def test_a_ctrl_c_swallowed_by_a_command_that_then_succeeds_still_exits_130(cli, monkeypatch) -> None:
@@ -171,10 +242,15 @@ def test_sigint_at_several_moments_exits_130_keeping_only_finished_cells(write_c
         code, stdout, stderr = interrupt_compare(config, marker, delay)
         assert code == 130, (marker, delay, stderr)
         assert "Traceback" not in stderr and "failed" not in stderr and "failed" not in stdout, stderr
-        [results] = out.glob("*-compare/results.json")
+        found = list(out.glob("*-compare/results.json"))
+        if not found:  # SIGINT before the first cell finished: nothing written, no folder left
+            assert "interrupted before any cell finished: nothing written" in stderr and not any(out.iterdir())
+            continue
+        [results] = found
         document = json.loads(results.read_text())
         assert document["interrupted"] is True
         cells = [(r["variant"], r["shape"]) for r in document["results"]]
         assert cells == PLAN[:len(cells)] and len(cells) < len(PLAN)
         assert all(r["status"] == "ok" for r in document["results"])
-        assert f"interrupted: keeping the {len(cells)} finished cell(s); --resume {results.parent} goes on" in stderr
+        goes_on = f"to go on: attnprof --no-plugins compare --resume {results.parent}"
+        assert f"interrupted: keeping the {len(cells)} finished cell(s); {goes_on}" in stderr

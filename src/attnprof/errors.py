@@ -80,6 +80,12 @@ class TraceError(AttnprofError):
     exit_code = 4
 
 
+class NothingFinishedError(AttnprofError):
+    """Ctrl-C before any cell (or model row) finished: the run's folder was removed, nothing is written."""
+
+    exit_code = 130
+
+
 class OutputError(AttnprofError):
     """The output directory cannot be created or written."""
 

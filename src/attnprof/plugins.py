@@ -54,6 +54,13 @@ class LoadedVariants:
 
 _cache: dict[tuple, LoadedVariants] = {}
 
+#: The variants of the optional plugin packages shipped in plugins/, by name: (entry point, distribution). A
+#: config may name them on a machine without the plugin (`with_absent_plugins`).
+OPTIONAL_PLUGIN_VARIANTS: dict[str, tuple[str, str]] = {
+    "flash-attn": ("flash-attn", "attnprof-flash-attn"),
+    "triton-flash": ("triton", "attnprof-triton"),
+}
+
 
 def forget_loaded_variants() -> None:
     """Drop every cached registry, so the next `load_variants` reads the entry points again."""
@@ -98,6 +105,44 @@ def load_variants(
     loaded = LoadedVariants(registry, statuses)
     _cache[key] = loaded
     return loaded
+
+
+def with_absent_plugins(loaded: LoadedVariants) -> Registry:
+    """`loaded`'s registry plus a stand-in for each optional plugin variant (`OPTIONAL_PLUGIN_VARIANTS`) it
+    lacks, so that a shipped config naming one runs the rest: its cells are skipped, "plugin not installed
+    (attnprof-flash-attn)" (or "not loaded" where --no-plugins or ATTNPROF_PLUGINS left an installed one out),
+    or fail with the plugin's error when it is installed but broken. A wildcard never chooses a stand-in
+    (`Registry.matching`), and a typo still fails, its close matches including these names."""
+    absent = [name for name in OPTIONAL_PLUGIN_VARIANTS if name not in loaded.registry]
+    if not absent:
+        return loaded.registry
+    registry = Registry()
+    for variant in loaded.registry.all():
+        registry.register(variant)
+    installed = {ep.name for ep in _entry_points()}
+    for name in absent:
+        entry, package = OPTIONAL_PLUGIN_VARIANTS[name]
+        status = next((p for p in loaded.plugins if p.entry_point == entry), None)
+        broken = status.error if status is not None else None
+        if broken is not None:
+            missing = None
+        elif status is not None:
+            missing = f"plugin {package} loaded without a {name} variant"
+        elif entry in installed:
+            missing = f"plugin {package} not loaded (--no-plugins or ATTNPROF_PLUGINS)"
+        else:
+            missing = f"plugin not installed ({package})"
+        registry.register(
+            Variant(
+                name=name,
+                description=f"(from the optional plugin {package})",
+                forward=_never,
+                source=package,
+                load_error=broken,
+                not_installed=missing,
+            )
+        )
+    return registry
 
 
 def _entry_points() -> list[metadata.EntryPoint]:

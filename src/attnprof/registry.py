@@ -278,6 +278,9 @@ class Variant:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
     by_design: frozenset[str] = frozenset()
     load_error: str | None = field(default=None, repr=False)
+    #: Set on the stand-in for an optional plugin's variant whose plugin is not there
+    #: (`plugins.with_absent_plugins`): why every cell is skipped. A wildcard never chooses it; its name does.
+    not_installed: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9._+-]*", self.name):
@@ -316,6 +319,8 @@ class Variant:
         """Why this variant cannot run `spec`, or None when it can."""
         if self.load_error:
             return self.load_error
+        if self.not_installed:
+            return self.not_installed
         if spec.device_type not in self.devices:
             return f"needs {' or '.join(d.upper() if d == 'cuda' else d for d in self.devices)}"
         if spec.dtype not in self.dtypes:
@@ -381,9 +386,14 @@ class Registry:
                 self.get(pattern)
 
     def matching(self, patterns: Iterable[str]) -> list[str]:
-        """Names matching any of `patterns`, in registration order (no check: a pattern may match none)."""
+        """Names matching any of `patterns`, in registration order (no check: a pattern may match none); a
+        stand-in for an absent plugin's variant (`Variant.not_installed`) matches its own name only."""
         patterns = list(patterns)
-        return [n for n in self.names() if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+        return [
+            n
+            for n, v in self._variants.items()
+            if any(n == p if v.not_installed else fnmatch.fnmatchcase(n, p) for p in patterns)
+        ]
 
     def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
         """Variants matching any include pattern and no exclude pattern, in the include order.

@@ -59,23 +59,30 @@ def resumable_config(
 
 def choose_variants(config: Config, exclude_given: bool) -> tuple[Config, str, list[Variant]]:
     """The registry's variants the config selects on its device, with the config resolved for that device
-    (`pipeline.engine.start_on_device`). Names are checked before torch is imported; stderr names plugins that failed,
+    (`pipeline.engine.start_on_device`). Names are checked before torch is imported; an optional plugin's variant
+    whose plugin is absent is chosen as a stand-in whose cells are skipped (`plugins.with_absent_plugins`), said
+    on stderr as "not run"; stderr names plugins that failed,
     what the config's own exclude entries left out (unless `exclude_given` on the command line), and a
     baseline left out of the selection. Outside torchrun, collective variants only a wildcard chose are
     left out (`pipeline.without_collective`)."""
     from attnprof.pipeline import check_names, config_exclusions, distributed, select_variants, without_collective
     from attnprof.pipeline.engine import start_on_device
+    from attnprof.plugins import with_absent_plugins
 
     loaded = common.load_variants_for_cli()
     for line in common.plugin_notes(loaded):
         note(line)
-    check_names(config, loaded.registry)  # a typo fails before torch is imported
+    registry = with_absent_plugins(loaded)  # a shipped config may name an optional plugin's variant
+    check_names(config, registry)  # a typo fails before torch is imported
     config, device = start_on_device(config)
     grouped = distributed.current() is not None
-    chosen = without_collective(config, select_variants(config, loaded.registry, device), grouped)
+    chosen = without_collective(config, select_variants(config, registry, device), grouped)
+    absent = [f"{v.name}: {v.not_installed}" for v in chosen if v.not_installed]
+    if absent:
+        note(f"not run: {'; '.join(absent)}")
     groups = [
         ", ".join(names) + (f" ({reason})" if reason else "")
-        for names, reason in config_exclusions(config, loaded.registry, device)
+        for names, reason in config_exclusions(config, registry, device)
     ]
     if groups and not exclude_given:
         note(f"excluded by the config: {'; '.join(groups)}")
@@ -218,9 +225,16 @@ def execute(job: Job) -> tuple[RunOutcome, int]:
         note(counters_text(outcome.document.ncu, len(outcome.results)))
     if outcome.interrupted:
         rows = len(outcome.document.results)
-        goes_on = f"; --resume {outcome.folder.dir} goes on" if job.command in RESUMABLE else ""
+        goes_on = f"; to go on: {resume_command(job.command, outcome.folder.dir)}" if job.command in RESUMABLE else ""
         note(f"interrupted: keeping the {rows} finished cell(s){goes_on}")
     return outcome, code
+
+
+def resume_command(command: str, folder: Path) -> str:
+    """The command line that goes on with an interrupted run: `attnprof compare --resume DIR` (with
+    `--no-plugins` when this one had it, so the resumed run plans the same cells)."""
+    plugins = " --no-plugins" if STATE.no_plugins else ""
+    return f"attnprof{plugins} {command} --resume {folder}"
 
 
 def resumed_rows(
@@ -285,7 +299,7 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
     if current.source == "none":
         return f"% of peak is n/a: {current.reason}"
     if ceiling.replaced is not None:
-        still = f"; still beaten by {', '.join(beaten)}: % of peak is n/a there" if beaten else ""
+        still = f"; still beaten by {', '.join(beaten)}: % of peak is of the best achieved figure" if beaten else ""
         return (
             f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
             f"measured again: {current.tflops:.3g} TFLOP/s{still}"

@@ -195,42 +195,26 @@ def exceeds(rates: Throughput) -> bool:
 
 
 def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: bool = False) -> Throughput:
-    """TFLOP/s, share of the measured ceilings, bandwidth and bound for one latency.
+    """TFLOP/s, share of the measured ceilings, bandwidth and bound for one latency, this cell alone.
 
-    Without a ceiling (source "none"), or when the latency beats the matmul ceiling (over 100% is
-    impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
-    an exceeded matmul ceiling gives no `bound` either. When the achieved GB/s beats the measured
-    read bandwidth, the achieved figure is the reference (`pct_of_read_bandwidth` 100) and
-    `read_bandwidth_note` says so. `dense_mask`: the variant read the mask as a dense tensor, which
-    `bytes_moved` counts.
+    Without a ceiling (source "none") `pct_of_peak` is None and `pct_of_peak_note` says why. An achieved
+    figure above a ceiling takes its place (100%); the row then says so, and a run's rows share one raised
+    reference per device (`pipeline.references`). `dense_mask`: the variant read the mask as a dense
+    tensor, which `bytes_moved` counts.
     """
     from attnprof.analysis.roofline import achieved_for, bytes_moved
 
     rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.read_gbps, dense_mask)
-    pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
-    if rates["peak_beaten"]:
-        pct = bound = None
-        note = (
-            f"the {spec.dtype} matmul on {spec.device} ({ceiling.tflops:.3g} TFLOP/s) is slower than this "
-            f"attention ({rates['tflops']:.3g} TFLOP/s): no ceiling"
-        )
-    read_note = None
-    if rates["read_beaten"]:
-        read_note = (
-            f"achieved {rates['achieved_gbps']:.4g} GB/s, above the read bandwidth measured on {spec.device} "
-            f"({ceiling.read_gbps:.4g} GB/s): % of read bandwidth and bound use the achieved figure"
-        )
     return Throughput(
         tflops=rates["tflops"],
-        pct_of_peak=pct,
+        pct_of_peak=rates["pct_of_peak"],
         peak_tflops=ceiling.tflops,
         achieved_gbps=rates["achieved_gbps"],
-        bound=bound,
-        pct_of_peak_note=note,
+        bound=rates["bound"],
+        pct_of_peak_note=ceiling.reason if ceiling.tflops is None else None,
         bytes_moved=bytes_moved(spec, dense_mask),
         pct_of_read_bandwidth=rates["pct_of_read_bandwidth"],
         peak_read_gbps=ceiling.read_gbps,
-        read_bandwidth_note=read_note,
     )
 
 

@@ -271,9 +271,13 @@ class _Tally:
 
 
 def _beating(ceiling: RunCeiling, results: list[CellResult]) -> list[str]:
-    """The cells of the ceiling's dtype that beat it even measured again (their % of peak is n/a)."""
+    """The cells of the ceiling's dtype that beat it even measured again (the run's % of peak is then of the
+    best of them: `pipeline.references`)."""
     return [
         f"{r.variant} @ {r.spec.cell_label}"
         for r in results
-        if r.throughput is not None and r.throughput.pct_of_peak is None and r.spec.dtype == ceiling.dtype
+        if (tp := r.throughput) is not None
+        and tp.peak_tflops
+        and tp.tflops > tp.peak_tflops
+        and r.spec.dtype == ceiling.dtype
     ]

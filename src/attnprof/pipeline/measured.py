@@ -33,23 +33,22 @@ Status = Literal["ok", "skipped", "failed"]
 class Throughput:
     """Achieved rates of one latency against the device's measured ceilings.
 
-    `pct_of_peak` is None when there is no ceiling or the latency beat it; `pct_of_peak_note`
-    then says why in one line. `pct_of_read_bandwidth` is achieved_gbps over the measured read
-    bandwidth (`peak_read_gbps`), or over achieved_gbps itself when that is higher (100, and
-    `read_bandwidth_note` says so); `bound` compares the arithmetic intensity with the ridge point,
-    the matmul ceiling over the read bandwidth.
+    `pct_of_peak` is None when there is no ceiling; `pct_of_peak_note` then says why in one line.
+    `pct_of_read_bandwidth` is achieved_gbps over the measured read bandwidth (`peak_read_gbps`); an
+    achieved figure above a ceiling takes its place (100%); `bound` compares the arithmetic intensity
+    with the ridge point, the matmul ceiling over the read bandwidth. The row made of it divides by the
+    references of `pipeline.references` (the best of the ceilings and the achieved figures).
     """
 
     tflops: float
     pct_of_peak: float | None
     peak_tflops: float | None
     achieved_gbps: float
-    bound: str | None  # "compute" or "memory"; None without both ceilings or above the matmul ceiling
+    bound: str | None  # "compute" or "memory"; None without both ceilings
     pct_of_peak_note: str | None = None
     bytes_moved: float | None = None  # what achieved_gbps divides by (analysis.roofline.bytes_moved)
     pct_of_read_bandwidth: float | None = None  # never above 100; None without a read ceiling
     peak_read_gbps: float | None = None  # the measured read bandwidth (profiling.ceiling), GB/s
-    read_bandwidth_note: str | None = None  # set when achieved_gbps beat the measured read bandwidth
 
 
 @dataclass(frozen=True)
@@ -180,13 +179,6 @@ class CellResult:
         if not isinstance(self.subject, RunSpec) or self.analysis is None:
             return None
         return kernel_tflops(self.subject, self.analysis.attention)
-
-    @property
-    def kernel_pct_of_peak(self) -> float | None:
-        """`kernel_tflops` in percent of the ceiling `throughput` used; None without either, and, as for
-        `throughput.pct_of_peak`, when the kernels beat the ceiling (over 100% is impossible)."""
-        rate, peak = self.kernel_tflops, self.throughput.peak_tflops if self.throughput else None
-        return None if rate is None or not peak or rate > peak else 100.0 * rate / peak
 
 
 def row_verdict(

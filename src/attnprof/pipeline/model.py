@@ -142,13 +142,19 @@ def run_model_job(
 ) -> RunOutcome:
     """A whole `attnprof model`: its own folder, every row (`run_model`, Ctrl-C keeps the finished ones;
     with `counters`, each row's Nsight Compute pass, refused before the folder exists where it cannot give
-    counters: `refuse_counters`), then the results written into the folder (`finish_model_run`)."""
+    counters: `refuse_counters`), then the results written into the folder (`finish_model_run`). Ctrl-C
+    before any row finished removes the folder and raises NothingFinishedError (`RunFolder.discard`)."""
     if counters is not None:
         refuse_counters(device)
     folder = open_run_folder(Path(config.output_dir), "model")
-    results, interrupted = run_model(
-        source, config, implementations, device, folder.traces, measure, on_start, on_done, counters, on_counters
-    )
+    try:
+        results, interrupted = run_model(
+            source, config, implementations, device, folder.traces, measure, on_start, on_done, counters, on_counters
+        )
+    except KeyboardInterrupt:  # outside the rows' loop: none finished
+        results, interrupted = [], True
+    if interrupted and not results:
+        raise folder.discard()
     return finish_model_run(config, device, results, interrupted, folder, measure, counters)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.model_spec import ModelSpec
 from attnprof.pipeline.measured import CellResult
+from attnprof.pipeline.references import attach_references
 from attnprof.registry import RunSpec
 from attnprof.results.parts import Analysis, MaskAlternative
 from attnprof.results.records import analysis_record, counters_record, finding_of, finding_record
@@ -157,7 +158,7 @@ def cell_row(result: CellResult) -> Row:
     if check is not None and grads is not None:
         scope = f"output: {check.scope}; gradients: {grads.scope}"
     kernel_tflops = result.kernel_tflops
-    return Row(
+    row = Row(
         variant=result.variant,
         source=result.source,
         **fields,
@@ -169,14 +170,12 @@ def cell_row(result: CellResult) -> Row:
         kernel_tflops=kernel_tflops,
         tflops_convention=TFLOPS_CONVENTION if rates is not None or kernel_tflops is not None else None,
         pct_of_peak=rates.pct_of_peak if rates else None,
-        kernel_pct_of_peak=result.kernel_pct_of_peak,
         pct_of_peak_note=rates.pct_of_peak_note if rates else None,
         peak_tflops=rates.peak_tflops if rates else None,
         bytes_moved=rates.bytes_moved if rates else None,
         achieved_gbps=rates.achieved_gbps if rates else None,
         pct_of_read_bandwidth=rates.pct_of_read_bandwidth if rates else None,
         peak_read_gbps=rates.peak_read_gbps if rates else None,
-        read_bandwidth_note=rates.read_bandwidth_note if rates else None,
         bound=rates.bound if rates else None,
         rel_error=check.rel_error if check else None,
         passed=result.passed,
@@ -199,6 +198,8 @@ def cell_row(result: CellResult) -> Row:
         mask_alternatives=list(result.mask_alternatives),
         **_shared_fields(result),
     )
+    attach_references([row])  # the row alone; the run's rows together once gathered (pipeline.sharded)
+    return row
 
 
 def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:

@@ -3,11 +3,13 @@ folder, run a list of cells with the SM clock sampled alongside (`run_cells`), a
 engine that runs a whole job through these is `pipeline.engine`.
 
 Each invocation writes into its own folder, `<output_dir>/<YYYYmmdd-HHMMSS>-<command>/` (`-2`, `-3`,
-... when a parallel invocation took the name): `results.json`, `results.csv` and `traces/`.
+... when a parallel invocation took the name): `results.json`, `results.csv` and `traces/`. Ctrl-C before
+any row finished removes the folder again (`RunFolder.discard`): no 0-row results file is left behind.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnprof.config import Config, MeasureOptions
-from attnprof.errors import ConfigError, OutputError
+from attnprof.errors import ConfigError, NothingFinishedError, OutputError
 from attnprof.files import unique_dir
 from attnprof.interrupts import (
     interrupt_requested,
@@ -57,6 +59,12 @@ class RunFolder:
     def traces(self) -> Path:
         """The folder of Chrome traces, one per profiled cell."""
         return self.dir / "traces"
+
+    def discard(self) -> NothingFinishedError:
+        """Remove the folder (this invocation made it) when Ctrl-C came before any row finished, so no
+        0-row results file or empty folder is left for `--resume` or `report` to trip on; the error to raise."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return NothingFinishedError("interrupted before any cell finished: nothing written")
 
     def to_dict(self) -> dict[str, str]:
         """The paths as the results document's `files` names them."""

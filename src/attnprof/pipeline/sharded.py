@@ -16,13 +16,14 @@ Every rank runs `run_sharded` with the same `Job`:
    with the kept rows), so a rank that dies loses only the cell it was running (`--resume` redoes
    the rest);
 5. rank 0 gathers every rank's rows and writes the one `results.json` and `results.csv`, the rows in
-   the plan's order with their speed-ups computed over all of them (and each dense-mask row joined with
+   the plan's order with their speed-ups and percentages' references computed over all of them
+   (`pipeline.references`; and each dense-mask row joined with
    its alternative's cell, `pipeline.mask_alternatives`); every row names its rank, host
    and GPU, and the document's `distributed` section each rank's share.
 
 A single process (no group) runs every cell itself, in `traces/`, streaming to `results.jsonl` in a
 sweep; it writes the same `results.json` and `results.csv` (with `resumed_from` null when it resumes
-nothing).
+nothing). Ctrl-C before any row finished writes nothing: the folder is removed again.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.distributed import MULTICAST_OFF
 from attnprof.pipeline.mask_alternatives import attach_row_alternatives
 from attnprof.pipeline.measured import CellResult, Placement
+from attnprof.pipeline.references import attach_references
 from attnprof.pipeline.resume import (
     STREAM_NAME,
     attach_row_speedups,
@@ -142,17 +144,39 @@ def run_sharded(
     job: Job, group: Group | None, run_share: RunShare, where: Placement | None = None
 ) -> tuple[RunOutcome | None, int]:
     """Run `job` as the module docstring says; (the outcome on rank 0, None elsewhere; the exit code,
-    the same on every rank). `where` is this rank's placement, set on each of its rows."""
+    the same on every rank). `where` is this rank's placement, set on each of its rows. Ctrl-C before any
+    row finished (none kept from a resumed run either) removes the run's folder again and raises
+    NothingFinishedError: no 0-row results file is left behind."""
+    todo = still_to_run(job.cells, job.kept)
+    if group is not None:
+        _check_same_plan([cell_name(v.name, s) for v, s in job.cells] + [str(i) for i in todo], group)
+    folder = _on_main(group, lambda: open_run_folder(Path(job.config.output_dir), job.command))
+    recorded: list[CellResult] = []
+    try:
+        return _run_in_folder(job, group, run_share, where, folder, todo, recorded)
+    except KeyboardInterrupt:  # outside the cells' loop: the environment, the stream's header, the gather
+        if (group is None or group.ctx.is_main) and not job.kept and not recorded:
+            raise folder.discard() from None
+        raise
+
+
+def _run_in_folder(
+    job: Job,
+    group: Group | None,
+    run_share: RunShare,
+    where: Placement | None,
+    folder: RunFolder,
+    todo: list[int],
+    recorded: list[CellResult],
+) -> tuple[RunOutcome | None, int]:
+    """`run_sharded` once the folder is open: this rank's share run and streamed (each finished result
+    also put in `recorded`), then the rows gathered and written by rank 0."""
     from attnprof.pipeline.rows import cell_row
     from attnprof.profiling.environment import collect_environment
     from attnprof.results.files import ResultsStream, stream_header
 
     rank = 0 if group is None else group.ctx.rank
     world = 1 if group is None else group.ctx.world_size
-    todo = still_to_run(job.cells, job.kept)
-    if group is not None:
-        _check_same_plan([cell_name(v.name, s) for v, s in job.cells] + [str(i) for i in todo], group)
-    folder = _on_main(group, lambda: open_run_folder(Path(job.config.output_dir), job.command))
     collective, split = share_of(job.cells, todo, world, job.keep_together)
     mine = collective + split.shards[rank]
     trace_dir = folder.traces if group is None else folder.traces / f"rank{rank}"
@@ -168,6 +192,7 @@ def run_sharded(
 
     def record(result: CellResult) -> None:
         result.placement = where
+        recorded.append(result)
         if stream is not None:
             stream.append(cell_row(result))
 
@@ -199,9 +224,12 @@ def run_sharded(
     def finish() -> int:
         assert shares is not None
         rows = ordered_rows(job.cells, job.kept + [row for s in shares for row in s["rows"]])
-        attach_row_speedups(rows, job.config.baseline)
-        attach_row_alternatives(rows)
         interrupted = any(s["interrupted"] for s in shares)
+        if interrupted and not rows:
+            raise folder.discard()
+        attach_row_speedups(rows, job.config.baseline)
+        attach_references(rows)  # one reference per device for every percentage of the run
+        attach_row_alternatives(rows)
         ceilings: dict[str, Any] = {}
         for s in shares:
             ceilings = s["ceilings"] | ceilings  # rank 0's first, then the lowest rank that measured one

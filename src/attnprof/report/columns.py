@@ -127,10 +127,12 @@ def _clock(row: Row) -> str:
 
 
 def _throughput(row: Row) -> str:
-    """TFLOP/s with its % of the measured peak, or `n/a: why` when there is no meaningful peak."""
+    """TFLOP/s with its % of the measured peak (and the note when a best achieved figure raised it), or
+    `n/a: why` when there is no meaningful peak."""
     if row.pct_of_peak is None and row.pct_of_peak_note:
         return f"{fmt_number(row.tflops)} (n/a: {row.pct_of_peak_note})"
-    return f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%)"
+    text = f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%)"
+    return text + (f" ({row.peak_reference_note})" if row.peak_reference_note else "")
 
 
 def _kernel_throughput(row: Row) -> str:
@@ -143,7 +145,7 @@ def _kernel_throughput(row: Row) -> str:
 
 def _bandwidth_bound(row: Row) -> str:
     """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
-    note when the achieved figure beat the read bandwidth."""
+    note when a best achieved figure raised the reference."""
     text = bandwidth_cell(row) + f", {row.bound or 'n/a'}"
     return text + (f" ({row.read_bandwidth_note})" if row.read_bandwidth_note else "")
 

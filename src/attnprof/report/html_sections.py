@@ -35,6 +35,7 @@ from attnprof.report.sweep_tables import (
 from attnprof.report.tables import (
     UNRELIABLE,
     compare_groups,
+    reference_legend,
     shape_columns,
     shape_rows,
     variant_label,
@@ -195,6 +196,7 @@ def comparison_section(rows: list[Row], baseline: str | None) -> str:
         tables += [f"<h3>{esc(title)}</h3>", _shape_table(group)]
         if any(row.speedup_reliable is False for row in group):
             tables.append(f"<p class='note'>{esc(UNRELIABLE)}</p>")
+        tables += [f"<p class='note'>{esc(legend)}</p>" for legend in reference_legend(group)]
     if not swept or pivot is None:
         return "\n".join(parts + tables)
     parts.append(

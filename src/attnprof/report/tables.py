@@ -108,15 +108,25 @@ def shape_rows(rows: list[Row], full: bool, problems_only: bool = False) -> list
 
 def shape_table(rows: list[Row], fmt: str, width: int | None = None, keep: list[int] | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable. `keep`: the columns every
+    follow it as bullets. A legend follows when a speed-up is unreliable, and one for each reference raised
+    above a measured ceiling (`reference_legend`). `keep`: the columns every
     shape's table of the output keeps (`compare_report`); None: this table's own fit."""
     width = limit(width, fmt)
     body = shape_rows(rows, full=width is None, problems_only=width is not None)
     notes = reason_bullets(rows, width) if width is not None else []
     if any(row.speedup_reliable is False for row in rows):
         notes += wrap(UNRELIABLE, width)
+    for legend in reference_legend(rows):
+        notes += wrap(legend, width)
     columns = shape_columns(rows)
     return "\n".join([table(columns, body, fmt, width, keep)] + (["", *notes] if notes else []))
+
+
+def reference_legend(rows: list[Row]) -> list[str]:
+    """The raised references the rows' percentages divide by (`pipeline.references`), each once: a best
+    achieved figure above the ceiling measured on the device, which every row of that device divides by."""
+    notes = [note for row in rows for note in (row.peak_reference_note, row.read_bandwidth_note) if note]
+    return list(dict.fromkeys(notes))
 
 
 def reason_bullets(rows: list[Row], width: int) -> list[str]:

@@ -109,14 +109,17 @@ class Row(Record):
     tflops_convention: str | None = None
     pct_of_peak: float | None = None
     kernel_pct_of_peak: float | None = None
-    pct_of_peak_note: str | None = None
-    peak_tflops: float | None = None
+    pct_of_peak_note: str | None = None  # why pct_of_peak is None (no measured ceiling)
+    peak_tflops: float | None = None  # the matmul ceiling measured on the device, in the row's dtype
+    peak_reference_tflops: float | None = None  # what pct_of_peak divides by (pipeline.references)
+    peak_reference_note: str | None = None  # set when an achieved figure raised it above peak_tflops
     bytes_moved: float | None = None
     achieved_gbps: float | None = None
     kernel_gbps: float | None = None  # the attention calls' bytes over their device time (the ledger's)
     pct_of_read_bandwidth: float | None = None
-    peak_read_gbps: float | None = None
-    read_bandwidth_note: str | None = None
+    peak_read_gbps: float | None = None  # the read bandwidth measured on the device (the read probe)
+    read_reference_gbps: float | None = None  # what pct_of_read_bandwidth divides by (pipeline.references)
+    read_bandwidth_note: str | None = None  # set when an achieved figure raised it above peak_read_gbps
     bound: str | None = None
     peak_memory_mib: float | None = None
     # correctness
@@ -203,8 +206,9 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
     *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "flops"),
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
-    *("pct_of_peak_note", "peak_tflops", "bytes_moved", "achieved_gbps", "kernel_gbps"),
-    *("pct_of_read_bandwidth", "peak_read_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
+    *("pct_of_peak_note", "peak_tflops", "peak_reference_tflops", "peak_reference_note", "bytes_moved"),
+    *("achieved_gbps", "kernel_gbps", "pct_of_read_bandwidth", "peak_read_gbps", "read_reference_gbps"),
+    *("read_bandwidth_note", "bound", "peak_memory_mib"),
     *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
     *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
     *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
