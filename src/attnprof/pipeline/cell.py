@@ -159,12 +159,12 @@ def rotation_replicas(step: Any, spec: RunSpec) -> list[Any]:
     copies = rotation_copies(step.input_bytes, l2)
     free, _ = torch.cuda.mem_get_info(dev)
     free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-    need = (copies - 1) * step.input_bytes
-    if need > ROTATE_MEMORY_SHARE * free:
+    more = copies - 1
+    if more * step.input_bytes > ROTATE_MEMORY_SHARE * free:
         raise VariantFailure(
-            f"--cold-l2 rotate: {copies - 1} more copies of the inputs ({copies - 1} x "
+            f"--cold-l2 rotate: {more} more {'copy' if more == 1 else 'copies'} of the inputs ({more} x "
             f"{step.input_bytes / 2**30:.2f} GiB, to exceed 5x the {l2 / 2**20:.0f} MiB L2) do not fit in the "
-            f"{free / 2**30:.1f} GiB free on {spec.device}"
+            f"{free / 2**30:.2f} GiB free on {spec.device}"
         )
     return [step.replica() for _ in range(copies - 1)]
 

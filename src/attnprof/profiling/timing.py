@@ -14,8 +14,8 @@ How a sample is taken:
   for decode: `cuda_graphs.graph_choice`, its reason in `graph_note`), and falls back to eager, saying
   so in `method`, when the variant cannot be captured. A graph that was captured is checked once
   (`check_graph`): one replay must launch the kernels, memsets and memcpys of the eager step, times
-  the forwards it holds (`profiling.graph_check`); else the cell fails with the reason. One graph holds k back-to-back forwards,
-  with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
+  the forwards it holds (`profiling.graph_check`); else the cell fails with the reason. One graph
+  holds k back-to-back forwards, with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
   `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k. That spreads the graph's
   own launch over k forwards instead of adding it to each (on an H200 a one-forward replay
   of a ~1 µs kernel measures about 17 µs between its events), and the spread is then that of
