@@ -80,17 +80,15 @@ MEASURE_OPTIONS: dict[str, Any] = {
             "engine replays it), eager otherwise.",
         ),
     ],
-    "flush_l2": Annotated[
-        bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls (= --cold-l2 flush).")
-    ],
+    "flush_l2": Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")],
     "cold_l2": Annotated[
         str,
         typer.Option(
             "--cold-l2",
             metavar="off|flush|rotate",
-            help="How each timed call finds the L2: off (warm, back to back), flush (a buffer zeroed before each "
-            "call) or rotate (each call reads the next of enough copies of the inputs to exceed 5x the L2; works "
-            "inside a CUDA graph, where no flush can run between replays).",
+            help="How each timed call finds the L2: off (warm, back to back), flush (= --flush-l2: a buffer zeroed "
+            "before each call) or rotate (each call reads the next of enough copies of the inputs to exceed 5x the "
+            "L2; works inside a CUDA graph, where no flush can run between replays).",
         ),
     ],
     "check_masking": Annotated[

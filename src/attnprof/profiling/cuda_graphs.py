@@ -164,3 +164,34 @@ def graphed(calls: Sequence[Callable[[], Any]], warmup_reps: int, single: bool) 
     del graph
     graph, _ = capture_graph(calls, forwards)
     return graph, forwards, [event_time_s(graph.replay) for _ in range(max(1, warmup_reps))]
+
+
+def rotation_note(copies: int, l2_bytes: int | None) -> str:
+    """How the calls rotated through `copies` copies of the inputs, for a timing's method."""
+    l2 = f"{l2_bytes / 2**20:.0f} MiB" if l2_bytes else "its size unknown"
+    if copies == 1:
+        return f"L2 rotated: one copy of the inputs alone exceeds 5x the L2 ({l2})"
+    return f"L2 rotated: each call reads the next of {copies} copies of the inputs, together over 5x the L2 ({l2})"
+
+
+def event_samples(
+    launch: Callable[[], Any], setup: Callable[[], Any], dev: Any, reps: int, flush_l2: bool
+) -> list[float]:
+    """`reps` launches back to back, each between a pair of CUDA events (after `setup`, and the L2 flush
+    outside the events), one synchronize at the end; the seconds of each."""
+    import torch
+
+    cache = flush_buffer(dev) if flush_l2 else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize(dev)
+    for i in range(reps):
+        setup()
+        if cache is not None:
+            cache.zero_()
+        starts[i].record()
+        launch()
+        ends[i].record()
+    torch.cuda.synchronize(dev)
+    del cache
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]

@@ -56,12 +56,13 @@ from typing import TYPE_CHECKING, Any
 from attnprof.errors import one_line
 from attnprof.profiling.contention import CpuShare
 from attnprof.profiling.cuda_graphs import (
+    event_samples,
     event_time_s,
-    flush_buffer,
     graph_choice,
     graphed,
     l2_cache_bytes,
     recover_from_failed_capture,
+    rotation_note,
 )
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
@@ -381,7 +382,7 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     warm_n = len(warm)
     launch, per_sample, graph_warm, notes = _launcher(step, cycled, dev, options)
     reps = _reps(graph_warm or warm, step, options)
-    samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    samples = event_samples(launch, step.setup, dev, reps, options.flush_l2)
     contention = share.others()
     graph_used = launch is not cycled
     why = f" ({options.graph_note})" if options.graph_note else ""
@@ -399,7 +400,7 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         notes.append("L2 flushed before each call (outside the events)")
     l2_bytes = l2_cache_bytes(dev)
     if options.rotate:
-        notes.append(_rotation_note(len(step.calls), l2_bytes))
+        notes.append(rotation_note(len(step.calls), l2_bytes))
     return summarize(
         [sample / per_sample for sample in samples],
         reps=reps,
@@ -414,13 +415,6 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         l2_state="rotated" if options.rotate else "flushed" if options.flush_l2 else "warm",
         l2_bytes=l2_bytes,
     )
-
-
-def _rotation_note(copies: int, l2_bytes: int | None) -> str:
-    l2 = f"{l2_bytes / 2**20:.0f} MiB" if l2_bytes else "its size unknown"
-    if copies == 1:
-        return f"L2 rotated: one copy of the inputs alone exceeds 5x the L2 ({l2})"
-    return f"L2 rotated: each call reads the next of {copies} copies of the inputs, together over 5x the L2 ({l2})"
 
 
 def _launcher(
@@ -447,26 +441,3 @@ def _launcher(
 
         check_graph(step.fn, graph.replay, per_sample)
     return graph.replay, per_sample, warm, []
-
-
-def _event_samples(
-    launch: Callable[[], Any], setup: Callable[[], Any], dev: Any, reps: int, flush_l2: bool
-) -> list[float]:
-    """`reps` launches back to back, each between a pair of CUDA events (after `setup`, and the L2 flush
-    outside the events), one synchronize at the end; the seconds of each."""
-    import torch
-
-    cache = flush_buffer(dev) if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda.synchronize(dev)
-    for i in range(reps):
-        setup()
-        if cache is not None:
-            cache.zero_()
-        starts[i].record()
-        launch()
-        ends[i].record()
-    torch.cuda.synchronize(dev)
-    del cache
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
