@@ -71,12 +71,26 @@ MEASURE_OPTIONS: dict[str, Any] = {
     ],
     "min_time_s": Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")],
     "cuda_graph": Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--cuda-graph", help="Time CUDA-graph replays (many forwards per graph) where the variant allows capture."
+            "--cuda-graph/--no-cuda-graph",
+            show_default=False,
+            help="Time CUDA-graph replays (many forwards per graph, each graph checked to hold the eager step's "
+            "kernels) or eager calls. Default: graphs for CUDA forward cells with q_len <= 16 (decode, as a serving "
+            "engine replays it), eager otherwise.",
         ),
     ],
     "flush_l2": Annotated[bool, typer.Option("--flush-l2", help="Flush the L2 cache between timed calls.")],
+    "cold_l2": Annotated[
+        str,
+        typer.Option(
+            "--cold-l2",
+            metavar="off|flush|rotate",
+            help="How each timed call finds the L2: off (warm, back to back), flush (= --flush-l2: a buffer zeroed "
+            "before each call) or rotate (each call reads the next of enough copies of the inputs to exceed 5x the "
+            "L2; works inside a CUDA graph, where no flush can run between replays).",
+        ),
+    ],
     "check_masking": Annotated[
         bool, typer.Option("--check-masking", help="Probe fully masked rows and report NaN per variant.")
     ],
@@ -167,6 +181,9 @@ MODEL_MEASURE_FIELDS = (
 )
 #: `attnprof model`'s own defaults: its config's `timing` decides --min-time; --ncu profiles fewer launches.
 MODEL_MEASURE_DEFAULTS = {"min_time_s": None, "ncu_launches": MODEL_NCU_LAUNCHES}
+#: Options whose default on the command line is None, "not given": the field's own default then applies
+#: (--cuda-graph/--no-cuda-graph given neither: "auto").
+UNSET_DEFAULTS = {"cuda_graph": None}
 
 
 def _parameters(config_options: dict[str, Any], measure: dict[str, Any]) -> list[inspect.Parameter]:
@@ -189,7 +206,7 @@ def shared_options(command: Callable[..., Any] | None = None, *, select: bool = 
     if command is None:
         return functools.partial(shared_options, select=select, model=model)
     config_options = CONFIG_OPTIONS | (SELECT_OPTIONS if select else {})
-    defaults = MeasureOptions().model_dump()
+    defaults = MeasureOptions().model_dump() | UNSET_DEFAULTS
     if model:
         config_options = {name: CONFIG_OPTIONS[name] for name in MODEL_CONFIG_FIELDS}
         defaults = {name: defaults[name] for name in MODEL_MEASURE_FIELDS} | MODEL_MEASURE_DEFAULTS
@@ -220,7 +237,10 @@ def measure_options(values: dict[str, Any]) -> MeasureOptions:
     from pydantic import ValidationError
 
     from attnprof.config import validation_error
+    from attnprof.errors import ConfigError
 
+    if values.get("flush_l2") and values.get("cold_l2") not in (None, "off", "flush"):
+        raise ConfigError(f"--flush-l2 and --cold-l2 {values['cold_l2']} contradict each other: give one")
     try:
         return MeasureOptions(**{name: value for name, value in values.items() if value is not None})
     except ValidationError as exc:

@@ -40,10 +40,13 @@ from attnprof.config.messages import (
 from attnprof.config.models import (
     MODEL_NCU_LAUNCHES,
     NCU_LAUNCHES,
+    ColdL2,
     Config,
+    CudaGraph,
     Exclusion,
     MeasureOptions,
     Schedule,
+    cuda_graph_choice,
 )
 from attnprof.config.shapes import REQUIRED_SHAPE_FIELDS, Shape, Sweep
 
@@ -52,7 +55,9 @@ __all__ = [
     "MODEL_NCU_LAUNCHES",
     "NCU_LAUNCHES",
     "REQUIRED_SHAPE_FIELDS",
+    "ColdL2",
     "Config",
+    "CudaGraph",
     "Exclusion",
     "FieldNames",
     "KvCache",
@@ -67,6 +72,7 @@ __all__ = [
     "Sweep",
     "apply_overrides",
     "close_matches",
+    "cuda_graph_choice",
     "device_name",
     "did_you_mean",
     "format_validation_error",

@@ -197,13 +197,32 @@ NCU_LAUNCHES = 16
 MODEL_NCU_LAUNCHES = 8
 
 
+#: --cuda-graph: "auto" replays a CUDA graph for decode-like forward cells (`profiling.cuda_graphs.graph_choice`),
+#: "on" wherever the variant allows capture, "off" never. A results file of before "auto" wrote true or false.
+CudaGraph = Literal["auto", "on", "off"]
+#: --cold-l2: "off" (warm L2, back-to-back calls), "flush" (= --flush-l2: a buffer zeroed before each call) or
+#: "rotate" (each call reads the next of enough copies of its inputs to exceed 5x the L2).
+ColdL2 = Literal["off", "flush", "rotate"]
+
+
+def cuda_graph_choice(value: Any) -> Any:
+    """A `cuda_graph` value as "auto", "on" or "off": true and false (results files of before "auto") are
+    "on" and "off"; anything else is left to the field's validation."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
 class MeasureOptions(Strict):
-    """How each cell is measured: the flags `run` and `compare` share, each with its one default."""
+    """How each cell is measured: the flags `run` and `compare` share, each with its one default.
+    `flush_l2` and `cold_l2` say one thing two ways (`--flush-l2` is `--cold-l2 flush`); either one given
+    sets the other."""
 
     timing: bool = True
     min_time_s: float = Field(default=0.25, gt=0)
-    cuda_graph: bool = False
+    cuda_graph: CudaGraph = "auto"
     flush_l2: bool = False
+    cold_l2: ColdL2 = "off"
     check_masking: bool = False
     refresh_ceiling: bool = False
     clocks: bool = True
@@ -212,3 +231,17 @@ class MeasureOptions(Strict):
     key_averages_table: bool = False  # build the profiler's own key_averages table (`run` prints it)
     ncu: bool = False  # each ok cell's step run again under Nsight Compute, its counters attached
     ncu_launches: int = Field(default=NCU_LAUNCHES, gt=0)  # kernel launches one Nsight Compute pass profiles
+
+    @field_validator("cuda_graph", mode="before")
+    @classmethod
+    def _graph_from_bool(cls, value: Any) -> Any:
+        return cuda_graph_choice(value)
+
+    @model_validator(mode="after")
+    def _one_cold_l2(self) -> "MeasureOptions":
+        if self.flush_l2 and self.cold_l2 == "rotate":
+            raise ValueError("--flush-l2 and --cold-l2 rotate contradict each other: give one")
+        if self.flush_l2 or self.cold_l2 == "flush":
+            object.__setattr__(self, "flush_l2", True)
+            object.__setattr__(self, "cold_l2", "flush")
+        return self

@@ -107,6 +107,12 @@ def _measure(
         result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
 
     with cell_step(variant, spec, config.seed, setup_stage, executed) as step:
+        options = TimingOptions.from_measure(measure, spec)
+        if spec.device.startswith("cuda"):
+            result.working_set_bytes = step.input_bytes
+        copies: list[Callable[[], Any]] = []
+        if options.rotate and measure.timing and spec.device.startswith("cuda"):
+            copies = [replica.call for replica in rotation_replicas(step, spec)]  # each built under setup_stage
         measure_step(
             result,
             step.call,
@@ -114,7 +120,7 @@ def _measure(
             variant=variant,
             stage="backward" if spec.backward else "forward",
             check_stage="correctness check",
-            options=TimingOptions.from_measure(measure),
+            options=options,
             measure=measure,
             schedule=config.schedule,
             region=config.region,
@@ -122,12 +128,45 @@ def _measure(
             whole=step.whole,
             prepare=step.prepare,
             agree=agree,
+            copies=copies,
         )
+        del copies
         if measure.check_masking:
             with phase(result, "masking_probe"), guard("masking probe", variant):
                 result.nan_on_fully_masked = correctness.probe_fully_masked(
                     variant, spec.device, spec.dtype, config.seed
                 )
+
+
+#: --cold-l2 rotate: the share of the GPU's free memory the input copies may take.
+ROTATE_MEMORY_SHARE = 0.9
+
+
+def rotation_replicas(step: Any, spec: RunSpec) -> list[Any]:
+    """The steps over the extra input copies that `--cold-l2 rotate` needs at `spec` (`cuda_graphs.rotation_copies`:
+    together over 5x the L2; none when one copy alone is); VariantFailure when they would not fit in the
+    GPU's free memory, or when the step needs an untimed forward before each call (no copy has one)."""
+    import torch
+
+    from attnprof.profiling.cuda_graphs import l2_cache_bytes, rotation_copies
+
+    if step.prepare is not None or step.replica is None:
+        raise VariantFailure("--cold-l2 rotate: n/a for a backward that needs an untimed forward before each call")
+    dev = torch.device(spec.device)
+    l2 = l2_cache_bytes(dev)
+    if l2 is None:
+        raise VariantFailure(f"--cold-l2 rotate: {spec.device} does not report its L2 size")
+    copies = rotation_copies(step.input_bytes, l2)
+    free, _ = torch.cuda.mem_get_info(dev)
+    free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    more = copies - 1
+    if more * step.input_bytes > ROTATE_MEMORY_SHARE * free:
+        raise VariantFailure(
+            f"--cold-l2 rotate: {more} more {'copy' if more == 1 else 'copies'} of the inputs ({more} x "
+            f"{step.input_bytes / 2**30:.2f} GiB, to exceed 5x the {l2 / 2**20:.0f} MiB L2) do not fit in the "
+            f"{free / 2**30:.2f} GiB free on {spec.device}"
+        )
+    return [step.replica() for _ in range(copies - 1)]
 
 
 def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: CellResult) -> None:

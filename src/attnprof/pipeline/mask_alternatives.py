@@ -153,15 +153,18 @@ def _measured(w: Wanted, dense_spec: RunSpec, dense: float, config: Config, meas
 
 def time_alternative(variant: Variant, spec: RunSpec, config: Config, measure: MeasureOptions) -> float:
     """The median latency (µs) of `variant` at `spec`, timed as the cells are (`TimingOptions.from_measure`)
-    with at most SHORT_S of timed calls; nothing profiled. Raises VariantFailure or VariantUnavailableError."""
+    with at most SHORT_S of timed calls (under `--cold-l2 rotate`, with the L2 flushed instead: no input copies
+    are made for it); nothing profiled. Raises VariantFailure or VariantUnavailableError."""
     import torch
 
     from attnprof.profiling.inputs import make_inputs
     from attnprof.profiling.steps import build_step, graph_retention
     from attnprof.profiling.timing import TimingOptions, time_forward
 
-    options = TimingOptions.from_measure(measure)
+    options = TimingOptions.from_measure(measure, spec)
     options = replace(options, min_time_s=min(options.min_time_s, SHORT_S))
+    if options.rotate:
+        options = replace(options, rotate=False, flush_l2=True)
     with guard("the dense mask's alternative", variant):
         q, k, v = make_inputs(spec, config.seed, variant.layout)
         state = variant.setup(spec) if variant.setup is not None else None

@@ -116,6 +116,7 @@ class CellResult:
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
     by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
+    working_set_bytes: int | None = None  # a CUDA cell's inputs, one copy (`profiling.steps.Step.input_bytes`)
 
     @property
     def spec(self) -> RunSpec:

@@ -34,7 +34,8 @@ RANK_STREAM = re.compile(r"results\.rank(\d+)\.jsonl")
 #: Config fields that change what a cell measures without being part of its key.
 CONFIG_MEANING = ("schedule", "seed", "region")
 #: Measurement options that change what a cell measures (the others do not: clocks, refresh_ceiling).
-MEASURE_MEANING = ("timing", "min_time_s", "cuda_graph", "flush_l2", "check_masking")
+#: (`flush_l2` is `cold_l2` flush, so `cold_l2` speaks for both.)
+MEASURE_MEANING = ("timing", "min_time_s", "cuda_graph", "cold_l2", "check_masking")
 
 
 def rank_stream_name(rank: int) -> str:
@@ -80,13 +81,31 @@ def recorded_config(previous: ResultsFile) -> Config:
     return parse_config(previous.header.config, f"{previous.path} (its recorded config)")
 
 
-def inherit_measure(measure: MeasureOptions, previous: ResultsFile) -> MeasureOptions:
-    """`measure` with each option left at its default taken from the earlier run instead."""
+def recorded_measure(previous: ResultsFile) -> dict[str, Any]:
+    """The earlier run's measurement options as this attnprof reads them: `cuda_graph` true/false (files of
+    before "auto") as "on"/"off", `cold_l2` from `flush_l2` where it predates `cold_l2`. Options it did not
+    record are left out; a record this attnprof cannot read is taken as written."""
+    from pydantic import ValidationError
+
     recorded = previous.header.measure or {}
+    known = {name: value for name, value in recorded.items() if name in MeasureOptions.model_fields}
+    try:
+        read = MeasureOptions(**known).model_dump()
+    except ValidationError:
+        return known
+    return {name: read[name] for name in read if name in known or (name == "cold_l2" and "flush_l2" in known)}
+
+
+def inherit_measure(measure: MeasureOptions, previous: ResultsFile) -> MeasureOptions:
+    """`measure` with each option left at its default taken from the earlier run instead (`flush_l2` through
+    `cold_l2`, which says the same)."""
+    recorded = recorded_measure(previous)
     defaults = MeasureOptions()
     given = measure.model_dump()
     inherited = {
-        name: recorded[name] for name, value in given.items() if value == getattr(defaults, name) and name in recorded
+        name: recorded[name]
+        for name, value in given.items()
+        if value == getattr(defaults, name) and name in recorded and name != "flush_l2"
     }
     return MeasureOptions(**(given | inherited)) if inherited else measure
 
@@ -106,7 +125,7 @@ def check_resumable(previous: ResultsFile, config: Config, measure: MeasureOptio
         f"{name} {recorded.get(name)} (now {now[name]})" for name in CONFIG_MEANING if recorded.get(name) != now[name]
     ]
     if previous.header.measure is not None:
-        was_measure = previous.header.measure
+        was_measure = recorded_measure(previous)
         differences += [
             f"{name} {was_measure.get(name)} (now {getattr(measure, name)})"
             for name in MEASURE_MEANING

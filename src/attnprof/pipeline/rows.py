@@ -69,6 +69,9 @@ def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> di
         "attention_gpu_pct": _r3(ledger.gpu_time_pct) if ledger else None,
         "attention_overhead_us": _r3(ledger.overhead_us) if on_device and ledger else None,
         "kernel_gbps": ledger.achieved_gbps if on_device and ledger else None,
+        "kernel_pct_of_read_bandwidth": _r3(record.attention.pct_of_read_bandwidth)
+        if on_device and record.attention
+        else None,
         "comm_kernels_per_forward": comm.kernels_per_forward if comm else None,
         "comm_time_us": _r3(comm.comm_time_us) if comm else None,
         "comm_overlap_pct": _r3(comm.overlap_pct) if comm else None,
@@ -94,6 +97,9 @@ def _timing_fields(result: CellResult) -> dict[str, Any]:
         "unstable": timing.unstable,
         "cpu_contention": timing.cpu_contention,
         "timing_method": timing.method,
+        "cuda_graph": timing.cuda_graph,
+        "l2_state": timing.l2_state,
+        "l2_bytes": timing.l2_bytes,
         "latency_p25_us": timing.p25_us,
         "latency_p75_us": timing.p75_us,
         "latency_min_us": timing.min_us,
@@ -196,6 +202,7 @@ def cell_row(result: CellResult) -> Row:
         gpu=where.gpu if where else None,
         grad_rel_error=dict(grads.rel_errors) if grads is not None else None,
         mask_alternatives=list(result.mask_alternatives),
+        working_set_bytes=result.working_set_bytes,
         **_shared_fields(result),
     )
     attach_references([row])  # the row alone; the run's rows together once gathered (pipeline.sharded)

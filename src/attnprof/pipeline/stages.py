@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -145,17 +145,19 @@ def measure_step(
     whole: Callable[[], Any] | None = None,
     prepare: Callable[[], Any] | None = None,
     agree: Callable[[int], int] | None = None,
+    copies: Sequence[Callable[[], Any]] = (),
 ) -> None:
     """Timing (or, with `--no-timing`, a warm-up), the profiled loop, `check(output)`, then peak memory of
     `whole` (default: `call`) when timed. `stage` names the step in a failure, `check_stage` the check;
     `prepare` runs untimed before each call; `agree` makes the ranks of a collective cell take the same
-    number of calls (`pipeline.cell.run_cell`)."""
+    number of calls (`pipeline.cell.run_cell`); `copies`: the step over other copies of its inputs, which
+    the timing cycles through (`--cold-l2 rotate`)."""
     from attnprof.profiling import memory
     from attnprof.profiling.profiler import profile_forward
 
     device = result.subject.device
     if measure.timing:
-        _time(call, variant, options, result, stage, prepare, agree)
+        _time(call, variant, options, result, stage, prepare, agree, copies)
     else:
         with phase(result, "warmup"), guard(stage, variant):
             _warm_up(call, device, prepare)
@@ -198,8 +200,10 @@ def _time(
     stage: str = "forward",
     prepare: Any = None,
     agree: Callable[[int], int] | None = None,
+    copies: Sequence[Callable[[], Any]] = (),
 ) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
+    A CUDA graph is checked to hold the step on the first sample only (a re-time captures the same step).
     An unstable sample whose median drifted (`timing.worth_retiming`; on any rank, with `agree`) is taken
     again, up to RETIMES times, in the phase `retiming`; the last one is kept with its own
     `timing_window` (the SM clock is read over it) and the first sample's `cold_ms` (only the first
@@ -210,13 +214,16 @@ def _time(
     while True:
         started = time.time()
         with phase(result, "retiming" if result.retimed else "timing"), guard(stage, variant):
-            sample = timing.time_forward(forward, result.subject.device, options, prepare=prepare, agree=agree)
+            sample = timing.time_forward(
+                forward, result.subject.device, options, prepare=prepare, agree=agree, copies=copies
+            )
         result.timing_window = (started, time.time())
         first = first or sample
         result.timing = sample if sample is first else replace(sample, cold_ms=first.cold_ms)
         again = timing.worth_retiming(sample)
         if agree is not None:
             again = bool(agree(int(again)))
+        options = replace(options, check_graph=False)
         if not again or result.retimed >= RETIMES:
             note = timing.retime_note(first, result.timing, retimed=result.retimed > 0)
             if note:

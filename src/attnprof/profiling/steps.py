@@ -52,7 +52,9 @@ class Step:
     """A cell's step: `call` is timed and profiled; `whole` runs one forward and backward (what peak
     memory measures in the backward modes); `inputs` are q, k, v and `grad_out` the output gradient
     (None in `fwd`); `prepare`, when set, must run untimed before each `call` (see the module
-    docstring)."""
+    docstring). `input_bytes`: what its inputs occupy (q, k, v, grad_out, and what the variant's
+    `prepare_inputs` allocated on a GPU: a paged pool); `replica` (set by `cell_step`) builds the same step
+    over a fresh copy of the inputs, for `--cold-l2 rotate`."""
 
     mode: str
     call: Callable[[], Any]
@@ -60,6 +62,8 @@ class Step:
     inputs: tuple[Any, Any, Any]
     grad_out: Any = None
     prepare: Callable[[], Any] | None = None
+    input_bytes: int = 0
+    replica: Callable[[], Step] | None = None
 
 
 @contextlib.contextmanager
@@ -178,20 +182,47 @@ def cell_step(
 
     with stage("input creation"):
         q, k, v = make_inputs(spec, seed, variant.layout)
-    state = None
+    set_up = None
     if variant.setup is not None:
         with stage("setup"):
-            state = variant.setup(spec)
+            set_up = variant.setup(spec)
     if after_setup is not None:
-        after_setup(state)
-    if variant.prepare_inputs is not None:  # its own layout of k and v (a paged pool), built untimed
-        with stage("input preparation"), torch.no_grad():
-            state = variant.prepare_inputs(spec, state, q, k, v, seed)
+        after_setup(set_up)
 
-    def forward(q: Any, k: Any, v: Any) -> Any:
-        return variant.forward(q, k, v, spec.causal, state)
+    def prepared(q: Any, k: Any, v: Any) -> tuple[Any, int]:
+        """The variant's state for these inputs, and the bytes its `prepare_inputs` allocated (GPU only)."""
+        if variant.prepare_inputs is None:
+            return set_up, 0
+        before = _allocated(q.device)
+        with stage("input preparation"), torch.no_grad():  # its own layout of k and v (a paged pool), untimed
+            state = variant.prepare_inputs(spec, set_up, q, k, v, seed)
+        return state, _allocated(q.device) - before
+
+    def step_over(q: Any, k: Any, v: Any) -> Step:
+        state, extra = prepared(q, k, v)
+
+        def forward(q: Any, k: Any, v: Any) -> Any:
+            return variant.forward(q, k, v, spec.causal, state)
+
+        with stage("forward"):
+            built = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward)
+        tensors = [*built.inputs, *([built.grad_out] if built.grad_out is not None else [])]
+        built.input_bytes = sum(t.numel() * t.element_size() for t in tensors) + extra
+        return built
+
+    def replica() -> Step:
+        with stage("input copy"):
+            copy = make_inputs(spec, seed, variant.layout)
+        return step_over(*copy)
 
     with torch.no_grad(), graph_retention(spec.mode):
-        with stage("forward"):
-            step = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward)
+        step = step_over(q, k, v)
+        step.replica = replica
         yield step
+
+
+def _allocated(device: Any) -> int:
+    """Bytes torch has allocated on a GPU `device` (0 on a CPU)."""
+    import torch
+
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0

@@ -10,16 +10,23 @@ How a sample is taken:
   estimate), clamped to [min_reps, max_reps], so tiny and huge shapes both get a sound sample.
 * CUDA: a pair of CUDA events around each call, calls issued back to back, one synchronize at
   the end. Eager event times include any launch gap the CPU leaves (users pay that too);
-  `cuda_graph=True` replays a captured graph instead, and falls back to eager, saying so in
-  `method`, when the variant cannot be captured. One graph holds k back-to-back forwards,
-  with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
+  `cuda_graph=True` replays a captured graph instead (for a cell, `--cuda-graph` decides, by default
+  for decode: `cuda_graphs.graph_choice`, its reason in `graph_note`), and falls back to eager, saying
+  so in `method`, when the variant cannot be captured. A graph that was captured is checked once
+  (`check_graph`): one replay must launch the kernels, memsets and memcpys of the eager step, times
+  the forwards it holds (`profiling.graph_check`); else the cell fails with the reason. One graph
+  holds k back-to-back forwards, with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
   `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k. That spreads the graph's
   own launch over k forwards instead of adding it to each (on an H200 a one-forward replay
   of a ~1 µs kernel measures about 17 µs between its events), and the spread is then that of
   k-forward averages. `flush_l2=True` zeroes a buffer of at
   least 256 MiB (twice the L2, if larger) before each call, outside the events, as triton's
   do_bench; with a graph as well, each graph holds one forward so that every forward
-  starts on a flushed L2 (and its time includes the graph launch).
+  starts on a flushed L2 (and its time includes the graph launch). `rotate=True` (`--cold-l2 rotate`)
+  instead gives each call the next of c copies of the step's inputs (`copies`: the step over each other
+  copy), c chosen by the caller so that they exceed 5x the L2: eager samples cycle through them, and a
+  graph holds a multiple of c forwards, forward j over copy j mod c (`cuda_graphs`). `l2_state` says
+  which: warm, flushed or rotated.
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
 * `agree`: processes that run one forward together (a collective variant under torchrun) must call it
   the same number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on
@@ -48,12 +55,21 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
 from attnprof.profiling.contention import CpuShare
-from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
+from attnprof.profiling.cuda_graphs import (
+    event_samples,
+    event_time_s,
+    graph_choice,
+    graphed,
+    l2_cache_bytes,
+    recover_from_failed_capture,
+    rotation_note,
+)
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
 
 if TYPE_CHECKING:
     from attnprof.config import MeasureOptions
+    from attnprof.registry import RunSpec
 
 UNSTABLE_IQR_RATIO = 0.10
 RETIME_DRIFT = 0.05
@@ -79,6 +95,8 @@ class Timing:
     forwards_per_sample: int = 1
     drift: float = 0.0
     cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
+    l2_state: str | None = None  # "warm", "flushed" or "rotated" (CUDA); None on a CPU
+    l2_bytes: int | None = None  # the GPU's L2 cache size; None on a CPU or when the device does not say
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
@@ -152,6 +170,8 @@ def summarize(
     forwards_per_sample: int = 1,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     cpu_contention: float | None = None,
+    l2_state: str | None = None,
+    l2_bytes: int | None = None,
 ) -> Timing:
     """Build a Timing from per-forward seconds (each sample may average several forwards), in call order."""
     us = [s * 1e6 for s in samples_s]
@@ -172,6 +192,8 @@ def summarize(
         forwards_per_sample=forwards_per_sample,
         drift=halves_drift(us),
         cpu_contention=cpu_contention,
+        l2_state=l2_state,
+        l2_bytes=l2_bytes,
     )
 
 
@@ -179,9 +201,10 @@ def summarize(
 class TimingOptions:
     """How a forward is timed (the module docstring): at least `min_time_s` of timed calls, between
     `min_reps` and `max_reps` of them, after a warm-up that settles over its last `warmup_reps` calls (no
-    sooner than `warmup_min_s`, no later than `warmup_s`); CUDA graphs and the L2 flush on request; a
-    sample is unstable above `unstable_threshold` (IQR / median). Built once from the command's settings
-    (`from_measure`, or a model config's `timing`) and passed down."""
+    sooner than `warmup_min_s`, no later than `warmup_s`); CUDA graphs (`graph_note`: why, or why not, in a
+    few words; `check_graph`: count the graph's device work against the eager step's), the L2 flush or
+    rotating input copies on request; a sample is unstable above `unstable_threshold` (IQR / median). Built
+    once per cell from the command's settings (`from_measure`, or a model config's `timing`) and passed down."""
 
     min_time_s: float = 0.25
     min_reps: int = 10
@@ -192,11 +215,22 @@ class TimingOptions:
     cuda_graph: bool = False
     flush_l2: bool = False
     unstable_threshold: float = UNSTABLE_IQR_RATIO
+    graph_note: str = ""
+    check_graph: bool = True
+    rotate: bool = False
 
     @classmethod
-    def from_measure(cls, measure: MeasureOptions) -> TimingOptions:
-        """The options of a cell: the measurement flags of `run`, `compare` and `sweep`."""
-        return cls(min_time_s=measure.min_time_s, cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
+    def from_measure(cls, measure: MeasureOptions, spec: RunSpec) -> TimingOptions:
+        """The options of a cell at `spec`: the measurement flags of `run`, `compare` and `sweep`, with
+        `--cuda-graph` resolved for it (`cuda_graphs.graph_choice`)."""
+        graph, note = graph_choice(measure.cuda_graph, spec.mode, spec.n_queries, spec.device)
+        return cls(
+            min_time_s=measure.min_time_s,
+            cuda_graph=graph,
+            graph_note=note,
+            flush_l2=measure.cold_l2 == "flush",
+            rotate=measure.cold_l2 == "rotate",
+        )
 
     def rep_note(self, reps: int) -> str:
         """How the repetitions were chosen, for `Timing.method`."""
@@ -206,13 +240,28 @@ class TimingOptions:
 @dataclass(frozen=True)
 class _Step:
     """What one timing times: `fn`, with `setup` before each call (`prepared` when the caller gave one),
-    read by `clock`, with the call counts agreed by `agree` (see `time_forward`)."""
+    read by `clock`, with the call counts agreed by `agree` (see `time_forward`); `calls`: `fn` and the step
+    over each other copy of its inputs (rotation; `fn` alone without)."""
 
     fn: Callable[[], Any]
     setup: Callable[[], Any]
     prepared: bool
     clock: Callable[[], float]
     agree: Callable[[int], int] | None
+    calls: tuple[Callable[[], Any], ...]
+
+    def cycling(self) -> Callable[[], Any]:
+        """A call that runs the step over the next copy of its inputs each time (`fn` without copies)."""
+        if len(self.calls) == 1:
+            return self.fn
+        turn = [0]
+
+        def next_copy() -> Any:
+            call = self.calls[turn[0] % len(self.calls)]
+            turn[0] += 1
+            return call()
+
+        return next_copy
 
 
 def time_forward(
@@ -223,17 +272,21 @@ def time_forward(
     clock: Callable[[], float] | None = None,
     prepare: Callable[[], Any] | None = None,
     agree: Callable[[int], int] | None = None,
+    copies: Sequence[Callable[[], Any]] = (),
 ) -> Timing:
     """Time `fn()` (one forward, no arguments) on `device` with `options`, as the module docstring describes.
 
     `prepare`, when given, runs before every call of `fn` (cold, warm-up and timed), outside the clock
     and the CUDA events; a step with one cannot be captured in a CUDA graph, so it is timed eagerly.
-    `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
-    Out-of-memory anywhere inside raises VariantFailure("out of memory: ...").
+    `copies`: with `options.rotate`, the step over each other copy of its inputs (none: one copy holds more
+    than the rotation needs). `clock` replaces `time.perf_counter` (CPU call times and all wall budgets), for tests.
+    Out-of-memory anywhere inside raises VariantFailure("out of memory: ..."); a graph that does not hold the
+    step (`options.check_graph`) VariantFailure with the reason.
     """
     import torch
 
-    step = _Step(fn, prepare or _nothing, prepare is not None, clock or time.perf_counter, agree)
+    calls = (fn, *copies) if options.rotate else (fn,)
+    step = _Step(fn, prepare or _nothing, prepare is not None, clock or time.perf_counter, agree, calls)
     dev = torch.device(device)
     with oom_guard():
         if dev.type == "cuda":
@@ -296,6 +349,8 @@ def _time_cpu(step: _Step, options: TimingOptions) -> Timing:
         notes.append("cuda-graph n/a on CPU")
     if options.flush_l2:
         notes.append("flush-l2 n/a on CPU")
+    if options.rotate:
+        notes.append("cold-l2 rotate n/a on CPU")
     return summarize(
         samples,
         reps=reps,
@@ -317,30 +372,35 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     step.fn()
     torch.cuda.synchronize(dev)
     cold = step.clock() - t0
+    cycled = step.cycling()
 
     def warm_call() -> float:
         step.setup()
-        return event_time_s(step.fn)
+        return event_time_s(cycled)
 
     warm, settled = _warm_up(warm_call, step, options)
     warm_n = len(warm)
-    launch, per_sample, graph_warm, notes = _launcher(step, dev, options)
+    launch, per_sample, graph_warm, notes = _launcher(step, cycled, dev, options)
     reps = _reps(graph_warm or warm, step, options)
-    samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    samples = event_samples(launch, step.setup, dev, reps, options.flush_l2)
     contention = share.others()
-    graph_used = launch is not step.fn
+    graph_used = launch is not cycled
+    why = f" ({options.graph_note})" if options.graph_note else ""
     if graph_used:
         head = (
             f"cuda-graph replay of {per_sample} back-to-back forward{'s' if per_sample > 1 else ''}, "
-            f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "")
+            f"CUDA events per replay" + (f", divided by {per_sample}" if per_sample > 1 else "") + why
         )
-    elif step.prepared:
-        head = "CUDA events per call, eager, each after an untimed forward"
     else:
-        head = "CUDA events per call, eager, back to back"
+        eager = "eager" + ("" if options.cuda_graph else why)
+        tail = "each after an untimed forward" if step.prepared else "back to back"
+        head = f"CUDA events per call, {eager}, {tail}"
     notes = [head, options.rep_note(reps), _warm_note(warm_n, settled)] + notes
     if options.flush_l2:
         notes.append("L2 flushed before each call (outside the events)")
+    l2_bytes = l2_cache_bytes(dev)
+    if options.rotate:
+        notes.append(rotation_note(len(step.calls), l2_bytes))
     return summarize(
         [sample / per_sample for sample in samples],
         reps=reps,
@@ -352,45 +412,32 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         forwards_per_sample=per_sample,
         unstable_threshold=options.unstable_threshold,
         cpu_contention=contention,
+        l2_state="rotated" if options.rotate else "flushed" if options.flush_l2 else "warm",
+        l2_bytes=l2_bytes,
     )
 
 
-def _launcher(step: _Step, dev: Any, options: TimingOptions) -> tuple[Callable[[], Any], int, list[float], list[str]]:
+def _launcher(
+    step: _Step, cycled: Callable[[], Any], dev: Any, options: TimingOptions
+) -> tuple[Callable[[], Any], int, list[float], list[str]]:
     """What each timed sample launches: a captured graph's replay when `options.cuda_graph` and the step
-    allows one, else the step itself. Returns it, the forwards per sample, the graph's own warm-up call
-    times (empty without a graph) and notes on why no graph was used."""
+    allows one (checked to hold the step, `options.check_graph`), else `cycled`, the step cycling through its
+    input copies. Returns it, the forwards per sample, the graph's own warm-up call times (empty without a
+    graph) and notes on why no graph was used."""
     if not options.cuda_graph:
-        return step.fn, 1, [], []
+        return cycled, 1, [], []
     if step.prepared:
-        return step.fn, 1, [], ["cuda-graph n/a: an untimed forward precedes each backward"]
+        return cycled, 1, [], ["cuda-graph n/a: an untimed forward precedes each backward"]
     if step.agree is not None:
-        return step.fn, 1, [], ["cuda-graph not used: every rank runs this forward together"]
+        return cycled, 1, [], ["cuda-graph not used: every rank runs this forward together"]
     try:
-        graph, per_sample, warm = graphed(step.fn, options.warmup_reps, single=options.flush_l2)
+        graph, per_sample, warm = graphed(step.calls, options.warmup_reps, single=options.flush_l2)
     except Exception as exc:  # capture is best effort: fall back to eager and say why
         recover_from_failed_capture(dev)
-        return step.fn, 1, [], [f"cuda-graph capture failed ({one_line(exc, limit=160)}), fell back to eager"]
+        why = f" ({options.graph_note})" if options.graph_note else ""
+        return cycled, 1, [], [f"cuda-graph{why} capture failed ({one_line(exc, limit=160)}), fell back to eager"]
+    if options.check_graph:
+        from attnprof.profiling.graph_check import check_graph
+
+        check_graph(step.fn, graph.replay, per_sample)
     return graph.replay, per_sample, warm, []
-
-
-def _event_samples(
-    launch: Callable[[], Any], setup: Callable[[], Any], dev: Any, reps: int, flush_l2: bool
-) -> list[float]:
-    """`reps` launches back to back, each between a pair of CUDA events (after `setup`, and the L2 flush
-    outside the events), one synchronize at the end; the seconds of each."""
-    import torch
-
-    cache = flush_buffer(dev) if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda.synchronize(dev)
-    for i in range(reps):
-        setup()
-        if cache is not None:
-            cache.zero_()
-        starts[i].record()
-        launch()
-        ends[i].record()
-    torch.cuda.synchronize(dev)
-    del cache
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]

@@ -104,10 +104,68 @@ def error_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1e}"
 
 
+#: The mark of a figure by kernel time where the table's column is by latency (`by_kernel_time`).
+KERNEL_MARK = " [k]"
+KERNEL_LEGEND = (
+    "[k]: by the attention kernels' device time in the trace (kernel GB/s, its % of the read bandwidth, "
+    "% of peak by kernel time), not by the latency: the row is timed by CUDA-graph replay, as a serving "
+    "engine runs decode, or is host-bound (cpu-bound), its latency the host's launch time"
+)
+
+
+def by_kernel_time(row: Row) -> bool:
+    """True when a row's throughput figures are read by kernel time (marked `[k]`): it was timed by CUDA-graph
+    replay, or it is host-bound (its `cpu-bound` finding stands as a problem: the judge makes it info when the
+    latency timed without the profiler shows the GPU setting the pace)."""
+    host_bound = row.finding("cpu-bound")
+    return bool(row.cuda_graph) or (host_bound is not None and host_bound.severity == "problem")
+
+
+def _gbps_pct(gbps: float | None, pct: float | None) -> str:
+    return fmt_number(gbps) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+
+
+def latency_bandwidth(row: Row) -> str:
+    """ "4,310 (95.8%)": achieved GB/s by latency and its % of the read bandwidth (n/a without bytes)."""
+    return _gbps_pct(row.achieved_gbps, row.pct_of_read_bandwidth)
+
+
+def kernel_bandwidth(row: Row) -> str:
+    """ "3,622 (80.1%)": GB/s by the attention kernels' time and its % of the read bandwidth (n/a without)."""
+    return _gbps_pct(row.kernel_gbps, row.kernel_pct_of_read_bandwidth)
+
+
 def bandwidth_cell(row: Row) -> str:
-    """ "4,310 (95.8%)": achieved GB/s and its % of the read bandwidth (n/a without bytes)."""
-    pct = row.pct_of_read_bandwidth
-    return fmt_number(row.achieved_gbps) + ("" if pct is None else f" ({fmt_number(pct)}%)")
+    """A table's GB/s (% of read bandwidth) cell: by latency (`latency_bandwidth`), or by kernel time, marked,
+    for a row read so (`by_kernel_time`) that has the kernel figure."""
+    if by_kernel_time(row) and row.kernel_gbps is not None:
+        return kernel_bandwidth(row) + KERNEL_MARK
+    return latency_bandwidth(row)
+
+
+def peak_pct_cell(row: Row) -> str:
+    """The TFLOP/s' % of the measured peak: by latency, or by kernel time, marked, for a row read so."""
+    if by_kernel_time(row) and row.kernel_pct_of_peak is not None:
+        return fmt_number(row.kernel_pct_of_peak) + KERNEL_MARK
+    return fmt_number(row.pct_of_peak)
+
+
+def l2_text(row: Row) -> str:
+    """ "warm; working set 128 MiB = 2.1x the 60 MiB L2": the L2 state each timed call found and the
+    cell's working set against the L2 (n/a on a CPU)."""
+    if row.l2_state is None:
+        return "n/a"
+    if row.l2_bytes is None:
+        return row.l2_state
+    l2 = f"{_mib(row.l2_bytes)} L2"
+    if row.working_set_bytes is None:
+        return f"{row.l2_state}; {l2}"
+    ratio = row.working_set_bytes / row.l2_bytes
+    return f"{row.l2_state}; working set {_mib(row.working_set_bytes)} = {ratio:.2g}x the {l2}"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{fmt_number(nbytes / 2**20)} MiB"
 
 
 def executed_text(row: Row) -> str:
@@ -146,7 +204,7 @@ def _kernel_throughput(row: Row) -> str:
 def _bandwidth_bound(row: Row) -> str:
     """ "4,310 (95.8%), memory": achieved GB/s, its % of the measured read bandwidth and the bound, with the
     note when a best achieved figure raised the reference."""
-    text = bandwidth_cell(row) + f", {row.bound or 'n/a'}"
+    text = latency_bandwidth(row) + f", {row.bound or 'n/a'}"
     return text + (f" ({row.read_bandwidth_note})" if row.read_bandwidth_note else "")
 
 
@@ -179,6 +237,7 @@ def _overhead(ledger: AttentionRecord | None) -> str:
 
 LATENCY = "latency µs ± IQR"
 RUN_BANDWIDTH = "achieved GB/s (% of read bandwidth), bound"
+RUN_KERNEL_BANDWIDTH = "GB/s by kernel time"  # its % of the read bandwidth in brackets, as the line above
 
 METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(
@@ -202,16 +261,16 @@ METRIC_COLUMNS: list[MetricColumn] = [
         lambda r: fmt_number(r.kernel_tflops),
         compare=Place("TFLOP/s (latency)", Column("TFLOP/s (kernels)", drop=4)),
     ),
-    MetricColumn(lambda r: fmt_number(r.pct_of_peak), compare=Place("TFLOP/s (kernels)", Column("% peak", drop=2))),
+    MetricColumn(peak_pct_cell, compare=Place("TFLOP/s (kernels)", Column("% peak", drop=2))),
     # kept to the last when a row is memory-bound (`tables.shape_columns`)
     MetricColumn(bandwidth_cell, compare=Place("% peak", Column(BANDWIDTH_HEADER, drop=1))),
     MetricColumn(
         lambda r: fmt_number(r.kernel_gbps),
         # the first to go: a table it does not fit in is as before
         compare=Place(BANDWIDTH_HEADER, Column("kernel GB/s", drop=-1)),
-        run=Place(RUN_BANDWIDTH, Column("GB/s by kernel time")),
         model=Place("overhead", Column("kernel GB/s", drop=0)),
     ),
+    MetricColumn(kernel_bandwidth, run=Place(RUN_BANDWIDTH, Column(RUN_KERNEL_BANDWIDTH))),
     MetricColumn(executed_text, compare=Place("kernel GB/s", Column("executed/useful FLOPs", drop=0))),
     MetricColumn(
         lambda r: fmt_number(r.peak_memory_mib),
@@ -248,7 +307,8 @@ METRIC_COLUMNS: list[MetricColumn] = [
         lambda r: latency_text(r, say_retimed=True),
         run=Place("backend dispatched", Column("latency (µs, median ± IQR)")),
     ),
-    MetricColumn(_clock, run=Place("timing method", Column("SM clock while timed"))),
+    MetricColumn(l2_text, run=Place("timing method", Column("L2 while timed"))),
+    MetricColumn(_clock, run=Place("L2 while timed", Column("SM clock while timed"))),
     MetricColumn(lambda r: fmt_number(r.cold_ms), run=Place("SM clock while timed", Column("cold first call (ms)"))),
     MetricColumn(
         _throughput,
@@ -261,6 +321,6 @@ METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(_bandwidth_bound, run=Place("TFLOP/s by kernel time (% of peak)", Column(RUN_BANDWIDTH))),
     MetricColumn(
         _flops_text,
-        run=Place("GB/s by kernel time", Column("FLOPs useful, executed by the kernel's tiles")),
+        run=Place(RUN_KERNEL_BANDWIDTH, Column("FLOPs useful, executed by the kernel's tiles")),
     ),
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnprof.report.columns import speedup_text
+from attnprof.report.columns import KERNEL_LEGEND, speedup_text
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html_parts import (
     SPEED_TIMES,
@@ -35,6 +35,7 @@ from attnprof.report.sweep_tables import (
 from attnprof.report.tables import (
     UNRELIABLE,
     compare_groups,
+    kernel_shown,
     reference_legend,
     shape_columns,
     shape_rows,
@@ -197,6 +198,8 @@ def comparison_section(rows: list[Row], baseline: str | None) -> str:
         if any(row.speedup_reliable is False for row in group):
             tables.append(f"<p class='note'>{esc(UNRELIABLE)}</p>")
         tables += [f"<p class='note'>{esc(legend)}</p>" for legend in reference_legend(group)]
+        if kernel_shown(shape_rows(group, full=False)):
+            tables.append(f"<p class='note'>{esc(KERNEL_LEGEND)}</p>")
     if not swept or pivot is None:
         return "\n".join(parts + tables)
     parts.append(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from attnprof.report.columns import BANDWIDTH_HEADER, Cell, placed
+from attnprof.report.columns import BANDWIDTH_HEADER, KERNEL_LEGEND, KERNEL_MARK, Cell, placed
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
@@ -119,6 +119,10 @@ def shape_table(rows: list[Row], fmt: str, width: int | None = None, keep: list[
     for legend in reference_legend(rows):
         notes += wrap(legend, width)
     columns = shape_columns(rows)
+    if width is not None and keep is None:
+        keep = fitted_columns(columns, body, width)
+    if kernel_shown(body, keep):
+        notes += wrap(KERNEL_LEGEND, width)
     return "\n".join([table(columns, body, fmt, width, keep)] + (["", *notes] if notes else []))
 
 
@@ -127,6 +131,12 @@ def reference_legend(rows: list[Row]) -> list[str]:
     achieved figure above the ceiling measured on the device, which every row of that device divides by."""
     notes = [note for row in rows for note in (row.peak_reference_note, row.read_bandwidth_note) if note]
     return list(dict.fromkeys(notes))
+
+
+def kernel_shown(body: list[list[str]], keep: list[int] | None = None) -> bool:
+    """True when a cell of the table's `body` (its columns `keep`, None: all) holds a figure by kernel time,
+    marked: the table then needs `KERNEL_LEGEND`."""
+    return any(cell.endswith(KERNEL_MARK) for line in body for i, cell in enumerate(line) if keep is None or i in keep)
 
 
 def reason_bullets(rows: list[Row], width: int) -> list[str]:

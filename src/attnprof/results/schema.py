@@ -101,6 +101,10 @@ class Row(Record):
     retimed: int | None = None
     cpu_contention: float | None = None
     timing_method: str | None = None
+    cuda_graph: bool | None = None  # the latency is of CUDA-graph replays (timing_method says how many forwards)
+    l2_state: str | None = None  # the L2 each timed call found: "warm", "flushed" or "rotated"; None on a CPU
+    l2_bytes: int | None = None  # the GPU's L2 cache size
+    working_set_bytes: int | None = None  # a CUDA cell's inputs (q, k, v, grad_out, a paged pool), one copy
     # throughput
     flops: float | None = None
     executed_flops: float | None = None
@@ -116,6 +120,7 @@ class Row(Record):
     bytes_moved: float | None = None
     achieved_gbps: float | None = None
     kernel_gbps: float | None = None  # the attention calls' bytes over their device time (the ledger's)
+    kernel_pct_of_read_bandwidth: float | None = None  # kernel_gbps in % of the ledger's read bandwidth
     pct_of_read_bandwidth: float | None = None
     peak_read_gbps: float | None = None  # the read bandwidth measured on the device (the read probe)
     read_reference_gbps: float | None = None  # what pct_of_read_bandwidth divides by (pipeline.references)
@@ -204,11 +209,12 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("forward_kernel_time_us", "backward_kernels", "backward_memcpy", "backward_memset"),
     *("backward_kernel_time_us", "backward_outside_region", "backend", "attention_calls_per_forward"),
     *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
-    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "flops"),
+    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "cuda_graph"),
+    *("l2_state", "l2_bytes", "working_set_bytes", "flops"),
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
     *("pct_of_peak_note", "peak_tflops", "peak_reference_tflops", "peak_reference_note", "bytes_moved"),
-    *("achieved_gbps", "kernel_gbps", "pct_of_read_bandwidth", "peak_read_gbps", "read_reference_gbps"),
-    *("read_bandwidth_note", "bound", "peak_memory_mib"),
+    *("achieved_gbps", "kernel_gbps", "kernel_pct_of_read_bandwidth", "pct_of_read_bandwidth", "peak_read_gbps"),
+    *("read_reference_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
     *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
     *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
     *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
@@ -222,7 +228,7 @@ CELL_COLUMNS: tuple[str, ...] = (
 MODEL_COLUMNS: tuple[str, ...] = (
     *("variant", "implementation", "source", "model", "params", "batch", "shape", "seq", "heads"),
     *("kv_heads", "head_dim", "dtype", "device", "causal", "mask", "score_mod", "mode", "status", "reason"),
-    *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "cpu_contention"),
+    *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "l2_state", "cpu_contention"),
     *("latency_min_us", "speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward"),
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
     *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),
