@@ -20,6 +20,8 @@ How a sample is taken:
   least 256 MiB (twice the L2, if larger) before each call, outside the events, as triton's
   do_bench; with a graph as well, each graph holds one forward so that every forward
   starts on a flushed L2 (and its time includes the graph launch).
+* CUDA, `gpu_health`: NVML samples the GPU (SM clock, power, temperature, throttle reasons) on a background
+  thread from just before the first timed launch to the synchronize after the last (`profiling.gpu_health`).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
 * `agree`: processes that run one forward together (a collective variant under torchrun) must call it
   the same number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from attnprof.errors import one_line
 from attnprof.profiling.contention import CpuShare
 from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
+from attnprof.profiling.gpu_health import GpuHealth, watching
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
 
@@ -79,6 +82,8 @@ class Timing:
     forwards_per_sample: int = 1
     drift: float = 0.0
     cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
+    gpu_health: GpuHealth | None = None  # the GPU over the timed calls (NVML, profiling.gpu_health); None: not sampled
+    gpu_health_note: str | None = None  # why a CUDA timing asked to sample the GPU has no gpu_health (one line)
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
@@ -152,6 +157,8 @@ def summarize(
     forwards_per_sample: int = 1,
     unstable_threshold: float = UNSTABLE_IQR_RATIO,
     cpu_contention: float | None = None,
+    gpu_health: GpuHealth | None = None,
+    gpu_health_note: str | None = None,
 ) -> Timing:
     """Build a Timing from per-forward seconds (each sample may average several forwards), in call order."""
     us = [s * 1e6 for s in samples_s]
@@ -172,6 +179,8 @@ def summarize(
         forwards_per_sample=forwards_per_sample,
         drift=halves_drift(us),
         cpu_contention=cpu_contention,
+        gpu_health=gpu_health,
+        gpu_health_note=gpu_health_note,
     )
 
 
@@ -180,8 +189,9 @@ class TimingOptions:
     """How a forward is timed (the module docstring): at least `min_time_s` of timed calls, between
     `min_reps` and `max_reps` of them, after a warm-up that settles over its last `warmup_reps` calls (no
     sooner than `warmup_min_s`, no later than `warmup_s`); CUDA graphs and the L2 flush on request; a
-    sample is unstable above `unstable_threshold` (IQR / median). Built once from the command's settings
-    (`from_measure`, or a model config's `timing`) and passed down."""
+    sample is unstable above `unstable_threshold` (IQR / median); with `gpu_health`, on CUDA, the GPU's clock,
+    power, temperature and throttle reasons are sampled through NVML over the timed calls. Built once from
+    the command's settings (`from_measure`, or a model config's `timing`) and passed down."""
 
     min_time_s: float = 0.25
     min_reps: int = 10
@@ -192,11 +202,17 @@ class TimingOptions:
     cuda_graph: bool = False
     flush_l2: bool = False
     unstable_threshold: float = UNSTABLE_IQR_RATIO
+    gpu_health: bool = False
 
     @classmethod
     def from_measure(cls, measure: MeasureOptions) -> TimingOptions:
         """The options of a cell: the measurement flags of `run`, `compare` and `sweep`."""
-        return cls(min_time_s=measure.min_time_s, cuda_graph=measure.cuda_graph, flush_l2=measure.flush_l2)
+        return cls(
+            min_time_s=measure.min_time_s,
+            cuda_graph=measure.cuda_graph,
+            flush_l2=measure.flush_l2,
+            gpu_health=measure.clocks,
+        )
 
     def rep_note(self, reps: int) -> str:
         """How the repetitions were chosen, for `Timing.method`."""
@@ -326,7 +342,9 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     warm_n = len(warm)
     launch, per_sample, graph_warm, notes = _launcher(step, dev, options)
     reps = _reps(graph_warm or warm, step, options)
-    samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    with watching(index if options.gpu_health else None) as watch:
+        samples = _event_samples(launch, step.setup, dev, reps, options.flush_l2)
     contention = share.others()
     graph_used = launch is not step.fn
     if graph_used:
@@ -352,6 +370,8 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         forwards_per_sample=per_sample,
         unstable_threshold=options.unstable_threshold,
         cpu_contention=contention,
+        gpu_health=watch.health,
+        gpu_health_note=watch.note,
     )
 
 
