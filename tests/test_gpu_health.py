@@ -337,3 +337,9 @@ def test_a_throttled_compare_lists_the_finding_and_fills_the_csv(cli, write_conf
     assert "throttled" in [f["id"] for f in row["findings"]] and row["timed_clock_limits"] == "sw_power_cap"
     [line] = list(csv.DictReader((folder / "results.csv").open()))
     assert line["timed_power_pct"] == "100.0" and line["nvml_samples"] == str(row["nvml_samples"])
+    from attnprof.report.html import report_html
+    from attnprof.results.files import load_results
+
+    page = report_html(load_results(folder / "results.json"), tmp_path / "report.html", [], [])
+    assert "id='finding-throttled'" in page or 'id="finding-throttled"' in page
+    assert "SW power cap throttled 100% of samples" in page

@@ -10,7 +10,7 @@ driver's clock-event reasons (`nvmlDeviceGetCurrentClocksEventReasons`, called
 and the enforced power limit are read once per window.
 
 The reference clock is the applications clock: the clock the driver runs kernels at when nothing holds it
-down (on an H100 or H200 the top boost clock, 1,980 MHz). The maximum clock is not: a GPU with auto boost
+down (`nvidia-smi -q -d CLOCK`: Applications Clocks). The maximum clock is not: a GPU with auto boost
 (a GeForce, a T4) sits between the two in normal operation, so a clock below its maximum says nothing.
 Where the GPU has no applications clock, NVML says so and the reference stays None.
 
