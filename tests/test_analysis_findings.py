@@ -37,7 +37,7 @@ def test_ids_are_the_documented_contract():
                            "occupancy-unreported", "cpu-bound", "metadata-transposes", "comm-exposed", "bwd-dot-do-o",
                            "bwd-dq-convert", "bwd-memsets", "grad-accumulation", "host-sync",
                            "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound",
-                           "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated")
+                           "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated", "throttled")
 
 
 def test_a_clean_forward_has_no_findings():

@@ -106,7 +106,7 @@ class CellProgress:
     ) -> None:
         self.progress, self.task, self.terminal, self.time_left = progress, task, terminal, time_left
         self.index, self.started, self.left, self.prefix = 0, 0.0, "", prefix
-        self.counter_notes: set[str] = set()  # --ncu: the reasons already said
+        self.said: set[str] = set()  # the notes said once (`say_once`)
 
     def on_start(self, index: int, total: int, variant: Variant, spec: RunSpec) -> None:
         """A cell begins."""
@@ -139,14 +139,27 @@ class CellProgress:
         if not result.ok:
             self.say(f"{self.prefix}  {result.variant} @ {result.spec.cell_label}: {result.status}: {result.reason}")
         self.counters_note(result.ncu_note)
+        self.health_note(result.gpu_health_note)
         if STATE.debug:
             note_captured(result, self.say)
 
     def counters_note(self, reason: str | None) -> None:
         """Say once per distinct reason why a row has no counters (--ncu)."""
-        if reason and reason not in self.counter_notes:
-            self.counter_notes.add(reason)
-            self.say(f"{self.prefix}--ncu: no counters: {reason}")
+        if reason:
+            self.say_once(f"{self.prefix}--ncu: no counters: {reason}")
+
+    def health_note(self, reason: str | None) -> None:
+        """Say once per distinct reason why the GPU was not sampled through NVML while a row was timed."""
+        if reason:
+            self.say_once(
+                f"{self.prefix}no GPU clock, power, temperature or throttle samples over the timed calls: {reason}"
+            )
+
+    def say_once(self, text: str) -> None:
+        """`say` the text unless it was said already."""
+        if text not in self.said:
+            self.said.add(text)
+            self.say(text)
 
     def say(self, text: str) -> None:
         """A note on stderr while the cells run: above the bar on a terminal (never on its line)."""

@@ -195,6 +195,7 @@ def _run(
             if not result.ok:
                 c.note(f"  {result.label}: {result.status}: {result.reason}")
             shown.counters_note(result.ncu_note)
+            shown.health_note(result.gpu_health_note)
             if c.STATE.debug:
                 for line in result.native_stderr + result.warnings:
                     c.note(f"  {result.label}: {line}")

@@ -101,7 +101,9 @@ MEASURE_OPTIONS: dict[str, Any] = {
     "clocks": Annotated[
         bool,
         typer.Option(
-            "--clocks/--no-clocks", help="Sample the GPU's SM clock with nvidia-smi while timing (CUDA only)."
+            "--clocks/--no-clocks",
+            help="Sample the GPU while timing (CUDA only): the SM clock with nvidia-smi, and clock, power, "
+            "temperature and throttle reasons over the timed calls with NVML (the nvml extra).",
         ),
     ],
     "record_shapes": Annotated[

@@ -162,7 +162,7 @@ def time_alternative(variant: Variant, spec: RunSpec, config: Config, measure: M
     from attnprof.profiling.timing import TimingOptions, time_forward
 
     options = TimingOptions.from_measure(measure, spec)
-    options = replace(options, min_time_s=min(options.min_time_s, SHORT_S))
+    options = replace(options, min_time_s=min(options.min_time_s, SHORT_S), gpu_health=False)
     if options.rotate:
         options = replace(options, rotate=False, flush_l2=True)
     with guard("the dense mask's alternative", variant):

@@ -164,6 +164,11 @@ class CellResult:
         return judge(self.verdict())
 
     @property
+    def gpu_health_note(self) -> str | None:
+        """Why a CUDA timing that was to sample the GPU through NVML has no samples (one line); None otherwise."""
+        return self.timing.gpu_health_note if self.timing is not None else None
+
+    @property
     def passed(self) -> bool | None:
         """Whether the output (and, in the backward modes, the gradients) matched float64; None unchecked."""
         checks = [c for c in (self.check, self.grad_check) if c is not None]
@@ -189,7 +194,8 @@ def row_verdict(
     alternatives: list[MaskAlternative] | None = None,
 ) -> Verdict:
     """What the judge reads of a row: its trace's findings and kernels, its latency timed without the
-    profiler against the device time per instance under it, and its counters (`Counted.of`)."""
+    profiler against the device time per instance under it, its counters (`Counted.of`) and the GPU's health
+    over its timed calls (NVML)."""
     from attnprof.analysis.findings import Counted, Verdict
 
     analysis = result.analysis
@@ -203,6 +209,7 @@ def row_verdict(
         unit=unit,
         alternatives=alternatives or [],
         counters=Counted.of(result.counters, kernels) if result.counters is not None else None,
+        gpu_health=result.timing.gpu_health if result.timing is not None else None,
     )
 
 

@@ -98,7 +98,7 @@ def _measure(
         variant=variant,
         stage="training step" if spec.mode == "fwd+bwd" else "forward",
         check_stage="logits check",
-        options=TimingOptions(**config.timing.model_dump(), flush_l2=measure.flush_l2),
+        options=TimingOptions(**config.timing.model_dump(), flush_l2=measure.flush_l2, gpu_health=measure.clocks),
         measure=measure,
         schedule=config.schedule,
         region=config.region,

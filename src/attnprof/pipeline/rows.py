@@ -109,6 +109,23 @@ def _timing_fields(result: CellResult) -> dict[str, Any]:
     }
 
 
+def _health_fields(result: CellResult) -> dict[str, Any]:
+    """The GPU over the timed calls (NVML); none when it was not sampled."""
+    health = result.timing.gpu_health if result.timing is not None else None
+    if health is None:
+        return {}
+    return {
+        "timed_sm_clock_mhz": health.sm_clock_mhz,
+        "timed_sm_clock_min_mhz": health.sm_clock_min_mhz,
+        "sm_clock_application_mhz": health.application_clock_mhz,
+        "timed_power_pct": _r3(health.power_pct),
+        "timed_power_max_pct": _r3(health.power_max_pct),
+        "timed_temperature_max_c": health.temperature_max_c,
+        "timed_clock_limits": health.limits_text,
+        "nvml_samples": health.samples,
+    }
+
+
 def _shared_fields(result: CellResult) -> dict[str, Any]:
     """What a cell's row and a model's row both take the same way; its findings are the judge's."""
     from attnprof.analysis.findings import judge
@@ -143,6 +160,7 @@ def _shared_fields(result: CellResult) -> dict[str, Any]:
         "notes": list(result.analysis.notes) if result.analysis is not None else [],
         "warnings": list(result.warnings),
         **_timing_fields(result),
+        **_health_fields(result),
         **_trace_fields(result.analysis, record),
     }
 

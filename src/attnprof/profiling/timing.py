@@ -8,41 +8,35 @@ How a sample is taken:
   their median (and at least `warmup_min_s` has passed), or until `warmup_s` runs out.
 * repetitions: the warm-up's last call times estimate one call; reps = ceil(min_time_s /
   estimate), clamped to [min_reps, max_reps], so tiny and huge shapes both get a sound sample.
-* CUDA: a pair of CUDA events around each call, calls issued back to back, one synchronize at
-  the end. Eager event times include any launch gap the CPU leaves (users pay that too);
-  `cuda_graph=True` replays a captured graph instead (for a cell, `--cuda-graph` decides, by default
-  for decode: `cuda_graphs.graph_choice`, its reason in `graph_note`), and falls back to eager, saying
-  so in `method`, when the variant cannot be captured. A graph that was captured is checked once
-  (`check_graph`): one replay must launch the kernels, memsets and memcpys of the eager step, times
-  the forwards it holds (`profiling.graph_check`); else the cell fails with the reason. One graph
-  holds k back-to-back forwards, with k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at most
-  `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k. That spreads the graph's
-  own launch over k forwards instead of adding it to each (on an H200 a one-forward replay
-  of a ~1 µs kernel measures about 17 µs between its events), and the spread is then that of
-  k-forward averages. `flush_l2=True` zeroes a buffer of at
-  least 256 MiB (twice the L2, if larger) before each call, outside the events, as triton's
-  do_bench; with a graph as well, each graph holds one forward so that every forward
-  starts on a flushed L2 (and its time includes the graph launch). `rotate=True` (`--cold-l2 rotate`)
-  instead gives each call the next of c copies of the step's inputs (`copies`: the step over each other
-  copy), c chosen by the caller so that they exceed 5x the L2: eager samples cycle through them, and a
-  graph holds a multiple of c forwards, forward j over copy j mod c (`cuda_graphs`). `l2_state` says
-  which: warm, flushed or rotated.
+* CUDA: a pair of CUDA events around each call, calls issued back to back, one synchronize at the end. Eager
+  event times include any launch gap the CPU leaves (users pay that too); `cuda_graph=True` replays a captured
+  graph instead (for a cell, `--cuda-graph` decides, by default for decode: `cuda_graphs.graph_choice`, its
+  reason in `graph_note`), and falls back to eager, saying so in `method`, when the variant cannot be captured.
+  A captured graph is checked once (`check_graph`): one replay must launch the eager step's kernels, memsets
+  and memcpys times the forwards it holds (`profiling.graph_check`), else the cell fails with the reason. One
+  graph holds k back-to-back forwards, k chosen so that a replay holds about `GRAPH_TARGET_US` of GPU work (at
+  most `GRAPH_MAX_FORWARDS`); a sample is one replay's time divided by k, which spreads the graph's own launch
+  over k forwards (on an H200 a one-forward replay of a ~1 µs kernel measures about 17 µs between its events).
+  `flush_l2=True` zeroes a buffer of at least 256 MiB (twice the L2, if larger) before each call, outside the
+  events, as triton's do_bench; with a graph, each graph then holds one forward (its time includes the graph
+  launch). `rotate=True` (`--cold-l2 rotate`) instead gives each call the next of c copies of the step's
+  inputs (c chosen by the caller so that they exceed 5x the L2): eager samples cycle through them, and a graph
+  holds a multiple of c forwards, forward j over copy j mod c. `l2_state`: warm, flushed or rotated.
+* CUDA, `gpu_health`: NVML samples the GPU (SM clock, power, temperature, throttle reasons) on a background
+  thread from just before the first timed launch to the synchronize after the last (`profiling.gpu_health`).
 * CPU: `time.perf_counter` around each call; no L2 flush and no graphs.
-* `agree`: processes that run one forward together (a collective variant under torchrun) must call it
-  the same number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on
-  until every process is done, the repetitions are the most any process asks for, and no CUDA graph
-  is captured.
+* `agree`: processes that run one forward together (a collective variant under torchrun) must call it the same
+  number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on until every process
+  is done, the repetitions are the most any process asks for, and no CUDA graph is captured.
 
-`cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed,
-cold call, warm-up and repetitions (`profiling.contention`; None off Linux or for a window under 50 ms).
+`cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed (cold
+call, warm-up and repetitions; `profiling.contention`; None off Linux or for a window under 50 ms).
 
-Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
-`unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %). Its `drift` is how far the median moved
-between the first and the second half of the sample (in call order), as a fraction of the median: an
-unstable sample is worth taking again (`worth_retiming`) only when it drifted by more than
-`RETIME_DRIFT` (5 %), since a second sample can move the median about as far as the first one's halves
-disagree. An unstable sample that did not drift has the spread of the forward itself (a host-bound
-launch loop jitters on every call), and a second sample would repeat it.
+Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is `unstable`
+when IQR / median > `UNSTABLE_IQR_RATIO` (10 %). Its `drift` is how far the median moved between the first and
+second half of the sample (call order), as a fraction of the median: an unstable sample is worth taking again
+(`worth_retiming`) only when it drifted by more than `RETIME_DRIFT` (5 %); one that did not drift has the spread
+of the forward itself (a host-bound launch loop jitters on every call), which a second sample would repeat.
 """
 
 from __future__ import annotations
@@ -64,6 +58,7 @@ from attnprof.profiling.cuda_graphs import (
     recover_from_failed_capture,
     rotation_note,
 )
+from attnprof.profiling.gpu_health import GpuHealth, watching
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
 
@@ -97,19 +92,18 @@ class Timing:
     cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
     l2_state: str | None = None  # "warm", "flushed" or "rotated" (CUDA); None on a CPU
     l2_bytes: int | None = None  # the GPU's L2 cache size; None on a CPU or when the device does not say
+    gpu_health: GpuHealth | None = None  # the GPU over the timed calls (NVML, profiling.gpu_health); None: not sampled
+    gpu_health_note: str | None = None  # why a CUDA timing asked to sample the GPU has no gpu_health (one line)
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
     """True when IQR / median exceeds `threshold` (default 10 %), or the median is not positive."""
-    if median_value <= 0:
-        return True
-    return iqr_value / median_value > threshold
+    return median_value <= 0 or iqr_value / median_value > threshold
 
 
 def halves_drift(samples: Sequence[float]) -> float:
-    """|median of the first half − median of the second half| / median of all, the samples in call order
-    (the middle one of an odd count left out); 0.0 for fewer than two samples or a median that is not
-    positive."""
+    """|median of the first half − median of the second half| / median of all, samples in call order (the
+    middle one of an odd count left out); 0.0 for fewer than two samples or a median that is not positive."""
     half = len(samples) // 2
     mid = median(samples) if samples else 0.0
     if half < 1 or mid <= 0:
@@ -118,8 +112,8 @@ def halves_drift(samples: Sequence[float]) -> float:
 
 
 def worth_retiming(timing: Timing, tolerance: float = RETIME_DRIFT) -> bool:
-    """True for an unstable timing whose halves disagree by more than `tolerance` (see the module
-    docstring): a second sample could give another median."""
+    """True for an unstable timing whose halves disagree by more than `tolerance`: a second sample could
+    give another median."""
     return timing.unstable and timing.drift > tolerance
 
 
@@ -172,6 +166,8 @@ def summarize(
     cpu_contention: float | None = None,
     l2_state: str | None = None,
     l2_bytes: int | None = None,
+    gpu_health: GpuHealth | None = None,
+    gpu_health_note: str | None = None,
 ) -> Timing:
     """Build a Timing from per-forward seconds (each sample may average several forwards), in call order."""
     us = [s * 1e6 for s in samples_s]
@@ -194,6 +190,8 @@ def summarize(
         cpu_contention=cpu_contention,
         l2_state=l2_state,
         l2_bytes=l2_bytes,
+        gpu_health=gpu_health,
+        gpu_health_note=gpu_health_note,
     )
 
 
@@ -203,8 +201,10 @@ class TimingOptions:
     `min_reps` and `max_reps` of them, after a warm-up that settles over its last `warmup_reps` calls (no
     sooner than `warmup_min_s`, no later than `warmup_s`); CUDA graphs (`graph_note`: why, or why not, in a
     few words; `check_graph`: count the graph's device work against the eager step's), the L2 flush or
-    rotating input copies on request; a sample is unstable above `unstable_threshold` (IQR / median). Built
-    once per cell from the command's settings (`from_measure`, or a model config's `timing`) and passed down."""
+    rotating input copies on request; a sample is unstable above `unstable_threshold` (IQR / median); with
+    `gpu_health`, on CUDA, the GPU's clock, power, temperature and throttle reasons are sampled through NVML
+    over the timed calls. Built once per cell from the command's settings (`from_measure`, or a model config's
+    `timing`) and passed down."""
 
     min_time_s: float = 0.25
     min_reps: int = 10
@@ -218,6 +218,7 @@ class TimingOptions:
     graph_note: str = ""
     check_graph: bool = True
     rotate: bool = False
+    gpu_health: bool = False
 
     @classmethod
     def from_measure(cls, measure: MeasureOptions, spec: RunSpec) -> TimingOptions:
@@ -230,6 +231,7 @@ class TimingOptions:
             graph_note=note,
             flush_l2=measure.cold_l2 == "flush",
             rotate=measure.cold_l2 == "rotate",
+            gpu_health=measure.clocks,
         )
 
     def rep_note(self, reps: int) -> str:
@@ -382,7 +384,9 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
     warm_n = len(warm)
     launch, per_sample, graph_warm, notes = _launcher(step, cycled, dev, options)
     reps = _reps(graph_warm or warm, step, options)
-    samples = event_samples(launch, step.setup, dev, reps, options.flush_l2)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    with watching(index if options.gpu_health else None) as watch:
+        samples = event_samples(launch, step.setup, dev, reps, options.flush_l2)
     contention = share.others()
     graph_used = launch is not cycled
     why = f" ({options.graph_note})" if options.graph_note else ""
@@ -414,6 +418,8 @@ def _time_cuda(step: _Step, dev: Any, options: TimingOptions) -> Timing:
         cpu_contention=contention,
         l2_state="rotated" if options.rotate else "flushed" if options.flush_l2 else "warm",
         l2_bytes=l2_bytes,
+        gpu_health=watch.health,
+        gpu_health_note=watch.note,
     )
 
 

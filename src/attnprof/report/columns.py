@@ -184,6 +184,30 @@ def _clock(row: Row) -> str:
     return text + (f"; held down by {row.clock_limits}" if row.clock_limits else "")
 
 
+#: The finding that says the GPU ran throttled while the latency was timed (`analysis.findings.gpu_health`).
+THROTTLED = "throttled"
+
+
+def _gpu_health(row: Row) -> str:
+    """The GPU over the timed calls (NVML): clock against the applications clock, power, temperature, the
+    reasons the driver held the clock down; led by `throttled:` when the row has that finding."""
+    if row.nvml_samples is None:
+        return "n/a (not sampled: CPU, NVML unavailable, --no-clocks or --no-timing)"
+    parts = [f"{fmt_count(row.timed_sm_clock_mhz)} MHz median, {fmt_count(row.timed_sm_clock_min_mhz)} lowest"]
+    if row.sm_clock_application_mhz:
+        parts[0] += f" (applications clock {fmt_count(row.sm_clock_application_mhz)} MHz)"
+    if row.timed_power_pct is not None:
+        power, top = fmt_number(row.timed_power_pct), fmt_number(row.timed_power_max_pct)
+        parts.append(f"power {power}% of its limit median, {top}% max")
+    if row.timed_temperature_max_c is not None:
+        parts.append(f"{fmt_count(row.timed_temperature_max_c)} °C max")
+    if row.timed_clock_limits:
+        parts.append(f"held down by {row.timed_clock_limits}")
+    parts.append(f"{row.nvml_samples} NVML samples")
+    text = "; ".join(parts)
+    return f"{THROTTLED}: {text}" if row.finding(THROTTLED) is not None else text
+
+
 def _throughput(row: Row) -> str:
     """TFLOP/s with its % of the measured peak (and the note when a best achieved figure raised it), or
     `n/a: why` when there is no meaningful peak."""
@@ -310,6 +334,7 @@ METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(l2_text, run=Place("timing method", Column("L2 while timed"))),
     MetricColumn(_clock, run=Place("L2 while timed", Column("SM clock while timed"))),
     MetricColumn(lambda r: fmt_number(r.cold_ms), run=Place("SM clock while timed", Column("cold first call (ms)"))),
+    MetricColumn(_gpu_health, run=Place("SM clock while timed", Column("GPU over the timed calls (NVML)"))),
     MetricColumn(
         _throughput,
         run=Place("cold first call (ms)", Column("TFLOP/s by latency (% of measured peak)")),

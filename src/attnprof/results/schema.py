@@ -142,6 +142,15 @@ class Row(Record):
     sm_clock_min_mhz: float | None = None
     sm_clock_max_mhz: float | None = None
     clock_limits: str | None = None
+    # the GPU over the timed calls alone, sampled through NVML (profiling.gpu_health)
+    timed_sm_clock_mhz: float | None = None
+    timed_sm_clock_min_mhz: float | None = None
+    sm_clock_application_mhz: float | None = None
+    timed_power_pct: float | None = None
+    timed_power_max_pct: float | None = None
+    timed_temperature_max_c: float | None = None
+    timed_clock_limits: str | None = None
+    nvml_samples: int | None = None
     latency_p25_us: float | None = None
     latency_p75_us: float | None = None
     latency_min_us: float | None = None
@@ -217,6 +226,8 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("read_reference_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
     *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
     *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
+    *("timed_sm_clock_mhz", "timed_sm_clock_min_mhz", "sm_clock_application_mhz", "timed_power_pct"),
+    *("timed_power_max_pct", "timed_temperature_max_c", "timed_clock_limits", "nvml_samples"),
     *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
     *("forwards_per_sample", "rel_error_threshold", "grad_rel_error_threshold", "correctness_scope"),
     *("flops_convention", "speedup_vs_baseline", "speedup_reliable", "findings", "trace", "ncu_report"),
@@ -233,7 +244,9 @@ MODEL_COLUMNS: tuple[str, ...] = (
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
     *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),
     *("attention_gpu_pct", "attention_overhead_us", "kernel_gbps", "logits_baseline", "logits_max_abs_diff"),
-    *("logits_rel_diff", "sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "findings", "trace"),
+    *("logits_rel_diff", "sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "timed_sm_clock_mhz"),
+    *("timed_sm_clock_min_mhz", "sm_clock_application_mhz", "timed_power_pct", "timed_power_max_pct"),
+    *("timed_temperature_max_c", "timed_clock_limits", "nvml_samples", "findings", "trace"),
     *("ncu_seconds", "ncu_report", "ncu_note"),
 )
 

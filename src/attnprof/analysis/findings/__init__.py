@@ -12,7 +12,18 @@ trace's and what else the row measured, and is the only place a finding is dropp
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, counters, cpu, forward, ledger, masks, memory, occupancy
+from attnprof.analysis.findings import (
+    backward,
+    comm,
+    counters,
+    cpu,
+    forward,
+    gpu_health,
+    ledger,
+    masks,
+    memory,
+    occupancy,
+)
 from attnprof.analysis.findings.judge import Counted, Verdict, judge, judge_alternatives
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
@@ -25,7 +36,8 @@ from attnprof.analysis.findings.registry import (
 
 #: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
-#: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels.
+#: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels, then
+#: the GPU while the latency was timed (NVML).
 FINDINGS = FindingRegistry(
     [
         *forward.RULES,
@@ -37,6 +49,7 @@ FINDINGS = FindingRegistry(
         *ledger.RULES,
         *memory.RULES,
         *counters.RULES,
+        *gpu_health.RULES,
     ]
 )
 #: The ids, a stable JSON contract, in the order the findings are emitted.

@@ -13,6 +13,8 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
   fastest would save;
 - `join_counters`: `occupancy-unreported` judged again without the kernels Nsight Compute measured,
   then the counter findings;
+- `join_gpu_health`: the findings on the GPU while the latency was timed (`throttled`), from its NVML
+  samples;
 - `drop_by_design`: the findings that only restate what the variant is on purpose.
 
 After a run the alternatives found among its rows reach a row judged before through
@@ -26,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
+from attnprof.analysis.findings.gpu_health import RULES as GPU_HEALTH_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
-from attnprof.analysis.findings.registry import Finding, FindingContext, numbers, us
+from attnprof.analysis.findings.registry import Finding, FindingContext, GpuHealthReading, numbers, us
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
@@ -94,7 +97,8 @@ class Verdict:
     without the profiler (None: not timed); it is also the dense cell's latency the alternatives are
     weighed against. `gpu_time_us`: the device time per instance under the profiler. `unit`: what one
     instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
-    measured. `counters`: the hardware counters (None without)."""
+    measured. `counters`: the hardware counters (None without). `gpu_health`: the GPU over the timed calls
+    (NVML; None: not sampled)."""
 
     findings: Sequence[Finding] = ()
     kernels: Sequence[KernelStats] = ()
@@ -104,6 +108,7 @@ class Verdict:
     unit: str = "forward"
     alternatives: Sequence[Alternative] = field(default_factory=tuple)
     counters: Counted | None = None
+    gpu_health: GpuHealthReading | None = None
 
 
 JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
@@ -213,6 +218,18 @@ def join_counters(findings: list[Finding], verdict: Verdict) -> list[Finding]:
     return found + [f for f in counted.findings if f.id not in ids]
 
 
+def join_gpu_health(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """With NVML samples of the GPU over the timed calls, the gpu-health findings (`throttled`) follow the
+    others, in their registry's order, judged against the latency timed over those calls (the instance's
+    time their impact is a share of); without samples the findings stand."""
+    if verdict.gpu_health is None:
+        return findings
+    latency, unit = verdict.latency_us, verdict.unit
+    context = FindingContext([], [], None, None, 0.0, latency, unit=unit, gpu_health=verdict.gpu_health)
+    ids = {f.id for f in findings}
+    return findings + [f for f in GPU_HEALTH_RULES.build(context) if f.id not in ids]
+
+
 def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
     """A variant's `by_design` findings only restate what it is on purpose (sdpa-math pins the math
     backend, so `backend-fallback` tells its user nothing): its rows leave them out. `analyze` on the same
@@ -223,7 +240,13 @@ def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
 
 
 #: The judge's rules, in the order they run.
-JUDGE_RULES: tuple[JudgeRule, ...] = (settle_cpu_bound, weigh_dense_mask, join_counters, drop_by_design)
+JUDGE_RULES: tuple[JudgeRule, ...] = (
+    settle_cpu_bound,
+    weigh_dense_mask,
+    join_counters,
+    join_gpu_health,
+    drop_by_design,
+)
 
 
 def judge(verdict: Verdict) -> list[Finding]:

@@ -20,9 +20,9 @@ import difflib
 import functools
 import inspect
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnprof.errors import DuplicateFindingError, UnknownFindingError
 from attnprof.stats import median
@@ -80,10 +80,38 @@ class HostDevice:
         return self.cpu_work_us > self.gpu_busy_us
 
 
+class GpuHealthReading(Protocol):
+    """The GPU over a cell's timed calls, as the gpu-health findings read it (`profiling.gpu_health.GpuHealth`
+    is one): NVML samples taken, those in which the GPU was idle, the SM clock's median and lowest (MHz, over
+    the samples not idle), the applications clock (the reference; None where the GPU has none), the power
+    draw in percent of its limit (median, highest), the highest temperature (°C) and each reason the driver
+    gave for holding the clock down (other than idle) with the percentage of samples that showed it."""
+
+    @property
+    def samples(self) -> int: ...
+    @property
+    def idle_samples(self) -> int: ...
+    @property
+    def sm_clock_mhz(self) -> int: ...
+    @property
+    def sm_clock_min_mhz(self) -> int: ...
+    @property
+    def application_clock_mhz(self) -> int | None: ...
+    @property
+    def power_pct(self) -> float | None: ...
+    @property
+    def power_max_pct(self) -> float | None: ...
+    @property
+    def temperature_max_c(self) -> int | None: ...
+    @property
+    def reason_pcts(self) -> Mapping[str, float]: ...
+
+
 @dataclass
 class FindingContext:
     """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals; or, for
-    the counter findings, one step's hardware counters (`counters`)."""
+    the counter findings, one step's hardware counters (`counters`); or, for the gpu-health findings, the GPU
+    over the timed calls (`gpu_health`)."""
 
     per_forward: list[ForwardMetrics]
     kernels: list[KernelStats]
@@ -98,6 +126,7 @@ class FindingContext:
     unit: str = "forward"  # what one instance is called: "step" with backward work (see phases.instance_unit)
     ceiling_tflops: float | None = None  # the measured matmul ceiling of the inputs' dtype (None: not measured)
     counters: StepCounters | None = None  # one step's hardware counters (Nsight Compute); None without them
+    gpu_health: GpuHealthReading | None = None  # the GPU while the latency was timed (NVML); None without it
 
     @property
     def instance_time_us(self) -> float:
