@@ -198,7 +198,9 @@ def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: b
     """TFLOP/s, share of the measured ceilings, bandwidth and bound for one latency.
 
     Without a ceiling (source "none"), or when the latency beats the matmul ceiling (over 100% is
-    impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why;
+    impossible: the ceiling is no ceiling), `pct_of_peak` is None and `pct_of_peak_note` says why; when
+    the run uses a cached ceiling because the one measured now was contended (`Ceiling.set_aside`), the note
+    says that beside the percentage;
     an exceeded matmul ceiling gives no `bound` either. When the achieved GB/s beats the measured
     read bandwidth, the achieved figure is the reference (`pct_of_read_bandwidth` 100) and
     `read_bandwidth_note` says so. `dense_mask`: the variant read the mask as a dense tensor, which
@@ -208,6 +210,8 @@ def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: b
 
     rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.read_gbps, dense_mask)
     pct, bound, note = rates["pct_of_peak"], rates["bound"], ceiling.reason if ceiling.tflops is None else None
+    if note is None and ceiling.set_aside:  # % of the cached figure, the one measured now being contended
+        note = f"% of {ceiling.set_aside}"
     if rates["peak_beaten"]:
         pct = bound = None
         note = (
