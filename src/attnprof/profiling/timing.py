@@ -28,6 +28,9 @@ How a sample is taken:
 
 `cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed,
 cold call, warm-up and repetitions (`profiling.contention`; None off Linux or for a window under 50 ms).
+`quantized_tick_ms`: the scheduler tick the samples sit on multiples of (`contention.scheduler_tick_ms`),
+None when they do not. A timing is `contended` when either says so: it measured the other processes too
+(`pipeline.stages` times it again once the CPU is calm, `contention_note` says what became of it).
 
 Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is
 `unstable` when IQR / median > `UNSTABLE_IQR_RATIO` (10 %). Its `drift` is how far the median moved
@@ -47,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
-from attnprof.profiling.contention import CpuShare
+from attnprof.profiling.contention import Calm, CpuShare, is_contended, scheduler_tick_ms
 from attnprof.profiling.cuda_graphs import event_time_s, flush_buffer, graphed, recover_from_failed_capture
 from attnprof.profiling.memory import oom_guard
 from attnprof.stats import median, quantile
@@ -79,6 +82,24 @@ class Timing:
     forwards_per_sample: int = 1
     drift: float = 0.0
     cpu_contention: float | None = None  # the share of the machine's CPU other processes took (profiling.contention)
+    quantized_tick_ms: float | None = None  # the scheduler tick the samples sit on multiples of; None: they do not
+
+    @property
+    def contended(self) -> bool:
+        """True when other processes took more than `CONTENTION_LIMIT` of the CPU while it was timed, or its
+        samples sit on a scheduler tick."""
+        return is_contended(self.cpu_contention) or self.quantized_tick_ms is not None
+
+    @property
+    def contention_text(self) -> str:
+        """`other processes took 70% of the CPU`, `samples on multiples of a 4 ms scheduler tick`, or both
+        (joined by `; `); empty when not contended."""
+        said = []
+        if is_contended(self.cpu_contention):
+            said.append(f"other processes took {self.cpu_contention:.0%} of the CPU")
+        if self.quantized_tick_ms is not None:
+            said.append(f"samples on multiples of a {self.quantized_tick_ms:.3g} ms scheduler tick")
+        return "; ".join(said)
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
@@ -120,6 +141,30 @@ def retime_note(first: Timing, kept: Timing, retimed: bool) -> str:
         f"timed again: the first sample was unstable ({spread}) and its halves' medians differed by "
         f"{first.drift:.1%}{still}"
     )
+
+
+def contention_note(first: Timing, kept: Timing, waits: Sequence[Calm]) -> str:
+    """What became of a contended first sample, for `Timing.method`: each wait for calm and re-time
+    (`waits`, one per wait), and whether the kept sample is still contended; empty when the first was not."""
+    if not first.contended:
+        return ""
+    text = f"contended ({first.contention_text})"
+    if not waits:
+        return text + "; not timed again"
+    for calm in waits:
+        share = "unknown" if calm.share is None else f"{calm.share:.0%}"
+        if retimes_after(calm):
+            text += f"; timed again after {calm.waited_s:.1f} s for the CPU to calm (others {share})"
+        else:
+            text += f"; not timed again: the CPU did not calm within {calm.waited_s:.1f} s (others {share})"
+    still = f"still contended ({kept.contention_text})" if kept.contended else "calm"
+    return f"{text}; kept sample {still}"
+
+
+def retimes_after(calm: Calm) -> bool:
+    """True when a contended sample is worth timing again after this wait: the CPU calmed, or its share
+    cannot be read (then only the samples' scheduler tick said contended, and a second sample may not)."""
+    return calm.calm or calm.share is None
 
 
 def choose_reps(estimate_s: float, min_time_s: float, min_reps: int, max_reps: int) -> int:
@@ -172,6 +217,7 @@ def summarize(
         forwards_per_sample=forwards_per_sample,
         drift=halves_drift(us),
         cpu_contention=cpu_contention,
+        quantized_tick_ms=scheduler_tick_ms(us),
     )
 
 
