@@ -70,6 +70,16 @@ MEASURE_OPTIONS: dict[str, Any] = {
         ),
     ],
     "min_time_s": Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")],
+    "contention_retimes": Annotated[
+        int,
+        typer.Option(
+            "--contention-retimes",
+            metavar="N",
+            min=0,
+            help="Time a cell again, at most N times, when other processes held the CPU while it was timed; each "
+            "after waiting up to 2 s for the CPU to calm (none when it does not). 0: never.",
+        ),
+    ],
     "cuda_graph": Annotated[
         bool,
         typer.Option(
@@ -158,6 +168,7 @@ MODEL_CONFIG_FIELDS = ("device", "dtype", "batch", "output_dir", "region", "seed
 MODEL_MEASURE_FIELDS = (
     "timing",
     "min_time_s",
+    "contention_retimes",
     "flush_l2",
     "clocks",
     "record_shapes",

@@ -202,6 +202,7 @@ class MeasureOptions(Strict):
 
     timing: bool = True
     min_time_s: float = Field(default=0.25, gt=0)
+    contention_retimes: int = Field(default=2, ge=0)  # re-times of a contended timing, each once the CPU is calm
     cuda_graph: bool = False
     flush_l2: bool = False
     check_masking: bool = False

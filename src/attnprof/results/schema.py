@@ -99,7 +99,10 @@ class Row(Record):
     cold_ms: float | None = None
     unstable: bool | None = None
     retimed: int | None = None
+    retimed_for_contention: int | None = None  # samples thrown away because other processes held the CPU
     cpu_contention: float | None = None
+    quantized_tick_ms: float | None = None  # the scheduler tick the samples sit on multiples of
+    contended: bool | None = None  # the kept timing measured other processes too (share or tick)
     timing_method: str | None = None
     # throughput
     flops: float | None = None
@@ -201,7 +204,8 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("forward_kernel_time_us", "backward_kernels", "backward_memcpy", "backward_memset"),
     *("backward_kernel_time_us", "backward_outside_region", "backend", "attention_calls_per_forward"),
     *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
-    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "flops"),
+    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "retimed_for_contention", "cpu_contention"),
+    *("quantized_tick_ms", "contended", "timing_method", "flops"),
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
     *("pct_of_peak_note", "peak_tflops", "bytes_moved", "achieved_gbps", "kernel_gbps"),
     *("pct_of_read_bandwidth", "peak_read_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
@@ -219,6 +223,7 @@ MODEL_COLUMNS: tuple[str, ...] = (
     *("variant", "implementation", "source", "model", "params", "batch", "shape", "seq", "heads"),
     *("kv_heads", "head_dim", "dtype", "device", "causal", "mask", "score_mod", "mode", "status", "reason"),
     *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "cpu_contention"),
+    *("quantized_tick_ms", "contended", "retimed_for_contention"),
     *("latency_min_us", "speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward"),
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
     *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),
