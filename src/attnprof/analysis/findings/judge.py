@@ -7,6 +7,8 @@ them and all of that, and returns the row's findings; no other package creates, 
 merges a finding. Each step is a judge rule, a function `(findings, verdict) -> findings` in
 `JUDGE_RULES`, applied in that order:
 
+- `flag_contention`: `cpu-contention` first when the latency was timed while other processes held the
+  CPU (everything timed without the profiler rests on it);
 - `settle_cpu_bound`: `cpu-bound` against the unprofiled latency (the profiler's own recording is
   host time too);
 - `weigh_dense_mask`: `dense-mask` with the alternatives measured at the same shape and what the
@@ -26,14 +28,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
+from attnprof.analysis.findings.cpu import RULES as CPU_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
-from attnprof.analysis.findings.registry import Finding, FindingContext, numbers, us
+from attnprof.analysis.findings.registry import Finding, FindingContext, Timed, numbers, us
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
     from attnprof.analysis.instance.metrics import KernelStats
 
 CPU_BOUND = "cpu-bound"
+CPU_CONTENTION = "cpu-contention"
 DENSE_MASK = "dense-mask"
 OCCUPANCY_UNREPORTED = "occupancy-unreported"
 #: cpu-bound stands only while the unprofiled latency is above the device time per instance by more than this.
@@ -94,7 +98,8 @@ class Verdict:
     without the profiler (None: not timed); it is also the dense cell's latency the alternatives are
     weighed against. `gpu_time_us`: the device time per instance under the profiler. `unit`: what one
     instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
-    measured. `counters`: the hardware counters (None without)."""
+    measured. `counters`: the hardware counters (None without). `timed`: how the latency was timed, as far
+    as the machine's load goes (None: not timed)."""
 
     findings: Sequence[Finding] = ()
     kernels: Sequence[KernelStats] = ()
@@ -104,6 +109,7 @@ class Verdict:
     unit: str = "forward"
     alternatives: Sequence[Alternative] = field(default_factory=tuple)
     counters: Counted | None = None
+    timed: Timed | None = None
 
 
 JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
@@ -112,6 +118,15 @@ JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
 def _replaced(findings: list[Finding], finding_id: str, change: Callable[[Finding], Finding]) -> list[Finding]:
     """`findings` with the one called `finding_id` (if any) replaced by `change(it)`."""
     return [change(f) if f.id == finding_id else f for f in findings]
+
+
+def flag_contention(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`cpu-contention` (the cpu module's rule, over `verdict.timed`) before the other findings when the kept
+    timing was contended; the findings stand otherwise."""
+    if verdict.timed is None:
+        return findings
+    found = CPU_RULES.get(CPU_CONTENTION).match(FindingContext([], [], None, None, 0.0, None, timed=verdict.timed))
+    return findings if found is None else [found, *(f for f in findings if f.id != CPU_CONTENTION)]
 
 
 def settle_cpu_bound(findings: list[Finding], verdict: Verdict) -> list[Finding]:
@@ -223,7 +238,13 @@ def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
 
 
 #: The judge's rules, in the order they run.
-JUDGE_RULES: tuple[JudgeRule, ...] = (settle_cpu_bound, weigh_dense_mask, join_counters, drop_by_design)
+JUDGE_RULES: tuple[JudgeRule, ...] = (
+    flag_contention,
+    settle_cpu_bound,
+    weigh_dense_mask,
+    join_counters,
+    drop_by_design,
+)
 
 
 def judge(verdict: Verdict) -> list[Finding]:
