@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnprof.report.columns import BANDWIDTH_HEADER, Cell, placed
+from attnprof.report.contended import legend
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
@@ -22,7 +23,7 @@ from attnprof.results.schema import Row
 
 UNRELIABLE = (
     "~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
-    "(IQR over 10% of the median) after a re-time"
+    "(IQR over 10% of the median) after a re-time, or timed while other processes held the CPU"
 )
 
 LIST_COLUMNS = (
@@ -108,15 +109,26 @@ def shape_rows(rows: list[Row], full: bool, problems_only: bool = False) -> list
 
 def shape_table(rows: list[Row], fmt: str, width: int | None = None, keep: list[int] | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable. `keep`: the columns every
-    shape's table of the output keeps (`compare_report`); None: this table's own fit."""
+    follow it as bullets. A legend follows when a speed-up is unreliable or a latency contended. `keep`: the
+    columns every shape's table of the output keeps (`compare_report`); None: this table's own fit."""
     width = limit(width, fmt)
     body = shape_rows(rows, full=width is None, problems_only=width is not None)
     notes = reason_bullets(rows, width) if width is not None else []
-    if any(row.speedup_reliable is False for row in rows):
-        notes += wrap(UNRELIABLE, width)
+    notes += legends(rows, width)
     columns = shape_columns(rows)
     return "\n".join([table(columns, body, fmt, width, keep)] + (["", *notes] if notes else []))
+
+
+def legends(rows: list[Row], width: int | None, unreliable: str = UNRELIABLE) -> list[str]:
+    """The legend lines of a table of these rows: the contention mark's (`report.contended`) when a row is
+    contended, `unreliable` when a speed-up is unreliable."""
+    lines = []
+    contended = legend(rows)
+    if contended:
+        lines += wrap(contended, width)
+    if any(row.speedup_reliable is False for row in rows):
+        lines += wrap(unreliable, width)
+    return lines
 
 
 def reason_bullets(rows: list[Row], width: int) -> list[str]:
