@@ -21,6 +21,7 @@ import typer
 
 from attnprof.cli.common import DeviceOpt, DtypeOpt
 from attnprof.config import MODEL_NCU_LAUNCHES, MeasureOptions
+from attnprof.profiling.contention import CALM_WAIT_S
 
 #: Config fields a command-line option overrides; None means "as the config says".
 CONFIG_OPTIONS: dict[str, Any] = {
@@ -77,7 +78,7 @@ MEASURE_OPTIONS: dict[str, Any] = {
             metavar="N",
             min=0,
             help="Time a cell again, at most N times, when other processes held the CPU while it was timed; each "
-            "after waiting up to 2 s for the CPU to calm (none when it does not). 0: never.",
+            f"after waiting up to {CALM_WAIT_S:g} s for the CPU to calm (none when it does not). 0: never.",
         ),
     ],
     "cuda_graph": Annotated[
