@@ -33,19 +33,19 @@ class _CalmCpu:
         return None
 
 
-@pytest.fixture(autouse=True)
-def calm_cpu_for_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ceiling measured in a test is never refused the cache for the machine's load (profiling.ceiling)."""
-    monkeypatch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
+def calm_cpu(patch: pytest.MonkeyPatch) -> None:
+    """Make the machine read as calm to ceilings and timings (the box the suite runs on is shared): no share of
+    other processes, no scheduler tick in the samples. For a fixture of a wider scope than the autouse ones."""
+    patch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
+    patch.setattr("attnprof.profiling.timing.CpuShare", _CalmCpu)
+    patch.setattr("attnprof.profiling.timing.scheduler_tick_ms", lambda samples_us: None)
 
 
 @pytest.fixture(autouse=True)
-def calm_cpu_for_timing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A timing in a test never reads as contended for the machine's load (the box the suite runs on is shared):
-    no share of other processes, no scheduler tick. Tests of contention patch these or set them back
-    (`real_contention`)."""
-    monkeypatch.setattr("attnprof.profiling.timing.CpuShare", _CalmCpu)
-    monkeypatch.setattr("attnprof.profiling.timing.scheduler_tick_ms", lambda samples_us: None)
+def calm_cpu_for_ceilings_and_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ceiling or a timing measured in a test never reads as contended for the machine's load (`calm_cpu`);
+    tests of contention patch these or set the timing's back (`real_contention`)."""
+    calm_cpu(monkeypatch)
 
 
 @pytest.fixture

@@ -211,11 +211,11 @@ def _time(
 
     The last sample is kept with its own `timing_window` (the SM clock is read over it) and the first
     sample's `cold_ms` (only the first sample's first call was cold). Its `method` says what became of an
-    unstable or contended first sample; `result.retimed` and `result.retimed_for_contention` count the
+    unstable first sample and of the first contended one; `result.retimed` and `result.retimed_for_contention` count the
     samples thrown away for each reason."""
     from attnprof.profiling import contention, timing
 
-    first = None
+    first = contended = None
     waits: list[contention.Calm] = []
     while True:
         started = time.time()
@@ -223,6 +223,7 @@ def _time(
             sample = timing.time_forward(forward, result.subject.device, options, prepare=prepare, agree=agree)
         result.timing_window = (started, time.time())
         first = first or sample
+        contended = contended or (sample if sample.contended else None)
         result.timing = sample if sample is first else replace(sample, cold_ms=first.cold_ms)
         if _agreed(timing.worth_retiming(sample) and result.retimed < RETIMES, agree):
             result.retimed += 1
@@ -235,7 +236,7 @@ def _time(
                 continue
         notes = [
             timing.retime_note(first, result.timing, retimed=result.retimed > 0),
-            timing.contention_note(first, result.timing, waits),
+            timing.contention_note(contended or first, result.timing, waits),
         ]
         notes = [note for note in notes if note]
         if notes:

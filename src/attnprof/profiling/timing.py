@@ -144,8 +144,9 @@ def retime_note(first: Timing, kept: Timing, retimed: bool) -> str:
 
 
 def contention_note(first: Timing, kept: Timing, waits: Sequence[Calm]) -> str:
-    """What became of a contended first sample, for `Timing.method`: each wait for calm and re-time
-    (`waits`, one per wait), and whether the kept sample is still contended; empty when the first was not."""
+    """What became of the first contended sample (`first`), for `Timing.method`: each wait for calm and
+    re-time (`waits`, one per wait), and whether the kept sample is still contended; empty when `first` was
+    not contended."""
     if not first.contended:
         return ""
     text = f"contended ({first.contention_text})"
