@@ -1,4 +1,5 @@
-"""Shared fixtures: a small CPU config on disk, an isolated cache, a calm CPU for ceilings, and typer's CliRunner."""
+"""Shared fixtures: a small CPU config on disk, an isolated cache, a calm CPU for ceilings and timings, and typer's
+CliRunner."""
 
 from __future__ import annotations
 
@@ -32,10 +33,28 @@ class _CalmCpu:
         return None
 
 
+def calm_cpu(patch: pytest.MonkeyPatch) -> None:
+    """Make the machine read as calm to ceilings and timings (the box the suite runs on is shared): no share of
+    other processes, no scheduler tick in the samples. For a fixture of a wider scope than the autouse ones."""
+    patch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
+    patch.setattr("attnprof.profiling.timing.CpuShare", _CalmCpu)
+    patch.setattr("attnprof.profiling.timing.scheduler_tick_ms", lambda samples_us: None)
+
+
 @pytest.fixture(autouse=True)
-def calm_cpu_for_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ceiling measured in a test is never refused the cache for the machine's load (profiling.ceiling)."""
-    monkeypatch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
+def calm_cpu_for_ceilings_and_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ceiling or a timing measured in a test never reads as contended for the machine's load (`calm_cpu`);
+    tests of contention patch these or set the timing's back (`real_contention`)."""
+    calm_cpu(monkeypatch)
+
+
+@pytest.fixture
+def real_contention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timings read the machine's real load again (undoes `calm_cpu_for_timing`)."""
+    from attnprof.profiling import contention
+
+    monkeypatch.setattr("attnprof.profiling.timing.CpuShare", contention.CpuShare)
+    monkeypatch.setattr("attnprof.profiling.timing.scheduler_tick_ms", contention.scheduler_tick_ms)
 
 
 @pytest.fixture(autouse=True)

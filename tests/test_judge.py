@@ -21,6 +21,7 @@ from attnprof.analysis.findings.judge import (
     JUDGE_RULES,
     THIS_RUN,
     drop_by_design,
+    flag_contention,
     join_counters,
     join_gpu_health,
     saved_by,
@@ -44,7 +45,9 @@ DENSE = Finding("dense-mask", "dense-mask says so.", "problem", 12.0, 1.3)
 
 
 def test_the_rules_run_in_a_fixed_order() -> None:
-    assert JUDGE_RULES == (settle_cpu_bound, weigh_dense_mask, join_counters, join_gpu_health, drop_by_design)
+    assert JUDGE_RULES == (
+        flag_contention, settle_cpu_bound, weigh_dense_mask, join_counters, join_gpu_health, drop_by_design
+    )
 
 
 def test_without_anything_beyond_the_trace_the_judge_keeps_the_trace_findings() -> None:

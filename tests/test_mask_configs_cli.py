@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import calm_cpu
 from typer.testing import CliRunner
 
 from attnprof.cli.app import app
@@ -27,6 +28,7 @@ def compares(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     found = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTNPROF_CACHE_DIR", str(out / "cache"))
+        calm_cpu(patch)  # module-scoped: the autouse calm of each test is not in place yet
         for name in ("masks-cpu.yaml", "decode-cpu.yaml"):
             STATE.debug = STATE.no_plugins = False
             result = CliRunner().invoke(app, ["compare", str(REPO / "configs" / name), "-o", str(out / name), *FAST])

@@ -6,7 +6,7 @@ import torch
 from attnprof.errors import VariantFailure
 from attnprof.pipeline.measured import CellResult
 from attnprof.pipeline.rows import cell_row
-from attnprof.profiling import timing
+from attnprof.profiling import retime, timing
 from attnprof.profiling.timing import (
     TimingOptions,
     choose_reps,
@@ -207,24 +207,24 @@ def test_drift_is_the_halves_medians_apart_over_the_median():
 
 def test_only_an_unstable_sample_that_drifted_is_worth_retiming():
     jitter = summarize([1e-3, 1.3e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")  # host-bound jitter
-    assert jitter.unstable and jitter.drift == pytest.approx(0.0) and not timing.worth_retiming(jitter)
+    assert jitter.unstable and jitter.drift == pytest.approx(0.0) and not retime.worth_retiming(jitter)
     loaded = summarize([1e-3] * 50 + [1.5e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")  # load came
-    assert loaded.unstable and loaded.drift == pytest.approx(0.4) and timing.worth_retiming(loaded)
+    assert loaded.unstable and loaded.drift == pytest.approx(0.4) and retime.worth_retiming(loaded)
     steady = summarize([1e-3] * 50 + [1.04e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
-    assert not steady.unstable and not timing.worth_retiming(steady)
+    assert not steady.unstable and not retime.worth_retiming(steady)
 
 
 def test_retime_note_says_what_became_of_an_unstable_sample():
     jitter = summarize([1e-3, 1.3e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
     loaded = summarize([1e-3] * 50 + [1.5e-3] * 50, reps=100, warmup_reps=0, cold_s=0.0, method="m")
     calm = summarize([1e-3] * 100, reps=100, warmup_reps=0, cold_s=0.0, method="m")
-    assert timing.retime_note(calm, calm, retimed=False) == ""
-    assert timing.retime_note(jitter, jitter, retimed=False) == (
+    assert retime.retime_note(calm, calm, retimed=False) == ""
+    assert retime.retime_note(jitter, jitter, retimed=False) == (
         "unstable (IQR 26% of the median) but not timed again: its halves' medians agree within 0.0%, "
         "so a second sample would give the same median"
     )
-    assert timing.retime_note(loaded, calm, retimed=True) == (
+    assert retime.retime_note(loaded, calm, retimed=True) == (
         "timed again: the first sample was unstable (IQR 40% of the median) and its halves' medians differed by "
         "40.0%"
     )
-    assert timing.retime_note(loaded, loaded, retimed=True).endswith("; still unstable")
+    assert retime.retime_note(loaded, loaded, retimed=True).endswith("; still unstable")

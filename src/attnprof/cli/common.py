@@ -161,6 +161,22 @@ def note(text: str) -> None:
     typer.echo(text, err=True)
 
 
+def warn_contended(rows: Any, fmt: OutputFormat, width: int | None) -> None:
+    """The warning line of a run whose rows were timed while other processes held the CPU
+    (`report.contended.warning`), at the top of its output: on stdout before the tables, on stderr with
+    `--format json` (stdout holds only the JSON); nothing when no row is contended."""
+    from attnprof.report.contended import warning
+    from attnprof.report.layout import wrap
+
+    text = warning(rows)
+    if text is None:
+        return
+    if fmt is OutputFormat.json:
+        note(text)
+    else:
+        emit("\n".join(wrap(text, width, rest="  ")))
+
+
 def fail(message: str, hint: str | None = None, code: int = 1, as_json: bool = False) -> None:
     """Print a one-line error (and an optional hint) and exit with `code`."""
     if as_json:

@@ -49,6 +49,7 @@ def _print(outcome: "RunOutcome", fmt: c.OutputFormat, baseline: str | None, wid
     from attnprof.report.tables import compare_report
     from attnprof.results.files import to_json
 
+    c.warn_contended(outcome.document.results, fmt, width)
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return

@@ -317,7 +317,9 @@ def ceiling_note(ceiling: RunCeiling, beaten: list[str] | None = None) -> str:
             f"{what}: {ceiling.replaced.tflops:.3g} TFLOP/s exceeded ({current.reason}); "
             f"measured again: {current.tflops:.3g} TFLOP/s{still}"
         )
-    if current.source == "cached":
+    if current.source == "cached" and current.set_aside:
+        when = f"cached on {current.measured_on}, used instead of the one {current.set_aside.partition(': ')[2]}"
+    elif current.source == "cached":
         when = f"cached on {current.measured_on} (--refresh-ceiling measures again)"
     else:
         when = f"measured now ({current.reason})"

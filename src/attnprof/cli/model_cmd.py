@@ -214,6 +214,7 @@ def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.report.model_tables import model_report
     from attnprof.results.files import to_json
 
+    c.warn_contended(outcome.document.results, fmt, width)
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return

@@ -21,6 +21,7 @@ import typer
 
 from attnprof.cli.common import DeviceOpt, DtypeOpt
 from attnprof.config import MODEL_NCU_LAUNCHES, MeasureOptions
+from attnprof.profiling.contention import CALM_WAIT_S
 
 #: Config fields a command-line option overrides; None means "as the config says".
 CONFIG_OPTIONS: dict[str, Any] = {
@@ -70,6 +71,16 @@ MEASURE_OPTIONS: dict[str, Any] = {
         ),
     ],
     "min_time_s": Annotated[float, typer.Option("--min-time", help="Seconds of timed repetitions per cell.")],
+    "contention_retimes": Annotated[
+        int,
+        typer.Option(
+            "--contention-retimes",
+            metavar="N",
+            min=0,
+            help="Time a cell again, at most N times, when other processes held the CPU while it was timed; each "
+            f"after waiting up to {CALM_WAIT_S:g} s for the CPU to calm (none when it does not). 0: never.",
+        ),
+    ],
     "cuda_graph": Annotated[
         bool | None,
         typer.Option(
@@ -174,6 +185,7 @@ MODEL_CONFIG_FIELDS = ("device", "dtype", "batch", "output_dir", "region", "seed
 MODEL_MEASURE_FIELDS = (
     "timing",
     "min_time_s",
+    "contention_retimes",
     "flush_l2",
     "clocks",
     "record_shapes",

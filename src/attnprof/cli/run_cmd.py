@@ -69,6 +69,7 @@ def _print(outcome: RunOutcome, fmt: c.OutputFormat, width: int | None) -> None:
     from attnprof.results.files import to_json
     from attnprof.results.keys import cell_key
 
+    c.warn_contended(outcome.document.results, fmt, width)
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
         return

@@ -84,6 +84,7 @@ def _print(outcome: RunOutcome, fmt: c.OutputFormat, baseline: str | None, width
     from attnprof.results.files import to_json
 
     rows = outcome.document.results
+    c.warn_contended(rows, fmt, width)
     if fmt is c.OutputFormat.json:
         c.emit(to_json(outcome.document))
     elif rows:

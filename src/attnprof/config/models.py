@@ -220,6 +220,7 @@ class MeasureOptions(Strict):
 
     timing: bool = True
     min_time_s: float = Field(default=0.25, gt=0)
+    contention_retimes: int = Field(default=2, ge=0)  # re-times of a contended timing, each once the CPU is calm
     cuda_graph: CudaGraph = "auto"
     flush_l2: bool = False
     cold_l2: ColdL2 = "off"

@@ -236,21 +236,25 @@ def exceeds(rates: Throughput) -> bool:
 def throughput(spec: RunSpec, latency_us: float, ceiling: Ceiling, dense_mask: bool = False) -> Throughput:
     """TFLOP/s, share of the measured ceilings, bandwidth and bound for one latency, this cell alone.
 
-    Without a ceiling (source "none") `pct_of_peak` is None and `pct_of_peak_note` says why. An achieved
-    figure above a ceiling takes its place (100%); the row then says so, and a run's rows share one raised
-    reference per device (`pipeline.references`). `dense_mask`: the variant read the mask as a dense
-    tensor, which `bytes_moved` counts.
+    Without a ceiling (source "none") `pct_of_peak` is None and `pct_of_peak_note` says why; when the run
+    uses a cached ceiling because the one measured now was contended (`Ceiling.set_aside`), the note says that
+    beside the percentage. An achieved figure above a ceiling takes its place (100%); the row then says so,
+    and a run's rows share one raised reference per device (`pipeline.references`). `dense_mask`: the variant
+    read the mask as a dense tensor, which `bytes_moved` counts.
     """
     from attnprof.analysis.roofline import achieved_for, bytes_moved
 
     rates = achieved_for(spec, latency_us * 1e-6, ceiling.tflops, ceiling.read_gbps, dense_mask)
+    note = ceiling.reason if ceiling.tflops is None else None
+    if note is None and ceiling.set_aside:  # % of the cached figure, the one measured now being contended
+        note = f"% of {ceiling.set_aside}"
     return Throughput(
         tflops=rates["tflops"],
         pct_of_peak=rates["pct_of_peak"],
         peak_tflops=ceiling.tflops,
         achieved_gbps=rates["achieved_gbps"],
         bound=rates["bound"],
-        pct_of_peak_note=ceiling.reason if ceiling.tflops is None else None,
+        pct_of_peak_note=note,
         bytes_moved=bytes_moved(spec, dense_mask),
         pct_of_read_bandwidth=rates["pct_of_read_bandwidth"],
         peak_read_gbps=ceiling.read_gbps,

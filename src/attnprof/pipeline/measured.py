@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.analysis.counters import CellCounters
     from attnprof.analysis.findings import Finding, Verdict
+    from attnprof.analysis.findings.registry import Timed
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.profiling.correctness import Check, LogitsDiff
     from attnprof.profiling.gradcheck import GradCheck
@@ -73,8 +74,9 @@ class CellResult:
     `timing` and `memory_mib` with `--no-timing`, `clock` without nvidia-smi, `analysis` when no trace was
     analysed, `counters` without `--ncu` (or when Nsight Compute could not measure it; `ncu_note` then says
     why, `ncu_report` is the report its pass wrote). `speedup_reliable` is False when the speed-up rests on an
-    unstable latency, its own or the baseline's. `retimed` counts the samples thrown away because they were
-    unstable (`timing` is the last one).
+    unstable or contended latency, its own or the baseline's. `retimed` counts the samples thrown away because
+    they were unstable, `retimed_for_contention` those thrown away because other processes held the CPU
+    (`timing` is the last one).
 
     What is checked depends on the subject: a cell's `check` (None when the cell failed before its output
     existed) and `grad_check` (outside the backward modes and when no gradients existed: None), a model
@@ -104,6 +106,7 @@ class CellResult:
     ncu_report: Path | None = None  # --ncu: the Nsight Compute report of the step, beside its trace
     ncu_note: str | None = None  # --ncu: why there are no counters (one line); None when there are
     retimed: int = 0
+    retimed_for_contention: int = 0
     check: Check | None = None
     grad_check: GradCheck | None = None
     logits: LogitsDiff | None = None
@@ -194,8 +197,8 @@ def row_verdict(
     alternatives: list[MaskAlternative] | None = None,
 ) -> Verdict:
     """What the judge reads of a row: its trace's findings and kernels, its latency timed without the
-    profiler against the device time per instance under it, its counters (`Counted.of`) and the GPU's health
-    over its timed calls (NVML)."""
+    profiler against the device time per instance under it, how that latency was timed (`timed`), its
+    counters (`Counted.of`) and the GPU's health over its timed calls (NVML)."""
     from attnprof.analysis.findings import Counted, Verdict
 
     analysis = result.analysis
@@ -210,6 +213,24 @@ def row_verdict(
         alternatives=alternatives or [],
         counters=Counted.of(result.counters, kernels) if result.counters is not None else None,
         gpu_health=result.timing.gpu_health if result.timing is not None else None,
+        timed=timed(result),
+    )
+
+
+def timed(result: CellResult) -> Timed | None:
+    """How the result's latency was timed, as far as the machine's load goes (None: not timed)."""
+    from attnprof.analysis.findings.registry import Timed
+    from attnprof.profiling.contention import CONTENTION_LIMIT
+
+    timing = result.timing
+    if timing is None:
+        return None
+    return Timed(
+        timing.cpu_contention,
+        CONTENTION_LIMIT,
+        timing.quantized_tick_ms,
+        timing.contended,
+        result.retimed_for_contention,
     )
 
 
@@ -219,7 +240,8 @@ SPEED_KEYS = ("latency_us", "gpu_time_us", "cpu_time_us")
 @dataclass(frozen=True)
 class SpeedCell:
     """What a speed-up needs of one row: its variant, what it is matched by (`speed_key`), whether it is ok,
-    its times by `SPEED_KEYS` name (positive or None) and whether its latency is unstable."""
+    its times by `SPEED_KEYS` name (positive or None) and whether its latency is unreliable (`unstable`:
+    unstable, or timed while other processes held the CPU)."""
 
     variant: str
     key: tuple[Any, ...]
@@ -251,8 +273,9 @@ def _basis(cell: SpeedCell) -> tuple[str, float] | None:
 
 
 def unstable(result: CellResult) -> bool:
-    """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median)."""
-    return result.timing is not None and result.timing.unstable
+    """True when the result's latency was timed and its sample is unstable (IQR over 10% of the median) or
+    contended (`Timing.contended`): a speed-up from it is unreliable."""
+    return result.timing is not None and (result.timing.unstable or result.timing.contended)
 
 
 def speed_key(subject: RunSpec | ModelSpec) -> tuple[Any, ...]:
@@ -269,8 +292,8 @@ def _speed_cell(result: CellResult) -> SpeedCell:
 def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, bool] | None]:
     """For each cell, (baseline time / its time, reliable) against the ok baseline row of the same
     cell, or None. The time is the baseline's basis (latency, else GPU time, else CPU time);
-    `reliable` is False when it is computed from latencies and either one is unstable (the
-    baseline's own 1.00x is exact)."""
+    `reliable` is False when it is computed from latencies and either one is unstable or contended
+    (the baseline's own 1.00x is exact)."""
     found: list[tuple[float, bool] | None] = [None] * len(cells)
     if not baseline:
         return found

@@ -196,7 +196,7 @@ def attach_row_speedups(rows: list[Row], baseline: str | None) -> None:
             row_cell_key(row),
             row.ok,
             {key: positive(getattr(row, key)) for key in SPEED_KEYS},
-            bool(row.unstable),
+            bool(row.unstable) or bool(row.contended),
         )
         for row in rows
     ]

@@ -4,8 +4,9 @@
 `skipped` or `failed` result with a one-line reason; Python warnings (and the named libraries' log
 messages) raised inside are kept on the result, never printed; after a failure on a GPU, cached memory is
 handed back. Inside it, `measure_step` takes a step (a no-argument callable, built by the subject) through
-the shared sequence: timing (`profiling.timing`, re-timed once when an unstable sample drifted; with
-`--no-timing` a short warm-up instead) → the profiled loop (`profiling.profiler`) → the subject's check of
+the shared sequence: timing (`profiling.timing`, re-timed once when an unstable sample drifted, and up to
+`--contention-retimes` times, once the CPU is calm, when other processes held it; with `--no-timing` a short
+warm-up instead) → the profiled loop (`profiling.profiler`) → the subject's check of
 the output (a cell's against float64, a model row's logits against the baseline's) → peak memory; then
 `analyse_trace` reads the trace. Each stage runs under `phase` (its wall time goes into `phases_s`) and
 `guard` (any exception of the variant's becomes a one-line failure; after Ctrl-C, KeyboardInterrupt
@@ -157,7 +158,7 @@ def measure_step(
 
     device = result.subject.device
     if measure.timing:
-        _time(call, variant, options, result, stage, prepare, agree, copies)
+        _time(call, variant, options, result, stage, prepare, agree, copies, measure.contention_retimes)
     else:
         with phase(result, "warmup"), guard(stage, variant):
             _warm_up(call, device, prepare)
@@ -201,35 +202,58 @@ def _time(
     prepare: Any = None,
     agree: Callable[[int], int] | None = None,
     copies: Sequence[Callable[[], Any]] = (),
+    contention_retimes: int = 0,
 ) -> None:
     """Time the step (`forward`, whatever the mode) into `result.timing`; `stage` names it in a failure.
     A CUDA graph is checked to hold the step on the first sample only (a re-time captures the same step).
-    An unstable sample whose median drifted (`timing.worth_retiming`; on any rank, with `agree`) is taken
-    again, up to RETIMES times, in the phase `retiming`; the last one is kept with its own
-    `timing_window` (the SM clock is read over it) and the first sample's `cold_ms` (only the first
-    sample's first call was cold). Its `method` says what became of an unstable first sample."""
-    from attnprof.profiling import timing
+    A sample is taken again (in the phase `retiming`; on any rank, with `agree`):
 
-    first = None
+    - up to RETIMES times when it was unstable and its median drifted (`retime.worth_retiming`);
+    - up to `contention_retimes` times when it was contended (`Timing.contended`), each after waiting for
+      the CPU to calm (`contention.wait_for_calm`, at most `CALM_WAIT_S`); a wait that ends with the CPU
+      still busy ends the re-timing, since a sample taken then would be contended again.
+
+    The last sample is kept with its own `timing_window` (the SM clock is read over it) and the first
+    sample's `cold_ms` (only the first sample's first call was cold). Its `method` says what became of an
+    unstable first sample and of the first contended one; `result.retimed` and `result.retimed_for_contention` count the
+    samples thrown away for each reason."""
+    from attnprof.profiling import contention, retime, timing
+
+    first = contended = None
+    waits: list[contention.Calm] = []
     while True:
         started = time.time()
-        with phase(result, "retiming" if result.retimed else "timing"), guard(stage, variant):
+        with phase(result, "retiming" if first else "timing"), guard(stage, variant):
             sample = timing.time_forward(
                 forward, result.subject.device, options, prepare=prepare, agree=agree, copies=copies
             )
         result.timing_window = (started, time.time())
         first = first or sample
+        contended = contended or (sample if sample.contended else None)
         result.timing = sample if sample is first else replace(sample, cold_ms=first.cold_ms)
-        again = timing.worth_retiming(sample)
-        if agree is not None:
-            again = bool(agree(int(again)))
         options = replace(options, check_graph=False)
-        if not again or result.retimed >= RETIMES:
-            note = timing.retime_note(first, result.timing, retimed=result.retimed > 0)
-            if note:
-                result.timing = replace(result.timing, method=f"{result.timing.method}; {note}")
-            return
-        result.retimed += 1
+        if _agreed(retime.worth_retiming(sample) and result.retimed < RETIMES, agree):
+            result.retimed += 1
+            continue
+        if _agreed(sample.contended and result.retimed_for_contention < contention_retimes, agree):
+            with phase(result, "calm_wait"):
+                waits.append(contention.wait_for_calm())
+            if _agreed(retime.retimes_after(waits[-1]), agree):
+                result.retimed_for_contention += 1
+                continue
+        notes = [
+            retime.retime_note(first, result.timing, retimed=result.retimed > 0),
+            retime.contention_note(contended or first, result.timing, waits),
+        ]
+        notes = [note for note in notes if note]
+        if notes:
+            result.timing = replace(result.timing, method="; ".join([result.timing.method, *notes]))
+        return
+
+
+def _agreed(decision: bool, agree: Callable[[int], int] | None) -> bool:
+    """`decision`, or with `agree` (a collective cell's ranks) whether any rank decided so."""
+    return decision if agree is None else bool(agree(int(decision)))
 
 
 def _warm_up(forward: Any, device: str, prepare: Any = None, calls: int = 3) -> None:

@@ -9,8 +9,11 @@ the measurement is then simply not kept.
 A cached entry is used only while it is trustworthy: it is measured again when it is older
 than `MAX_AGE_DAYS`, when it was measured under another torch version or NVIDIA driver
 version, or when `refresh` asks for it. A CPU figure measured while other processes held more than
-`CONTENTION_LIMIT` of the machine's CPU serves its run but is not cached. A run measures it again,
-at most once, when a cell's achieved TFLOP/s exceeds it (`RunCeiling.measure_again`).
+`CONTENTION_LIMIT` of the machine's CPU measured them too (0.0017 TFLOP/s against 0.167 quiet on the
+2-core VM): it is neither cached nor used. The run uses the figure cached before instead, whatever its age or
+versions (`source` "cached", `reason` and `set_aside` say why), else none at all (a CPU has no datasheet
+figure): % of peak is then n/a, saying why. A run measures it again, at most once, when a cell's achieved
+TFLOP/s exceeds it (`RunCeiling.measure_again`).
 
 CPU in bf16 or fp16 has no ceiling (`source` "none"): a half-precision matmul on a CPU is no
 peak for attention kernels that compute in fp32 inside (against a freshly measured bf16 matmul,
@@ -42,7 +45,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from attnprof.profiling.contention import CONTENTION_LIMIT, CpuShare
+from attnprof.profiling.contention import CpuShare, is_contended
 from attnprof.profiling.read_probe import REPS, WARMUP, median_seconds, probe_read
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
@@ -74,6 +77,8 @@ class Ceiling:
     cached figure, too old, another torch ...), or why there is none; None for "cached".
     `method` says how the matmul and the copy were measured, `read_method` how the read bandwidth
     was (the winning candidate, and the others' figures); `measured_at` is an ISO timestamp (UTC).
+    `set_aside`: the figure measured now under contention and why it is not used (None: none was set aside),
+    for the rows' `pct_of_peak_note`.
     """
 
     tflops: float | None
@@ -86,6 +91,7 @@ class Ceiling:
     reason: str | None = None
     read_gbps: float | None = None
     read_method: str | None = None
+    set_aside: str | None = None
 
     @property
     def ridge(self) -> float | None:
@@ -228,15 +234,29 @@ def device_ceiling(
             measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             reason=why,
         )
-        entries[key] = {k: v for k, v in ceiling.to_dict().items() if k not in ("source", "reason")}
-        if busy is not None and busy > CONTENTION_LIMIT:  # a figure from a busy moment would stand for 30 days
-            ceiling = replace(
-                ceiling, reason=f"{why}; not kept: other processes took {busy:.0%} of the CPU while it was measured"
-            )
-        elif not write_cache(path, entries):
+        if is_contended(busy):  # it measured the other processes too: neither cached nor used
+            return _instead_of_contended(ceiling, entries.get(key), busy or 0.0, dtype)
+        entries[key] = {k: v for k, v in ceiling.to_dict().items() if k not in ("source", "reason", "set_aside")}
+        if not write_cache(path, entries):
             ceiling = replace(ceiling, reason=f"{why}; not kept: cannot write {path}")
     _memo[memo_key] = replace(ceiling, source="cached", reason=None)  # later calls in this process reuse it
     return ceiling
+
+
+def _instead_of_contended(measured: Ceiling, entry: Any, busy: float, dtype: str) -> Ceiling:
+    """What a run uses instead of `measured`, a CPU ceiling measured while other processes took `busy` of the
+    CPU: the cached `entry` when it is readable (whatever its age or versions), else no ceiling (a CPU has no
+    datasheet figure). `reason` and `set_aside` say which and why."""
+    taken = f"measured now at {measured.tflops or 0:.3g} TFLOP/s while other processes took {busy:.0%} of the CPU"
+    try:
+        cached = _from_entry(entry)
+    except (KeyError, TypeError, ValueError):
+        cached = None
+    if cached is None or not cached.tflops or cached.tflops <= 0:
+        why = f"the {dtype} matmul ceiling was {taken}, and no calm figure is cached (a CPU has no datasheet)"
+        return Ceiling(None, None, "none", reason=why, set_aside=taken)
+    used = f"the {dtype} matmul ceiling cached on {cached.measured_on} ({cached.tflops:.3g} TFLOP/s)"
+    return replace(cached, reason=f"{measured.reason}; {taken}: not used, {used} is", set_aside=f"{used}: {taken}")
 
 
 def cached_ceiling(gpu: str, dtype: str, path: Path | None = None) -> Ceiling | None:

@@ -29,13 +29,16 @@ How a sample is taken:
   number of times. `agree(n)` returns the largest `n` of all of them: the warm-up goes on until every process
   is done, the repetitions are the most any process asks for, and no CUDA graph is captured.
 
-`cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed (cold
-call, warm-up and repetitions; `profiling.contention`; None off Linux or for a window under 50 ms).
+`cpu_contention`: the share of the machine's CPU that other processes took while the forward was timed,
+cold call, warm-up and repetitions (`profiling.contention`; None off Linux or for a window under 50 ms).
+`quantized_tick_ms`: the scheduler tick the samples sit on multiples of (`contention.scheduler_tick_ms`),
+None when they do not. A timing is `contended` when either says so: it measured the other processes too
+(`pipeline.stages` times it again once the CPU is calm, `retime.contention_note` says what became of it).
 
 Statistics (attnprof.stats): median, 25th/75th percentiles (linear interpolation) and IQR. A timing is `unstable`
 when IQR / median > `UNSTABLE_IQR_RATIO` (10 %). Its `drift` is how far the median moved between the first and
 second half of the sample (call order), as a fraction of the median: an unstable sample is worth taking again
-(`worth_retiming`) only when it drifted by more than `RETIME_DRIFT` (5 %); one that did not drift has the spread
+(`retime.worth_retiming`) only when it drifted by more than `RETIME_DRIFT` (5 %); one that did not drift has the spread
 of the forward itself (a host-bound launch loop jitters on every call), which a second sample would repeat.
 """
 
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.errors import one_line
-from attnprof.profiling.contention import CpuShare
+from attnprof.profiling.contention import CpuShare, is_contended, scheduler_tick_ms
 from attnprof.profiling.cuda_graphs import (
     event_samples,
     event_time_s,
@@ -94,6 +97,24 @@ class Timing:
     l2_bytes: int | None = None  # the GPU's L2 cache size; None on a CPU or when the device does not say
     gpu_health: GpuHealth | None = None  # the GPU over the timed calls (NVML, profiling.gpu_health); None: not sampled
     gpu_health_note: str | None = None  # why a CUDA timing asked to sample the GPU has no gpu_health (one line)
+    quantized_tick_ms: float | None = None  # the scheduler tick the samples sit on multiples of; None: they do not
+
+    @property
+    def contended(self) -> bool:
+        """True when other processes took more than `CONTENTION_LIMIT` of the CPU while it was timed, or its
+        samples sit on a scheduler tick."""
+        return is_contended(self.cpu_contention) or self.quantized_tick_ms is not None
+
+    @property
+    def contention_text(self) -> str:
+        """`other processes took 70% of the CPU`, `samples on multiples of a 4 ms scheduler tick`, or both
+        (joined by `; `); empty when not contended."""
+        said = []
+        if is_contended(self.cpu_contention):
+            said.append(f"other processes took {self.cpu_contention:.0%} of the CPU")
+        if self.quantized_tick_ms is not None:
+            said.append(f"samples on multiples of a {self.quantized_tick_ms:.3g} ms scheduler tick")
+        return "; ".join(said)
 
 
 def is_unstable(median_value: float, iqr_value: float, threshold: float = UNSTABLE_IQR_RATIO) -> bool:
@@ -109,29 +130,6 @@ def halves_drift(samples: Sequence[float]) -> float:
     if half < 1 or mid <= 0:
         return 0.0
     return abs(median(samples[:half]) - median(samples[-half:])) / mid
-
-
-def worth_retiming(timing: Timing, tolerance: float = RETIME_DRIFT) -> bool:
-    """True for an unstable timing whose halves disagree by more than `tolerance`: a second sample could
-    give another median."""
-    return timing.unstable and timing.drift > tolerance
-
-
-def retime_note(first: Timing, kept: Timing, retimed: bool) -> str:
-    """What became of an unstable first sample, for `Timing.method`; empty when it was stable."""
-    if not first.unstable:
-        return ""
-    spread = f"IQR {first.iqr_us / first.median_us:.0%} of the median" if first.median_us > 0 else "no median"
-    if not retimed:
-        return (
-            f"unstable ({spread}) but not timed again: its halves' medians agree within {first.drift:.1%}, "
-            "so a second sample would give the same median"
-        )
-    still = "; still unstable" if kept.unstable else ""
-    return (
-        f"timed again: the first sample was unstable ({spread}) and its halves' medians differed by "
-        f"{first.drift:.1%}{still}"
-    )
 
 
 def choose_reps(estimate_s: float, min_time_s: float, min_reps: int, max_reps: int) -> int:
@@ -192,6 +190,7 @@ def summarize(
         l2_bytes=l2_bytes,
         gpu_health=gpu_health,
         gpu_health_note=gpu_health_note,
+        quantized_tick_ms=scheduler_tick_ms(us),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from attnprof.report.contended import marked
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.layout import Column
 from attnprof.results.parts import AttentionRecord
@@ -71,6 +72,8 @@ def placed(view: View, own: Sequence[tuple[Column, Cell]]) -> list[tuple[Column,
 
 
 def latency_text(row: Row, say_retimed: bool = False) -> str:
+    """`1,380 ± 12`, with the SM clock when it was held down, `(unstable)`, and the contention mark
+    (`report.contended`); `say_retimed` (run's summary) says in words what the re-times did."""
     if row.latency_us is None:
         return "n/a"
     text = f"{fmt_number(row.latency_us)} ± {fmt_number(row.latency_iqr_us)}"
@@ -78,8 +81,15 @@ def latency_text(row: Row, say_retimed: bool = False) -> str:
         text += f" @ {fmt_count(row.sm_clock_mhz)} MHz"
     retimed = say_retimed and bool(row.retimed)
     if row.unstable:
-        return text + (" (unstable, also when re-timed)" if retimed else " (unstable)")
-    return text + (" (re-timed: the first sample was unstable)" if retimed else "")
+        text += " (unstable, also when re-timed)" if retimed else " (unstable)"
+    elif retimed:
+        text += " (re-timed: the first sample was unstable)"
+    if say_retimed and row.contended:
+        again = row.retimed_for_contention or 0
+        text += f" (timed while other processes held the CPU{f', also after {again} re-time(s)' if again else ''})"
+    elif say_retimed and row.retimed_for_contention:
+        text += f" (re-timed {row.retimed_for_contention}x once the CPU was calm)"
+    return marked(row, text)
 
 
 def clock_held_down(row: Row) -> bool:
@@ -213,7 +223,8 @@ def _throughput(row: Row) -> str:
     `n/a: why` when there is no meaningful peak."""
     if row.pct_of_peak is None and row.pct_of_peak_note:
         return f"{fmt_number(row.tflops)} (n/a: {row.pct_of_peak_note})"
-    text = f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%)"
+    note = f"; {row.pct_of_peak_note}" if row.pct_of_peak_note else ""
+    text = f"{fmt_number(row.tflops)} ({fmt_number(row.pct_of_peak)}%{note})"
     return text + (f" ({row.peak_reference_note})" if row.peak_reference_note else "")
 
 

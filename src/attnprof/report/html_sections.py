@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attnprof.report.columns import KERNEL_LEGEND, speedup_text
+from attnprof.report.contended import marked, warning
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html_parts import (
     SPEED_TIMES,
@@ -33,10 +34,9 @@ from attnprof.report.sweep_tables import (
     sweep_groups,
 )
 from attnprof.report.tables import (
-    UNRELIABLE,
     compare_groups,
     kernel_shown,
-    reference_legend,
+    legends,
     shape_columns,
     shape_rows,
     variant_label,
@@ -107,10 +107,14 @@ def _headline_findings(group: list[Row]) -> str:
 
 def headline_section(rows: list[Row], baseline: str | None) -> str:
     """One row per shape × mode: the fastest variant, its time, TFLOP/s, % of peak and speed-up, and the
-    cell's costliest problem findings. Columns n/a in every row are left out."""
+    cell's costliest problem findings. Columns n/a in every row are left out. A warning line leads it when
+    a row was timed while other processes held the CPU (`report.contended`)."""
     parts = ["<h2 id='headline'>Headline</h2>"]
     if not rows:
         return parts[0] + "<p class='note'>The results file holds no rows.</p>"
+    contended = warning(rows)
+    if contended:
+        parts.append(f"<p class='warn'>{esc(contended)}</p>")
     bases = set()
     body: list[tuple[list[str], str]] = []
     for title, group in _cells(rows):
@@ -121,6 +125,7 @@ def headline_section(rows: list[Row], baseline: str | None) -> str:
             body.append(([title, "none ran", "", "", "", ""], findings))
             continue
         time = fmt_number(SPEED_TIMES[key](best))
+        time = marked(best, time) if key == "latency_us" else time
         texts = [title, variant_label(best, group), time, fmt_number(best.tflops), fmt_number(best.pct_of_peak)]
         body.append((texts + [speedup_text(best)], findings))
     time_header = next(iter(bases)) if len(bases) == 1 else "time µs"
@@ -195,9 +200,7 @@ def comparison_section(rows: list[Row], baseline: str | None) -> str:
     points = compare_groups(rows, baseline)
     for title, group in points:
         tables += [f"<h3>{esc(title)}</h3>", _shape_table(group)]
-        if any(row.speedup_reliable is False for row in group):
-            tables.append(f"<p class='note'>{esc(UNRELIABLE)}</p>")
-        tables += [f"<p class='note'>{esc(legend)}</p>" for legend in reference_legend(group)]
+        tables += [f"<p class='note'>{esc(line)}</p>" for line in legends(group, None)]
         if kernel_shown(shape_rows(group, full=False)):
             tables.append(f"<p class='note'>{esc(KERNEL_LEGEND)}</p>")
     if not swept or pivot is None:
@@ -208,8 +211,7 @@ def comparison_section(rows: list[Row], baseline: str | None) -> str:
     )
     for group, pivot_headers, pivot_body in pivots:
         parts += [f"<h3>{esc(pivot_title(group, pivot, baseline))}</h3>", html_table(pivot_headers, pivot_body)]
-    if any(row.speedup_reliable is False for row in rows):
-        parts.append(f"<p class='note'>{esc(UNRELIABLE)}</p>")
+    parts += [f"<p class='note'>{esc(line)}</p>" for line in legends(rows, None)]
     parts.append(f"<details><summary>Every point in full ({len(points)} tables)</summary>{''.join(tables)}</details>")
     return "\n".join(parts)
 

@@ -3,7 +3,8 @@
 A figure timed without the profiler (the latency and what is computed from it) is *not judged* when:
 
 - **contended**: its row was timed while other processes took more than `CONTENTION_LIMIT` (a quarter) of the
-  machine's CPU (the row's `cpu_contention`, see `profiling.contention`). Such a timing measures the other work
+  machine's CPU (the row's `cpu_contention`, see `profiling.contention`), or its samples sat on multiples of a
+  scheduler tick (`quantized_tick_ms`, the scheduler's doing). Such a timing measures the other work
   too (on the 2-core development CPU the same cell took 787 µs in one compare and 370 ms in the next), so it
   is not judged whatever it says: a contended BASE can hide a real slowdown as well as a contended NEW can
   fake one.
@@ -32,10 +33,13 @@ UNSTABLE_TEXT = "both timings are unstable (IQR over 10% of the median)"
 
 def contention(row: Row, whose: str) -> str | None:
     """`other processes took 49% of the CPU while {whose} was timed` when the row's `cpu_contention` is above
-    `CONTENTION_LIMIT`; None otherwise, or when the row does not say."""
+    `CONTENTION_LIMIT`, or that its samples sat on a scheduler tick (`quantized_tick_ms`); None otherwise, or
+    when the row does not say."""
     share = row.cpu_contention
     if share is not None and share > CONTENTION_LIMIT:
         return f"other processes took {share:.0%} of the CPU while {whose} was timed"
+    if row.quantized_tick_ms is not None:
+        return f"{whose}'s samples sat on multiples of a {row.quantized_tick_ms:.3g} ms scheduler tick"
     return None
 
 

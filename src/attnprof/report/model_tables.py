@@ -15,12 +15,13 @@ from attnprof.report.columns import Cell, placed
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.impact import finding_line, left_out, shown, unit_of, what_to_look_at
 from attnprof.report.layout import Column, bullets, limit, table, wrap
-from attnprof.report.tables import per_step, reason_bullets
+from attnprof.report.tables import legends, per_step, reason_bullets
 from attnprof.results.schema import Row
 
 SHOWN_ALWAYS = ("implementation", "seq", "status")  # the cells of a row that never ran
 UNRELIABLE = (
-    "~x? marks an unreliable speed-up: the row's or the baseline's timing is unstable (IQR over 10% of the median)"
+    "~x? marks an unreliable speed-up: the row's or the baseline's timing is unstable (IQR over 10% of the median) "
+    "or was timed while other processes held the CPU"
 )
 
 
@@ -97,8 +98,7 @@ def model_table(rows: list[Row], fmt: str, baseline: str, width: int | None = No
     if messages:
         notes.append(bullets(messages, width))
     notes += left_out(rows, width)
-    if any(row.speedup_reliable is False for row in rows):
-        notes += wrap(UNRELIABLE, width)
+    notes += legends(rows, width, UNRELIABLE)
     return "\n".join([table(list(headers), body, fmt, width)] + (["", *notes] if notes else []))
 
 

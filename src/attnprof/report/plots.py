@@ -255,7 +255,7 @@ def throughput_figure(rows: list[Row], style: Style) -> Any:
         notes.append(
             f"ceiling: a dense matmul in the same dtype, measured on the device: {', '.join(ceilings)} TFLOP/s"
         )
-    reasons = sorted({row.pct_of_peak_note for row in ok_rows(rows) if row.pct_of_peak_note})
+    reasons = sorted({r.pct_of_peak_note for r in ok_rows(rows) if r.pct_of_peak_note and r.pct_of_peak is None})
     if reasons:
         notes.append("% of the ceiling is n/a for some rows: " + "; ".join(reasons))
     notes += [f"FLOPs: {text}" for text in sorted({r.flops_convention for r in ok_rows(rows) if r.flops_convention})]

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprof.report.columns import speedup_text
+from attnprof.report.contended import marked
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.layout import Column, bullets, limit, table, wrap
 from attnprof.report.ranking import INFO, impact_text, rank_key, ranked, row_findings, severity
-from attnprof.report.tables import UNRELIABLE, variant_label
+from attnprof.report.tables import legends, variant_label
 from attnprof.results.parts import FindingRecord
 from attnprof.results.schema import Row
 
@@ -119,7 +120,8 @@ def _cell(row: Row | None, basis: str) -> str:
     if value is None:
         return "n/a"
     speedup = speedup_text(row)
-    return fmt_number(value) + ("" if speedup == "n/a" else f" ({speedup})")
+    text = fmt_number(value) + ("" if speedup == "n/a" else f" ({speedup})")
+    return marked(row, text) if basis == "latency_us" else text
 
 
 def _problem_ids(rows: list[Row]) -> str:
@@ -283,8 +285,9 @@ def sweep_report(rows: list[Row], fmt: str, baseline: str | None, width: int | N
         title = f"{heading} {pivot_title(group, pivot, baseline)}"
         parts += ["", *wrap(title, width), "", pivot_table(group, pivot, fmt, width)]
     notes = reason_lines(rows, width)
-    if any(row.speedup_reliable is False for row in rows):
-        notes += ([""] if notes else []) + wrap(UNRELIABLE, width)
+    marks = legends(rows, width)
+    if marks:
+        notes += ([""] if notes else []) + marks
     found = finding_bullets(rows, width)
     if notes:
         parts += ["", *notes]

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnprof.report.columns import BANDWIDTH_HEADER, KERNEL_LEGEND, KERNEL_MARK, Cell, placed
+from attnprof.report.contended import legend
 from attnprof.report.counters_tables import counters_section
 from attnprof.report.formatting import fmt_count, fmt_number
 from attnprof.report.impact import finding_line, left_out, shown, shown_ids, unit_of, what_to_look_at
@@ -22,7 +23,7 @@ from attnprof.results.schema import Row
 
 UNRELIABLE = (
     "~x? marks an unreliable speed-up: the variant's or the baseline's timing was still unstable "
-    "(IQR over 10% of the median) after a re-time"
+    "(IQR over 10% of the median) after a re-time, or timed while other processes held the CPU"
 )
 
 LIST_COLUMNS = (
@@ -108,16 +109,13 @@ def shape_rows(rows: list[Row], full: bool, problems_only: bool = False) -> list
 
 def shape_table(rows: list[Row], fmt: str, width: int | None = None, keep: list[int] | None = None) -> str:
     """One comparison table for the rows of one shape; fitted, the reasons of rows that are not ok
-    follow it as bullets. A legend follows when a speed-up is unreliable, and one for each reference raised
-    above a measured ceiling (`reference_legend`). `keep`: the columns every
-    shape's table of the output keeps (`compare_report`); None: this table's own fit."""
+    follow it as bullets. A legend follows when a speed-up is unreliable or a latency contended, and one for
+    each reference raised above a measured ceiling (`reference_legend`). `keep`: the columns every shape's
+    table of the output keeps (`compare_report`); None: this table's own fit."""
     width = limit(width, fmt)
     body = shape_rows(rows, full=width is None, problems_only=width is not None)
     notes = reason_bullets(rows, width) if width is not None else []
-    if any(row.speedup_reliable is False for row in rows):
-        notes += wrap(UNRELIABLE, width)
-    for legend in reference_legend(rows):
-        notes += wrap(legend, width)
+    notes += legends(rows, width)
     columns = shape_columns(rows)
     if width is not None and keep is None:
         keep = fitted_columns(columns, body, width)
@@ -137,6 +135,20 @@ def kernel_shown(body: list[list[str]], keep: list[int] | None = None) -> bool:
     """True when a cell of the table's `body` (its columns `keep`, None: all) holds a figure by kernel time,
     marked: the table then needs `KERNEL_LEGEND`."""
     return any(cell.endswith(KERNEL_MARK) for line in body for i, cell in enumerate(line) if keep is None or i in keep)
+
+
+def legends(rows: list[Row], width: int | None, unreliable: str = UNRELIABLE) -> list[str]:
+    """The legend lines of a table of these rows: the contention mark's (`report.contended`) when a row is
+    contended, `unreliable` when a speed-up is unreliable, and each raised reference (`reference_legend`)."""
+    lines = []
+    contended = legend(rows)
+    if contended:
+        lines += wrap(contended, width)
+    if any(row.speedup_reliable is False for row in rows):
+        lines += wrap(unreliable, width)
+    for note in reference_legend(rows):
+        lines += wrap(note, width)
+    return lines
 
 
 def reason_bullets(rows: list[Row], width: int) -> list[str]:

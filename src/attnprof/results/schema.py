@@ -99,7 +99,10 @@ class Row(Record):
     cold_ms: float | None = None
     unstable: bool | None = None
     retimed: int | None = None
+    retimed_for_contention: int | None = None  # samples thrown away because other processes held the CPU
     cpu_contention: float | None = None
+    quantized_tick_ms: float | None = None  # the scheduler tick the samples sit on multiples of
+    contended: bool | None = None  # the kept timing measured other processes too (share or tick)
     timing_method: str | None = None
     cuda_graph: bool | None = None  # the latency is of CUDA-graph replays (timing_method says how many forwards)
     l2_state: str | None = None  # the L2 each timed call found: "warm", "flushed" or "rotated"; None on a CPU
@@ -218,8 +221,9 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("forward_kernel_time_us", "backward_kernels", "backward_memcpy", "backward_memset"),
     *("backward_kernel_time_us", "backward_outside_region", "backend", "attention_calls_per_forward"),
     *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
-    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "cpu_contention", "timing_method", "cuda_graph"),
-    *("l2_state", "l2_bytes", "working_set_bytes", "flops"),
+    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "retimed_for_contention", "cpu_contention"),
+    *("quantized_tick_ms", "contended", "timing_method", "cuda_graph", "l2_state", "l2_bytes", "working_set_bytes"),
+    "flops",
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
     *("pct_of_peak_note", "peak_tflops", "peak_reference_tflops", "peak_reference_note", "bytes_moved"),
     *("achieved_gbps", "kernel_gbps", "kernel_pct_of_read_bandwidth", "pct_of_read_bandwidth", "peak_read_gbps"),
@@ -240,6 +244,7 @@ MODEL_COLUMNS: tuple[str, ...] = (
     *("variant", "implementation", "source", "model", "params", "batch", "shape", "seq", "heads"),
     *("kv_heads", "head_dim", "dtype", "device", "causal", "mask", "score_mod", "mode", "status", "reason"),
     *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "timing_method", "l2_state", "cpu_contention"),
+    *("quantized_tick_ms", "contended", "retimed_for_contention"),
     *("latency_min_us", "speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward"),
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
     *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),

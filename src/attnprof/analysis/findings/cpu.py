@@ -1,4 +1,5 @@
-"""Findings on the CPU side of an instance: a CPU that cannot keep the GPU fed, and ops that launch nothing."""
+"""Findings on the CPU side of an instance: a CPU that cannot keep the GPU fed, ops that launch nothing, and
+a latency timed while other processes held the CPU (`cpu-contention`, the judge's: `FindingContext.timed`)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,47 @@ def _metadata_transposes(ctx: FindingContext) -> str | None:
         f"{n} aten::transpose op{'s' if n != 1 else ''} per {ctx.unit} launch no kernel (they only "
         f"rewrite strides, mostly under {where})."
     )
+
+
+def _contention_cost(ctx: FindingContext) -> float | None:
+    """Not measured: what the other processes added is unknown without a quiet timing of the same step."""
+    return None
+
+
+@RULES.rule(
+    "cpu-contention",
+    severity="problem",
+    summary="Other processes held the CPU while the latency was timed, even after re-timing: it measures them too.",
+    paragraph="""
+    While the step was timed without the profiler, other processes took more than a quarter of the machine's CPU
+    (busy time of every CPU, steal included, less this process's own), or the samples sat on whole multiples of a
+    scheduler tick (1 ms or more: 4 ms at HZ=250), which is the scheduler's doing, not the step's. Either way the
+    latency measures the other work too: on a 2-core machine beside busy processes the same backward read
+    55,991 us against 1,380 us when quiet, with spreads small enough to look stable. attnprof waited for the CPU
+    to calm and timed the step again (--contention-retimes, 2 by default); this finding says the kept sample was
+    still contended. Its latency, TFLOP/s and speed-ups are marked in every table and are not judged by diff or
+    check (exit 3). Time again on a quiet machine: stop the other jobs, or pin them and attnprof to separate cores.
+    """,
+    impact=_contention_cost,
+)
+def _cpu_contention(ctx: FindingContext) -> Said | None:
+    timed = ctx.timed
+    if timed is None or not timed.contended:
+        return None
+    signs = []
+    if timed.cpu_contention is not None and timed.cpu_contention > timed.limit:
+        signs.append(f"other processes took {timed.cpu_contention:.0%} of the CPU (limit {timed.limit:.0%})")
+    if timed.quantized_tick_ms is not None:
+        signs.append(f"the samples sat on multiples of a {timed.quantized_tick_ms:.3g} ms scheduler tick")
+    again = f"after {timed.retimes} re-time(s)" if timed.retimes else "not re-timed"
+    sentence = (
+        f"While the latency was timed, {' and '.join(signs)} ({again}): it measures the other processes too, "
+        "so its latency, TFLOP/s and speed-ups are not the variant's."
+    )
+    evidence = numbers(
+        cpu_contention=timed.cpu_contention,
+        contention_limit=timed.limit,
+        quantized_tick_ms=timed.quantized_tick_ms,
+        retimed_for_contention=timed.retimes,
+    )
+    return sentence, evidence

@@ -7,6 +7,8 @@ them and all of that, and returns the row's findings; no other package creates, 
 merges a finding. Each step is a judge rule, a function `(findings, verdict) -> findings` in
 `JUDGE_RULES`, applied in that order:
 
+- `flag_contention`: `cpu-contention` first when the latency was timed while other processes held the
+  CPU (everything timed without the profiler rests on it);
 - `settle_cpu_bound`: `cpu-bound` against the unprofiled latency (the profiler's own recording is
   host time too);
 - `weigh_dense_mask`: `dense-mask` with the alternatives measured at the same shape and what the
@@ -28,15 +30,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
+from attnprof.analysis.findings.cpu import RULES as CPU_RULES
 from attnprof.analysis.findings.gpu_health import RULES as GPU_HEALTH_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
-from attnprof.analysis.findings.registry import Finding, FindingContext, GpuHealthReading, numbers, us
+from attnprof.analysis.findings.registry import Finding, FindingContext, GpuHealthReading, Timed, numbers, us
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
     from attnprof.analysis.instance.metrics import KernelStats
 
 CPU_BOUND = "cpu-bound"
+CPU_CONTENTION = "cpu-contention"
 DENSE_MASK = "dense-mask"
 OCCUPANCY_UNREPORTED = "occupancy-unreported"
 #: cpu-bound stands only while the unprofiled latency is above the device time per instance by more than this.
@@ -98,7 +102,8 @@ class Verdict:
     weighed against. `gpu_time_us`: the device time per instance under the profiler. `unit`: what one
     instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
     measured. `counters`: the hardware counters (None without). `gpu_health`: the GPU over the timed calls
-    (NVML; None: not sampled)."""
+    (NVML; None: not sampled). `timed`: how the latency was timed, as far as the machine's load goes (None:
+    not timed)."""
 
     findings: Sequence[Finding] = ()
     kernels: Sequence[KernelStats] = ()
@@ -109,6 +114,7 @@ class Verdict:
     alternatives: Sequence[Alternative] = field(default_factory=tuple)
     counters: Counted | None = None
     gpu_health: GpuHealthReading | None = None
+    timed: Timed | None = None
 
 
 JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
@@ -117,6 +123,15 @@ JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
 def _replaced(findings: list[Finding], finding_id: str, change: Callable[[Finding], Finding]) -> list[Finding]:
     """`findings` with the one called `finding_id` (if any) replaced by `change(it)`."""
     return [change(f) if f.id == finding_id else f for f in findings]
+
+
+def flag_contention(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`cpu-contention` (the cpu module's rule, over `verdict.timed`) before the other findings when the kept
+    timing was contended; the findings stand otherwise."""
+    if verdict.timed is None:
+        return findings
+    found = CPU_RULES.get(CPU_CONTENTION).match(FindingContext([], [], None, None, 0.0, None, timed=verdict.timed))
+    return findings if found is None else [found, *(f for f in findings if f.id != CPU_CONTENTION)]
 
 
 def settle_cpu_bound(findings: list[Finding], verdict: Verdict) -> list[Finding]:
@@ -241,6 +256,7 @@ def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
 
 #: The judge's rules, in the order they run.
 JUDGE_RULES: tuple[JudgeRule, ...] = (
+    flag_contention,
     settle_cpu_bound,
     weigh_dense_mask,
     join_counters,

@@ -107,11 +107,25 @@ class GpuHealthReading(Protocol):
     def reason_pcts(self) -> Mapping[str, float]: ...
 
 
+@dataclass(frozen=True)
+class Timed:
+    """How a row's latency was timed without the profiler, as far as the machine's load goes (what
+    `cpu-contention` reads): the share of the CPU other processes took (None: unknown), the limit above which
+    that share makes a timing contended, the scheduler tick its samples sit on (None: they do not), whether
+    the kept timing is contended (either sign), and the samples thrown away for contention."""
+
+    cpu_contention: float | None
+    limit: float
+    quantized_tick_ms: float | None
+    contended: bool
+    retimes: int
+
+
 @dataclass
 class FindingContext:
     """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals; or, for
-    the counter findings, one step's hardware counters (`counters`); or, for the gpu-health findings, the GPU
-    over the timed calls (`gpu_health`)."""
+    the counter findings, one step's hardware counters (`counters`); for the gpu-health findings, the GPU
+    over the timed calls (`gpu_health`); or, for `cpu-contention`, how the row's latency was timed (`timed`)."""
 
     per_forward: list[ForwardMetrics]
     kernels: list[KernelStats]
@@ -127,6 +141,7 @@ class FindingContext:
     ceiling_tflops: float | None = None  # the measured matmul ceiling of the inputs' dtype (None: not measured)
     counters: StepCounters | None = None  # one step's hardware counters (Nsight Compute); None without them
     gpu_health: GpuHealthReading | None = None  # the GPU while the latency was timed (NVML); None without it
+    timed: Timed | None = None  # how the row's latency was timed (the judge's); None for a trace alone
 
     @property
     def instance_time_us(self) -> float:
