@@ -47,6 +47,8 @@ KERNEL_BACKENDS = {
 CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
 MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
 BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
+#: The ops that run a GEMM themselves (an eager call's matrix products on the CPU).
+GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
 ENGINE_PREFIX = "autograd::engine::evaluate_function: "
 #: functorch's vmap records each op it batches under a name holding this (VmappedVmapped...ModIndex):
 #: FlexAttention's `create_block_mask` run eagerly (see `masks`).
@@ -92,6 +94,8 @@ class LedgerNames:
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
     vmapped: frozenset[int] = frozenset()  # the name ids of the ops holding VMAPPED
+    gemm_ops: frozenset[int] = frozenset()  # the name ids of GEMM_OPS
+    gemm_kernels: frozenset[int] = frozenset()  # the name ids of the kernels of the "gemm" family
 
 
 def ledger_names(trace: ParsedTrace) -> LedgerNames:
@@ -105,4 +109,6 @@ def ledger_names(trace: ParsedTrace) -> LedgerNames:
         fused={n: backend for n in kernel_ids if (backend := kernel_backend(names[n])) is not None},
         batched=frozenset(n for n in op_ids if names[n] in BATCHED_MATMUL_OPS),
         vmapped=frozenset(n for n in op_ids if VMAPPED in names[n]),
+        gemm_ops=frozenset(n for n in op_ids if names[n] in GEMM_OPS),
+        gemm_kernels=frozenset(n for n in kernel_ids if explain_kernel(names[n]).family == "gemm"),
     )
