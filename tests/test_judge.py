@@ -20,6 +20,7 @@ from attnprof.analysis.findings.judge import (
     IS_CAUSAL,
     JUDGE_RULES,
     THIS_RUN,
+    apply_timed_fixes,
     drop_by_design,
     join_counters,
     saved_by,
@@ -43,7 +44,7 @@ DENSE = Finding("dense-mask", "dense-mask says so.", "problem", 12.0, 1.3)
 
 
 def test_the_rules_run_in_a_fixed_order() -> None:
-    assert JUDGE_RULES == (settle_cpu_bound, weigh_dense_mask, join_counters, drop_by_design)
+    assert JUDGE_RULES == (settle_cpu_bound, weigh_dense_mask, apply_timed_fixes, join_counters, drop_by_design)
 
 
 def test_without_anything_beyond_the_trace_the_judge_keeps_the_trace_findings() -> None:

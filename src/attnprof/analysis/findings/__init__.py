@@ -12,8 +12,8 @@ trace's and what else the row measured, and is the only place a finding is dropp
 
 from __future__ import annotations
 
-from attnprof.analysis.findings import backward, comm, counters, cpu, forward, ledger, masks, memory, occupancy
-from attnprof.analysis.findings.judge import Counted, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings import backward, comm, counters, cpu, forward, fusion, ledger, masks, memory, occupancy
+from attnprof.analysis.findings.judge import Counted, TimedFix, Verdict, judge, judge_alternatives
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
     Finding,
@@ -23,12 +23,13 @@ from attnprof.analysis.findings.registry import (
     read_finding,
 )
 
-#: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
+#: Every finding, in the order they are emitted: the forward's work, unfused attention, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
 #: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels.
 FINDINGS = FindingRegistry(
     [
         *forward.RULES,
+        *fusion.RULES,
         *masks.RULES,
         *occupancy.RULES,
         *cpu.RULES,
@@ -63,6 +64,7 @@ __all__ = [
     "FindingContext",
     "FindingRegistry",
     "Rule",
+    "TimedFix",
     "Verdict",
     "build_findings",
     "counter_findings",
