@@ -96,10 +96,11 @@ class LedgerNames:
     vmapped: frozenset[int] = frozenset()  # the name ids of the ops holding VMAPPED
     gemm_ops: frozenset[int] = frozenset()  # the name ids of GEMM_OPS
     gemm_kernels: frozenset[int] = frozenset()  # the name ids of the kernels of the "gemm" family
+    converts: frozenset[int] = frozenset()  # the name ids of the ops that may convert a mask (mask_convert)
 
 
-def ledger_names(trace: ParsedTrace) -> LedgerNames:
-    """The `LedgerNames` of a trace."""
+def ledger_names(trace: ParsedTrace, converts: frozenset[str] = frozenset()) -> LedgerNames:
+    """The `LedgerNames` of a trace (`converts`: the op names that may convert a mask)."""
     names, dev = trace.names, trace.device
     op_ids = set(trace.cpu_ops.name)
     kernel_ids = set(compress(dev.name, map(KERNEL.__eq__, dev.kind)))
@@ -111,4 +112,5 @@ def ledger_names(trace: ParsedTrace) -> LedgerNames:
         vmapped=frozenset(n for n in op_ids if VMAPPED in names[n]),
         gemm_ops=frozenset(n for n in op_ids if names[n] in GEMM_OPS),
         gemm_kernels=frozenset(n for n in kernel_ids if explain_kernel(names[n]).family == "gemm"),
+        converts=frozenset(n for n in op_ids if names[n] in converts),
     )

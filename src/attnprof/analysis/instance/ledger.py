@@ -225,7 +225,7 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     facts = [_facts(tree, index, c) for c in every]
     masks = mask_builds(tree, names, calls, units, found.in_call)
     ledger = ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
-    ledger.converts = mask_converts(tree, calls, found.in_call)
+    ledger.converts = mask_converts(tree, names, calls, found.in_call)
     return ledger
 
 
@@ -258,7 +258,7 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
             fact.gemm_time_us = sum(ops.dur[o] for o in call.ops if ops.name[o] in gemm)
         facts.append(fact)
     facts += _cpu_backward(tree, calls)
-    converts = mask_converts(tree, calls, found.in_call)
+    converts = mask_converts(tree, index.ledger, calls, found.in_call)
     return ForwardLedger(facts, {}, None, len(calls), cpu_time_us=tree.fwd.cpu_time_us, converts=converts)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprof.analysis.base import MEMCPY
-from attnprof.analysis.instance.call_names import MODULE_OPS, SDPA_OP
+from attnprof.analysis.instance.call_names import MODULE_OPS, SDPA_OP, LedgerNames
 from attnprof.analysis.instance.calls import Call
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import CAST_OPS, COPY_OPS
@@ -135,13 +135,15 @@ def _masks_taken(tree: OpTree, call: Call) -> list[tuple[int, ...]]:
     return found
 
 
-def mask_converts(tree: OpTree, calls: list[Call], in_call: list[bool]) -> list[MaskConvert]:
+def mask_converts(tree: OpTree, names: LedgerNames, calls: list[Call], in_call: list[bool]) -> list[MaskConvert]:
     """The mask conversions of one instance whose forward calls are `calls` (launch order) and whose op
-    positions inside a call are marked in `in_call`, in op order (see the module docstring)."""
-    if not calls:
+    positions inside a call are marked in `in_call`, in op order (see the module docstring); `names`
+    holds the name ids of `CONVERT_OPS` (`LedgerNames.converts`)."""
+    converts = names.converts
+    if not calls or not converts:
         return []
     ops, order = tree.trace.cpu_ops, tree.order
-    candidates = [i for i, name in enumerate(map(tree.name, order)) if name in CONVERT_OPS]
+    candidates = [i for i, name in enumerate(tree.op_names) if name in converts]
     if not candidates:
         return []
     call_of = {op: k for k, c in enumerate(calls) for op in c.ops}
