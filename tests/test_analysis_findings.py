@@ -33,9 +33,9 @@ def message(analysis, finding_id):
 
 def test_ids_are_the_documented_contract():
     assert FINDING_IDS == ("hidden-memcpy", "fp32-cuda-cores", "mask-rebuilt", "safe-softmax", "single-fused-kernel",
-                           "dense-mask", "mask-build", "backend-fallback", "low-occupancy-by-design",
-                           "occupancy-unreported", "cpu-bound", "metadata-transposes", "cpu-contention", "comm-exposed",
-                           "bwd-dot-do-o",
+                           "unfused-attention", "dense-mask", "mask-build", "backend-fallback", "mask-convert",
+                           "low-occupancy-by-design", "occupancy-unreported", "cpu-bound", "metadata-transposes",
+                           "cpu-contention", "comm-exposed", "bwd-dot-do-o",
                            "bwd-dq-convert", "bwd-memsets", "grad-accumulation", "host-sync",
                            "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound",
                            "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated", "throttled")

@@ -65,7 +65,7 @@ _CUDNN_BWD = _FUSED_BWD | {"bwd-memsets"}
 # fp32-cuda-cores: without record_shapes the bf16 inputs are known from the kernels' names (c10::BFloat16)
 _MATH = {"mask-rebuilt", "safe-softmax", "low-occupancy-by-design", "metadata-transposes", "fp32-cuda-cores",
          "backend-fallback"}
-_UNFUSED = {"hidden-memcpy", *_COMMON, "metadata-transposes", "bwd-memsets"}
+_UNFUSED = {"hidden-memcpy", *_COMMON, "metadata-transposes", "bwd-memsets", "unfused-attention"}
 FINDINGS = {
     "bwd/8x16x1024x64/inplace": {"hidden-memcpy", *_COMMON, "bwd-memsets"},
     "bwd/8x16x1024x64/naive": {"hidden-memcpy", *_COMMON, "bwd-memsets"},
@@ -74,7 +74,7 @@ FINDINGS = {
     "bwd/8x16x1024x64/sdpa-flash": {*_COMMON, "cpu-bound", *_FUSED_BWD},
     "bwd/8x16x1024x64/sdpa-math": {"low-occupancy-by-design", "fp32-cuda-cores"},
     "bwd/8x16x1024x64/sdpa": {*_COMMON, "cpu-bound", *_CUDNN_BWD},
-    "fwd+bwd/4x16x8192x128/compiled": {*_COMMON, "bwd-memsets"},
+    "fwd+bwd/4x16x8192x128/compiled": {*_COMMON, "bwd-memsets", "unfused-attention"},
     "fwd+bwd/4x16x8192x128/flex": {*_COMMON, "bwd-dot-do-o"},
     "fwd+bwd/4x16x8192x128/inplace": _UNFUSED,
     "fwd+bwd/4x16x8192x128/naive": _UNFUSED,
@@ -83,7 +83,7 @@ FINDINGS = {
     "fwd+bwd/4x16x8192x128/sdpa-flash": {*_COMMON, "metadata-transposes", *_FUSED_BWD},
     "fwd+bwd/4x16x8192x128/sdpa-math": _MATH,
     "fwd+bwd/4x16x8192x128/sdpa": {*_COMMON, *_CUDNN_BWD},
-    "fwd+bwd/8x16x1024x64/compiled": {*_COMMON, "cpu-bound", "bwd-memsets"},
+    "fwd+bwd/8x16x1024x64/compiled": {*_COMMON, "cpu-bound", "bwd-memsets", "unfused-attention"},
     "fwd+bwd/8x16x1024x64/flex": {*_COMMON, "cpu-bound", "bwd-dot-do-o"},
     "fwd+bwd/8x16x1024x64/inplace": _UNFUSED,
     "fwd+bwd/8x16x1024x64/naive": _UNFUSED,
@@ -92,7 +92,13 @@ FINDINGS = {
     "fwd+bwd/8x16x1024x64/sdpa-flash": {*_COMMON, "cpu-bound", "metadata-transposes", *_FUSED_BWD},
     "fwd+bwd/8x16x1024x64/sdpa-math": _MATH,
     "fwd+bwd/8x16x1024x64/sdpa": {*_COMMON, *_CUDNN_BWD, "cpu-bound"},
-    "fwd-then-backward/8x16x1024x64/compiled": {*_COMMON, "bwd-memsets", "grad-accumulation", "cpu-bound"},
+    "fwd-then-backward/8x16x1024x64/compiled": {
+        *_COMMON,
+        "bwd-memsets",
+        "grad-accumulation",
+        "cpu-bound",
+        "unfused-attention",
+    },
     "fwd-then-backward/8x16x1024x64/flex": {*_COMMON, "cpu-bound", "grad-accumulation", "bwd-dot-do-o"},
     "fwd-then-backward/8x16x1024x64/inplace": {*_UNFUSED, "grad-accumulation"},
     "fwd-then-backward/8x16x1024x64/naive": {*_UNFUSED, "grad-accumulation"},

@@ -20,6 +20,7 @@ from attnprof.analysis.findings.judge import (
     IS_CAUSAL,
     JUDGE_RULES,
     THIS_RUN,
+    apply_timed_fixes,
     drop_by_design,
     flag_contention,
     join_counters,
@@ -46,7 +47,13 @@ DENSE = Finding("dense-mask", "dense-mask says so.", "problem", 12.0, 1.3)
 
 def test_the_rules_run_in_a_fixed_order() -> None:
     assert JUDGE_RULES == (
-        flag_contention, settle_cpu_bound, weigh_dense_mask, join_counters, join_gpu_health, drop_by_design
+        flag_contention,
+        settle_cpu_bound,
+        weigh_dense_mask,
+        apply_timed_fixes,
+        join_counters,
+        join_gpu_health,
+        drop_by_design,
     )
 
 

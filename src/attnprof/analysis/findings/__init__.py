@@ -18,13 +18,14 @@ from attnprof.analysis.findings import (
     counters,
     cpu,
     forward,
+    fusion,
     gpu_health,
     ledger,
     masks,
     memory,
     occupancy,
 )
-from attnprof.analysis.findings.judge import Counted, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings.judge import Counted, TimedFix, Verdict, judge, judge_alternatives
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
     Finding,
@@ -34,13 +35,14 @@ from attnprof.analysis.findings.registry import (
     read_finding,
 )
 
-#: Every finding, in the order they are emitted: the forward's work, the masks and the SDPA backend,
+#: Every finding, in the order they are emitted: the forward's work, unfused attention, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
 #: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels, then
 #: the GPU while the latency was timed (NVML).
 FINDINGS = FindingRegistry(
     [
         *forward.RULES,
+        *fusion.RULES,
         *masks.RULES,
         *occupancy.RULES,
         *cpu.RULES,
@@ -76,6 +78,7 @@ __all__ = [
     "FindingContext",
     "FindingRegistry",
     "Rule",
+    "TimedFix",
     "Verdict",
     "build_findings",
     "counter_findings",

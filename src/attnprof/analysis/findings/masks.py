@@ -1,15 +1,16 @@
 """Findings on how attention got its mask and its backend: a dense mask handed to SDPA, a mask built
-in every instance, and SDPA's math backend on 16-bit inputs.
+in every instance, SDPA's math backend on 16-bit inputs, and a mask converted on every call.
 
 Read from the attention ledger only: its calls' input types and the work they ran outside their
-backend (`ledger.CallFacts`), and the masks each instance built outside its calls (`masks.MaskBuild`).
+backend (`ledger.CallFacts`), the masks each instance built outside its calls (`masks.MaskBuild`) and
+those it converted for them (`mask_convert.MaskConvert`, in a CPU-only trace too: `FindingContext.ledgers`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Said, listed, numbers, us
 from attnprof.analysis.instance.call_names import SDPA_OP
 from attnprof.analysis.instance.metrics import SIXTEEN_BIT, TRACE_DTYPES
 from attnprof.analysis.names import short_kernel_name
@@ -17,6 +18,7 @@ from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger import CallFacts
+    from attnprof.analysis.instance.mask_convert import MaskConvert
     from attnprof.analysis.instance.masks import MaskBuild
 
 #: The rules of this module, in the order their findings are emitted.
@@ -274,3 +276,101 @@ def _backend_fallback(ctx: FindingContext) -> str | None:
         "where a fused backend runs one kernel: " + "; ".join(parts) + ". Pinning a fused backend with "
         "sdpa_kernel makes torch say why it refused the inputs."
     )
+
+
+def _converts(ctx: FindingContext) -> list[list[MaskConvert]] | None:
+    """Each instance's mask conversions (see `mask_convert`), None unless every instance has a ledger
+    and converts a mask."""
+    ledgers = ctx.ledgers()
+    if not ledgers or any(ledger is None or not ledger.converts for ledger in ledgers):
+        return None
+    return [ledger.converts for ledger in ledgers if ledger is not None]
+
+
+def _convert_time(ctx: FindingContext) -> float | None:
+    """The mask conversions' time per instance on the side that bounds it: their host (CPU) time where the
+    CPU bounds the instance (as cpu-bound judges) or the trace has no device work, else their device time."""
+    per = _converts(ctx)
+    if per is None:
+        return None
+    if ctx.host_bound() is not False:
+        return median([sum(c.host_us for c in converts) for converts in per])
+    return median([sum(c.device_us or 0.0 for c in converts) for converts in per])
+
+
+def _convert_text(convert: MaskConvert, count: int, calls: list[int], backends: list[str], unit: str) -> str:
+    """One kind of conversion in words: its op chain, tensor, count per instance and the calls it feeds."""
+    dims = "x".join(map(str, convert.dims)) if convert.dims else None
+    what = ", ".join(part for part in (dims, convert.types) if part)
+    where = "inside" if convert.inside else "before"
+    fed = listed([str(k + 1) for k in calls], 6)
+    backend = ", ".join(dict.fromkeys(backends[k] for k in calls if k < len(backends)))
+    return (
+        f"{convert.kind}: {convert.chain}{f' of {what}' if what else ''} x{count} per {unit}, {where} "
+        f"call{'s' if len(calls) > 1 else ''} {fed}{f' ({backend})' if backend else ''}"
+    )
+
+
+@RULES.rule(
+    "mask-convert",
+    severity="problem",
+    summary="The attention mask is converted (dtype, device or expanded) again on every call: the ops and their time.",
+    paragraph="""
+    Every instance converts its attention mask again before the attention applies it: a cast to another
+    dtype (a float mask to bool for nn.MultiheadAttention's and nn.TransformerEncoderLayer's fast path,
+    an FP32 mask to the model's 16-bit dtype), a copy to the device, a broadcast mask expanded and copied
+    to the full batch x heads x seq x seq size, or a boolean mask filled into an additive one. The mask is
+    the same every time, so this is the same work every call: a seq x seq tensor (or larger) written and
+    read again, host time for the ops and device time for their kernels. The rule: a cast, an expand
+    followed by a copy, or a masked_fill of a fresh tensor, inside an attention call or before it in the
+    same instance, whose tensor has (or broadcasts to) the dims of a mask the call takes (record_shapes);
+    without recorded shapes, a cast inside a fused module's call (aten::_native_multi_head_attention,
+    aten::_transformer_encoder_layer_fwd), which casts nothing but its mask. It fires when every instance
+    converts one. The message names each conversion with its op chain, the tensor's dims and dtypes where
+    recorded, the call it feeds, and their host and device time per instance. Build the mask once in the
+    dtype, on the device and in the shape the attention op takes, or drop it for is_causal=True where the
+    op applies causality itself (scaled_dot_product_attention). nn.TransformerEncoder's fast path converts
+    any mask it is given (a boolean one to float first, then to bool inside each layer), so there the
+    conversion is the price of passing a mask at all. SDPA's own conversion of a boolean mask to its bias
+    is dense-mask's; attention-overhead counts casts beside the calls among all the work there.
+    """,
+    impact=_convert_time,
+)
+def _mask_convert(ctx: FindingContext) -> Said | None:
+    per = _converts(ctx)
+    if per is None:
+        return None
+    unit = ctx.unit
+    groups: dict[tuple, list[int]] = {}  # conversion -> its count in each instance
+    fed: dict[tuple, list[int]] = {}  # conversion -> the calls it feeds, in order
+    sample: dict[tuple, MaskConvert] = {}
+    for k, converts in enumerate(per):
+        for c in converts:
+            key = (c.kind, c.chain, c.dims, c.types, c.inside)
+            groups.setdefault(key, [0] * len(per))[k] += 1
+            sample.setdefault(key, c)
+            calls = fed.setdefault(key, [])
+            if c.call not in calls:
+                calls.append(c.call)
+    ledgers = [ledger for ledger in ctx.ledgers() if ledger is not None]
+    backends = [call.backend for call in ledgers[0].forward_calls]
+    parts = [
+        _convert_text(sample[key], median_count(counts) or 1, fed[key], backends, unit)
+        for key, counts in list(groups.items())[:SHOWN]
+    ]
+    if len(groups) > SHOWN:
+        parts.append(f"and {len(groups) - SHOWN} more")
+    count = median_count([len(converts) for converts in per])
+    host = median([sum(c.host_us for c in converts) for converts in per])
+    on_device = all(c.device_us is not None for converts in per for c in converts)
+    device = median([sum(c.device_us or 0.0 for c in converts) for converts in per]) if on_device else None
+    times = f"{us(host)} of host time" + (f" and {us(device)} of device time" if device is not None else "")
+    share = 100.0 * host / ctx.cpu_time_us if ctx.cpu_time_us > 0 else None
+    of_host = f" ({share:.1f}% of the {unit}'s CPU time)" if share is not None else ""
+    message = (
+        f"Every {unit} converts the attention mask again: {count} conversion(s) per {unit}, {times}{of_host}: "
+        + "; ".join(parts)
+        + ". Build the mask once in the form the attention op takes, or pass is_causal=True where it applies causality."
+    )
+    evidence = numbers(conversions=count, host_us=host, device_us=device, host_pct=share)
+    return message, evidence

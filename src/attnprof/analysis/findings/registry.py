@@ -29,6 +29,7 @@ from attnprof.stats import median
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.roofline import StepCounters
+    from attnprof.analysis.instance.ledger import ForwardLedger
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
     from attnprof.analysis.instance.metrics import ForwardMetrics, KernelStats
 
@@ -148,6 +149,12 @@ class FindingContext:
         """An instance's time, the base of `Finding.impact_pct`: the larger of its CPU time and its GPU
         time (first device event to last), medians over the instances."""
         return max(self.cpu_time_us, self.gpu_time_us or 0.0)
+
+    def ledgers(self) -> list[ForwardLedger | None]:
+        """Each instance's attention ledger: its device work's, or in a CPU-only trace the one timed on
+        the CPU (`ForwardMetrics.cpu_attention`); None for an instance without one. For the findings that
+        judge CPU and GPU traces alike; the others read `ForwardMetrics.attention` alone."""
+        return [m.attention if m.attention is not None else m.cpu_attention for m in self.per_forward]
 
     def host_device(self) -> HostDevice | None:
         """The CPU against the GPU (see `HostDevice`); None without device work. Worked out once: several

@@ -47,6 +47,8 @@ KERNEL_BACKENDS = {
 CONTAINER_PREFIXES = ("Torch-Compiled Region", "## ", "CompiledFunction", "TorchDynamo", "AOTDispatcher")
 MATMUL_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum"})
 BATCHED_MATMUL_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
+#: The ops that run a GEMM themselves (an eager call's matrix products on the CPU).
+GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
 ENGINE_PREFIX = "autograd::engine::evaluate_function: "
 #: functorch's vmap records each op it batches under a name holding this (VmappedVmapped...ModIndex):
 #: FlexAttention's `create_block_mask` run eagerly (see `masks`).
@@ -92,10 +94,13 @@ class LedgerNames:
     fused: dict[int, str]
     batched: frozenset[int]  # the name ids of BATCHED_MATMUL_OPS
     vmapped: frozenset[int] = frozenset()  # the name ids of the ops holding VMAPPED
+    gemm_ops: frozenset[int] = frozenset()  # the name ids of GEMM_OPS
+    gemm_kernels: frozenset[int] = frozenset()  # the name ids of the kernels of the "gemm" family
+    converts: frozenset[int] = frozenset()  # the name ids of the ops that may convert a mask (mask_convert)
 
 
-def ledger_names(trace: ParsedTrace) -> LedgerNames:
-    """The `LedgerNames` of a trace."""
+def ledger_names(trace: ParsedTrace, converts: frozenset[str] = frozenset()) -> LedgerNames:
+    """The `LedgerNames` of a trace (`converts`: the op names that may convert a mask)."""
     names, dev = trace.names, trace.device
     op_ids = set(trace.cpu_ops.name)
     kernel_ids = set(compress(dev.name, map(KERNEL.__eq__, dev.kind)))
@@ -105,4 +110,7 @@ def ledger_names(trace: ParsedTrace) -> LedgerNames:
         fused={n: backend for n in kernel_ids if (backend := kernel_backend(names[n])) is not None},
         batched=frozenset(n for n in op_ids if names[n] in BATCHED_MATMUL_OPS),
         vmapped=frozenset(n for n in op_ids if VMAPPED in names[n]),
+        gemm_ops=frozenset(n for n in op_ids if names[n] in GEMM_OPS),
+        gemm_kernels=frozenset(n for n in kernel_ids if explain_kernel(names[n]).family == "gemm"),
+        converts=frozenset(n for n in op_ids if names[n] in converts),
     )

@@ -48,6 +48,7 @@ from typing import Any
 from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
 from attnprof.analysis.instance.call_names import LedgerNames, ledger_names
 from attnprof.analysis.instance.calls import Call, ShapeCalls, shape_calls
+from attnprof.analysis.instance.mask_convert import CONVERT_OPS
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.stalls import DeviceTimeline, sync_name_ids
 from attnprof.analysis.trace.tables import ParsedTrace
@@ -104,7 +105,7 @@ class TraceIndex:
         self.dtod: frozenset[int] = frozenset(n for n in set(dev.name) if is_dtod(names[n]))
         self.device_end: Sequence[float] = array("d", map(add, dev.ts, dev.dur))  # ts + dur of each device event
         self.sync_calls: frozenset[int] = sync_name_ids(trace)
-        self.ledger: LedgerNames = ledger_names(trace)
+        self.ledger: LedgerNames = ledger_names(trace, CONVERT_OPS)
         # the caches (see the module docstring), by op-name ids, launch-name ids, OpTree.shape()
         self._op_facts: dict[tuple[int, ...], OpFacts] = {}
         self._launch_counts: dict[tuple[int, ...], LaunchCounts] = {}

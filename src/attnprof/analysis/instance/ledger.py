@@ -1,9 +1,11 @@
 """The attention ledger of one region instance: the attention calls that `calls` finds, with their
-kernels and time, the overhead that `overhead` finds, and the masks it builds outside its calls
-(`masks`; like an SDPA call's input types, read by the findings and not in the JSON).
+kernels and time, the overhead that `overhead` finds, the masks it builds outside its calls
+(`masks`) and the masks it converts for them (`mask_convert`; like an SDPA call's input types and an
+eager call's GEMM time, read by the findings and not in the JSON).
 
 `forward_ledger` times an instance's calls by their device work; a CPU-only trace has none, and its
-calls are timed on the CPU instead (`cpu_forward_ledger`), a ledger the findings do not read.
+calls are timed on the CPU instead (`cpu_forward_ledger`), a ledger only the findings that say so
+read (`FindingContext.ledgers`: unfused-attention, mask-convert).
 `ledger_summary.summarize` takes the ledgers of all instances into the analysis's `AttentionLedger`.
 """
 
@@ -17,6 +19,7 @@ from attnprof.analysis.instance.bandwidth import Traffic
 from attnprof.analysis.instance.call_names import ENGINE_PREFIX, SDPA_OP, LedgerNames
 from attnprof.analysis.instance.calls import Call, backward_calls, find_calls, sdpa_prep
 from attnprof.analysis.instance.index import TraceIndex
+from attnprof.analysis.instance.mask_convert import MaskConvert, mask_converts
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import Overhead, overhead_ledger, overhead_units
@@ -45,6 +48,9 @@ class CallFacts:
     input_types: tuple[str, ...] = ()
     prep_ids: tuple[int, ...] = ()
     prep_time_us: float = 0.0
+    #: An eager call's matrix products: the device time of its GEMM kernels, or in a CPU-only trace
+    #: the CPU time of its GEMM ops (None for another backend). Not in the JSON; unfused-attention reads it.
+    gemm_time_us: float | None = None
 
     @property
     def mask_type(self) -> str | None:
@@ -87,6 +93,7 @@ class ForwardLedger:
     masks: list[MaskBuild] = field(default_factory=list)  # the masks built outside the calls (see masks)
     busy_us: float | None = None  # the calls' work intervals merged; None: kernel_time_us (no overlap)
     cpu_time_us: float | None = None  # a CPU-only trace's instance: its CPU time (the calls are timed on it)
+    converts: list[MaskConvert] = field(default_factory=list)  # the masks converted for them (see mask_convert)
 
     @property
     def on_cpu(self) -> bool:
@@ -184,6 +191,9 @@ def _facts(tree: OpTree, index: TraceIndex, call: Call) -> CallFacts:
     )
     if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
         sdpa_facts(tree, names, call, facts)
+    elif call.backend == "eager" and call.phase == "forward":
+        gemm = names.gemm_kernels
+        facts.gemm_time_us = sum(dev.dur[e] for e in events if dev.name[e] in gemm)
     return facts
 
 
@@ -214,7 +224,9 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     every = calls + backward
     facts = [_facts(tree, index, c) for c in every]
     masks = mask_builds(tree, names, calls, units, found.in_call)
-    return ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
+    ledger = ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
+    ledger.converts = mask_converts(tree, names, calls, found.in_call)
+    return ledger
 
 
 def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
@@ -223,7 +235,9 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
     outermost autograd ops linked to its ops by sequence number. No overhead (it is device work)."""
     trace = tree.trace
     ops = trace.cpu_ops
-    calls = find_calls(tree, index.shape_calls(tree))
+    found = index.shape_calls(tree)
+    calls = find_calls(tree, found)
+    gemm = index.ledger.gemm_ops
     facts = []
     for call in calls:
         fact = CallFacts(
@@ -240,9 +254,12 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
         if index.ledger.role.get(ops.name[call.first]) == "sdpa":
             types = ops.input_types[call.first]
             fact.input_types = trace.input_types[types] if types >= 0 else ()
+        elif call.backend == "eager":
+            fact.gemm_time_us = sum(ops.dur[o] for o in call.ops if ops.name[o] in gemm)
         facts.append(fact)
     facts += _cpu_backward(tree, calls)
-    return ForwardLedger(facts, {}, None, len(calls), cpu_time_us=tree.fwd.cpu_time_us)
+    converts = mask_converts(tree, index.ledger, calls, found.in_call)
+    return ForwardLedger(facts, {}, None, len(calls), cpu_time_us=tree.fwd.cpu_time_us, converts=converts)
 
 
 def _cpu_backward(tree: OpTree, calls: list[Call]) -> list[CallFacts]:
