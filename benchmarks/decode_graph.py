@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="write the entries as JSON to this file")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest |ratio - 1| (default 0.10)")
     parser.add_argument("--min-time", type=float, default=MIN_TIME_S, help="attnprof's --min-time per cell")
+    parser.add_argument("--variants", default=None, help="comma-separated variants (default: the config's)")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1 or args.min_time <= 0:
         parser.error("--tolerance must be in (0, 1) and --min-time > 0")
@@ -127,11 +128,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Entry], float]:
     registry = load_variants().registry
     read_gbps = probe_read(device).gbps
     entries = []
+    names = args.variants.split(",") if args.variants else config.variants
     for spec in cell_specs(config, device):
-        for name in config.variants:
+        for name in names:
             variant = registry.get(name)
             if variant.unavailable_reason(spec):
                 continue
+            print(f"decode_graph: {name} at {spec.cell_label}", file=sys.stderr, flush=True)
             row = cell_row(run_cell(variant, spec, config, MeasureOptions(min_time_s=args.min_time, clocks=False)))
             if not row.ok:
                 entries.append(Entry(spec.cell_label, name, None, None, None, None, None, None, None, row.reason))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnprof.config import Config, MeasureOptions, Schedule
+from attnprof.errors import VariantUnavailableError
 from attnprof.pipeline import run_cell
 from attnprof.pipeline.rows import cell_row
 from attnprof.plugins import load_variants
@@ -46,7 +47,7 @@ def test_decode_is_graph_timed_by_default_and_eager_with_no_cuda_graph(tmp_path)
     assert graph.cuda_graph is True and graph.timing_method.startswith("cuda-graph replay")
     assert "auto: q_len 1 <= 16" in graph.timing_method and graph.l2_state == "warm"
     assert graph.l2_bytes and graph.working_set_bytes and graph.working_set_bytes > 64 * 2**20
-    assert graph.kernel_gbps is not None and graph.achieved_gbps is not None
+    assert graph.kernel_gbps is not None  # achieved_gbps needs the run's ceiling: compare's, not run_cell's
     eager = _row(tmp_path, "sdpa-cudnn", cuda_graph="off")
     assert eager.ok and eager.cuda_graph is False
     assert "eager (--no-cuda-graph)" in eager.timing_method
@@ -82,7 +83,10 @@ def test_each_sdpa_backends_graph_holds_its_eager_kernels(name: str) -> None:
     if reason:
         pytest.skip(reason)
     with cell_step(variant, spec, 0, lambda what: nullcontext()) as step:
-        step.call()
+        try:
+            step.call()
+        except VariantUnavailableError as exc:  # e.g. mem-efficient refuses GQA heads at run time
+            pytest.skip(str(exc))
         torch.cuda.synchronize()
         eager = count_device_work(trace_events(step.call))
         graph, _ = capture_graph(step.call, 3)
