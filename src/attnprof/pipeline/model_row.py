@@ -45,7 +45,7 @@ def run_row(
     implementation's own failures. The `baseline` implementation's logits are kept in `references` by
     (seq, mode), and the others' compared with them."""
     subject = ModelSpec(
-        config.model_label, implementation.attn_implementation, config.batch, seq, mode, config.dtype, device
+        config.model_label, implementation.label, config.batch, seq, mode, config.dtype, device
     )
     result = CellResult(implementation.name, implementation.source, subject)
     variant = implementation.variant

@@ -49,11 +49,13 @@ class KernelRecord(Record):
 
 
 class CallRecord(Record):
-    """One attention call of the ledger: its op, backend, phase, kernels and device time, its bytes and GB/s
-    (over its device time) and their % of the read bandwidth."""
+    """One attention call of the ledger: its op, backend, the implementation that served it (read from its
+    kernels' names; None where they do not tell), phase, kernels and device time, its bytes and GB/s (over its
+    device time) and their % of the read bandwidth."""
 
     op: str
     backend: str
+    attention_impl: str | None = None
     phase: str = "forward"
     kernels: list[str] = []
     time_us: float | None = None
@@ -74,11 +76,13 @@ class OverheadRecord(Record):
 
 class AttentionRecord(Record):
     """The attention ledger per instance (`analysis.instance.ledger`): calls, backends, their device time
-    (CPU time with `time_base` "cpu"), overhead, bytes and achieved GB/s over the calls' device time."""
+    (CPU time with `time_base` "cpu"), overhead, bytes and achieved GB/s over the calls' device time;
+    `attention_impl`: the implementations that served the calls (`analysis.instance.ledger_summary`)."""
 
     time_base: str = "device"
     calls_per_forward: int = 0
     backends: dict[str, int] = {}
+    attention_impl: str | None = None
     kernel_time_us: float | None = None
     backward_kernel_time_us: float | None = None
     gpu_time_pct: float | None = None
