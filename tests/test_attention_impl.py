@@ -62,7 +62,8 @@ def test_a_call_is_served_by_its_first_fused_kernel_else_unfused_from_a_gemm_and
     assert attention_impl([FLASH], "9.10.2") == "FA2"  # the version is cuDNN's only
     assert attention_impl([GEMM_FP32, SOFTMAX, GEMM_FP32]) == UNFUSED
     assert attention_impl([GEMM_FP32]) is None and attention_impl([]) is None
-    assert attention_impl(["triton_per_fused__softmax_exp_mul_0", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"]) == UNFUSED
+    compiled = ["triton_per_fused__softmax_exp_mul_0", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"]
+    assert attention_impl(compiled) == UNFUSED
 
 
 @pytest.mark.parametrize("raw,text", [

@@ -118,7 +118,7 @@ def test_a_plugin_variant_is_labelled_by_its_variant_name_not_the_name_transform
     from attnprof.models.implementations import Implementation, bridge_name
     from attnprof.registry import Variant
 
-    variant = Variant("triton-flash", "a plugin's kernel", forward=lambda q, k, v, spec, state: q, source="attnprof-triton")
+    variant = Variant("triton-flash", "a plugin's kernel", forward=lambda q, k, v, spec, state: q)
     implementation = Implementation("triton-flash", bridge_name(variant), variant)
     assert implementation.attn_implementation == "attnprof:triton-FLASH"  # what transformers dispatches on
     assert implementation.label == "attnprof:triton-flash"  # what the row and its tables say

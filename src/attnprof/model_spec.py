@@ -18,8 +18,9 @@ class ModelSpec:
 
     `implementation` is what the model was given, an attnprof variant by its name (`attnprof:triton-flash`,
     the name its calls' range carries; transformers registers it as `attnprof:triton-FLASH`, see
-    `models.implementations.bridge_name`); None for a model profiled as built. `seq` is None for a factory model whose inputs the factory chose; `params`,
-    `heads`, `kv_heads`, `head_dim` and `causal` are None where the model does not state them (or before it
+    `models.implementations.bridge_name`); None for a model profiled as built. `seq` is None for a factory
+    model whose inputs the factory chose; `params`, `heads`, `kv_heads`, `head_dim` and `causal` are None where
+    the model does not state them (or before it
     is built). `mask` is the mask every attention implementation ran (None: the model's own, unknown).
     """
 

@@ -19,8 +19,9 @@ counts hold both phases together (see `analysis.backward` for which backward wor
 `comm` is the communication per forward (`analysis.comm.CommStats.to_dict`), null when the trace
 shows none.
 `attention` is the attention ledger (see `analysis.instance.ledger_summary`, `attention_impl` there: the
-implementation that served each call, from its kernels' names and the trace's `cudnn_version` metadata; in a CPU-only trace its calls are timed on
-the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is, for a CPU-only trace, the op names
+implementation that served each call, from its kernels' names and the trace's `cudnn_version` metadata;
+in a CPU-only trace its calls are timed on the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is,
+for a CPU-only trace, the op names
 with the most self CPU time per forward (see `analysis.instance.cpu_ops`; null with device activity).
 `counters` is null unless the hardware counters of an Nsight Compute report were attached
 (`attach_counters`, `analyze --ncu-report`): then `analysis.counters.CellCounters.to_dict`, with

@@ -4,8 +4,9 @@ on tensor cores. The rules live in `kernel_names.yaml` (ordered regexes, easy to
 `explain_kernel(name)` never guesses: a name no rule matches is family "unknown" with
 `tensor_cores` None. A fused-attention rule also names the implementation its kernel is part of (`impl`:
 FA2, FA3, FA4, cuDNN's native SDPA engine with its knob, the memory-efficient kernel, flex's Triton template,
-a Triton kernel); `attention_impl(names)` says which implementation served one attention call. `short_kernel_name(name)` strips `void`, template arguments, function
-arguments and namespaces (`void pytorch_flash::flash_fwd_kernel<...>(...)` -> `flash_fwd_kernel`).
+a Triton kernel); `attention_impl(names)` says which implementation served one attention call.
+`short_kernel_name(name)` strips `void`, template arguments, function arguments and namespaces (`void
+pytorch_flash::flash_fwd_kernel<...>(...)` -> `flash_fwd_kernel`).
 """
 
 from __future__ import annotations

@@ -265,6 +265,6 @@ METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(
         lambda r: r.attention_impl or "n/a",
         run=Place("backend dispatched", Column("attention implementation (from kernel names)")),
-        model=Place("attn backends", Column("attn impl", narrow=12, drop=4, wide=30)),
+        model=Place("attn backends", Column("attn impl", narrow=12, drop=1, wide=30)),
     ),
 ]

@@ -12,8 +12,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 class FindingRecord(Record):
     """A finding as the judge finished it: its id, the sentence, its severity, its impact per instance
-    (µs and % of the instance's time; None where nothing measured it) and `evidence`, the numbers behind
-    the sentence by name, so tables, diff and check read them instead of parsing words."""
+    (µs and % of the instance's time; None where nothing measured it, and for a problem `no_impact_reason`
+    says why) and `evidence`, the numbers behind the sentence by name, so tables, diff and check read them
+    instead of parsing words."""
 
     id: str
     message: str = ""
@@ -21,6 +22,7 @@ class FindingRecord(Record):
     impact_us: float | None = None
     impact_pct: float | None = None
     evidence: dict[str, int | float | str | bool | None] = {}
+    no_impact_reason: str | None = None  # a problem without impact: why (`findings.registry.NO_IMPACT_REASONS`)
 
 
 class KernelRecord(Record):
