@@ -20,11 +20,13 @@ KERNEL_FIELDS = {"name", "short_name", "kind", "family", "library", "count_per_f
                  "registers_per_thread", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                  "achieved_occupancy_pct", "theoretical_occupancy_pct", "occupancy_limiter", "occupancy_arithmetic",
                  "occupancy_note", "tensor_cores", "launch_api"}
-ATTENTION_FIELDS = {"time_base", "calls_per_forward", "backends", "kernel_time_us", "backward_kernel_time_us",
+ATTENTION_FIELDS = {"time_base", "calls_per_forward", "backends", "attention_impl", "kernel_time_us",
+                    "backward_kernel_time_us",
                     "gpu_time_pct", "cpu_time_pct", "overhead_us", "bytes_per_forward", "achieved_gbps",
                     "pct_of_read_bandwidth", "read_bandwidth_gbps", "read_bandwidth_basis", "read_bandwidth_source",
                     "calls", "overhead"}
-CALL_FIELDS = {"op", "backend", "phase", "kernels", "time_us", "bytes", "achieved_gbps", "pct_of_read_bandwidth",
+CALL_FIELDS = {"op", "backend", "attention_impl", "phase", "kernels", "time_us", "bytes", "achieved_gbps",
+               "pct_of_read_bandwidth",
                "forward_call"}
 
 
@@ -32,7 +34,8 @@ def test_the_json_field_names_are_the_contract():
     d = analysis_json(analyze_trace(build(fused_forward, backend="cudnn")))
     assert set(d) == TOP_LEVEL
     assert d["kernels"] and all(set(k) == KERNEL_FIELDS for k in d["kernels"])
-    assert all(set(f) == {"id", "message", "severity", "impact_us", "impact_pct", "evidence"} for f in d["findings"])
+    finding_fields = {"id", "message", "severity", "impact_us", "impact_pct", "evidence", "no_impact_reason"}
+    assert all(set(f) == finding_fields for f in d["findings"])
     assert set(d["phases"]) == {"forward", "backward"}
     assert set(d["phases"]["forward"]) == PHASE_FIELDS
     assert set(d["phases"]["backward"]) == PHASE_FIELDS | {"outside_region"}

@@ -78,7 +78,9 @@ def test_unknown_format_is_rejected():
 
 def test_render_explanation():
     text = render_explanation(explain_kernel("fmha_cutlassF_bf16_aligned_64x64_rf_sm80"), "table")
-    assert "fused-attention" in text and "tensor cores  yes" in text and "SDPA backend  efficient" in text
+    facts = {" ".join(line.split()) for line in text.splitlines()}
+    assert "family fused-attention" in facts and "tensor cores yes" in facts and "SDPA backend efficient" in facts
+    assert "attention implementation mem-efficient" in facts
     assert "rf" in text and "register file" in text
     md = render_explanation(explain_kernel("mystery_kernel"), "markdown")
     assert "| tensor cores | ? (the name does not tell)" in md
@@ -107,7 +109,8 @@ def test_the_attention_ledger_shows_calls_share_and_overhead():
     path = Path(__file__).parent / "data" / "h200" / "model" / "llama2l-eager.json.gz"
     text = render_analysis(analyze_trace(path, region="model_forward"), "table", 120)
     section = text.split("Attention per forward")[1].split("Kernels per forward")[0]
-    assert "2 attention call(s) per forward (eager:2); their device time 3,190 µs per forward, 55.1% of the GPU" in (
+    assert ("2 attention call(s) per forward (eager:2); their device time 3,190 µs per forward, served by unfused, "
+            "55.1% of the GPU") in (
         " ".join(section.split()))
     rows = [line for line in section.splitlines() if line.startswith(("1  ", "2  "))]
     assert len(rows) == 2 and all("aten::matmul → aten::softmax → aten::matmul" in r and "eager" in r for r in rows)

@@ -205,6 +205,7 @@ def test_flex_calls_are_its_compiled_kernels_and_the_block_mask_is_overhead():
     assert d["calls"][0] == {
         "op": FLEX,
         "backend": "flex",
+        "attention_impl": "flex Triton",
         "phase": "forward",
         "kernels": [FLEX],
         "time_us": 70.0,

@@ -43,7 +43,8 @@ def findings_of(path: Path, **kwargs) -> dict[str, dict]:
 @pytest.mark.parametrize("path", sorted(H200.glob("*/*.json.gz")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_finding_carries_its_rules_severity_and_info_ones_no_impact(path: Path) -> None:
     for finding in findings_of(path, ceiling_tflops=CEILING).values():
-        assert finding["severity"] == FINDINGS.get(finding["id"]).severity
+        rule = FINDINGS.get(finding["id"])  # a problem its settle judged a small cost by design is info
+        assert finding["severity"] == rule.severity or (rule.settle is not None and finding["severity"] == "info")
         if finding["severity"] == "info":
             assert finding["impact_us"] is None and finding["impact_pct"] is None
         elif finding["impact_us"] is not None:
@@ -59,7 +60,7 @@ def test_a_hidden_memcpy_costs_the_copies_device_time() -> None:
     assert finding.impact_pct == pytest.approx(100 * copies / analysis.gpu_time_us)  # GPU-bound: the GPU's time
     assert msgspec.to_builtins(finding_record(finding)) == {
         "id": "hidden-memcpy", "message": finding.message, "severity": "problem", "impact_us": round(copies, 3),
-        "impact_pct": round(finding.impact_pct, 2), "evidence": finding.evidence,
+        "impact_pct": round(finding.impact_pct, 2), "evidence": finding.evidence, "no_impact_reason": None,
     }
 
 
@@ -74,10 +75,11 @@ def test_fp32_gemms_cost_their_time_beyond_their_flops_at_the_measured_ceiling()
     expected = sum(k.time_us for k in gemms) - at_ceiling
     assert analysis.finding("fp32-cuda-cores").impact_us == pytest.approx(expected)
     assert 700 < expected < 800  # 811 µs of FP32 GEMMs where tensor cores take 49 µs
-    # without a measured ceiling (analyze) or without shapes, the cost is not claimed
-    assert analyze_trace(path).finding("fp32-cuda-cores").impact_us is None
+    # without a measured ceiling (analyze, model) or without shapes, the cost is the GEMMs' whole device time
+    assert analyze_trace(path).finding("fp32-cuda-cores").impact_us == pytest.approx(sum(k.time_us for k in gemms))
     shapeless = analyze_trace(H200 / "8x16x1024x64" / "sdpa-math.json.gz", ceiling_tflops=CEILING)
-    assert shapeless.finding("fp32-cuda-cores").impact_us is None
+    unshaped = [k for k in shapeless.kernels if k.kind == "kernel" and k.family == "gemm" and k.tensor_cores is False]
+    assert shapeless.finding("fp32-cuda-cores").impact_us == pytest.approx(sum(k.time_us for k in unshaped))
 
 
 def test_backend_fallback_costs_the_math_calls_time_over_their_roofline_bound() -> None:
@@ -86,7 +88,13 @@ def test_backend_fallback_costs_the_math_calls_time_over_their_roofline_bound() 
     call = ledger.calls[0]
     bound = max(call.traffic.flops / (CEILING * 1e6), call.traffic.bytes / (ledger.read_bandwidth_gbps * 1e3))
     assert analysis.finding("backend-fallback").impact_us == pytest.approx(call.time_us - bound)
-    assert analyze_trace(H200 / "masks" / "sdpa-math-bf16.json.gz").finding("backend-fallback").impact_us is None
+    # without a measured ceiling, against the 16-bit tensor peak the ledger compares with (the datasheet's here)
+    datasheet = analyze_trace(H200 / "masks" / "sdpa-math-bf16.json.gz")
+    peak = datasheet.attention.peaks.tensor_tflops
+    read = datasheet.attention.read_bandwidth_gbps
+    bound = max(call.traffic.flops / (peak * 1e6), call.traffic.bytes / (read * 1e3))
+    found = datasheet.finding("backend-fallback")
+    assert found.impact_us == pytest.approx(datasheet.attention.calls[0].time_us - bound)
 
 
 def test_the_rebuilt_mask_costs_its_device_time_when_the_gpu_bounds_the_forward() -> None:
@@ -331,7 +339,7 @@ def test_model_rows_with_a_backward_count_per_step() -> None:
     step = analysed_row(analyze_trace(H200 / "model" / "llama2l-eager-train_step.json.gz"),
                         variant="eager", mode="fwd+bwd", **model)
     rows = [fwd, step]
-    text = model_report(rows, "table", "sdpa", 200)
+    text = model_report(rows, "table", "sdpa", 240)  # wide enough that no header wraps
     assert "kernels/step" in text and "kernels/fwd" not in text
     look = text[text.index("What to look at"):]
     assert "cpu-bound on eager @ 2048 fwd+bwd: " in look and "µs per step" in look

@@ -13,6 +13,7 @@ from test_import_cycles import find_cycle, import_graph
 
 from attnprof.analysis import FINDING_IDS
 from attnprof.analysis.findings import FINDINGS, SEVERITIES, Finding, FindingContext, FindingRegistry, Rule
+from attnprof.analysis.findings.registry import NoImpact
 from attnprof.errors import DuplicateFindingError, ExpectationsError, UnknownFindingError
 from attnprof.report.expectations import parse_expectations
 from attnprof.report.findings_tables import REGENERATE
@@ -98,9 +99,11 @@ def test_only_a_problem_has_an_impact_and_it_says_what_it_counts():
     assert all(rule.impact is not None and rule.impact_text.endswith(".") for rule in problems)
 
 
-@pytest.mark.parametrize("cost, expected", [(25.0, (25.0, 12.5)), (-3.0, (0.0, 0.0)), (None, (None, None))])
-def test_a_match_carries_the_severity_the_impact_and_its_share_of_the_instance(cost, expected):
-    def counted(ctx: FindingContext) -> float | None:
+@pytest.mark.parametrize("cost, expected, reason", [
+    (25.0, (25.0, 12.5), None), (-3.0, (0.0, 0.0), None), (NoImpact("needs-peaks"), (None, None), "needs-peaks"),
+])
+def test_a_match_carries_the_severity_the_impact_and_its_share_of_the_instance(cost, expected, reason):
+    def counted(ctx: FindingContext) -> float | NoImpact:
         """The time it costs."""
         return cost
 
@@ -108,10 +111,10 @@ def test_a_match_carries_the_severity_the_impact_and_its_share_of_the_instance(c
     ctx = FindingContext(per_forward=[], kernels=[], dtype=None, dtype_source=None, cpu_time_us=150.0,
                          gpu_time_us=200.0)  # the instance's time: the larger, 200 us
     found = rule.match(ctx)
-    assert (found.severity, found.impact_us, found.impact_pct) == ("problem", *expected)
+    assert (found.severity, found.impact_us, found.impact_pct, found.no_impact_reason) == ("problem", *expected, reason)
     assert msgspec.to_builtins(finding_record(found)) == {
         "id": "some-finding", "message": "said.", "severity": "problem",
-        "impact_us": expected[0], "impact_pct": expected[1], "evidence": {},
+        "impact_us": expected[0], "impact_pct": expected[1], "evidence": {}, "no_impact_reason": reason,
     }
 
 

@@ -136,3 +136,34 @@ def test_every_builtin_is_one_attention_call_in_the_ledger(results: dict, name: 
     assert 0 < row.attention_time_us <= row.gpu_time_us and 50 < row.attention_gpu_pct <= 100, shares
     assert row.attention.calls[0].phase == "forward"
     assert not {"gpu-idle", "attention-overhead", "host-sync"} & findings(results[name])
+
+
+#: The implementation each built-in's attention call ran on the H200, read from its kernels' names.
+IMPLEMENTATIONS = {
+    "sdpa-flash": "FA2",
+    "sdpa-efficient": "mem-efficient",
+    "sdpa-math": "unfused",
+    "naive": "unfused",
+    "flex": "flex Triton",
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_every_builtin_names_the_implementation_that_served_it(results: dict, name: str) -> None:
+    row = results[name].measures
+    assert row.attention_impl == IMPLEMENTATIONS[name]
+    assert row.attention is not None and all(c.attention_impl == IMPLEMENTATIONS[name] for c in row.attention.calls)
+
+
+def test_cudnn_s_implementation_carries_its_engine_knob_and_the_run_s_cudnn_version(results: dict) -> None:
+    import gzip
+    import json
+    import re
+
+    from attnprof.analysis.names import cudnn_version_text
+
+    version = cudnn_version_text(torch.backends.cudnn.version())
+    result = results["sdpa-cudnn"]
+    assert re.fullmatch(rf"cuDNN {re.escape(str(version))} native-sdpa knob \d+", result.measures.attention_impl or "")
+    with gzip.open(result.trace_path, "rt") as handle:
+        assert json.load(handle)["cudnn_version"] == str(torch.backends.cudnn.version())  # the profiler wrote it

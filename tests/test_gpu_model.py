@@ -61,7 +61,11 @@ def test_sdpa_eager_and_triton_flash_inside_a_llama(cli, llama_2l, triton_flash)
         assert row["device"].startswith("cuda") and row["dtype"] == "bf16"
         assert row["kernels_per_forward"] > 0 and row["gpu_time_us"] > 0 and row["peak_memory_mib"] > 0
         assert 0 < row["latency_us"] and row["timing_method"].startswith("CUDA events")
-    assert rows["triton-flash"]["implementation"] == "attnprof:triton-FLASH"  # "flash" would send it to the Hub
+    # labelled by the variant's name (transformers is given attnprof:triton-FLASH: "flash" would send it to the Hub)
+    assert rows["triton-flash"]["implementation"] == "attnprof:triton-flash"
+    # the implementation that served the calls, from the kernels' names
+    assert rows["sdpa"]["attention_impl"].startswith("cuDNN") or rows["sdpa"]["attention_impl"].startswith("FA")
+    assert rows["eager"]["attention_impl"] == "unfused" and rows["triton-flash"]["attention_impl"] == "Triton"
     assert rows["triton-flash"]["source"].startswith("attnprof-triton")  # the plugin's distribution (and version)
     # the same weights and token ids: the logits agree to bf16 rounding
     assert rows["triton-flash"]["logits_rel_diff"] < 2e-2 and rows["eager"]["logits_rel_diff"] < 2e-2
@@ -113,3 +117,31 @@ def test_fp32_gemms_are_placed_inside_or_outside_the_attention_calls_of_a_llama(
     assert "inside" not in messages["sdpa"]
     assert "outside the attention calls, launched by aten::matmul → aten::bmm" in messages["sdpa-math"]
     assert "inside the attention calls (math)" in messages["sdpa-math"]
+
+
+def test_flex_s_flash_backend_is_named_from_its_kernels(tmp_path: Path) -> None:
+    """flex_attention with kernel_options BACKEND "FLASH" runs FlashAttention-4's CuTe DSL kernels from its
+    compiled graph: the ledger names it flex FLASH (skipped where torch or flash-attn cannot run it)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from attnprof.analysis import analyze_trace
+    from attnprof.analysis.instance.ledger import FLEX_FLASH
+
+    try:
+        from torch._inductor.kernel.flex.flex_flash_attention import ensure_flash_available
+    except ImportError:
+        pytest.skip("this torch has no flex FLASH backend")
+    if not ensure_flash_available():
+        pytest.skip("flash_attn.cute (FlashAttention-4) is not installed")
+    q, k, v = (torch.randn(2, 8, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flex = torch.compile(flex_attention)
+    flex(q, k, v, kernel_options={"BACKEND": "FLASH"})  # compile outside the profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("attnprof"):
+            flex(q, k, v, kernel_options={"BACKEND": "FLASH"})
+        torch.cuda.synchronize()
+    path = tmp_path / "flex-flash.json"
+    prof.export_chrome_trace(str(path))
+    ledger = analyze_trace(path, "attnprof").attention
+    assert ledger is not None and ledger.attention_impl == FLEX_FLASH, ledger and [c.kernels for c in ledger.calls]

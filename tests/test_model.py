@@ -90,6 +90,9 @@ def test_implementation_names() -> None:
     naive = resolve_implementation("naive", registry)
     assert (naive.attn_implementation, naive.source) == ("attnprof:naive", "built-in")
     assert resolve_implementation("my_kernel", registry, passthrough=True).source == "model"
+    # a row labels a variant by its own name, not the upper-cased name transformers is given
+    assert (explicit.label, naive.label, resolve_implementation("sdpa", registry).label) == (
+        "attnprof:sdpa", "attnprof:naive", "sdpa")
     with pytest.raises(UnknownVariantError) as caught:
         resolve_implementation("sdpa-mth", registry)
     assert "did you mean sdpa-math" in caught.value.message
@@ -109,6 +112,16 @@ def test_bridge_names_stay_clear_of_the_words_transformers_dispatches_on(name: s
     assert not is_flash_attention_requested(requested_attention_implementation=key)
     assert "sdpa" not in key and "flex_attention" not in key and key.lower() == f"attnprof:{name}"
     assert resolve_implementation(key, registry).variant.name == name  # the registered name resolves back
+
+
+def test_a_plugin_variant_is_labelled_by_its_variant_name_not_the_name_transformers_is_given() -> None:
+    from attnprof.models.implementations import Implementation, bridge_name
+    from attnprof.registry import Variant
+
+    variant = Variant("triton-flash", "a plugin's kernel", forward=lambda q, k, v, spec, state: q)
+    implementation = Implementation("triton-flash", bridge_name(variant), variant)
+    assert implementation.attn_implementation == "attnprof:triton-FLASH"  # what transformers dispatches on
+    assert implementation.label == "attnprof:triton-flash"  # what the row and its tables say
 
 
 # --------------------------------------------------------------------------- the bridge

@@ -19,6 +19,7 @@ def analysed_row(analysis: Any, **fields: Any) -> Row:
         shared |= {
             "attention_calls_per_forward": ledger.calls_per_forward,
             "attention_backends": ledger.backends_text,
+            "attention_impl": ledger.attention_impl,
             "attention_time_us": ledger.kernel_time_us,
             "attention_gpu_pct": ledger.gpu_time_pct,
             "attention_overhead_us": ledger.overhead_us,

@@ -16,9 +16,11 @@ from attnprof.registry import RunSpec
 class ModelSpec:
     """One implementation inside a model at one seq and mode.
 
-    `implementation` is what the model was given (`attnprof:NAME` for an attnprof variant; None for a
-    model profiled as built). `seq` is None for a factory model whose inputs the factory chose; `params`,
-    `heads`, `kv_heads`, `head_dim` and `causal` are None where the model does not state them (or before it
+    `implementation` is what the model was given, an attnprof variant by its name (`attnprof:triton-flash`,
+    the name its calls' range carries; transformers registers it as `attnprof:triton-FLASH`, see
+    `models.implementations.bridge_name`); None for a model profiled as built. `seq` is None for a factory
+    model whose inputs the factory chose; `params`, `heads`, `kv_heads`, `head_dim` and `causal` are None where
+    the model does not state them (or before it
     is built). `mask` is the mask every attention implementation ran (None: the model's own, unknown).
     """
 

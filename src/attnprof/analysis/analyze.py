@@ -18,8 +18,10 @@ medians of kernels, memcpy, memset, kernel_time_us and gpu_time_us per instance,
 counts hold both phases together (see `analysis.backward` for which backward work is counted).
 `comm` is the communication per forward (`analysis.comm.CommStats.to_dict`), null when the trace
 shows none.
-`attention` is the attention ledger (see `analysis.ledger`; in a CPU-only trace its calls are timed on
-the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is, for a CPU-only trace, the op names
+`attention` is the attention ledger (see `analysis.instance.ledger_summary`, `attention_impl` there: the
+implementation that served each call, from its kernels' names and the trace's `cudnn_version` metadata;
+in a CPU-only trace its calls are timed on the CPU, `time_base` "cpu", and null without any). `top_cpu_ops` is,
+for a CPU-only trace, the op names
 with the most self CPU time per forward (see `analysis.instance.cpu_ops`; null with device activity).
 `counters` is null unless the hardware counters of an Nsight Compute report were attached
 (`attach_counters`, `analyze --ncu-report`): then `analysis.counters.CellCounters.to_dict`, with
@@ -57,11 +59,15 @@ from attnprof.analysis.instance.metrics import (
     normalize_dtype,
 )
 from attnprof.analysis.instance.phases import PHASES, instance_unit
-from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.names import cudnn_version_text, explain_kernel
 from attnprof.analysis.trace.load import gc_paused, load_trace
 from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.errors import TraceError
 from attnprof.stats import median, median_count, spread
+
+#: The trace's top-level metadata key for cuDNN's version, as `torch.backends.cudnn.version()` gives it
+#: (attnprof's profiler writes it: `profiling.profiler.profile_forward`).
+CUDNN_VERSION_KEY = "cudnn_version"
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
@@ -327,6 +333,7 @@ def _summary(
     elif not trace.device_properties:
         analysis.notes.append("the trace has no deviceProperties: theoretical occupancy is not computed")
     if analysis.attention is not None:
+        analysis.attention.cudnn_version = cudnn_version_text(trace.metadata.get(CUDNN_VERSION_KEY))
         gpu = analysis.device.get("name") if analysis.device else None
         sheet = datasheet(gpu)
         reference = (peaks(gpu, input_dtype) if peaks else None) or (sheet.peaks if sheet else None)

@@ -2,13 +2,17 @@
 on tensor cores. The rules live in `kernel_names.yaml` (ordered regexes, easy to extend).
 
 `explain_kernel(name)` never guesses: a name no rule matches is family "unknown" with
-`tensor_cores` None. `short_kernel_name(name)` strips `void`, template arguments, function
-arguments and namespaces (`void pytorch_flash::flash_fwd_kernel<...>(...)` -> `flash_fwd_kernel`).
+`tensor_cores` None. A fused-attention rule also names the implementation its kernel is part of (`impl`:
+FA2, FA3, FA4, cuDNN's native SDPA engine with its knob, the memory-efficient kernel, flex's Triton template,
+a Triton kernel); `attention_impl(names)` says which implementation served one attention call.
+`short_kernel_name(name)` strips `void`, template arguments, function arguments and namespaces (`void
+pytorch_flash::flash_fwd_kernel<...>(...)` -> `flash_fwd_kernel`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -69,6 +73,7 @@ class KernelExplanation:
     parts: list[tuple[str, str]] = field(default_factory=list)
     rule: str | None = None
     backend: str | None = None  # the SDPA backend this kernel belongs to, when it tells
+    impl: str | None = None  # the attention implementation it is part of (fused attention only)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; `parts` as [{token, meaning}]."""
@@ -96,6 +101,8 @@ class _Rule:
     tensor_cores: bool | None
     backend: str | None
     parts: tuple[_Part, ...]
+    impl: str | None = None
+    impl_detail: str | None = None
 
 
 def _load_rules(text: str | None = None) -> tuple[_Rule, ...]:
@@ -134,6 +141,8 @@ def _load_rules(text: str | None = None) -> tuple[_Rule, ...]:
                 tensor_cores=raw.get("tensor_cores"),
                 backend=raw.get("backend"),
                 parts=parts,
+                impl=raw.get("impl"),
+                impl_detail=raw.get("impl_detail"),
             )
         )
     return tuple(rules)
@@ -241,6 +250,7 @@ def _explain_with(name: str, rule_set: tuple[_Rule, ...]) -> KernelExplanation:
             parts=parts,
             rule=rule.id,
             backend=rule.backend,
+            impl=_impl(rule, match),
         )
     return KernelExplanation(
         name=name,
@@ -253,6 +263,56 @@ def _explain_with(name: str, rule_set: tuple[_Rule, ...]) -> KernelExplanation:
         rule=None,
         backend=None,
     )
+
+
+_DETAIL_GROUP = re.compile(r"\{(\w+)\}")
+
+
+def _impl(rule: _Rule, match: re.Match[str]) -> str | None:
+    """The rule's `impl`, followed by its `impl_detail` with its groups filled when every one matched."""
+    if rule.impl is None or rule.impl_detail is None:
+        return rule.impl
+    values = {g: match.group(g) for g in _DETAIL_GROUP.findall(rule.impl_detail) if g in rule.regex.groupindex}
+    if any(not v for v in values.values()) or len(values) < len(_DETAIL_GROUP.findall(rule.impl_detail)):
+        return rule.impl
+    return f"{rule.impl} {_DETAIL_GROUP.sub(lambda m: values[m.group(1)], rule.impl_detail)}"
+
+
+#: An attention call with no fused-attention kernel but a GEMM and a softmax: matmul, softmax, matmul.
+UNFUSED = "unfused"
+CUDNN_IMPL = "cuDNN"
+
+
+def cudnn_version_text(raw: object) -> str | None:
+    """cuDNN's version as `torch.backends.cudnn.version()` gives it (91002, or its text) written as
+    `9.10.2` (8907 as `8.9.7`: cuDNN 8 had one digit less for the minor version); text already dotted is
+    kept; None for anything else."""
+    text = str(raw).strip() if raw is not None else ""
+    if re.fullmatch(r"\d+(\.\d+){1,2}", text):
+        return text
+    if not text.isdigit() or int(text) <= 0:
+        return None
+    value = int(text)
+    if value >= 90000:
+        return f"{value // 10000}.{value // 100 % 100}.{value % 100}"
+    return f"{value // 1000}.{value // 100 % 10}.{value % 100}"
+
+
+def attention_impl(kernels: Iterable[str], cudnn_version: str | None = None) -> str | None:
+    """The implementation that served one attention call, from its kernels' names (as the trace gives them):
+    the `impl` of its first fused-attention kernel, cuDNN's with `cudnn_version` (e.g. "9.10.2") after
+    "cuDNN" when known; else `UNFUSED` when a GEMM and a softmax ran (eager or SDPA's math backend); else
+    None (no kernels, as in a CPU-only trace, or none that tells)."""
+    gemm = softmax = False
+    for name in kernels:
+        expl = explain_kernel(name)
+        if expl.impl is not None:
+            if cudnn_version and expl.impl.startswith(CUDNN_IMPL + " "):
+                return f"{CUDNN_IMPL} {cudnn_version}{expl.impl[len(CUDNN_IMPL) :]}"
+            return expl.impl
+        gemm = gemm or expl.family == "gemm"
+        softmax = softmax or expl.family == "softmax" or "softmax" in expl.short_name
+    return UNFUSED if gemm and softmax else None
 
 
 @lru_cache(maxsize=4096)

@@ -33,6 +33,14 @@ class Implementation:
     variant: Variant | None = None
 
     @property
+    def label(self) -> str | None:
+        """The implementation as a row names it: an attnprof variant by its own name (`attnprof:triton-flash`,
+        not the `attnprof:triton-FLASH` transformers is given), else what the model is given."""
+        if self.variant is not None:
+            return BRIDGE_PREFIX + self.variant.name
+        return self.attn_implementation
+
+    @property
     def source(self) -> str:
         """Where the implementation comes from: `transformers`, the attnprof variant's source (`built-in` or
         its plugin package), or `model` (a factory's own name)."""

@@ -44,9 +44,7 @@ def run_row(
     """Profile `implementation` inside the model at `seq` and `mode`; never raises for the model's or the
     implementation's own failures. The `baseline` implementation's logits are kept in `references` by
     (seq, mode), and the others' compared with them."""
-    subject = ModelSpec(
-        config.model_label, implementation.attn_implementation, config.batch, seq, mode, config.dtype, device
-    )
+    subject = ModelSpec(config.model_label, implementation.label, config.batch, seq, mode, config.dtype, device)
     result = CellResult(implementation.name, implementation.source, subject)
     variant = implementation.variant
     if variant is not None and variant.load_error:  # a broken plugin is a failure

@@ -65,6 +65,7 @@ def _trace_fields(analysis: TraceAnalysis | None, record: Analysis | None) -> di
         "backward_outside_region": phases.backward.outside_region if phases else None,
         "attention_calls_per_forward": ledger.calls_per_forward if ledger else None,
         "attention_backends": (ledger.backends_text or None) if ledger else None,
+        "attention_impl": ledger.attention_impl if ledger else None,
         "attention_time_us": _r3(ledger.kernel_time_us) if ledger else None,
         "attention_gpu_pct": _r3(ledger.gpu_time_pct) if ledger else None,
         "attention_overhead_us": _r3(ledger.overhead_us) if on_device and ledger else None,

@@ -105,6 +105,21 @@ def _sort_key(events: Any, device_type: str) -> str:
     return "self_cuda_time_total"
 
 
+#: The trace's top-level metadata key for cuDNN's version (`torch.backends.cudnn.version()`, e.g. "91002"),
+#: which the analysis reads for the implementation that served a cuDNN attention call.
+CUDNN_VERSION_KEY = "cudnn_version"
+
+
+def trace_metadata(device_type: str) -> dict[str, str]:
+    """What the trace records beside its events: on CUDA, cuDNN's version where cuDNN is available."""
+    import torch
+
+    if device_type != "cuda" or not torch.backends.cudnn.is_available():
+        return {}
+    version = torch.backends.cudnn.version()
+    return {CUDNN_VERSION_KEY: str(version)} if version else {}
+
+
 def profile_forward(
     forward: Callable[[], Any],
     spec: RunSpec | str,
@@ -123,7 +138,7 @@ def profile_forward(
 
     CPU and CUDA activities on a GPU, CPU alone elsewhere, by default with the ops' input shapes and types
     (`record_shapes`: the analysis reads the attention calls' bytes from them) and on request with each op's
-    Python stack (`with_stack`). Only the active steps are recorded;
+    Python stack (`with_stack`), and `trace_metadata` as top-level keys. Only the active steps are recorded;
     the trace is written as gzipped Chrome JSON (Perfetto opens it), created whole and never over
     an existing file (`name-2.json.gz` when `trace_path` is taken; the result names the file
     written). The profiler's native stderr comes back in `native_stderr`, not on the terminal.
@@ -153,8 +168,12 @@ def profile_forward(
                 wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
             ),
         )
+        metadata = trace_metadata(device_type)
         with torch.no_grad(), _entered(prof, native):
             for step in range(schedule.total_steps):
+                if step == schedule.wait + schedule.warmup:  # recording: the profiler keeps metadata now
+                    for key, value in metadata.items():
+                        prof.add_metadata(key, value)
                 if prepare is not None:
                     prepare()
                 with record_function(region):

@@ -13,6 +13,7 @@ CALL_COLUMNS = (
     Column("#"),
     Column("attention call", narrow=24),
     Column("backend"),
+    Column("implementation", narrow=12, drop=5),
     Column("phase", drop=2),
     Column("kernels", drop=1),
     Column("µs / fwd"),
@@ -44,13 +45,16 @@ def _megabytes(value: float | None) -> str:
 
 
 def ledger_line(ledger: AttentionRecord, unit: str) -> str:
-    """The ledger in one sentence: calls and backends, their time and share, bytes and GB/s, overhead."""
+    """The ledger in one sentence: calls and backends, the implementations that served them, their time and
+    share, bytes and GB/s, overhead."""
     backends = ", ".join(f"{b}:{n}" for b, n in ledger.backends.items())
     on_cpu = ledger.time_base == "cpu"
     line = f"{fmt_number(ledger.calls_per_forward)} attention call(s) per {unit}" + (
         f" ({backends})" if backends else ""
     )
     line += f"; their {'CPU' if on_cpu else 'device'} time {fmt_number(ledger.kernel_time_us)} µs per {unit}"
+    if ledger.attention_impl is not None:
+        line += f", served by {ledger.attention_impl}"
     if ledger.gpu_time_pct is not None:
         line += f", {fmt_number(ledger.gpu_time_pct)}% of the GPU time"
     if ledger.cpu_time_pct is not None:
@@ -76,6 +80,7 @@ def calls_table(calls: list[CallRecord], on_cpu: bool, fmt: str, width: int | No
             str(i + 1),
             c.op,
             c.backend,
+            c.attention_impl or "n/a",
             c.phase if c.forward_call is None else f"{c.phase} of #{c.forward_call + 1}",
             "n/a" if on_cpu else str(len(c.kernels)),
             fmt_number(c.time_us),

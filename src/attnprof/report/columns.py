@@ -335,7 +335,7 @@ METRIC_COLUMNS: list[MetricColumn] = [
     ),
     MetricColumn(
         lambda r: _overhead(r.attention),
-        model=Place("attn backends", Column("overhead", narrow=20, drop=3, wide=40)),
+        model=Place("attn impl", Column("overhead", narrow=20, drop=3, wide=40)),
     ),
     # run's summary, a line per figure
     MetricColumn(
@@ -358,5 +358,11 @@ METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(
         _flops_text,
         run=Place(RUN_KERNEL_BANDWIDTH, Column("FLOPs useful, executed by the kernel's tiles")),
+    ),
+    # the implementation that served the attention calls, read from their kernels' names
+    MetricColumn(
+        lambda r: r.attention_impl or "n/a",
+        run=Place("backend dispatched", Column("attention implementation (from kernel names)")),
+        model=Place("attn backends", Column("attn impl", narrow=12, drop=1, wide=30)),
     ),
 ]

@@ -18,6 +18,13 @@ def _tensor_cores_text(value: bool | None) -> str:
     return "yes" if value is True else "no" if value is False else "? (the name does not tell)"
 
 
+def _impl_text(impl: str) -> str:
+    """The implementation as a trace's attention_impl names it; cuDNN's version is not in a kernel's name."""
+    if impl.startswith("cuDNN "):
+        return impl + " (a trace's attention_impl adds cuDNN's version, which the name does not carry)"
+    return impl
+
+
 def render_explanation(explanation: KernelExplanation, fmt: str = "table", width: int | None = None) -> str:
     """The facts of a kernel name, then one row per part, fitted to `width` (None: in full)."""
     facts: list[list[str]] = [
@@ -29,6 +36,8 @@ def render_explanation(explanation: KernelExplanation, fmt: str = "table", width
     ]
     if explanation.backend:
         facts.append(["SDPA backend", explanation.backend])
+    if explanation.impl:
+        facts.append(["attention implementation", _impl_text(explanation.impl)])
     out = [table(EXPLAIN_COLUMNS, facts, fmt, width)]
     rows = [[token, meaning] for token, meaning in explanation.parts]
     if rows:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from attnprof.analysis.findings.registry import NO_IMPACT_REASONS
 from attnprof.report.layout import Column, table, wrap
 
 if TYPE_CHECKING:
@@ -46,6 +47,11 @@ def finding_text(finding: Rule, fmt: str, width: int | None = None) -> str:
     return "\n".join([table(FACT_COLUMNS, facts, fmt, width), "", *wrap(finding.paragraph, width)])
 
 
+NO_IMPACT_INTRO = (
+    "A problem whose impact the trace cannot measure says why in `no_impact_reason` (null otherwise), one of:"
+)
+
+
 def findings_markdown(findings: Sequence[Rule]) -> str:
     """docs/findings.md: the introduction, the table of every finding linked to its section, the sections."""
     rows = [[f"[`{f.id}`](#{f.id})", f.severity, f.summary] for f in findings]
@@ -55,6 +61,10 @@ def findings_markdown(findings: Sequence[Rule]) -> str:
         f"<!-- Generated from the registry in src/attnprof/analysis/findings/ by `{REGENERATE}`. -->",
         "",
         INTRO,
+        "",
+        NO_IMPACT_INTRO,
+        "",
+        *(f"- `{reason}`: {text}." for reason, text in NO_IMPACT_REASONS.items()),
         "",
         table(LIST_COLUMNS, rows, "markdown"),
     ]

@@ -73,9 +73,15 @@ def impact_text(finding: FindingRecord, unit: str) -> str | None:
 
 
 def finding_line(finding: FindingRecord, unit: str, lead: str = "") -> str:
-    """A bullet's text: `[id] message`, or `lead [id]: message` naming its cell, then `Impact: ...` where measured."""
+    """A bullet's text: `[id] message`, or `lead [id]: message` naming its cell, then `Impact: ...` where measured,
+    or for a problem without one why not (`no_impact_reason`)."""
+    from attnprof.analysis.findings.registry import NO_IMPACT_REASONS
+
     cost = impact_text(finding, unit)
     text = f"{lead} [{finding.id}]: " if lead else f"[{finding.id}] "
+    if cost is None and finding.no_impact_reason:
+        why = NO_IMPACT_REASONS.get(finding.no_impact_reason, finding.no_impact_reason)
+        return text + finding.message + f" Impact: not measured ({finding.no_impact_reason}: {why})."
     return text + finding.message + (f" Impact: {cost}." if cost else "")
 
 

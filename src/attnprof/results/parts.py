@@ -12,8 +12,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 class FindingRecord(Record):
     """A finding as the judge finished it: its id, the sentence, its severity, its impact per instance
-    (µs and % of the instance's time; None where nothing measured it) and `evidence`, the numbers behind
-    the sentence by name, so tables, diff and check read them instead of parsing words."""
+    (µs and % of the instance's time; None where nothing measured it, and for a problem `no_impact_reason`
+    says why) and `evidence`, the numbers behind the sentence by name, so tables, diff and check read them
+    instead of parsing words."""
 
     id: str
     message: str = ""
@@ -21,6 +22,7 @@ class FindingRecord(Record):
     impact_us: float | None = None
     impact_pct: float | None = None
     evidence: dict[str, int | float | str | bool | None] = {}
+    no_impact_reason: str | None = None  # a problem without impact: why (`findings.registry.NO_IMPACT_REASONS`)
 
 
 class KernelRecord(Record):
@@ -49,11 +51,13 @@ class KernelRecord(Record):
 
 
 class CallRecord(Record):
-    """One attention call of the ledger: its op, backend, phase, kernels and device time, its bytes and GB/s
-    (over its device time) and their % of the read bandwidth."""
+    """One attention call of the ledger: its op, backend, the implementation that served it (read from its
+    kernels' names; None where they do not tell), phase, kernels and device time, its bytes and GB/s (over its
+    device time) and their % of the read bandwidth."""
 
     op: str
     backend: str
+    attention_impl: str | None = None
     phase: str = "forward"
     kernels: list[str] = []
     time_us: float | None = None
@@ -74,11 +78,13 @@ class OverheadRecord(Record):
 
 class AttentionRecord(Record):
     """The attention ledger per instance (`analysis.instance.ledger`): calls, backends, their device time
-    (CPU time with `time_base` "cpu"), overhead, bytes and achieved GB/s over the calls' device time."""
+    (CPU time with `time_base` "cpu"), overhead, bytes and achieved GB/s over the calls' device time;
+    `attention_impl`: the implementations that served the calls (`analysis.instance.ledger_summary`)."""
 
     time_base: str = "device"
     calls_per_forward: int = 0
     backends: dict[str, int] = {}
+    attention_impl: str | None = None
     kernel_time_us: float | None = None
     backward_kernel_time_us: float | None = None
     gpu_time_pct: float | None = None

@@ -85,6 +85,7 @@ def attention_record(ledger: AttentionLedger) -> AttentionRecord:
             CallRecord(
                 op=c.op,
                 backend=c.backend,
+                attention_impl=ledger.call_impl(c),
                 phase=c.phase,
                 kernels=list(c.kernels),
                 time_us=c.time_us,
@@ -102,6 +103,7 @@ def attention_record(ledger: AttentionLedger) -> AttentionRecord:
             time_base=ledger.time_base,
             calls_per_forward=ledger.calls_per_forward,
             backends=dict(ledger.backends),
+            attention_impl=ledger.attention_impl,
             kernel_time_us=ledger.kernel_time_us,
             backward_kernel_time_us=ledger.backward_kernel_time_us,
             gpu_time_pct=ledger.gpu_time_pct,

@@ -90,6 +90,7 @@ class Row(Record):
     backend: str | None = None
     attention_calls_per_forward: int | None = None
     attention_backends: str | None = None  # "cudnn:2"; None: no call
+    attention_impl: str | None = None  # "FA2", "cuDNN 9.10.2 native-sdpa knob 7", ...: from the kernels' names
     attention_time_us: float | None = None
     attention_gpu_pct: float | None = None
     attention_overhead_us: float | None = None
@@ -220,8 +221,8 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("self_device_time_total_us", "transposes_per_forward", "cpu_ops_per_forward", "forward_kernels"),
     *("forward_kernel_time_us", "backward_kernels", "backward_memcpy", "backward_memset"),
     *("backward_kernel_time_us", "backward_outside_region", "backend", "attention_calls_per_forward"),
-    *("attention_backends", "attention_time_us", "attention_gpu_pct", "attention_overhead_us", "latency_us"),
-    *("latency_iqr_us", "cold_ms", "unstable", "retimed", "retimed_for_contention", "cpu_contention"),
+    *("attention_backends", "attention_impl", "attention_time_us", "attention_gpu_pct", "attention_overhead_us"),
+    *("latency_us", "latency_iqr_us", "cold_ms", "unstable", "retimed", "retimed_for_contention", "cpu_contention"),
     *("quantized_tick_ms", "contended", "timing_method", "cuda_graph", "l2_state", "l2_bytes", "working_set_bytes"),
     "flops",
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
@@ -247,7 +248,7 @@ MODEL_COLUMNS: tuple[str, ...] = (
     *("quantized_tick_ms", "contended", "retimed_for_contention"),
     *("latency_min_us", "speedup_vs_baseline", "speedup_reliable", "forwards", "kernels_per_forward"),
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
-    *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_time_us"),
+    *("peak_memory_mib", "attention_calls_per_forward", "attention_backends", "attention_impl", "attention_time_us"),
     *("attention_gpu_pct", "attention_overhead_us", "kernel_gbps", "logits_baseline", "logits_max_abs_diff"),
     *("logits_rel_diff", "sm_clock_mhz", "sm_clock_max_mhz", "clock_limits", "timed_sm_clock_mhz"),
     *("timed_sm_clock_min_mhz", "sm_clock_application_mhz", "timed_power_pct", "timed_power_max_pct"),

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact
 from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:
@@ -128,10 +128,10 @@ def _list_bytes(sizes: list[int]) -> str:
     return "sizes " + ", ".join(shown) if len(sizes) > 1 else shown[0] + " each"
 
 
-def _accumulation_time(ctx: FindingContext) -> float | None:
+def _accumulation_time(ctx: FindingContext) -> float | NoImpact:
     """The device time per step of the kernels AccumulateGrad launched."""
     r = _role(ctx, "grad-accumulation")
-    return None if r is None else r.time
+    return NoImpact("no-device-work") if r is None else r.time
 
 
 @RULES.rule(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, listed, us
 
 #: The rules of this module, in the order their findings are emitted.
 RULES = FindingRegistry()
@@ -10,9 +10,10 @@ RULES = FindingRegistry()
 COMM_EXPOSED_SHARE = 0.10
 
 
-def _exposed(ctx: FindingContext) -> float | None:
+def _exposed(ctx: FindingContext) -> float | NoImpact:
     """The communication time per instance that no compute on another stream hides."""
-    return ctx.comm.exposed_us if ctx.comm is not None else None
+    exposed = ctx.comm.exposed_us if ctx.comm is not None else None
+    return NoImpact("no-device-work") if exposed is None else exposed
 
 
 @RULES.rule(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, listed
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.kernel import KernelCounters
@@ -60,12 +60,12 @@ def _underused(step: StepCounters) -> list[tuple[KernelCounters, KernelPlacement
     ]
 
 
-def _tensor_time_lost(ctx: FindingContext) -> float | None:
+def _tensor_time_lost(ctx: FindingContext) -> float | NoImpact:
     """The flagged kernels' time under Nsight Compute less the time their share of the FLOPs takes at the
     matmul ceiling."""
     step = ctx.counters
     if step is None or step.peaks is None:
-        return None
+        return NoImpact("needs-peaks")
     peak = step.peaks.tensor_tflops * 1e12
     return sum((k.duration_us or 0.0) - (p.flops or 0.0) / peak * 1e6 for k, p in _underused(step))
 
@@ -118,19 +118,20 @@ def _dram_bound(step: StepCounters) -> list[tuple[KernelCounters, KernelPlacemen
     ]
 
 
-def _excess_time(step: StepCounters, kernels: list[tuple[KernelCounters, KernelPlacement]]) -> float | None:
+def _excess_time(step: StepCounters, kernels: list[tuple[KernelCounters, KernelPlacement]]) -> float | NoImpact:
+    """The kernels' time times the share of DRAM bytes above the compulsory ones (which come from the shapes)."""
     excess = _excess_share(step)
-    if excess is None or not kernels:
-        return None
+    if excess is None:
+        return NoImpact("needs-record-shapes")
     return sum((k.duration_us or 0.0) * excess for k, _ in kernels)
 
 
-def _dram_time_lost(ctx: FindingContext) -> float | None:
+def _dram_time_lost(ctx: FindingContext) -> float | NoImpact:
     """The flagged kernels' time (under Nsight Compute) times the share of the step's DRAM bytes above its
     compulsory bytes: what the traffic beyond Q, K, V and O (and their gradients) once each costs at the rate
     the kernels moved it."""
     step = ctx.counters
-    return None if step is None else _excess_time(step, _dram_bound(step))
+    return NoImpact("no-device-work") if step is None else _excess_time(step, _dram_bound(step))
 
 
 def _traffic(step: StepCounters) -> str:
@@ -193,14 +194,15 @@ def _thrashing(step: StepCounters) -> list[tuple[KernelCounters, KernelPlacement
     ]
 
 
-def _l2_time_lost(ctx: FindingContext) -> float | None:
+def _l2_time_lost(ctx: FindingContext) -> float | NoImpact:
     """The flagged memory-bound kernels' time (under Nsight Compute) times the share of the step's DRAM bytes
     above its compulsory bytes; none is measured for a compute-bound kernel, whose extra traffic overlaps its
     math."""
     step = ctx.counters
     if step is None:
-        return None
-    return _excess_time(step, [(k, p) for k, p in _thrashing(step) if p.bound == "memory"])
+        return NoImpact("no-device-work")
+    memory_bound = [(k, p) for k, p in _thrashing(step) if p.bound == "memory"]
+    return _excess_time(step, memory_bound) if memory_bound else NoImpact("compute-bound")
 
 
 @RULES.rule(

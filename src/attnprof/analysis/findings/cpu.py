@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Said, numbers, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, Said, numbers, us
 from attnprof.stats import median_count
 
 #: The rules of this module, in the order their findings are emitted.
 RULES = FindingRegistry()
 
 
-def _launch_wait(ctx: FindingContext) -> float | None:
+def _launch_wait(ctx: FindingContext) -> float | NoImpact:
     """The CPU's work per instance (sync waits left out) less the GPU's busy time: how long the GPU
     waits for launches per instance, inside its work's span and between instances run back to back."""
     facts = ctx.host_device()
-    return None if facts is None else facts.cpu_work_us - facts.gpu_busy_us
+    return NoImpact("no-device-work") if facts is None else facts.cpu_work_us - facts.gpu_busy_us
 
 
 @RULES.rule(
@@ -99,9 +99,9 @@ def _metadata_transposes(ctx: FindingContext) -> str | None:
     )
 
 
-def _contention_cost(ctx: FindingContext) -> float | None:
+def _contention_cost(ctx: FindingContext) -> float | NoImpact:
     """Not measured: what the other processes added is unknown without a quiet timing of the same step."""
-    return None
+    return NoImpact("needs-quiet-timing")
 
 
 @RULES.rule(

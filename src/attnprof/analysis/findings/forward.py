@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, listed, us
+from attnprof.analysis.findings.registry import (
+    FindingContext,
+    FindingRegistry,
+    NoImpact,
+    Said,
+    listed,
+    numbers,
+    us,
+)
 from attnprof.analysis.instance.metrics import MASK_OPS, SAFE_SOFTMAX, SIXTEEN_BIT, KernelStats
 from attnprof.stats import median, median_count
 
@@ -21,7 +29,7 @@ MASK_CORE = frozenset({"aten::tril", "aten::triu"})
 DTYPE_LABEL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "fp8": "fp8"}
 
 
-def _copies_time(ctx: FindingContext) -> float | None:
+def _copies_time(ctx: FindingContext) -> float | NoImpact:
     """The device-to-device copies' device time per instance."""
     return sum(k.time_us for k in ctx.kernels if k.is_dtod_memcpy)
 
@@ -69,14 +77,39 @@ def _fp32_gemms(ctx: FindingContext) -> list[KernelStats]:
     return [k for k in ctx.kernels if k.kind == "kernel" and k.family == "gemm" and k.tensor_cores is False]
 
 
-def _fp32_excess(ctx: FindingContext) -> float | None:
+#: FP32 GEMMs that all ran outside the attention calls and take under this share of the instance's time are
+#: `info`: FP32 by design there (a rotary embedding's small GEMM), and removing them outright would move the
+#: instance by less than a model step's timing resolves (its IQR runs to several percent: docs/validation.md).
+BY_DESIGN_SHARE = 0.02
+
+
+def _fp32_excess(ctx: FindingContext) -> float | NoImpact:
     """The FP32 GEMMs' device time per instance less the time their FLOPs (from the recorded shapes)
-    take at the measured matmul ceiling of the inputs' dtype; not measured without shapes or a measured ceiling."""
+    take at the measured matmul ceiling of the inputs' dtype; without shapes or a measured ceiling (analyze,
+    model), their whole device time, an upper bound of what tensor cores would save."""
     gemms = _fp32_gemms(ctx)
+    kernel_time = sum(k.time_us for k in gemms)
     if not ctx.ceiling_tflops or not gemms or any(k.flops_per_forward is None for k in gemms):
-        return None
+        return kernel_time
     at_ceiling = sum(k.flops_per_forward or 0.0 for k in gemms) / (ctx.ceiling_tflops * 1e6)  # µs
-    return sum(k.time_us for k in gemms) - at_ceiling
+    return kernel_time - at_ceiling
+
+
+def _fp32_by_design(ctx: FindingContext, impact: float) -> Said | None:
+    """`info` when every FP32 GEMM ran outside the attention calls and the impact is under `BY_DESIGN_SHARE`
+    of the instance's time."""
+    base = ctx.instance_time_us
+    placed = _gemm_placement(ctx, _fp32_gemms(ctx))
+    if not placed or any(where != "outside" for where, _, _ in placed) or base <= 0:
+        return None
+    if impact >= BY_DESIGN_SHARE * base:
+        return None
+    share = 100.0 * impact / base
+    return (
+        f"They take {us(impact)} per {ctx.unit}, {share:.2g}% of its time (under {BY_DESIGN_SHARE:.0%}), outside "
+        "the attention calls: FP32 by design there (a rotary embedding computes in FP32), nothing to act on.",
+        numbers(fp32_gemm_us=impact, share_pct=share, by_design_share=BY_DESIGN_SHARE),
+    )
 
 
 @RULES.rule(
@@ -93,9 +126,11 @@ def _fp32_excess(ctx: FindingContext) -> float | None:
     outside them, with the op chain that launched it. Inside: use a fused backend (flash, memory-efficient,
     cuDNN), or find why none was eligible; torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) lets
     the math backend compute in 16-bit. Outside: check whether FP32 is meant there (a rotary embedding's small GEMM is
-    FP32 by design) or an accidental cast.
+    FP32 by design) or an accidental cast. GEMMs that all ran outside the attention calls and take under 2% of
+    the instance's time (BY_DESIGN_SHARE) are reported as info: by design, and too small to act on.
     """,
     impact=_fp32_excess,
+    settle=_fp32_by_design,
 )
 def _fp32_cuda_cores(ctx: FindingContext) -> str | None:
     if ctx.dtype not in SIXTEEN_BIT:
@@ -178,13 +213,13 @@ def _upcasts_per_forward(ctx: FindingContext) -> tuple[int, str] | None:
     return count, ("aten::to → aten::_to_copy from 16-bit" if typed else "aten::to/aten::_to_copy")
 
 
-def _mask_time(ctx: FindingContext) -> float | None:
+def _mask_time(ctx: FindingContext) -> float | NoImpact:
     """The mask ops' time per instance on the side that bounds it: their host (CPU) time where the CPU
     bounds the instance (as cpu-bound judges), else the device time of the kernels they launched."""
     if ctx.host_bound() is not False:  # the CPU bounds it, or there is no device work
         return median([m.mask_host_us for m in ctx.per_forward])
     device = [m.mask_device_us for m in ctx.per_forward]
-    return None if None in device else median(device)  # type: ignore[arg-type]
+    return NoImpact("no-device-work") if None in device else median(device)  # type: ignore[arg-type]
 
 
 @RULES.rule(
@@ -226,10 +261,10 @@ def _mask_rebuilt(ctx: FindingContext) -> str | None:
     return message + "."
 
 
-def _safety_time(ctx: FindingContext) -> float | None:
+def _safety_time(ctx: FindingContext) -> float | NoImpact:
     """The device time per instance of the kernels aten::_safe_softmax launched beyond the softmax kernel itself."""
     extra = [m.safe_softmax_extra_us for m in ctx.per_forward if m.op_counts.get(SAFE_SOFTMAX)]
-    return None if not extra or None in extra else median(extra)  # type: ignore[arg-type]
+    return NoImpact("no-device-work") if not extra or None in extra else median(extra)  # type: ignore[arg-type]
 
 
 @RULES.rule(

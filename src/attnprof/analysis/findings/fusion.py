@@ -33,14 +33,14 @@ def _saving(calls: list[CallFacts]) -> float:
     return sum(c.time_us - (c.gemm_time_us or 0.0) for c in calls)
 
 
-def _fusion_saving(ctx: FindingContext) -> float | None:
+def _fusion_saving(ctx: FindingContext) -> float:
     """Estimated, not timed: the eager calls' time per instance (their device time, or their CPU time in a
     CPU-only trace) less that of their matrix products (GEMM kernels, or GEMM ops on the CPU), which a
     fused kernel computes too, taken at the rate the calls' own GEMMs reached. What is left is the
     scaling, masking, softmax, casts and copies, and the scores they write and read back. A causal fused
     kernel also skips the masked blocks, which this leaves out."""
     per = [calls for calls in _eager_calls(ctx) if calls]
-    return median([_saving(calls) for calls in per]) if per else None
+    return median([_saving(calls) for calls in per]) if per else 0.0
 
 
 def _shape(traffic: Traffic) -> tuple[str, Numbers, int | None]:

@@ -8,7 +8,14 @@ reference clock is the applications clock (see `profiling.gpu_health`).
 
 from __future__ import annotations
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, GpuHealthReading, Said, numbers
+from attnprof.analysis.findings.registry import (
+    FindingContext,
+    FindingRegistry,
+    GpuHealthReading,
+    NoImpact,
+    Said,
+    numbers,
+)
 
 #: The rules of this module, in the order their findings are emitted.
 RULES = FindingRegistry()
@@ -35,7 +42,7 @@ def _clock_ratio(health: GpuHealthReading) -> float | None:
     return health.sm_clock_mhz / reference if reference and busy else None
 
 
-def _clock_shortfall(ctx: FindingContext) -> float | None:
+def _clock_shortfall(ctx: FindingContext) -> float | NoImpact:
     """The latency per instance times the SM clock's shortfall below the applications clock (1 - median /
     applications clock): what the instance would save at that clock if all its time followed the SM clock, so
     an upper bound (memory-bound work follows it less); not measured without an applications clock or a
@@ -43,7 +50,7 @@ def _clock_shortfall(ctx: FindingContext) -> float | None:
     health, latency = ctx.gpu_health, ctx.gpu_time_us
     ratio = _clock_ratio(health) if health is not None else None
     if ratio is None or not latency:
-        return None
+        return NoImpact("needs-clock-reference")
     return latency * max(0.0, 1.0 - ratio)
 
 

@@ -228,7 +228,9 @@ def weigh_dense_mask(findings: list[Finding], verdict: Verdict) -> list[Finding]
             saved_us=saved[0],
         )
         evidence = finding.evidence | evidence
-        return replace(finding, message=message, impact_us=saved[0], impact_pct=saved[1], evidence=evidence)
+        return replace(
+            finding, message=message, impact_us=saved[0], impact_pct=saved[1], evidence=evidence, no_impact_reason=None
+        )
 
     return _replaced(findings, DENSE_MASK, weigh)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, us
 from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE  # `gpu-idle`'s threshold, where the gaps are kept
 from attnprof.stats import median, median_count
 
@@ -28,22 +28,22 @@ _WHY = {
 }
 
 
-def _sync_bubbles(ctx: FindingContext) -> float | None:
+def _sync_bubbles(ctx: FindingContext) -> float | NoImpact:
     """The device idle time the syncs cause per instance: from each sync's start until the first device
     work after it returns, less the time the device ran anything meanwhile (not the CPU's wait)."""
     stalls = [m.stalls for m in ctx.per_forward if m.stalls is not None]
-    return median([s.sync_bubble_us for s in stalls]) if stalls else None
+    return median([s.sync_bubble_us for s in stalls]) if stalls else NoImpact("no-device-work")
 
 
-def _idle(ctx: FindingContext) -> float | None:
+def _idle(ctx: FindingContext) -> float | NoImpact:
     """The device's idle time within the span of its work per instance (the typical instance's)."""
     typical = _typical_idle(ctx)
-    return None if typical is None else typical.idle_us
+    return NoImpact("no-device-work") if typical is None else typical.idle_us
 
 
-def _overhead(ctx: FindingContext) -> float | None:
+def _overhead(ctx: FindingContext) -> float | NoImpact:
     """The device time of the work beside the attention calls that exists only to feed them, per instance."""
-    return ctx.attention.overhead_us if ctx.attention is not None else None
+    return ctx.attention.overhead_us if ctx.attention is not None else NoImpact("no-device-work")
 
 
 @RULES.rule(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Said, listed, numbers, us
+from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, Said, listed, numbers, us
 from attnprof.analysis.instance.call_names import SDPA_OP
 from attnprof.analysis.instance.metrics import SIXTEEN_BIT, TRACE_DTYPES
 from attnprof.analysis.names import short_kernel_name
@@ -58,7 +58,7 @@ def _counted(names: list[str]) -> str:
     return listed([f"{name} x{n}" if n > 1 else name for name, n in counts.items()], 3)
 
 
-def _conversion_time(ctx: FindingContext) -> float | None:
+def _conversion_time(ctx: FindingContext) -> float | NoImpact:
     """The device time per instance of the kernels that convert the dense masks to the backend's form
     (not measured where no call converted one). The larger cost, every masked block computed, shows only
     against the alternative: in run and compare, once the is_causal or block-mask alternative has been
@@ -68,7 +68,7 @@ def _conversion_time(ctx: FindingContext) -> float | None:
         [c for c in (m.attention.calls if m.attention is not None else []) if _dense_mask(c)] for m in ctx.per_forward
     ]
     if not any(c.prep_ids for calls in per for c in calls):
-        return None
+        return NoImpact("needs-alternative")
     return median([sum(c.prep_time_us for c in calls) for calls in per])
 
 
@@ -147,7 +147,7 @@ def _build_text(kind: str, builds: list[MaskBuild]) -> str:
     )
 
 
-def _build_time(ctx: FindingContext) -> float | None:
+def _build_time(ctx: FindingContext) -> float | NoImpact:
     """The mask builds' time per instance on the side that bounds it: their host (CPU) time where the
     CPU bounds the instance (as cpu-bound judges), else their device time."""
     per = [m.attention.masks if m.attention is not None else [] for m in ctx.per_forward]
@@ -204,22 +204,26 @@ def _input_dtype(call: CallFacts, ctx: FindingContext) -> tuple[str | None, str 
     return ctx.dtype, ctx.dtype_source
 
 
-def _fallback_excess(ctx: FindingContext) -> float | None:
+def _fallback_excess(ctx: FindingContext) -> float | NoImpact:
     """The math calls' device time per instance beyond their roofline bound: the larger of their FLOPs
-    at the measured matmul ceiling and their bytes at the read bandwidth (not measured without recorded shapes
-    or a measured ceiling)."""
+    at the measured matmul ceiling (without one, the 16-bit tensor peak the ledger compares with: cached
+    for this GPU, else its datasheet's) and their bytes at the read bandwidth (not measured without
+    recorded shapes)."""
     ledger = ctx.attention
-    if ledger is None or not ctx.ceiling_tflops:
-        return None
+    if ledger is None:
+        return NoImpact("no-device-work")
+    ceiling = ctx.ceiling_tflops or (ledger.peaks.tensor_tflops if ledger.peaks is not None else None)
     calls = [c for c in ledger.calls if c.phase == "forward" and c.backend == "math"]
     if not calls or any(c.traffic is None for c in calls):
-        return None
+        return NoImpact("needs-record-shapes")
+    if not ceiling:
+        return NoImpact("needs-peaks")
     read = ledger.read_bandwidth_gbps
     excess = 0.0
     for call in calls:
         traffic = call.traffic
         assert traffic is not None
-        bound = max(traffic.flops / (ctx.ceiling_tflops * 1e6), traffic.bytes / (read * 1e3) if read else 0.0)
+        bound = max(traffic.flops / (ceiling * 1e6), traffic.bytes / (read * 1e3) if read else 0.0)
         excess += max(call.time_us - bound, 0.0)
     return excess
 
@@ -287,12 +291,12 @@ def _converts(ctx: FindingContext) -> list[list[MaskConvert]] | None:
     return [ledger.converts for ledger in ledgers if ledger is not None]
 
 
-def _convert_time(ctx: FindingContext) -> float | None:
+def _convert_time(ctx: FindingContext) -> float:
     """The mask conversions' time per instance on the side that bounds it: their host (CPU) time where the
     CPU bounds the instance (as cpu-bound judges) or the trace has no device work, else their device time."""
     per = _converts(ctx)
     if per is None:
-        return None
+        return 0.0
     if ctx.host_bound() is not False:
         return median([sum(c.host_us for c in converts) for converts in per])
     return median([sum(c.device_us or 0.0 for c in converts) for converts in per])

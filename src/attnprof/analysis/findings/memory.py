@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, Numbers, Said, listed, numbers, us
+from attnprof.analysis.findings.registry import (
+    FindingContext,
+    FindingRegistry,
+    NoImpact,
+    Numbers,
+    Said,
+    listed,
+    numbers,
+    us,
+)
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.bandwidth import Traffic
@@ -117,12 +126,14 @@ def _slow(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
     return [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
 
 
-def _bandwidth_lost(ctx: FindingContext) -> float | None:
+def _bandwidth_lost(ctx: FindingContext) -> float | NoImpact:
     """The slow memory-bound calls' device time per instance less the time their bytes take at the read
     bandwidth."""
     ledger = ctx.attention
-    if ledger is None or not ledger.read_bandwidth_gbps:
-        return None
+    if ledger is None:
+        return NoImpact("no-device-work")
+    if not ledger.read_bandwidth_gbps:
+        return NoImpact("needs-peaks")
     ref = ledger.read_bandwidth_gbps
     return sum(call.time_us - traffic.bytes / ref / 1e3 for call, traffic, _ in _slow(ledger))
 

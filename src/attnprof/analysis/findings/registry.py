@@ -4,9 +4,11 @@ A `Rule` is one finding: a stable id, a one-line summary, a paragraph (what it m
 what to do), a severity (`problem`: something to act on; `info`: a fact worth knowing) and the
 evidence function that, given a `FindingContext`, returns the sentence that states it with its
 numbers (or that sentence and the numbers by name, `Said`), or None when the trace does not support
-it. A problem may also have an impact function: the time per instance (forward or step) at stake, in
-µs, from measured numbers only, or None where the trace cannot measure it; its docstring says what it
-counts (docs/findings.md shows it). `Rule.match(ctx)` wraps the sentence in a `Finding` with the
+it. A problem has an impact function: the time per instance (forward or step) at stake, in µs, from
+measured numbers only, or `NoImpact(reason)` where the trace cannot measure it, the reason one of
+`NO_IMPACT_REASONS`; its docstring says what it counts (docs/findings.md shows it). A problem may also
+have a `settle` function, which, given the impact, says why this instance's finding is only `info` (a
+cost by design, too small to act on), or None. `Rule.match(ctx)` wraps the sentence in a `Finding` with the
 rule's severity, the impact, the impact's share of the instance's time
 (`FindingContext.instance_time_us`) and the numbers (`Finding.evidence`). A `FindingRegistry` keeps
 rules in order; a duplicate id raises, an unknown one gets close matches. Each themed module fills its
@@ -22,7 +24,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from attnprof.errors import DuplicateFindingError, UnknownFindingError
 from attnprof.stats import median
@@ -40,13 +42,46 @@ ID_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 #: A finding's evidence: the numbers (and the few words) behind its sentence, by name.
 Numbers = dict[str, float | str | bool | None]
 
+#: Why a problem finding carries no impact, each reason what would measure it.
+NoImpactReason = Literal[
+    "needs-record-shapes",
+    "needs-peaks",
+    "no-device-work",
+    "needs-alternative",
+    "compute-bound",
+    "needs-quiet-timing",
+    "needs-clock-reference",
+]
+NO_IMPACT_REASONS: dict[str, str] = {
+    "needs-record-shapes": "the impact is computed from the calls' input shapes: profile with record_shapes=True",
+    "needs-peaks": "the impact is measured against a ceiling this GPU has none of (no measured ceiling, no "
+    "datasheet figure)",
+    "no-device-work": "the impact is device time, and the trace has none for this finding (a CPU-only trace)",
+    "needs-alternative": "the cost is the alternative's saving, which only a run measures (run and compare time "
+    "the alternative at the same shape)",
+    "compute-bound": "the kernels are compute-bound: their extra traffic overlaps their math, so it costs no "
+    "time the counters can measure",
+    "needs-quiet-timing": "the cost is what other processes added to the latency, which only a timing of the same "
+    "step on a calm machine measures",
+    "needs-clock-reference": "the cost is the time lost below the GPU's applications clock, which this GPU does not "
+    "report (or the row has no latency)",
+}
+
+
+@dataclass(frozen=True)
+class NoImpact:
+    """What an impact function returns where the trace cannot measure the impact: why (`NO_IMPACT_REASONS`)."""
+
+    reason: NoImpactReason
+
 
 @dataclass(frozen=True)
 class Finding:
     """One finding: a stable id, the sentence that states it, its rule's severity and, where the trace
     measures it, its impact: the time per instance at stake (`impact_us`) and its percentage of the
     instance's time (`impact_pct`); `evidence` holds the numbers behind the sentence by name (empty where
-    its rule names none), so tables, diff and check read them instead of parsing words."""
+    its rule names none), so tables, diff and check read them instead of parsing words. A problem without
+    an impact says why in `no_impact_reason` (one of `NO_IMPACT_REASONS`)."""
 
     id: str
     message: str
@@ -54,13 +89,17 @@ class Finding:
     impact_us: float | None = None
     impact_pct: float | None = None
     evidence: Numbers = field(default_factory=dict, hash=False)
+    no_impact_reason: str | None = None
 
 
 def read_finding(written: Any) -> Finding:
     """A finding read back from its record (anything with a finding's fields: `results.parts.FindingRecord`),
     to judge a row made before; evidence written before findings had any is empty."""
     evidence = dict(written.evidence or {})
-    return Finding(written.id, written.message, written.severity, written.impact_us, written.impact_pct, evidence)
+    reason = getattr(written, "no_impact_reason", None)
+    return Finding(
+        written.id, written.message, written.severity, written.impact_us, written.impact_pct, evidence, reason
+    )
 
 
 @dataclass(frozen=True)
@@ -188,7 +227,9 @@ class FindingContext:
 #: What an evidence function may return beside a bare sentence: the sentence and its numbers by name.
 Said = tuple[str, Numbers]
 Evidence = Callable[[FindingContext], "str | Said | None"]
-Impact = Callable[[FindingContext], "float | None"]
+Impact = Callable[[FindingContext], "float | NoImpact"]
+#: Given the impact, why this instance's finding is only `info` (a sentence), or None: it stays a problem.
+Settle = Callable[[FindingContext, float], "Said | None"]
 
 
 @dataclass(frozen=True)
@@ -201,6 +242,7 @@ class Rule:
     paragraph: str
     evidence: Evidence
     impact: Impact | None = None
+    settle: Settle | None = None
 
     def __post_init__(self) -> None:
         if not ID_PATTERN.fullmatch(self.id):
@@ -213,6 +255,8 @@ class Rule:
             raise ValueError(f"finding {self.id}: the paragraph is empty")
         if self.impact is not None and (self.severity != "problem" or not inspect.getdoc(self.impact)):
             raise ValueError(f"finding {self.id}: only a problem has an impact, and its docstring says what it counts")
+        if self.settle is not None and self.impact is None:
+            raise ValueError(f"finding {self.id}: only a finding with an impact can be settled by it")
 
     @property
     def impact_text(self) -> str | None:
@@ -226,10 +270,16 @@ class Rule:
         if said is None:
             return None
         message, values = said if isinstance(said, tuple) else (said, {})
-        impact = self.impact(ctx) if self.impact is not None else None
-        if impact is None:
+        if self.impact is None:
             return Finding(self.id, message, self.severity, evidence=values)
+        impact = self.impact(ctx)
+        if isinstance(impact, NoImpact):
+            return Finding(self.id, message, self.severity, evidence=values, no_impact_reason=impact.reason)
         impact = max(impact, 0.0)
+        settled = self.settle(ctx, impact) if self.settle is not None else None
+        if settled is not None:  # a cost by design, too small to act on: a fact, without impact
+            sentence, numbers_ = settled
+            return Finding(self.id, f"{message} {sentence}", "info", evidence=values | numbers_)
         base = ctx.instance_time_us
         pct = 100.0 * impact / base if base > 0 else None
         return Finding(self.id, message, self.severity, impact, pct, values)
@@ -261,13 +311,21 @@ class FindingRegistry:
         return rule
 
     def rule(
-        self, finding_id: str, *, severity: str, summary: str, paragraph: str, impact: Impact | None = None
+        self,
+        finding_id: str,
+        *,
+        severity: str,
+        summary: str,
+        paragraph: str,
+        impact: Impact | None = None,
+        settle: Settle | None = None,
     ) -> Callable[[Evidence], Rule]:
         """Decorator: register the evidence function below as the rule `finding_id` (with its `impact`
-        function, if any); the name it is defined under then holds the `Rule`."""
+        function, and its `settle`, if any); the name it is defined under then holds the `Rule`."""
 
         def register(evidence: Evidence) -> Rule:
-            return self.register(Rule(finding_id, severity, summary, " ".join(paragraph.split()), evidence, impact))
+            text = " ".join(paragraph.split())
+            return self.register(Rule(finding_id, severity, summary, text, evidence, impact, settle))
 
         return register
 

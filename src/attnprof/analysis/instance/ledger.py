@@ -16,17 +16,21 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from attnprof.analysis.instance.bandwidth import Traffic
-from attnprof.analysis.instance.call_names import ENGINE_PREFIX, SDPA_OP, LedgerNames
+from attnprof.analysis.instance.call_names import CONTAINER_PREFIXES, ENGINE_PREFIX, SDPA_OP, LedgerNames
 from attnprof.analysis.instance.calls import Call, backward_calls, find_calls, sdpa_prep
 from attnprof.analysis.instance.index import TraceIndex
 from attnprof.analysis.instance.mask_convert import MaskConvert, mask_converts
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import Overhead, overhead_ledger, overhead_units
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.names import attention_impl, short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 
 _time_us = attrgetter("time_us")
+FA4 = "FA4"
+#: flex_attention's FLASH backend (kernel_options BACKEND "FLASH"): FA4's CuTe DSL kernels, called from the
+#: compiled flex graph.
+FLEX_FLASH = "flex FLASH (FA4)"
 
 
 @dataclass(slots=True)
@@ -75,6 +79,16 @@ class CallFacts:
         """The short names of its kernels, memcpys and memsets, in launch order."""
         names = self.names
         return tuple(short_kernel_name(names[n]) for n in self.kernel_ids)
+
+    def attention_impl(self, cudnn_version: str | None = None) -> str | None:
+        """The implementation that served the call, read from its kernels' names (`names.attention_impl`);
+        FA4's CuTe kernels under flex's op or inside a compiled graph are flex's FLASH backend. None on the CPU
+        (no kernels) and where the names do not tell."""
+        names = self.names
+        impl = attention_impl((names[n] for n in self.kernel_ids), cudnn_version)
+        if impl == FA4 and ("flex" in self.op or self.op.startswith(CONTAINER_PREFIXES)):
+            return FLEX_FLASH
+        return impl
 
     @property
     def signature(self) -> tuple[str, str, str, int | None]:

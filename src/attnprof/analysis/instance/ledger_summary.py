@@ -14,6 +14,15 @@ and of `attnprof analyze`:
     calls_per_forward      forward attention calls per instance
     backends               the listed forward calls by backend, e.g. {"cudnn": 2}; on the CPU also
                            "native-mha" and "encoder-layer" (see `calls`)
+    attention_impl         the implementations that served the listed calls, forward calls first, each
+                           once, joined by ", " (e.g. "cuDNN 9.10.2 native-sdpa knob 7"); null when no
+                           call's kernels tell (a CPU-only trace has no kernels). Read from kernel names
+                           (`names.attention_impl`, the same decoding as `attnprof explain`): FA2, FA3 or FA4
+                           (behind SDPA's flash backend, or the flash-attn package), "cuDNN VERSION
+                           native-sdpa knob N" (the version from the trace's `cudnn_version` metadata, which
+                           attnprof's profiler writes; left out without it), "mem-efficient", "flex Triton",
+                           "flex FLASH (FA4)", "Triton" (a Triton attention kernel such as triton-flash's),
+                           "unfused" (matmul, softmax, matmul: eager or SDPA's math backend)
     kernel_time_us         device time of the calls' work (kernels, and memcpys/memsets launched
                            inside them), forward and backward phase together; with time_base "cpu",
                            the calls' CPU time
@@ -36,7 +45,7 @@ and of `attnprof analyze`:
                            figure is the reference); null without one
     read_bandwidth_source  the same in words: "datasheet H200 4800 GB/s", "read bandwidth measured on
                            this machine 4512 GB/s (2026-05-01)", "achieved 4901 GB/s, above the ..."
-    calls                  [{op, backend, phase, kernels, time_us, bytes, achieved_gbps,
+    calls                  [{op, backend, attention_impl, phase, kernels, time_us, bytes, achieved_gbps,
                            pct_of_read_bandwidth, forward_call}]: phase "forward" or "backward";
                            kernels [] on the CPU; forward_call is a backward call's forward call (its
                            index in calls), null when no forward call links to it; bytes (and its
@@ -77,6 +86,18 @@ class AttentionLedger:
     peaks: Peaks | None = None  # the peaks compared against (datasheet or measured), when known
     time_base: str = "device"  # "cpu": a CPU-only trace's ledger, its times CPU time
     cpu_time_pct: float | None = None  # time_base "cpu": the calls' share of the instance's CPU time
+    cudnn_version: str | None = None  # "9.10.2": the trace's, for cuDNN's implementation (None: unknown)
+
+    def call_impl(self, call: CallFacts) -> str | None:
+        """The implementation that served `call` (see the module docstring)."""
+        return call.attention_impl(self.cudnn_version)
+
+    @property
+    def attention_impl(self) -> str | None:
+        """The implementations of the listed calls, forward ones first, each once (see the module docstring)."""
+        ordered = sorted(self.calls, key=lambda c: c.phase != "forward")
+        impls = dict.fromkeys(i for c in ordered if (i := self.call_impl(c)) is not None)
+        return ", ".join(impls) or None
 
     @property
     def forward_calls(self) -> list[CallFacts]:
