@@ -133,6 +133,7 @@ def test_the_headline_names_the_fastest_of_each_shape_and_mode(tmp_path):
         "TFLOP/s",
         "% of peak",
         "speed-up vs sdpa-math",
+        "runner-up and slowest",
         "costliest problem findings",
     ]
     assert len(headline) == 1 + 8  # 4 sequence lengths x fwd, fwd+bwd
@@ -155,6 +156,7 @@ def test_the_headline_without_latency_ranks_by_gpu_time_and_drops_empty_columns(
         "fastest",
         "GPU µs per forward",
         "speed-up vs sdpa-math",
+        "runner-up and slowest",
         "costliest problem findings",
     ]
     assert [line[1:3] for line in headline[1:]] == [["triton-flash", "54.5"], ["sdpa", "3,555"]]

@@ -102,9 +102,12 @@ def speedup_text(row: Row) -> str:
     """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `tables.UNRELIABLE`);
     a missing one `n/a`."""
     value = row.speedup_vs_baseline
-    if value is None:
-        return "n/a"
-    if row.speedup_reliable is False:
+    return "n/a" if value is None else ratio_text(value, reliable=row.speedup_reliable is not False)
+
+
+def ratio_text(value: float, reliable: bool = True) -> str:
+    """A ratio of two times: `4.00x`, or `~4.0x?` (two significant digits) when it is not reliable."""
+    if not reliable:
         return f"~{value:.2g}x?" if value < 10 else f"~{value:,.0f}x?"
     return f"{value:.2f}x"
 

@@ -4,7 +4,8 @@ external resource) from a results file's header and rows. Formatting only.
 The page leads with what matters and ends with where it was measured:
 
 1. the headline: per shape × mode, the fastest variant, its latency, TFLOP/s, % of peak and speed-up,
-   and the costliest problem findings of that cell;
+   the runner-up's and the slowest's time over it and costliest finding, and the costliest problem
+   findings of that cell;
 2. the plots (latency bars per shape × mode first, then the lines against sequence length);
 3. the comparison tables (a sweep's pivot tables first, its per-point tables folded), without the
    columns that are n/a in every row;

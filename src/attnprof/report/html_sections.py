@@ -1,13 +1,14 @@
-"""The HTML report's reading sections: the headline (the fastest variant of each shape × mode and its
-costliest problem findings), the comparison tables (a sweep's pivot tables first, its per-point tables
-folded) and the findings grouped by id. Formatting only: the cells are `report.tables`' and
-`report.sweep_tables`' texts, every text escaped."""
+"""The HTML report's reading sections: the headline (the fastest variant of each shape × mode, how much
+slower the runner-up and the slowest are and their costliest finding, the cell's costliest problem
+findings), the comparison tables (a sweep's pivot tables first, its per-point tables folded) and the
+findings grouped by id. Formatting only: the cells are `report.tables`' and `report.sweep_tables`' texts,
+every text escaped."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnprof.report.columns import KERNEL_LEGEND, speedup_text
+from attnprof.report.columns import KERNEL_LEGEND, ratio_text, speedup_text
 from attnprof.report.contended import marked, warning
 from attnprof.report.formatting import fmt_number
 from attnprof.report.html_parts import (
@@ -23,7 +24,7 @@ from attnprof.report.html_parts import (
     status_word,
     text_cell,
 )
-from attnprof.report.ranking import INFO, PROBLEM, impact_text, rank_key, ranked
+from attnprof.report.ranking import INFO, PROBLEM, costliest_problem, impact_text, rank_key, ranked
 from attnprof.report.sweep_tables import (
     Fired,
     basis_words,
@@ -45,6 +46,12 @@ from attnprof.results.schema import Row
 
 #: The problem findings the headline names per shape × mode.
 HEADLINE_FINDINGS = 3
+#: What the ratio of a slower variant's time to the fastest's is of, by its `sweep_tables.SPEED_KEYS` name.
+RATIO_OF = {"latency_us": "latency", "gpu_time_us": "GPU time", "cpu_time_us": "CPU time"}
+SHAKY_RATIO = (
+    "~x? marks a ratio from a latency (the variant's or the fastest's) that was still unstable "
+    "(IQR over 10% of the median) after a re-time, or timed while other processes held the CPU"
+)
 #: The cells a findings entry names before "and N more".
 LISTED_CELLS = 6
 #: Columns of the generic results table, for rows without a shape (e.g. `model`): header and value.
@@ -76,13 +83,41 @@ def _cells(rows: list[Row]) -> list[tuple[str, list[Row]]]:
     return list(grouped.items())
 
 
-def fastest(group: list[Row]) -> tuple[Row | None, str]:
-    """The ok row of the group with the least time, and which time that is (latency, else GPU time,
-    else CPU time, as speed-ups are computed)."""
+def by_time(group: list[Row]) -> tuple[list[Row], str]:
+    """The ok rows of the group that have a time, fastest first, and which time that is (latency, else GPU
+    time, else CPU time, as speed-ups are computed)."""
     key = speed_basis(group)
     time = SPEED_TIMES[key]
     timed = [(row, value) for row in group if row.status == "ok" and (value := time(row))]
-    return (min(timed, key=lambda hit: hit[1])[0] if timed else None), key
+    return [row for row, _ in sorted(timed, key=lambda hit: hit[1])], key
+
+
+def _slower_line(role: str, row: Row, best: Row, group: list[Row], key: str) -> tuple[str, bool]:
+    """`runner-up: sdpa-flash, 1.31x the winner's latency; costliest finding: memory-bound, 203 µs (35%)`
+    as a list item, and whether its ratio is marked unreliable (from an unstable or contended latency)."""
+    time = SPEED_TIMES[key]
+    shaky = key == "latency_us" and any(r.unstable or r.contended for r in (row, best))
+    ratio = ratio_text((time(row) or 0.0) / (time(best) or 1.0), reliable=not shaky)
+    text = f"{role}: {esc(variant_label(row, group))}, {esc(ratio)} the winner's {RATIO_OF[key]}; "
+    finding = costliest_problem(row)
+    if finding is None:
+        text += "no problem finding"
+    else:
+        cost = impact_text(finding)
+        text += f"costliest finding: {finding_link(finding.id)}" + (
+            f", <span class='meta'>{esc(cost)}</span>" if cost else ""
+        )
+    return f"<li class='{role}'>{text}</li>", shaky
+
+
+def _slower(timed: list[Row], group: list[Row], key: str) -> tuple[str, bool]:
+    """Why the others are slower: over the timed rows, fastest first (`by_time`), the runner-up's line and
+    the slowest's when there are 3 or more ("" with fewer than 2); and whether a ratio is marked unreliable."""
+    if len(timed) < 2:
+        return "", False
+    picked = [("runner-up", timed[1])] + ([("slowest", timed[-1])] if len(timed) > 2 else [])
+    lines = [_slower_line(role, row, timed[0], group, key) for role, row in picked]
+    return "<ul>" + "".join(line for line, _ in lines) + "</ul>", any(shaky for _, shaky in lines)
 
 
 def _headline_findings(group: list[Row]) -> str:
@@ -106,9 +141,11 @@ def _headline_findings(group: list[Row]) -> str:
 
 
 def headline_section(rows: list[Row], baseline: str | None) -> str:
-    """One row per shape × mode: the fastest variant, its time, TFLOP/s, % of peak and speed-up, and the
-    cell's costliest problem findings. Columns n/a in every row are left out. A warning line leads it when
-    a row was timed while other processes held the CPU (`report.contended`)."""
+    """One row per shape × mode: the fastest variant, its time, TFLOP/s, % of peak and speed-up; the
+    runner-up and (with 3 or more timed variants) the slowest, each with its time over the fastest's and
+    its costliest problem finding; and the cell's costliest problem findings. Columns n/a in every row are
+    left out. A warning line leads it when a row was timed while other processes held the CPU
+    (`report.contended`)."""
     parts = ["<h2 id='headline'>Headline</h2>"]
     if not rows:
         return parts[0] + "<p class='note'>The results file holds no rows.</p>"
@@ -116,27 +153,34 @@ def headline_section(rows: list[Row], baseline: str | None) -> str:
     if contended:
         parts.append(f"<p class='warn'>{esc(contended)}</p>")
     bases = set()
-    body: list[tuple[list[str], str]] = []
+    body: list[tuple[list[str], str, str]] = []
+    shaky = False
     for title, group in _cells(rows):
-        best, key = fastest(group)
+        timed, key = by_time(group)
         bases.add(basis_words(key, group))
         findings = _headline_findings(group)
-        if best is None:
-            body.append(([title, "none ran", "", "", "", ""], findings))
+        slower, shaky_here = _slower(timed, group, key)
+        shaky = shaky or shaky_here
+        if not timed:
+            body.append(([title, "none ran", "", "", "", ""], slower, findings))
             continue
+        best = timed[0]
         time = fmt_number(SPEED_TIMES[key](best))
         time = marked(best, time) if key == "latency_us" else time
         texts = [title, variant_label(best, group), time, fmt_number(best.tflops), fmt_number(best.pct_of_peak)]
-        body.append((texts + [speedup_text(best)], findings))
+        body.append((texts + [speedup_text(best)], slower, findings))
     time_header = next(iter(bases)) if len(bases) == 1 else "time µs"
     versus = f"speed-up vs {baseline}" if baseline else "speed-up"
     headers = ["shape × mode", "fastest", time_header, "TFLOP/s", "% of peak", versus]
-    kept, cells, dropped = drop_empty(headers, [text for text, _ in body], keep=("shape × mode", "fastest"))
-    head = "".join(f"<th>{esc(h)}</th>" for h in kept) + "<th>costliest problem findings</th>"
+    kept, cells, dropped = drop_empty(headers, [text for text, _, _ in body], keep=("shape × mode", "fastest"))
+    any_slower = any(slower for _, slower, _ in body)
+    head = "".join(f"<th>{esc(h)}</th>" for h in kept)
+    head += ("<th>runner-up and slowest</th>" if any_slower else "") + "<th>costliest problem findings</th>"
     lines = []
-    for row_cells, (_, findings) in zip(cells, body, strict=True):
+    for row_cells, (_, slower, findings) in zip(cells, body, strict=True):
         tds = [f"<td>{esc(row_cells[0])}</td>", f"<td class='fastest'>{esc(row_cells[1])}</td>"]
         tds += [text_cell(text) for text in row_cells[2:]]
+        tds += [f"<td class='slower'>{slower}</td>"] if any_slower else []
         lines.append("<tr>" + "".join(tds) + f"<td>{findings}</td></tr>")
     parts.append(f"<table class='headline'><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
     notes = []
@@ -144,6 +188,8 @@ def headline_section(rows: list[Row], baseline: str | None) -> str:
         notes.append("the time is the one speed-ups use: latency, else GPU time, else CPU time")
     elif not time_header.startswith("latency"):
         notes.append(f"no latency in these rows: the fastest is the one with the least {time_header}")
+    if shaky:
+        notes.append(SHAKY_RATIO)
     if "% of peak" in kept:
         notes.append("% of peak: of the measured matmul ceiling (see the environment at the end)")
     notes.append("findings ranked by the time at stake per forward or step where they state it, largest first")

@@ -13,7 +13,17 @@ from attnprof.report.impact import severity
 from attnprof.results.parts import FindingRecord
 from attnprof.results.schema import Row
 
-__all__ = ["INFO", "PROBLEM", "impact_text", "impact_us", "rank_key", "ranked", "row_findings", "severity"]
+__all__ = [
+    "INFO",
+    "PROBLEM",
+    "costliest_problem",
+    "impact_text",
+    "impact_us",
+    "rank_key",
+    "ranked",
+    "row_findings",
+    "severity",
+]
 
 PROBLEM, INFO = "problem", "info"
 
@@ -47,3 +57,11 @@ def ranked(findings: list[FindingRecord]) -> list[FindingRecord]:
 def row_findings(row: Row) -> list[FindingRecord]:
     """The findings of one results row."""
     return list(row.findings)
+
+
+def costliest_problem(row: Row) -> FindingRecord | None:
+    """The row's problem finding with the most µs at stake; without any impact, its first problem; None
+    when it has no problem finding."""
+    problems = [f for f in row.findings if f.severity == PROBLEM]
+    costed = [f for f in problems if f.impact_us is not None]
+    return max(costed, key=lambda f: f.impact_us or 0.0) if costed else next(iter(problems), None)
