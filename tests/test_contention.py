@@ -287,6 +287,10 @@ def test_compare_on_a_busy_machine_warns_first_and_marks_every_row(cli, write_co
     headline = page[page.index("<h2 id='headline'>") : page.index("</table>", page.index("<h2 id='headline'>"))]
     assert "<p class='warn'>warning: 3 of 3 timed rows were timed while other processes held the CPU" in headline
     assert "!" in headline.split("<tbody>")[1], "the fastest variant's latency is marked"
+    # the warning says it for every row: the headline's findings lists leave cpu-contention to the section below
+    assert "#finding-cpu-contention" not in headline.split("<tbody>")[1]
+    findings = page[page.index("<h2 id='findings'>") :]
+    assert "cpu-contention" in findings
 
     diff = cli("diff", str(folder / "results.json"), str(folder / "results.json"))
     assert diff.exit_code == 3, diff.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attnprof.analysis.findings.judge import CPU_CONTENTION
 from attnprof.report.columns import KERNEL_LEGEND, ratio_text, speedup_text
 from attnprof.report.contended import marked, warning
 from attnprof.report.formatting import fmt_number
@@ -46,6 +47,8 @@ from attnprof.results.schema import Row
 
 #: The problem findings the headline names per shape × mode.
 HEADLINE_FINDINGS = 3
+#: Findings the headline's warning line already states for every row they are on: not listed again there.
+IN_WARNING = frozenset({CPU_CONTENTION})
 #: What the ratio of a slower variant's time to the fastest's is of, by its `sweep_tables.SPEED_KEYS` name.
 RATIO_OF = {"latency_us": "latency", "gpu_time_us": "GPU time", "cpu_time_us": "CPU time"}
 SHAKY_RATIO = (
@@ -99,7 +102,7 @@ def _slower_line(role: str, row: Row, best: Row, group: list[Row], key: str) -> 
     shaky = key == "latency_us" and any(r.unstable or r.contended for r in (row, best))
     ratio = ratio_text((time(row) or 0.0) / (time(best) or 1.0), reliable=not shaky)
     text = f"{role}: {esc(variant_label(row, group))}, {esc(ratio)} the winner's {RATIO_OF[key]}; "
-    finding = costliest_problem(row)
+    finding = costliest_problem(row, leave_out=IN_WARNING)
     if finding is None:
         text += "no problem finding"
     else:
@@ -122,7 +125,7 @@ def _slower(timed: list[Row], group: list[Row], key: str) -> tuple[str, bool]:
 
 def _headline_findings(group: list[Row]) -> str:
     """The costliest problem findings of one cell, across its variants: `variant: id (impact)`."""
-    found = [(f, row) for row in group for f in row.findings if f.severity == PROBLEM]
+    found = [(f, row) for row in group for f in row.findings if f.severity == PROBLEM and f.id not in IN_WARNING]
     found.sort(key=lambda hit: rank_key(hit[0]))
     if not found:
         infos = sum(len(row.findings) for row in group)

@@ -8,6 +8,8 @@ findings without an impact after every one with; at equal impact (or none) probl
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from attnprof.report.formatting import fmt_number
 from attnprof.report.impact import severity
 from attnprof.results.parts import FindingRecord
@@ -59,9 +61,9 @@ def row_findings(row: Row) -> list[FindingRecord]:
     return list(row.findings)
 
 
-def costliest_problem(row: Row) -> FindingRecord | None:
-    """The row's problem finding with the most µs at stake; without any impact, its first problem; None
-    when it has no problem finding."""
-    problems = [f for f in row.findings if f.severity == PROBLEM]
+def costliest_problem(row: Row, leave_out: Collection[str] = ()) -> FindingRecord | None:
+    """The row's problem finding with the most µs at stake, other than the ids `leave_out`; without any
+    impact, its first problem; None when it has no problem finding."""
+    problems = [f for f in row.findings if f.severity == PROBLEM and f.id not in leave_out]
     costed = [f for f in problems if f.impact_us is not None]
     return max(costed, key=lambda f: f.impact_us or 0.0) if costed else next(iter(problems), None)
