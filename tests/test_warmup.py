@@ -87,15 +87,24 @@ def _latency(tmp_path: Path, device: str, order: list[str], variant: str, tag: s
         check=True,
     )
     document = json.loads(next(out_dir.glob("*/results.json")).read_text())
-    return next(row["latency_us"] for row in document["results"] if row["variant"] == variant)
+    row = next(row for row in document["results"] if row["variant"] == variant)
+    _CONTENDED[out_dir.name] = bool(row.get("contended"))
+    return row["latency_us"]
+
+
+#: Whether the row `_latency` last read from each output folder was timed under CPU contention.
+_CONTENDED: dict[str, bool] = {}
 
 
 @pytest.mark.slow
 def test_a_cell_times_the_same_whether_it_runs_first_or_last(tmp_path: Path) -> None:
     """Issue 25: sdpa-math first in a process measured 2x its time after sdpa. Each attempt runs both
     orders in fresh processes; other work on a shared machine can only disturb one run of a pair, so an
-    attempt whose medians agree within 1.25x settles it (at most three attempts)."""
+    attempt whose medians agree within 1.25x settles it (at most three attempts). A pair that attnprof
+    itself marked contended measured the other processes, as attnprof says: it is not judged, as `diff`
+    would not judge it, and when every attempt was contended the test is skipped with the reason."""
     ratios = []
+    judged = 0
     for attempt in range(3):
         quick = ("--min-time", "0.15")
         first = _latency(tmp_path, "cpu", ["sdpa-math", "sdpa"], "sdpa-math", f"first-{attempt}", *quick)
@@ -103,7 +112,11 @@ def test_a_cell_times_the_same_whether_it_runs_first_or_last(tmp_path: Path) -> 
         ratios.append(max(first, last) / min(first, last))
         if ratios[-1] <= 1.25:
             return
-    pytest.fail(f"sdpa-math first vs last in its process: ratios {[round(r, 2) for r in ratios]} (limit 1.25)")
+        judged += not (_CONTENDED[f"first-{attempt}"] or _CONTENDED[f"last-{attempt}"])
+    shown = [round(r, 2) for r in ratios]
+    if not judged:
+        pytest.skip(f"every attempt was timed under CPU contention (ratios {shown}): not judged")
+    pytest.fail(f"sdpa-math first vs last in its process: ratios {shown} (limit 1.25)")
 
 
 @pytest.mark.gpu
