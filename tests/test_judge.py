@@ -25,6 +25,7 @@ from attnprof.analysis.findings.judge import (
     flag_contention,
     join_counters,
     join_gpu_health,
+    net_of_recording,
     saved_by,
     settle_cpu_bound,
     weigh_dense_mask,
@@ -49,6 +50,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
     assert JUDGE_RULES == (
         flag_contention,
         settle_cpu_bound,
+        net_of_recording,
         weigh_dense_mask,
         apply_timed_fixes,
         join_counters,

@@ -34,15 +34,16 @@ comes from the dtype hint, else an `Input type` (record_shapes), else the kernel
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
-from attnprof.analysis.findings import Finding, FindingContext, build_findings
+from attnprof.analysis.findings import Finding, FindingContext, RecordingCost, Verdict, build_findings, judge
 from attnprof.analysis.hardware import PeaksLookup, datasheet
 from attnprof.analysis.instance.call_names import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
@@ -72,6 +73,23 @@ CUDNN_VERSION_KEY = "cudnn_version"
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
     from attnprof.analysis.counters.kernel import CounterReport
+
+
+class PerOpCost(Protocol):
+    """The profiler's recording cost per op, calibrated on this machine (`profiling.profiler_cost.ProfilerCost`
+    is one): µs per op, whether CUDA activity was recorded too, and the date it was measured (YYYY-MM-DD)."""
+
+    @property
+    def per_op_us(self) -> float: ...
+    @property
+    def cuda(self) -> bool: ...
+    @property
+    def measured_on(self) -> str: ...
+
+
+#: The profiler's cost per op for a trace recorded with (or without) record_shapes and with (or without)
+#: device activity; None: not calibrated.
+RecordingLookup = Callable[[bool, bool], PerOpCost | None]
 
 
 @dataclass
@@ -186,6 +204,7 @@ def analyze_trace(
     dtype: str | None = None,
     ceiling_tflops: float | None = None,
     peaks: PeaksLookup | None = None,
+    recording: RecordingLookup | None = None,
 ) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
@@ -198,11 +217,14 @@ def analyze_trace(
     `peaks(gpu name, input dtype)` gives the peaks measured on this machine for the GPU the trace names
     (None: none), which the attention's % of read bandwidth and ridge point then use; without it, or
     when it gives None, they use the datasheet of that GPU (`analysis.hardware`).
+    `recording(record_shapes, device traced)` gives the profiler's cost per recorded op on this machine
+    (None: not calibrated); with one, the judge weighs `cpu-bound` and `gpu-idle` net of the recording
+    (`findings.judge.net_of_recording`). Without it nothing is calibrated.
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     with gc_paused():
-        return _analyze(source, region, dtype, ceiling_tflops, peaks)
+        return _analyze(source, region, dtype, ceiling_tflops, peaks, recording)
 
 
 def _ledger(per_forward: list[ForwardMetrics], traced: bool) -> AttentionLedger | None:
@@ -222,6 +244,7 @@ def _analyze(
     dtype: str | None,
     ceiling: float | None,
     peaks: PeaksLookup | None,
+    recording: RecordingLookup | None = None,
 ) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
@@ -241,21 +264,32 @@ def _analyze(
         inferred, inferred_from = kernel_dtype(kernels)
     analysis = _summary(attribution, index, per_forward, kernels, region, region_choice, hint or inferred, peaks)
     dtype_source = "the --dtype hint" if hint else (inferred_from and f"per the {inferred_from}")
-    analysis.findings = build_findings(
-        FindingContext(
-            per_forward=per_forward,
-            kernels=kernels,
-            dtype=analysis.input_dtype,
-            dtype_source=dtype_source,
-            cpu_time_us=analysis.cpu_time_us,
-            gpu_time_us=analysis.gpu_time_us,
-            cpu_work_us=median([m.cpu_work_us for m in per_forward]),
-            comm=analysis.comm,
-            attention=analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None,
-            unit=instance_unit(analysis.phases),
-            ceiling_tflops=ceiling,
-        )
+    context = FindingContext(
+        per_forward=per_forward,
+        kernels=kernels,
+        dtype=analysis.input_dtype,
+        dtype_source=dtype_source,
+        cpu_time_us=analysis.cpu_time_us,
+        gpu_time_us=analysis.gpu_time_us,
+        cpu_work_us=median([m.cpu_work_us for m in per_forward]),
+        comm=analysis.comm,
+        attention=analysis.attention if analysis.attention and analysis.attention.time_base == "device" else None,
+        unit=instance_unit(analysis.phases),
+        ceiling_tflops=ceiling,
     )
+    analysis.findings = build_findings(context)
+    per_op = recording(bool(trace.input_dims), attribution.device_traced) if recording else None
+    if per_op is not None:
+        cost = RecordingCost(
+            analysis.cpu_ops_per_forward,
+            per_op.per_op_us,
+            per_op.measured_on,
+            lower_bound=attribution.device_traced and not per_op.cuda,
+        )
+        verdict = Verdict(
+            analysis.findings, kernels, unit=context.unit, recording=cost, host_device=context.host_device()
+        )
+        analysis.findings = judge(verdict)
     return analysis
 
 

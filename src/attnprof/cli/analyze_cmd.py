@@ -32,6 +32,16 @@ DtypeHintOpt = Annotated[
     str | None,
     typer.Option("--dtype", help="Input dtype (bf16/fp16/fp32) when the trace does not record it.", show_default=False),
 ]
+CalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--calibrate-profiler",
+        help="Measure the profiler's own cost per recorded op on this machine (about a second, needs torch; "
+        "cached) and judge cpu-bound and gpu-idle net of it. Without it the cached figure is used, if any.",
+    ),
+]
+#: The findings whose host time includes the profiler's own recording.
+RECORDING_FINDINGS = ("cpu-bound", "gpu-idle")
 
 
 @c.handle_errors
@@ -40,6 +50,7 @@ def analyze_command(
     region: RegionOpt = None,
     dtype: DtypeHintOpt = None,
     ncu_report: NcuReportOpt = None,
+    calibrate_profiler: CalibrateOpt = False,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
@@ -61,10 +72,15 @@ def analyze_command(
     --ncu-report: the i-th kernel of a name in the report is the i-th launch of that name in the trace.
     Each attention kernel gets its share of the attention FLOPs (by tensor-pipe time) and its place on the
     roofline; the kernel counters table, the counter findings and the JSON's `counters` follow.
+
+    cpu-bound and gpu-idle are judged net of the profiler's own recording (ops per forward x its cost per op)
+    when this machine's cost per op is cached for the trace's record_shapes setting; --calibrate-profiler
+    measures it (and caches it) first.
     """
     from attnprof.analysis import analyze_trace, attach_counters, load_trace
     from attnprof.analysis.trace.load import gc_paused
     from attnprof.peaks import cached_peaks
+    from attnprof.profiling.profiler_cost import ProfilerCost, cached_cost, profiler_cost
 
     report = None
     if ncu_report is not None:  # a bad report fails before the trace is read
@@ -76,7 +92,19 @@ def analyze_command(
         if c.STATE.debug:
             for line in parsed.read_notes:
                 c.note(f"debug: {line}")
-        analysis = analyze_trace(parsed, region=region, dtype=dtype, peaks=cached_peaks)
+        looked_up: list[bool] = []  # whether a cost per op was found, once the analysis asked
+
+        def recording(record_shapes: bool, cuda: bool) -> ProfilerCost | None:
+            cost = profiler_cost(record_shapes, cuda) if calibrate_profiler else cached_cost(record_shapes, cuda)
+            looked_up.append(cost is not None)
+            return cost
+
+        analysis = analyze_trace(parsed, region=region, dtype=dtype, peaks=cached_peaks, recording=recording)
+        if looked_up == [False] and any(f.id in RECORDING_FINDINGS for f in analysis.findings):
+            c.note(
+                "note: cpu-bound/gpu-idle count the profiler's own recording as host time; "
+                "--calibrate-profiler measures its cost on this machine (about a second, cached) to judge them net"
+            )
         if report is not None:
             attach_counters(analysis, parsed, report, cached_peaks)
             if analysis.counters is not None and analysis.counters.match is not None:

@@ -25,7 +25,7 @@ from attnprof.analysis.findings import (
     memory,
     occupancy,
 )
-from attnprof.analysis.findings.judge import Counted, TimedFix, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings.judge import Counted, RecordingCost, TimedFix, Verdict, judge, judge_alternatives
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
     Finding,
@@ -77,6 +77,7 @@ __all__ = [
     "Finding",
     "FindingContext",
     "FindingRegistry",
+    "RecordingCost",
     "Rule",
     "TimedFix",
     "Verdict",

@@ -32,7 +32,9 @@ def _launch_wait(ctx: FindingContext) -> float | NoImpact:
     gives both times, their ratio, and the ops and launch calls per forward; on a training step the CPU time
     leaves out the region's wait inside the autograd engine and counts the backward ops' own CPU time. The CPU time
     is measured under the profiler, which adds its own recording to every op: in run, compare and model, where
-    the latency timed without the profiler is within 10% of the GPU time, the finding is kept as info and says so.
+    the latency timed without the profiler is within 10% of the GPU time, the finding is kept as info and says so;
+    in analyze, with the profiler's cost per op calibrated on the machine (--calibrate-profiler, cached), the CPU
+    time is judged net of the recording (ops per forward x cost per op) and the message says how much it was.
     Launch fewer, larger kernels: a fused attention kernel instead of separate matmul, mask and softmax ops,
     torch.compile, CUDA graphs (torch.compile(mode="reduce-overhead") or torch.cuda.CUDAGraph) to replay the
     launches, or more work per launch (a larger batch).

@@ -11,6 +11,8 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
   CPU (everything timed without the profiler rests on it);
 - `settle_cpu_bound`: `cpu-bound` against the unprofiled latency (the profiler's own recording is
   host time too);
+- `net_of_recording`: `cpu-bound` and `gpu-idle` net of the profiler's own recording, its cost per op
+  calibrated on this machine (`analyze` of a trace timed by nothing else);
 - `weigh_dense_mask`: `dense-mask` with the alternatives measured at the same shape and what the
   fastest would save;
 - `apply_timed_fixes`: a finding whose proposed fix was timed at its shape (`TimedFix`, e.g. the fused
@@ -36,7 +38,17 @@ from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
 from attnprof.analysis.findings.cpu import RULES as CPU_RULES
 from attnprof.analysis.findings.gpu_health import RULES as GPU_HEALTH_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
-from attnprof.analysis.findings.registry import Finding, FindingContext, GpuHealthReading, Timed, numbers, us
+from attnprof.analysis.findings.registry import (
+    Finding,
+    FindingContext,
+    GpuHealthReading,
+    HostDevice,
+    Numbers,
+    Timed,
+    numbers,
+    us,
+)
+from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.cell import CellCounters
@@ -45,6 +57,7 @@ if TYPE_CHECKING:
 CPU_BOUND = "cpu-bound"
 CPU_CONTENTION = "cpu-contention"
 DENSE_MASK = "dense-mask"
+GPU_IDLE = "gpu-idle"
 OCCUPANCY_UNREPORTED = "occupancy-unreported"
 #: cpu-bound stands only while the unprofiled latency is above the device time per instance by more than this.
 CPU_BOUND_LATENCY_MARGIN = 1.10
@@ -113,6 +126,47 @@ class Counted:
 
 
 @dataclass(frozen=True)
+class RecordingCost:
+    """The profiler's own recording per instance, as the judge weighs it: the ops it recorded per instance,
+    its cost per op calibrated on this machine (`per_op_us`, on `calibrated_on`, YYYY-MM-DD), and whether
+    that calibration recorded CPU activity only for a trace with device activity (`lower_bound`: recording
+    CUDA activity costs more)."""
+
+    ops: int
+    per_op_us: float
+    calibrated_on: str
+    lower_bound: bool = False
+
+    @property
+    def cost_us(self) -> float:
+        """The recording's host time per instance."""
+        return self.ops * self.per_op_us
+
+    def part_us(self, host_us: float) -> float:
+        """The recording's share of `host_us`, the CPU's work per instance (never more than all of it)."""
+        return min(self.cost_us, host_us)
+
+    def sentence(self, host_us: float, unit: str) -> str:
+        """How much of `host_us`, the CPU's work per instance, the recording was, in one clause."""
+        bound = "; CPU activity only, a lower bound with CUDA activity recorded" if self.lower_bound else ""
+        return (
+            f"Of the {us(host_us)} CPU time per {unit}, about {us(self.part_us(host_us))} is the profiler's own "
+            f"recording ({self.ops:,} ops x {self.per_op_us:.2f} us, calibrated on the machine analysing it on "
+            f"{self.calibrated_on}{bound})"
+        )
+
+    def evidence(self, host_us: float) -> Numbers:
+        """The recording's numbers against `host_us`, as evidence beside a finding's."""
+        return numbers(
+            recording_ops=self.ops,
+            recording_per_op_us=self.per_op_us,
+            recording_us=self.part_us(host_us),
+            recording_calibrated_on=self.calibrated_on,
+            recording_lower_bound=self.lower_bound,
+        )
+
+
+@dataclass(frozen=True)
 class Verdict:
     """Everything a row's findings are judged on.
 
@@ -123,7 +177,9 @@ class Verdict:
     instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
     measured. `counters`: the hardware counters (None without). `gpu_health`: the GPU over the timed calls
     (NVML; None: not sampled). `timed`: how the latency was timed, as far as the machine's load goes (None:
-    not timed). `timed_fixes`: the fixes timed at the findings' shapes (see `TimedFix`)."""
+    not timed). `timed_fixes`: the fixes timed at the findings' shapes (see `TimedFix`). `recording`: the
+    profiler's own recording per instance (None: not calibrated), weighed against `host_device`, the trace's
+    CPU against its GPU (None: no device work)."""
 
     findings: Sequence[Finding] = ()
     kernels: Sequence[KernelStats] = ()
@@ -136,6 +192,8 @@ class Verdict:
     gpu_health: GpuHealthReading | None = None
     timed: Timed | None = None
     timed_fixes: Sequence[TimedFix] = ()
+    recording: RecordingCost | None = None
+    host_device: HostDevice | None = None
 
 
 JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
@@ -178,6 +236,65 @@ def settle_cpu_bound(findings: list[Finding], verdict: Verdict) -> list[Finding]
         )
 
     return _replaced(findings, CPU_BOUND, settle)
+
+
+def _netted(finding: Finding, note: str, evidence: Numbers, impact_us: float | None) -> Finding:
+    """`finding` with `note` after its message and `evidence`: `info` without impact when `impact_us` is None,
+    else a problem of that impact (its percentage scaled alike)."""
+    message = finding.message + note
+    if impact_us is None:
+        return replace(finding, message=message, severity="info", impact_us=None, impact_pct=None, evidence=evidence)
+    pct = finding.impact_pct * impact_us / finding.impact_us if finding.impact_pct and finding.impact_us else None
+    return replace(finding, message=message, impact_us=impact_us, impact_pct=pct, evidence=evidence)
+
+
+def net_of_recording(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`cpu-bound` and `gpu-idle` net of the profiler's own recording (`verdict.recording`), for a trace with
+    no unprofiled latency to settle them. `cpu-bound`: the CPU's work less the recording; when that no longer
+    exceeds the GPU's busy time the finding becomes `info` without impact, else its impact is the net excess.
+    `gpu-idle`: at most the recording's time of the idle time was the recording's (the CPU it held was not
+    launching); when the rest is no more than `GPU_IDLE_SHARE` of the span left, it becomes `info`, else its
+    impact is the idle time left. Each says how much of the host time the recording was. A finding settled
+    or netted before stands."""
+    recording, unit = verdict.recording, verdict.unit
+    if recording is None or recording.cost_us <= 0:
+        return findings
+
+    def cpu_bound(finding: Finding) -> Finding:
+        cpu, busy = finding.evidence.get("cpu_us"), finding.evidence.get("gpu_us")
+        if finding.evidence.get("settled") or finding.evidence.get("net_cpu_us") is not None:
+            return finding
+        if not isinstance(cpu, float | int) or not isinstance(busy, float | int):
+            return finding
+        net = cpu - recording.part_us(cpu)
+        note = " " + recording.sentence(cpu, unit)
+        evidence = finding.evidence | recording.evidence(cpu) | numbers(net_cpu_us=net)
+        if net <= busy:
+            note += f": net of it, {us(net)} is within the GPU's {us(busy)}, and the GPU sets the pace."
+            return _netted(finding, note, evidence, None)
+        note += f"; net of it, the CPU still exceeds the GPU's busy time by {us(net - busy)}."
+        return _netted(finding, note, evidence, net - busy)
+
+    def gpu_idle(finding: Finding) -> Finding:
+        facts, idle = verdict.host_device, finding.impact_us
+        if facts is None or idle is None or finding.evidence.get("net_idle_us") is not None:
+            return finding
+        host = facts.cpu_work_us
+        part = min(recording.part_us(host), idle)  # the GPU waited on the recording at most all its idle time
+        net_idle, net_span = idle - part, facts.gpu_span_us - part
+        share = net_idle / net_span if net_span > 0 else 0.0
+        note = " " + recording.sentence(host, unit)
+        evidence = finding.evidence | recording.evidence(host) | numbers(net_idle_us=net_idle, net_idle_share=share)
+        if share <= GPU_IDLE_SHARE:
+            note += (
+                f": net of it, the GPU would sit idle about {us(net_idle)} of {us(net_span)}, {share:.0%}, "
+                f"not more than {GPU_IDLE_SHARE:.0%}."
+            )
+            return _netted(finding, note, evidence, None)
+        note += f"; net of it, the GPU would still sit idle about {us(net_idle)} of {us(net_span)}, {share:.0%}."
+        return _netted(finding, note, evidence, net_idle)
+
+    return _replaced(_replaced(findings, CPU_BOUND, cpu_bound), GPU_IDLE, gpu_idle)
 
 
 def alternative_sentence(alt: Alternative, dense_us: float) -> str:
@@ -320,6 +437,7 @@ def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
 JUDGE_RULES: tuple[JudgeRule, ...] = (
     flag_contention,
     settle_cpu_bound,
+    net_of_recording,
     weigh_dense_mask,
     apply_timed_fixes,
     join_counters,

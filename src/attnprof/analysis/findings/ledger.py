@@ -129,7 +129,9 @@ def _gap_text(gap: Gap) -> str:
     The time is lost outright; a faster kernel changes nothing while the GPU waits for the next one. The
     message gives the typical instance's idle time and span, and its largest gaps: how long, after which
     kernel, and which CPU ops ran meanwhile, which points at the Python code, the synchronisation or the
-    data loading that held the CPU. Remove syncs (see host-sync), move work off the forward's critical path,
+    data loading that held the CPU. In analyze, with the profiler's cost per op calibrated (--calibrate-profiler),
+    the idle time is judged net of the profiler's own recording, which held the CPU too. Remove syncs (see
+    host-sync), move work off the forward's critical path,
     launch fewer kernels (a fused kernel, torch.compile), or replay the launches with CUDA graphs.
     """,
     impact=_idle,
