@@ -37,6 +37,7 @@ def calm_cpu(patch: pytest.MonkeyPatch) -> None:
     """Make the machine read as calm to ceilings and timings (the box the suite runs on is shared): no share of
     other processes, no scheduler tick in the samples. For a fixture of a wider scope than the autouse ones."""
     patch.setattr("attnprof.profiling.ceiling.CpuShare", _CalmCpu)
+    patch.setattr("attnprof.profiling.profiler_cost.CpuShare", _CalmCpu)
     patch.setattr("attnprof.profiling.timing.CpuShare", _CalmCpu)
     patch.setattr("attnprof.profiling.timing.scheduler_tick_ms", lambda samples_us: None)
 

@@ -187,3 +187,26 @@ def test_the_judge_nets_once_and_leaves_a_settled_finding():
     settled = Verdict([found], recording=recording, latency_us=101.0, gpu_time_us=100.0)
     assert "net_cpu_us" not in judge(settled)[0].evidence  # the unprofiled latency settled it first
     assert judge(Verdict([found])) == [found]
+
+
+def test_a_calibration_under_contention_is_refused_and_not_cached(tmp_path, monkeypatch, cli):
+    """Other processes held the CPU while it was calibrated: it measured them too, so analyze says so in one
+    line, exits 3 and caches nothing."""
+
+    class Busy:
+        @classmethod
+        def start(cls) -> Busy:
+            return cls()
+
+        def others(self) -> float:
+            return 0.7
+
+    monkeypatch.setattr(pc, "CpuShare", Busy)
+    monkeypatch.setenv("ATTNPROF_CACHE_DIR", str(tmp_path))
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps(many_tiny_ops()))
+    result = cli("analyze", str(trace), "--calibrate-profiler")
+    assert result.exit_code == 3, result.output
+    assert "other processes took 70% of the CPU: not cached, not used" in result.stderr
+    assert "Traceback" not in result.output
+    assert pc.cached_cost(False) is None and pc.cached_cost(False, cuda=True) is None

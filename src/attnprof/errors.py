@@ -59,6 +59,13 @@ class DeviceError(AttnprofError):
     exit_code = 3
 
 
+class ContendedCalibrationError(AttnprofError):
+    """A calibration ran while other processes held the CPU: it measured them too, so it is neither cached nor
+    used (exit 3, as a verdict that could not be judged)."""
+
+    exit_code = 3
+
+
 class CountersUnavailableError(DeviceError):
     """`--ncu` asked for on a run that cannot have hardware counters: no CUDA device, or no Nsight Compute.
     Refused before any cell runs, with the exit code of a missing device."""

@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from attnprof.errors import MissingExtraError
+from attnprof.errors import ContendedCalibrationError, MissingExtraError
 from attnprof.profiling.ceiling import cache_dir, read_cache, write_cache
+from attnprof.profiling.contention import CpuShare, is_contended
 from attnprof.profiling.environment import cpu_model, package_version
 from attnprof.stats import median
 
@@ -118,8 +119,17 @@ def profiler_cost(
     record_shapes: bool, cuda: bool = False, *, calibrator: Calibrator | None = None, path: Path | None = None
 ) -> ProfilerCost:
     """Calibrate now (`calibrator`, default `calibrate`) and cache the figure under its own setting; a cache
-    that cannot be written is ignored."""
+    that cannot be written is ignored. A calibration during which other processes took more than
+    `CONTENTION_LIMIT` of the CPU measured them too: it is refused (`ContendedCalibrationError`), not cached."""
+    share = CpuShare.start()
     cost = (calibrator or calibrate)(record_shapes, cuda)
+    busy = share.others()
+    if is_contended(busy):
+        raise ContendedCalibrationError(
+            f"the profiler's cost was calibrated while other processes took {busy:.0%} of the CPU: not cached, "
+            "not used",
+            hint="run `attnprof analyze --calibrate-profiler` again on a quieter machine",
+        )
     path = path or cache_path()
     entries = read_cache(path)
     entries[cost_key(cost.record_shapes, cost.cuda)] = asdict(cost)
