@@ -237,11 +237,17 @@ def plain_trace(tmp_path):
     return path
 
 
+def _region_lines(stderr: str) -> list[str]:
+    """stderr without the note on the profiler's cost (the plain loop's host time fires cpu-bound, and no
+    calibration is cached in a test: docs/analyze.md)."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("note: cpu-bound/gpu-idle")]
+
+
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
 def test_cli_says_which_region_it_chose_on_stderr(cli, plain_trace, fmt):
     result = cli("analyze", str(plain_trace), "--format", fmt)
     assert result.exit_code == 0, result.output
-    assert result.stderr.strip().splitlines() == [
+    assert _region_lines(result.stderr) == [
         "no --region: using the profiler steps 'ProfilerStep#*' (3 user annotations: 'model', 'attention', "
         "'softmax_block'; pass one with --region)"]
     if fmt == "json":
@@ -255,7 +261,7 @@ def test_cli_says_which_region_it_chose_on_stderr(cli, plain_trace, fmt):
 def test_cli_accepts_the_step_family_and_says_nothing(cli, plain_trace):
     result = cli("analyze", str(plain_trace), "--region", "ProfilerStep#*", "--format", "json")
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""
+    assert _region_lines(result.stderr) == []
     document = json.loads(result.stdout)
     assert (document["region"], document["region_choice"], document["kernels_per_forward"]) == (
         "ProfilerStep#*", None, 3)
