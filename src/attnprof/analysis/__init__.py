@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from attnprof.analysis.analyze import TraceAnalysis, analyze_trace, attach_counters, dispatched_backend
     from attnprof.analysis.findings import FINDING_IDS, Finding
     from attnprof.analysis.instance.metrics import KernelStats
-    from attnprof.analysis.names import KernelExplanation, explain_kernel, short_kernel_name
+    from attnprof.analysis.names import KernelExplanation, explain_kernel
     from attnprof.analysis.occupancy import Occupancy, SmLimits, limits_for, theoretical_occupancy
+    from attnprof.analysis.short_names import short_kernel_name
     from attnprof.analysis.trace.load import load_trace
     from attnprof.analysis.trace.tables import ParsedTrace
 

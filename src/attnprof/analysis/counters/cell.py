@@ -238,7 +238,7 @@ def match_report(report: CounterReport, trace: ParsedTrace) -> list[str | None]:
     a name is the i-th launch of that name in the trace (launches in time order). Names are compared by
     `kernel_key`, else by their short name when only one trace name has it."""
     from attnprof.analysis.base import KERNEL
-    from attnprof.analysis.names import short_kernel_name
+    from attnprof.analysis.short_names import short_kernel_name
 
     dev, names = trace.device, trace.names
     launches: dict[str, list[str]] = {}
@@ -275,7 +275,7 @@ def counters_for_trace(
     placed on the roofline with the FLOPs of the trace's attention calls (from their recorded shapes) against
     `peaks` (else the datasheet of the report's GPU), and the counter findings of a step (`unit`: what an
     instance is called)."""
-    from attnprof.analysis.names import short_kernel_name
+    from attnprof.analysis.short_names import short_kernel_name
 
     matched = match_report(report, trace)
     in_calls = {name for call in (ledger.calls if ledger else []) for name in call.kernels}

@@ -80,7 +80,7 @@ class KernelCounters:
     @property
     def short_name(self) -> str:
         """The kernel's name without namespaces, template arguments or parameters."""
-        from attnprof.analysis.names import short_kernel_name
+        from attnprof.analysis.short_names import short_kernel_name
 
         return short_kernel_name(self.name)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, Said, listed, numbers, us
 from attnprof.analysis.instance.call_names import SDPA_OP
 from attnprof.analysis.instance.metrics import SIXTEEN_BIT, TRACE_DTYPES
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.stats import median, median_count
 
 if TYPE_CHECKING:

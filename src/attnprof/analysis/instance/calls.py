@@ -48,7 +48,8 @@ from attnprof.analysis.instance.call_names import (
     LedgerNames,
 )
 from attnprof.analysis.instance.optree import OpTree
-from attnprof.analysis.names import explain_kernel, short_kernel_name
+from attnprof.analysis.names import explain_kernel
+from attnprof.analysis.short_names import short_kernel_name
 
 #: The backward ops of SDPA's backends: a backward call's backend (`_backward_backend`).
 _BACKWARD_BACKEND_OPS = {

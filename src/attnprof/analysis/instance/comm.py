@@ -26,7 +26,7 @@ from typing import Any
 
 from attnprof.analysis.attribution.forward import Attribution, Forward
 from attnprof.analysis.base import KERNEL
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.stats import median, median_count
 
 _COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)(?:Dev)?Kernel", re.IGNORECASE)

@@ -23,7 +23,8 @@ from attnprof.analysis.instance.mask_convert import MaskConvert, mask_converts
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import Overhead, overhead_ledger, overhead_units
-from attnprof.analysis.names import attention_impl, short_kernel_name
+from attnprof.analysis.names import attention_impl
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 
 _time_us = attrgetter("time_us")

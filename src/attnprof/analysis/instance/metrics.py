@@ -31,7 +31,7 @@ from attnprof.analysis.instance.phases import (
     phase_metrics,
 )
 from attnprof.analysis.instance.stalls import Stalls, forward_stalls
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.stats import median_count_of
 

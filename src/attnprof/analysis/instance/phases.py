@@ -16,7 +16,7 @@ from typing import Any
 from attnprof.analysis.attribution.backward import ACCUMULATE_GRAD
 from attnprof.analysis.attribution.forward import Forward
 from attnprof.analysis.base import KERNEL, MEMCPY, MEMSET
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 
 PHASES = ("forward", "backward")

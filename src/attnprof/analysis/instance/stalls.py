@@ -23,7 +23,7 @@ from itertools import compress, islice
 
 from attnprof.analysis.attribution.forward import Forward
 from attnprof.analysis.base import MEMCPY, SYNC_APIS
-from attnprof.analysis.names import short_kernel_name
+from attnprof.analysis.short_names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
 
 LARGEST_GAPS = 3
