@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -344,9 +345,10 @@ def test_a_quiet_run_has_no_warning_no_mark_and_no_finding(cli, write_config) ->
 def test_busy_processes_beside_a_compare_mark_its_rows_or_it_waits_for_calm(
     cli, write_config, tmp_path, real_contention
 ) -> None:
-    """Two busy loops (one per core of the development VM) beside a tiny compare: each row is contended, or
-    was timed again once the CPU calmed; never a contended timing passing silently."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    """A busy loop per core (two on the development VM) beside a tiny compare: each row is contended, or was
+    timed again once the CPU calmed; never a contended timing passing silently."""
+    loops = min(os.cpu_count() or 2, 32)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
     try:
         time.sleep(0.5)
         result = cli("compare", str(write_config(variants=["naive", "sdpa-math"])), "--min-time", "0.05")
