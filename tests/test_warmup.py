@@ -99,24 +99,27 @@ _CONTENDED: dict[str, bool] = {}
 @pytest.mark.slow
 def test_a_cell_times_the_same_whether_it_runs_first_or_last(tmp_path: Path) -> None:
     """Issue 25: sdpa-math first in a process measured 2x its time after sdpa. Each attempt runs both
-    orders in fresh processes; other work on a shared machine can only disturb one run of a pair, so an
-    attempt whose medians agree within 1.25x settles it (at most three attempts). A pair that attnprof
-    itself marked contended measured the other processes, as attnprof says: it is not judged, as `diff`
-    would not judge it, and when every attempt was contended the test is skipped with the reason."""
-    ratios = []
-    judged = 0
+    orders in fresh processes. Other work on a shared machine only ever adds time, so each order keeps its
+    fastest median over the attempts (at most three), and the two must agree within 1.5x: well inside the
+    2x of the bug, well outside the 1.3x that CI's shared 2-core runner put between single pairs. An
+    attempt whose rows attnprof itself marked contended measured the other processes and is not counted;
+    when every attempt was contended the test is skipped with the reason."""
+    best = {"first": float("inf"), "last": float("inf")}
+    seen = []
     for attempt in range(3):
         quick = ("--min-time", "0.15")
         first = _latency(tmp_path, "cpu", ["sdpa-math", "sdpa"], "sdpa-math", f"first-{attempt}", *quick)
         last = _latency(tmp_path, "cpu", ["sdpa", "sdpa-math"], "sdpa-math", f"last-{attempt}", *quick)
-        ratios.append(max(first, last) / min(first, last))
-        if ratios[-1] <= 1.25:
+        seen.append((round(first), round(last)))
+        if _CONTENDED[f"first-{attempt}"] or _CONTENDED[f"last-{attempt}"]:
+            continue
+        best = {"first": min(best["first"], first), "last": min(best["last"], last)}
+        if max(best.values()) / min(best.values()) <= 1.25:
             return
-        judged += not (_CONTENDED[f"first-{attempt}"] or _CONTENDED[f"last-{attempt}"])
-    shown = [round(r, 2) for r in ratios]
-    if not judged:
-        pytest.skip(f"every attempt was timed under CPU contention (ratios {shown}): not judged")
-    pytest.fail(f"sdpa-math first vs last in its process: ratios {shown} (limit 1.25)")
+    if best["first"] == float("inf"):
+        pytest.skip(f"every attempt was timed under CPU contention (first, last µs: {seen}): not judged")
+    ratio = max(best.values()) / min(best.values())
+    assert ratio <= 1.5, f"sdpa-math first vs last in its process: best {ratio:.2f}x (first, last µs: {seen})"
 
 
 @pytest.mark.gpu
