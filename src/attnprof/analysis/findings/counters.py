@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, listed
+from attnprof.analysis.findings.registry import (
+    FindingContext,
+    FindingRegistry,
+    NoImpact,
+    Said,
+    listed,
+    numbers,
+    work_numbers,
+)
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.kernel import KernelCounters
@@ -89,7 +97,7 @@ def _tensor_time_lost(ctx: FindingContext) -> float | NoImpact:
     """,
     impact=_tensor_time_lost,
 )
-def _tensor_pipe_underused(ctx: FindingContext) -> str | None:
+def _tensor_pipe_underused(ctx: FindingContext) -> Said | None:
     step = ctx.counters
     if step is None:
         return None
@@ -104,7 +112,8 @@ def _tensor_pipe_underused(ctx: FindingContext) -> str | None:
             f"cycles while {p.text} (intensity {p.intensity or 0.0:,.0f} FLOP/byte)"
             + (f"; its warps stalled most on {stalls}" if stalls else "")
         )
-    return "; ".join(parts) + "."
+    flops, time_us = sum(p.flops or 0.0 for _, p in found), sum(k.duration_us or 0.0 for k, _ in found)
+    return "; ".join(parts) + ".", work_numbers(0.0, flops, time_us) | numbers(kernels=len(found))
 
 
 # --------------------------------------------------------------------------- DRAM
