@@ -206,7 +206,7 @@ def reference_for(
     scaled by `peaks` (this GPU's read bandwidth and matmul figure against the table's measured ceilings);
     `NoReference` with the reason otherwise. `tables` defaults to the shipped ones."""
     if key is None:
-        return NoReference("the calls' shapes are unknown or differ")
+        return NoReference("no shape key: the calls' shapes or dtype were not recorded, or the calls differ")
     if not gpu:
         return NoReference("the trace names no GPU")
     found = shipped_tables() if tables is None else list(tables)
