@@ -93,7 +93,8 @@ def _tensor_time_lost(ctx: FindingContext) -> float | NoImpact:
     pressure, or dependencies a deeper software pipeline would hide. Fixes are in the kernel: larger tiles,
     more pipeline stages, warp specialisation (producer and consumer warps), or a backend whose kernel does
     these (cuDNN and FlashAttention 3 on Hopper). The impact is the kernel's time less what its FLOPs take at
-    the matmul ceiling.
+    the matmul ceiling; the judge then weighs it against the best implementation known at the shape, as
+    memory-bound.
     """,
     impact=_tensor_time_lost,
 )

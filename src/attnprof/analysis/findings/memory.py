@@ -159,7 +159,9 @@ def _bandwidth_lost(ctx: FindingContext) -> float | NoImpact:
     reading at that bandwidth, and the likely cause: the math path materialising the scores, K/V repeated to
     the query heads (grouped-query heads not packed), a split-KV reduction kernel, a prefill template run on a
     decode shape, or too few blocks in flight. Profile with record_shapes=True: without shapes there are no
-    bytes.
+    bytes. The judge then weighs the call against the best implementation known at its shape (the fastest
+    variant of the same compare or sweep, else attnprof's attainable table; docs/attainable.md): its impact
+    becomes the time above that, and at 90% of it or more the finding is info.
     """,
     impact=_bandwidth_lost,
 )
