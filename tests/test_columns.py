@@ -104,10 +104,12 @@ def test_kernel_gbps_renders_in_each_view_under_its_header(rows) -> None:
 
 def test_kernel_gbps_lands_in_three_src_files() -> None:
     """A metric is its schema field, its computation and its registry entry: nothing else under src/ names it
-    (the trace analysis computes the ledger's own `achieved_gbps`, not this)."""
+    (the trace analysis computes the ledger's own `achieved_gbps`, not this) but the one reader of the best
+    row's rate, `pipeline/best_known.py` (the attainable GB/s a cell's findings are judged against)."""
     named = {str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py") if "kernel_gbps" in p.read_text()}
     assert named == {
         "src/attnprof/results/schema.py",
         "src/attnprof/pipeline/rows.py",
         "src/attnprof/report/columns.py",
+        "src/attnprof/pipeline/best_known.py",
     }

@@ -180,7 +180,7 @@ def test_comparison_tables_drop_the_columns_that_are_na_in_every_row(tmp_path):
         "speed-up",
         "findings",
     ]
-    left_out = "kernels/fwd, GPU µs, TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs, peak MiB"
+    left_out = "kernels/fwd, GPU µs, TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs, peak MiB, % of best known"
     assert f"Left out, n/a in every row: {left_out}." in text
     assert [row[0] for row in comparison[1:]] == [r.variant for r in load_results(COMPARE).rows]
     math = next(row for row in comparison if row[0] == "sdpa-math")

@@ -15,6 +15,7 @@ import pytest
 
 from attnprof.analysis import analyze_trace
 from attnprof.analysis.findings import Counted, Finding, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings.attainable import judge_attainable
 from attnprof.analysis.findings.judge import (
     BLOCK_MASK,
     IS_CAUSAL,
@@ -54,6 +55,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         weigh_dense_mask,
         apply_timed_fixes,
         join_counters,
+        judge_attainable,
         join_gpu_health,
         drop_by_design,
     )
@@ -72,6 +74,7 @@ class _Analysis:
 
     def __init__(self, findings, gpu_time_us):
         self.findings, self.gpu_time_us, self.kernels = findings, gpu_time_us, []
+        self.device, self.attention, self.input_dtype = None, None, None  # a model row's attainable reference
 
 
 @pytest.mark.parametrize("row", ["cell", "model"])

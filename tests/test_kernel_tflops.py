@@ -197,8 +197,8 @@ def test_kernel_gbps_gives_way_first_so_a_fitted_compare_is_as_before() -> None:
     without = compare_report(rows, "table", "sdpa-math", 120)
     with_column = compare_report(filled, "table", "sdpa-math", 120)
     assert " ".join(with_column.split()) == " ".join(without.split()).replace(
-        "TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs (n/a throughout)",
-        "TFLOP/s (kernels), executed/useful FLOPs (n/a throughout)",
+        "TFLOP/s (kernels), kernel GB/s, executed/useful FLOPs, % of best known (n/a throughout)",
+        "TFLOP/s (kernels), executed/useful FLOPs, % of best known (n/a throughout)",
     ).replace("peak MiB (no room at 120 columns)", "kernel GB/s, peak MiB (no room at 120 columns)")
     assert "kernel GB/s" not in with_column.splitlines()[3] and "4,321" not in with_column
     assert "4,321" in compare_report(filled, "table", "sdpa-math", None)

@@ -40,10 +40,12 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from attnprof.analysis.attainable import AttainableLookup
 from attnprof.analysis.attribution.attribute import find_forwards
 from attnprof.analysis.attribution.forward import Attribution
 from attnprof.analysis.attribution.regions import choose_region
 from attnprof.analysis.findings import Finding, FindingContext, RecordingCost, Verdict, build_findings, judge
+from attnprof.analysis.findings.attainable import attainable_facts
 from attnprof.analysis.hardware import PeaksLookup, datasheet
 from attnprof.analysis.instance.call_names import SDPA_BACKEND_OPS
 from attnprof.analysis.instance.comm import CommStats, comm_stats
@@ -205,6 +207,7 @@ def analyze_trace(
     ceiling_tflops: float | None = None,
     peaks: PeaksLookup | None = None,
     recording: RecordingLookup | None = None,
+    attainable: AttainableLookup | None = None,
 ) -> TraceAnalysis:
     """Analyse the forwards marked by `record_function(region)` in a trace.
 
@@ -220,11 +223,14 @@ def analyze_trace(
     `recording(record_shapes, device traced)` gives the profiler's cost per recorded op on this machine
     (None: not calibrated); with one, the judge weighs `cpu-bound` and `gpu-idle` net of the recording
     (`findings.judge.net_of_recording`). Without it nothing is calibrated.
+    `attainable(gpu name, peaks)` gives the best known rates by shape for the GPU the trace names
+    (`analysis.attainable.table_reference`, the shipped table): with it the judge weighs `memory-bound`
+    against them (`findings.attainable`); a run's cells leave it out (their reference is the run's fastest).
     Raises TraceError for an unreadable or empty trace, a missing region, or no forward in
     the profiled steps.
     """
     with gc_paused():
-        return _analyze(source, region, dtype, ceiling_tflops, peaks, recording)
+        return _analyze(source, region, dtype, ceiling_tflops, peaks, recording, attainable)
 
 
 def _ledger(per_forward: list[ForwardMetrics], traced: bool) -> AttentionLedger | None:
@@ -245,6 +251,7 @@ def _analyze(
     ceiling: float | None,
     peaks: PeaksLookup | None,
     recording: RecordingLookup | None = None,
+    attainable: AttainableLookup | None = None,
 ) -> TraceAnalysis:
     trace = load_trace(source)
     region_choice = None
@@ -279,6 +286,7 @@ def _analyze(
     )
     analysis.findings = build_findings(context)
     per_op = recording(bool(trace.input_dims), attribution.device_traced) if recording else None
+    cost = None
     if per_op is not None:
         cost = RecordingCost(
             analysis.cpu_ops_per_forward,
@@ -286,11 +294,19 @@ def _analyze(
             per_op.measured_on,
             lower_bound=attribution.device_traced and not per_op.cuda,
         )
+    against = _attainable_facts(analysis, attainable)
+    if cost is not None or against:
         verdict = Verdict(
-            analysis.findings, kernels, unit=context.unit, recording=cost, host_device=context.host_device()
+            analysis.findings, kernels, unit=context.unit, recording=cost, host_device=context.host_device(), **against
         )
         analysis.findings = judge(verdict)
     return analysis
+
+
+def _attainable_facts(analysis: TraceAnalysis, attainable: AttainableLookup | None) -> dict[str, Any]:
+    """The Verdict's fields that weigh findings against the best known at the trace GPU's shapes."""
+    gpu = analysis.device.get("name") if analysis.device else None
+    return attainable_facts(gpu, analysis.attention, analysis.input_dtype, attainable)
 
 
 def _summary(
@@ -385,6 +401,7 @@ def attach_counters(
     trace: ParsedTrace,
     report: CounterReport,
     peaks: PeaksLookup | None = None,
+    attainable: AttainableLookup | None = None,
 ) -> TraceAnalysis:
     """Attach an Nsight Compute report's counters to the analysis of `trace` (`analyze --ncu-report`): each
     report kernel meets its launch in the trace by name and order, the attention kernels among them are placed
@@ -399,7 +416,8 @@ def attach_counters(
     measured = peaks(report.device, analysis.input_dtype) if peaks else None
     counters = counters_for_trace(report, trace, ledger, instance_unit(analysis.phases), measured, report.path)
     counted = Counted.of(counters, analysis.kernels)
-    analysis.findings = judge(Verdict(analysis.findings, analysis.kernels, counters=counted))
+    against = _attainable_facts(analysis, attainable)  # tensor-pipe-underused against the best known
+    analysis.findings = judge(Verdict(analysis.findings, analysis.kernels, counters=counted, **against))
     analysis.occupancy_measured = occupancy_notes(analysis.kernels, counters)
     analysis.counters = counters
     return analysis

@@ -78,6 +78,7 @@ def analyze_command(
     measures it (and caches it) first.
     """
     from attnprof.analysis import analyze_trace, attach_counters, load_trace
+    from attnprof.analysis.attainable import table_reference
     from attnprof.analysis.trace.load import gc_paused
     from attnprof.peaks import cached_peaks
     from attnprof.profiling.profiler_cost import ProfilerCost, cached_cost, profiler_cost
@@ -99,14 +100,16 @@ def analyze_command(
             looked_up.append(cost is not None)
             return cost
 
-        analysis = analyze_trace(parsed, region=region, dtype=dtype, peaks=cached_peaks, recording=recording)
+        analysis = analyze_trace(
+            parsed, region=region, dtype=dtype, peaks=cached_peaks, recording=recording, attainable=table_reference
+        )
         if looked_up == [False] and any(f.id in RECORDING_FINDINGS for f in analysis.findings):
             c.note(
                 "note: cpu-bound/gpu-idle count the profiler's own recording as host time; "
                 "--calibrate-profiler measures its cost on this machine (about a second, cached) to judge them net"
             )
         if report is not None:
-            attach_counters(analysis, parsed, report, cached_peaks)
+            attach_counters(analysis, parsed, report, cached_peaks, table_reference)
             if analysis.counters is not None and analysis.counters.match is not None:
                 c.note(analysis.counters.match.text)
         del parsed

@@ -198,11 +198,20 @@ def row_verdict(
 ) -> Verdict:
     """What the judge reads of a row: its trace's findings and kernels, its latency timed without the
     profiler against the device time per instance under it, how that latency was timed (`timed`), its
-    counters (`Counted.of`) and the GPU's health over its timed calls (NVML)."""
+    counters (`Counted.of`) and the GPU's health over its timed calls (NVML). A model row is judged against the
+    shipped table of the best known rates by shape (`analysis.attainable`); a cell against its run's fastest
+    variant, after the run (`pipeline.best_known`)."""
     from attnprof.analysis.findings import Counted, Verdict
 
     analysis = result.analysis
     kernels = analysis.kernels if analysis is not None else []
+    against: dict[str, Any] = {}
+    if analysis is not None and isinstance(result.subject, ModelSpec):
+        from attnprof.analysis.attainable import table_reference
+        from attnprof.analysis.findings.attainable import attainable_facts
+
+        gpu = analysis.device.get("name") if analysis.device else None
+        against = attainable_facts(gpu, analysis.attention, analysis.input_dtype, table_reference)
     return Verdict(
         findings=analysis.findings if analysis is not None else [],
         kernels=kernels,
@@ -214,6 +223,7 @@ def row_verdict(
         counters=Counted.of(result.counters, kernels) if result.counters is not None else None,
         gpu_health=result.timing.gpu_health if result.timing is not None else None,
         timed=timed(result),
+        **against,
     )
 
 

@@ -20,6 +20,7 @@ from attnprof.results.schema import SCHEMA_VERSION, Document, Row
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
+    from attnprof.analysis.attainable import Attainable, NoReference
 
 #: What each TFLOP/s figure divides the FLOPs by.
 TFLOPS_CONVENTION = (
@@ -296,6 +297,17 @@ def join_alternatives(row: Row, found: list[MaskAlternative], dense_us: float) -
 
     findings = judge_alternatives([finding_of(f) for f in row.findings], found, dense_us)
     row.mask_alternatives = row.mask_alternatives + found
+    row.findings = [finding_record(f) for f in findings]
+
+
+def join_best_known(row: Row, reference: Attainable | NoReference) -> None:
+    """Judge `row`'s findings against the best known at its cell found after the run (`pipeline.best_known`):
+    `memory-bound` and `tensor-pipe-underused` weighed against its rates, or saying why there is none
+    (`analysis.findings.judge.judge_best_known`)."""
+    from attnprof.analysis.findings import judge_best_known
+
+    unit = "forward" if (row.mode or "fwd") == "fwd" else "step"
+    findings = judge_best_known([finding_of(f) for f in row.findings], lambda _key: reference, unit)
     row.findings = [finding_record(f) for f in findings]
 
 

@@ -246,6 +246,25 @@ def _bandwidth_bound(row: Row) -> str:
     return text + (f" ({row.read_bandwidth_note})" if row.read_bandwidth_note else "")
 
 
+def best_known_cell(row: Row) -> str:
+    """ "64% of sdpa-cudnn": the row's rate in % of the best known at its cell (`pipeline.best_known`); "best"
+    for the best itself; n/a without one."""
+    pct = row.pct_of_best_known
+    if pct is None:
+        return "n/a"
+    if row.best_known_variant == row.variant and row.best_known_source == "this run":
+        return "best"
+    return f"{fmt_number(pct)}% of {row.best_known_variant}"
+
+
+def _best_known(row: Row) -> str:
+    """ "at 64% of the best known at this shape (sdpa-cudnn, this run; by kernel time)", or n/a and why."""
+    if row.pct_of_best_known is None:
+        return "n/a (no other variant ran at this shape, and no attainable table entry for it)"
+    source = f"{row.best_known_variant}, {row.best_known_source}; by {row.best_known_basis}"
+    return f"at {fmt_number(row.pct_of_best_known)}% of the best known at this shape ({source})"
+
+
 def _flops_text(row: Row) -> str:
     """The step's useful FLOPs, and a block-sparse kernel's executed ones with their ratio."""
     useful = row.flops
@@ -276,6 +295,7 @@ def _overhead(ledger: AttentionRecord | None) -> str:
 LATENCY = "latency µs ± IQR"
 RUN_BANDWIDTH = "achieved GB/s (% of read bandwidth), bound"
 RUN_KERNEL_BANDWIDTH = "GB/s by kernel time"  # its % of the read bandwidth in brackets, as the line above
+BEST_KNOWN_HEADER = "% of best known"
 
 METRIC_COLUMNS: list[MetricColumn] = [
     MetricColumn(
@@ -326,6 +346,8 @@ METRIC_COLUMNS: list[MetricColumn] = [
         compare=Place("rel err", Column("speed-up")),
         model=Place(LATENCY, Column("speed-up")),
     ),
+    MetricColumn(best_known_cell, compare=Place("speed-up", Column(BEST_KNOWN_HEADER, drop=3, narrow=10))),
+    MetricColumn(_best_known, run=Place(RUN_KERNEL_BANDWIDTH, Column("best known at this shape"))),
     # the model table's attention ledger
     MetricColumn(lambda r: fmt_number(r.attention_gpu_pct), model=Place("speed-up", Column("attn % GPU", drop=8))),
     MetricColumn(

@@ -130,6 +130,12 @@ class Row(Record):
     read_reference_gbps: float | None = None  # what pct_of_read_bandwidth divides by (pipeline.references)
     read_bandwidth_note: str | None = None  # set when an achieved figure raised it above peak_read_gbps
     bound: str | None = None
+    # the best known at the row's cell (pipeline.best_known): the run's fastest variant there, else the shipped table
+    best_known_variant: str | None = None
+    best_known_latency_us: float | None = None  # its latency; None for the table's (which holds rates only)
+    pct_of_best_known: float | None = None  # the row's rate in % of the best known's at the cell
+    best_known_basis: str | None = None  # what pct_of_best_known compares: "kernel time" or "latency"
+    best_known_source: str | None = None  # "this run", or the table's words ("H200 table 2026-05-01, ...")
     peak_memory_mib: float | None = None
     # correctness
     rel_error: float | None = None
@@ -228,7 +234,8 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("executed_flops", "tflops", "kernel_tflops", "tflops_convention", "pct_of_peak", "kernel_pct_of_peak"),
     *("pct_of_peak_note", "peak_tflops", "peak_reference_tflops", "peak_reference_note", "bytes_moved"),
     *("achieved_gbps", "kernel_gbps", "kernel_pct_of_read_bandwidth", "pct_of_read_bandwidth", "peak_read_gbps"),
-    *("read_reference_gbps", "read_bandwidth_note", "bound", "peak_memory_mib"),
+    *("read_reference_gbps", "read_bandwidth_note", "bound", "best_known_variant", "best_known_latency_us"),
+    *("pct_of_best_known", "best_known_basis", "best_known_source", "peak_memory_mib"),
     *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
     *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
     *("timed_sm_clock_mhz", "timed_sm_clock_min_mhz", "sm_clock_application_mhz", "timed_power_pct"),

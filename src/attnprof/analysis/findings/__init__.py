@@ -25,7 +25,15 @@ from attnprof.analysis.findings import (
     memory,
     occupancy,
 )
-from attnprof.analysis.findings.judge import Counted, RecordingCost, TimedFix, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings.judge import (
+    Counted,
+    RecordingCost,
+    TimedFix,
+    Verdict,
+    judge,
+    judge_alternatives,
+    judge_best_known,
+)
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
     Finding,
@@ -85,4 +93,5 @@ __all__ = [
     "counter_findings",
     "judge",
     "judge_alternatives",
+    "judge_best_known",
 ]

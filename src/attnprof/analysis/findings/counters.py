@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnprof.analysis.findings.registry import FindingContext, FindingRegistry, NoImpact, listed
+from attnprof.analysis.findings.registry import (
+    FindingContext,
+    FindingRegistry,
+    NoImpact,
+    Said,
+    listed,
+    numbers,
+    work_numbers,
+)
 
 if TYPE_CHECKING:
     from attnprof.analysis.counters.kernel import KernelCounters
@@ -85,11 +93,12 @@ def _tensor_time_lost(ctx: FindingContext) -> float | NoImpact:
     pressure, or dependencies a deeper software pipeline would hide. Fixes are in the kernel: larger tiles,
     more pipeline stages, warp specialisation (producer and consumer warps), or a backend whose kernel does
     these (cuDNN and FlashAttention 3 on Hopper). The impact is the kernel's time less what its FLOPs take at
-    the matmul ceiling.
+    the matmul ceiling; the judge then weighs it against the best implementation known at the shape, as
+    memory-bound.
     """,
     impact=_tensor_time_lost,
 )
-def _tensor_pipe_underused(ctx: FindingContext) -> str | None:
+def _tensor_pipe_underused(ctx: FindingContext) -> Said | None:
     step = ctx.counters
     if step is None:
         return None
@@ -104,7 +113,8 @@ def _tensor_pipe_underused(ctx: FindingContext) -> str | None:
             f"cycles while {p.text} (intensity {p.intensity or 0.0:,.0f} FLOP/byte)"
             + (f"; its warps stalled most on {stalls}" if stalls else "")
         )
-    return "; ".join(parts) + "."
+    flops, time_us = sum(p.flops or 0.0 for _, p in found), sum(k.duration_us or 0.0 for k, _ in found)
+    return "; ".join(parts) + ".", work_numbers(0.0, flops, time_us) | numbers(kernels=len(found))
 
 
 # --------------------------------------------------------------------------- DRAM

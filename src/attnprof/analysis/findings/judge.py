@@ -20,12 +20,15 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
   of its estimate;
 - `join_counters`: `occupancy-unreported` judged again without the kernels Nsight Compute measured,
   then the counter findings;
+- `judge_attainable` (`findings/attainable.py`): `memory-bound` and `tensor-pipe-underused` against the best
+  implementation known at the call's shape (`Verdict.reference`), `info` inside its band;
 - `join_gpu_health`: the findings on the GPU while the latency was timed (`throttled`), from its NVML
   samples;
 - `drop_by_design`: the findings that only restate what the variant is on purpose.
 
 After a run the alternatives found among its rows reach a row judged before through
-`judge_alternatives`, which runs `weigh_dense_mask` alone on the row's findings.
+`judge_alternatives`, which runs `weigh_dense_mask` alone on the row's findings; the fastest variant of the
+run at a row's cell through `judge_best_known`, which runs `judge_attainable` alone.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from attnprof.analysis.findings.attainable import Work, judge_attainable
 from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
 from attnprof.analysis.findings.cpu import RULES as CPU_RULES
 from attnprof.analysis.findings.gpu_health import RULES as GPU_HEALTH_RULES
@@ -52,6 +56,7 @@ from attnprof.analysis.findings.registry import (
 from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE
 
 if TYPE_CHECKING:
+    from attnprof.analysis.attainable import Reference, ShapeKey
     from attnprof.analysis.counters.cell import CellCounters
     from attnprof.analysis.instance.metrics import KernelStats
 
@@ -139,7 +144,9 @@ class Verdict:
     (NVML; None: not sampled). `timed`: how the latency was timed, as far as the machine's load goes (None:
     not timed). `timed_fixes`: the fixes timed at the findings' shapes (see `TimedFix`). `recording`: the
     profiler's own recording per instance (None: not calibrated), weighed against `host_device`, the trace's
-    CPU against its GPU (None: no device work)."""
+    CPU against its GPU (None: no device work). `reference`: the best known rate by shape key (None: not judged
+    against it), `work` the calls `memory-bound` names, each with its key, and `shape_key` the key all the
+    calls share (None: unknown or several), for the work a finding's evidence holds together."""
 
     findings: Sequence[Finding] = ()
     kernels: Sequence[KernelStats] = ()
@@ -154,6 +161,9 @@ class Verdict:
     timed_fixes: Sequence[TimedFix] = ()
     recording: RecordingCost | None = None
     host_device: HostDevice | None = None
+    reference: Reference | None = None
+    work: Sequence[Work] = ()
+    shape_key: ShapeKey | None = None
 
 
 JudgeRule = Callable[[list[Finding], Verdict], list[Finding]]
@@ -330,10 +340,7 @@ def apply_timed_fixes(findings: list[Finding], verdict: Verdict) -> list[Finding
         if fix is None:
             return finding
         saved = max(fix.saved_us, 0.0)
-        if finding.impact_us and finding.impact_pct:
-            base: float | None = 100.0 * finding.impact_us / finding.impact_pct
-        else:
-            base = verdict.gpu_time_us
+        base = finding.share_base_us or verdict.gpu_time_us
         sentence = (
             f" Timed at this shape: {fix.alternative} takes {us(fix.after_us)} against {us(fix.before_us)} traced, "
             f"saving {us(saved)} per {verdict.unit}."
@@ -401,6 +408,7 @@ JUDGE_RULES: tuple[JudgeRule, ...] = (
     weigh_dense_mask,
     apply_timed_fixes,
     join_counters,
+    judge_attainable,
     join_gpu_health,
     drop_by_design,
 )
@@ -421,3 +429,9 @@ def judge_alternatives(
     (a dense cell's cells of the same run): `weigh_dense_mask` alone runs again, on `dense-mask` as the row
     holds it (with the sentences of any alternative measured for comparison already in it)."""
     return weigh_dense_mask(list(findings), Verdict(alternatives=alternatives, latency_us=dense_us))
+
+
+def judge_best_known(findings: Sequence[Finding], reference: Reference, unit: str) -> list[Finding]:
+    """The findings of a row judged before, against the best known at its shape found after its run (the
+    fastest variant of the run at its cell): `judge_attainable` alone, on the work the findings' evidence holds."""
+    return judge_attainable(list(findings), Verdict(reference=reference, unit=unit))

@@ -25,6 +25,7 @@ from attnprof.analysis.findings.registry import (
     listed,
     numbers,
     us,
+    work_numbers,
 )
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ def _evidence(ledger: AttentionLedger, found: list[tuple[CallFacts, Traffic, flo
     """The numbers of the call with the lowest share of the read bandwidth among `found` (the calls the
     sentence names), and how many calls it names."""
     call, traffic, pct = min(found, key=lambda item: item[2])
-    return numbers(
+    return work_numbers(
+        sum(t.bytes for _, t, _ in found), sum(t.flops for _, t, _ in found), sum(c.time_us for c, _, _ in found)
+    ) | numbers(
         calls=len(found),
         op=call.op,
         backend=call.backend,
@@ -121,7 +124,7 @@ def _cause(ledger: AttentionLedger, call: CallFacts, traffic: Traffic) -> str:
     )
 
 
-def _slow(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
+def slow_calls(ledger: AttentionLedger) -> list[tuple[CallFacts, Traffic, float]]:
     """The memory-bound calls below `MEMORY_BOUND_SHARE` of the read bandwidth."""
     return [found for found in _memory_bound(ledger) if found[2] < 100 * MEMORY_BOUND_SHARE]
 
@@ -135,7 +138,7 @@ def _bandwidth_lost(ctx: FindingContext) -> float | NoImpact:
     if not ledger.read_bandwidth_gbps:
         return NoImpact("needs-peaks")
     ref = ledger.read_bandwidth_gbps
-    return sum(call.time_us - traffic.bytes / ref / 1e3 for call, traffic, _ in _slow(ledger))
+    return sum(call.time_us - traffic.bytes / ref / 1e3 for call, traffic, _ in slow_calls(ledger))
 
 
 @RULES.rule(
@@ -156,7 +159,9 @@ def _bandwidth_lost(ctx: FindingContext) -> float | NoImpact:
     reading at that bandwidth, and the likely cause: the math path materialising the scores, K/V repeated to
     the query heads (grouped-query heads not packed), a split-KV reduction kernel, a prefill template run on a
     decode shape, or too few blocks in flight. Profile with record_shapes=True: without shapes there are no
-    bytes.
+    bytes. The judge then weighs the call against the best implementation known at its shape (the fastest
+    variant of the same compare or sweep, else attnprof's attainable table; docs/attainable.md): its impact
+    becomes the time above that, and at 90% of it or more the finding is info.
     """,
     impact=_bandwidth_lost,
 )
@@ -164,7 +169,7 @@ def _memory_bound_slow(ctx: FindingContext) -> Said | None:
     ledger = ctx.attention
     if ledger is None:
         return None
-    slow = _slow(ledger)
+    slow = slow_calls(ledger)
     if not slow:
         return None
     ref = ledger.read_bandwidth_gbps or 0.0

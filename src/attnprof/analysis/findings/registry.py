@@ -91,6 +91,11 @@ class Finding:
     evidence: Numbers = field(default_factory=dict, hash=False)
     no_impact_reason: str | None = None
 
+    @property
+    def share_base_us(self) -> float | None:
+        """The time its impact's share is of (µs): impact over share; None without both."""
+        return 100.0 * self.impact_us / self.impact_pct if self.impact_us and self.impact_pct else None
+
 
 def read_finding(written: Any) -> Finding:
     """A finding read back from its record (anything with a finding's fields: `results.parts.FindingRecord`),
@@ -370,6 +375,12 @@ def us(value: float) -> str:
 def numbers(**values: float | str | bool | None) -> Numbers:
     """Evidence by name, floats rounded to 3 decimals (what a JSON row keeps of a µs or a GB/s)."""
     return {name: round(v, 3) if isinstance(v, float) else v for name, v in values.items()}
+
+
+def work_numbers(nbytes: float, flops: float, time_us: float) -> Numbers:
+    """The work a finding names, together over its calls or kernels (what the judge weighs against the best
+    known at the shape once the live ledger is gone): bytes, FLOPs and time per instance."""
+    return numbers(work_bytes=float(nbytes), work_flops=float(flops), work_time_us=time_us)
 
 
 def listed(items: list[str], limit: int = 4) -> str:

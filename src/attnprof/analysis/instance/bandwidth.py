@@ -85,6 +85,12 @@ class Traffic:
     queries: int = 0
     keys: int = 0
     causal: bool | None = None
+    head_dim: int = 0  # Q's and K's head dim (0: unknown)
+
+    @property
+    def batch_heads(self) -> int:
+        """Batch x query heads (3-D inputs: their flattened first dim)."""
+        return self.batch * self.q_heads if self.q_heads else self.batch
 
 
 def _tensor(dims: object, dtype: str, rank: tuple[int, ...] = (4,)) -> tuple[list[int], int] | None:
@@ -126,7 +132,8 @@ def eager_traffic(trace: ParsedTrace, head: int, tail: int) -> Traffic | None:
     heads = q[1] if len(q) == 4 else 0
     kv_heads = k[1] if len(k) == 4 else 0
     batch = q[0] if len(q) == 4 else rows
-    return Traffic(total, 2 * (d_qk + d_v) * rows * queries * keys, batch, heads, kv_heads, queries, keys)
+    flops = 2 * (d_qk + d_v) * rows * queries * keys
+    return Traffic(total, flops, batch, heads, kv_heads, queries, keys, head_dim=d_qk)
 
 
 def _is_causal(trace: ParsedTrace, op: int, name: str) -> bool | None:
@@ -176,7 +183,7 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
         size = ELEMENT_BYTES.get(types[_MASK_INPUT])
         if size is not None and isinstance(mask, list) and mask and all(isinstance(d, int) for d in mask):
             total += prod(mask) * size
-    return Traffic(total, 2 * (d_qk + d_v) * pairs, batch, heads, k[1], queries, keys, causal)
+    return Traffic(total, 2 * (d_qk + d_v) * pairs, batch, heads, k[1], queries, keys, causal, d_qk)
 
 
 #: GEMM ops by name: the position of their first matrix among the inputs (addmm and baddbmm take

@@ -1,0 +1,257 @@
+"""Write attnprof's attainable-reference table: the best variant's kernel TFLOP/s and GB/s at each shape.
+
+For each shape of a grid (short sequences as a ViT or BERT has them, 197 and 512 tokens at batch x heads 12
+and 384, no mask; long ones, 2k and 8k, no mask and causal; decode, one query against 4k and 32k keys; head
+dims 64 and 128: 20 shapes in the forward, 16 in the backward) it runs attnprof's own compare pipeline
+(`pipeline.engine.run_job`, what `attnprof compare` runs) over every installed fused variant (sdpa-cudnn,
+sdpa-flash, sdpa-efficient, flex, and triton-flash and flash-attn where their plugins are installed), one job
+per shape, and keeps per key (phase, q_len, kv_len, head dim, mask kind, dtype, batch x heads) the row with the
+highest kernel TFLOP/s: the attention calls' FLOPs over their device time in the trace (`kernel_tflops`), and
+its `kernel_gbps`. On a CPU, whose trace has no device time, the figures are by latency (`tflops`,
+`achieved_gbps`) and the entry says so (`basis`).
+The header names the GPU, its compute capability, its measured ceilings (the run's matmul ceiling in the
+dtype and its read bandwidth), torch and cuDNN, the date, the attnprof commit and how long the grid took.
+
+Usage (on the H200, from the repo root; each call within the device's 10-minute cap):
+    python3 benchmarks/attainable_table.py --phase fwd --out src/attnprof/data/attainable-h200.json
+    python3 benchmarks/attainable_table.py --phase bwd --merge --out src/attnprof/data/attainable-h200.json
+`--quick` runs three shapes (a minute or so); `--device cpu` a tiny fp32 grid (what the CPU test runs).
+`--max-seconds` stops starting new shapes once the grid has run that long (the header says so).
+Progress goes to stderr, one line per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The fused variants compared on a GPU (those not installed here are left out).
+GPU_VARIANTS = ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "triton-flash", "flash-attn")
+CPU_VARIANTS = ("sdpa-math", "sdpa-flash", "naive")
+PHASES = ("fwd", "bwd")
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """One shape of the grid: batch, query heads, queries, keys, head dim, mask ("none" or "causal")."""
+
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    mask: str
+
+    def config_shape(self) -> dict[str, Any]:
+        """The shape as a config's `shapes` entry."""
+        shape: dict[str, Any] = {"batch": self.batch, "heads": self.heads, "head_dim": self.head_dim}
+        shape |= {"seq": self.kv_len, "mask": self.mask}
+        if self.q_len != self.kv_len:
+            shape["q_len"] = self.q_len
+        return shape
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch}x{self.heads}x{self.q_len}/{self.kv_len}x{self.head_dim} {self.mask}"
+
+
+def grid(device: str, quick: bool, phase: str) -> list[GridShape]:
+    """The shapes to measure (see the module docstring); decode (one query) only in the forward."""
+    if device == "cpu":
+        return [GridShape(1, 2, 32, 32, 16, "none"), GridShape(1, 2, 1, 64, 16, "none")]
+    if quick:
+        shapes = [GridShape(32, 12, 256, 256, 64, "none"), GridShape(2, 16, 4096, 4096, 128, "causal")]
+        return shapes + ([GridShape(8, 32, 1, 8192, 128, "none")] if phase == "fwd" else [])
+    shapes = []
+    for head_dim in (64, 128):
+        for seq in (197, 512):  # encoders (ViT, BERT): no mask, batch x heads 12 and 384
+            shapes += [GridShape(1, 12, seq, seq, head_dim, "none"), GridShape(32, 12, seq, seq, head_dim, "none")]
+        for mask in ("none", "causal"):
+            shapes += [GridShape(4, 16, 2048, 2048, head_dim, mask), GridShape(1, 16, 8192, 8192, head_dim, mask)]
+        if phase == "fwd":
+            shapes += [GridShape(8, 32, 1, kv, head_dim, "none") for kv in (4096, 32768)]
+    return shapes
+
+
+class Progress:
+    """A `pipeline.engine.Watcher` that prints one line per cell on stderr."""
+
+    def __init__(self, shape_index: int, shapes: int, started: float) -> None:
+        self.shape_index, self.shapes, self.started = shape_index, shapes, started
+
+    def ceiling(self, ceiling: Any) -> None:
+        pass
+
+    def ceiling_replaced(self, ceiling: Any, beaten: list[str]) -> None:
+        pass
+
+    @contextmanager
+    def cells(self, total: int, time_left: Any) -> Any:
+        yield self
+
+    def on_start(self, index: int, total: int, variant: Any, spec: Any) -> None:
+        elapsed = time.perf_counter() - self.started
+        print(
+            f"[shape {self.shape_index}/{self.shapes}, cell {index + 1}/{total}, {elapsed:.0f} s] "
+            f"{variant.name} @ {spec.cell_label}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_done(self, result: Any) -> None:
+        if not result.ok:
+            print(f"    {result.variant}: {result.status}: {result.reason}", file=sys.stderr, flush=True)
+
+    def on_counters(self, index: int, total: int, variant: Any, spec: Any) -> None:
+        pass
+
+
+def best_entry(rows: list[Any], phase: str, dtype: str) -> Any:
+    """The table entry of one shape's rows: the ok row with the highest kernel TFLOP/s (by latency where no
+    row has a kernel figure); None when none ran ok."""
+    from attnprof.analysis.attainable import TableEntry, canonical_mask
+
+    ok = [r for r in rows if r.ok and (r.kernel_tflops or r.tflops)]
+    if not ok:
+        return None
+    by_kernel = any(r.kernel_tflops for r in ok)
+    if by_kernel:
+        ok = [r for r in ok if r.kernel_tflops]
+    best = max(ok, key=lambda r: (r.kernel_tflops if by_kernel else r.tflops) or 0.0)
+    return TableEntry(
+        phase=phase,
+        q_len=best.q_len or best.seq,
+        kv_len=best.kv_len or best.seq,
+        head_dim=best.head_dim,
+        mask=canonical_mask(best.mask, best.causal),
+        dtype=dtype,
+        batch_heads=best.batch * best.heads,
+        variant=best.variant,
+        tflops=best.kernel_tflops if by_kernel else best.tflops,
+        gbps=best.kernel_gbps if by_kernel else best.achieved_gbps,
+        latency_us=best.latency_us,
+        basis="kernel" if by_kernel else "latency",
+        variants=len(ok),
+    )
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def _gpu(device: str) -> tuple[str, str | None, str | None]:
+    """(GPU name, compute capability, cuDNN version) of `device`; ("cpu", None, None) on a CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return "cpu", None, None
+    major, minor = torch.cuda.get_device_capability(device)
+    cudnn = torch.backends.cudnn.version()
+    return torch.cuda.get_device_name(device), f"{major}.{minor}", str(cudnn) if cudnn else None
+
+
+def measure(args: argparse.Namespace) -> Any:
+    """Run the grid and return the table (`analysis.attainable.AttainableTable`)."""
+    import torch
+
+    from attnprof.analysis.attainable import AttainableTable, TableHeader, load_table
+    from attnprof.config import Config, MeasureOptions, Schedule
+    from attnprof.pipeline import plan_cells
+    from attnprof.pipeline.engine import Job, run_job, start_on_device
+    from attnprof.plugins import load_variants
+
+    registry = load_variants().registry
+    wanted = args.variants.split(",") if args.variants else GPU_VARIANTS if args.device != "cpu" else CPU_VARIANTS
+    names = [n for n in wanted if n in registry and not registry.get(n).not_installed]
+    if not names:
+        raise SystemExit(f"none of the variants {', '.join(wanted)} is installed here")
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    phases = PHASES if args.phase == "all" else (args.phase,)
+    measure_options = MeasureOptions(min_time_s=args.min_time)
+    started = time.perf_counter()
+    entries, ceiling, stopped, device = [], None, None, args.device
+    plan = [(phase, shape) for phase in phases for shape in grid(args.device, args.quick, phase)]
+    with tempfile.TemporaryDirectory(prefix="attainable-") as runs:
+        for index, (phase, shape) in enumerate(plan, 1):
+            if args.max_seconds and time.perf_counter() - started > args.max_seconds:
+                stopped = (
+                    f"stopped after {args.max_seconds:.0f} s: {len(plan) - index + 1} of {len(plan)} shapes not run"
+                )
+                print(stopped, file=sys.stderr)
+                break
+            config = Config(
+                device=args.device,
+                dtype=dtype,
+                shapes=[shape.config_shape()],
+                modes=[phase],
+                variants=names,
+                schedule=Schedule(wait=0, warmup=1, active=2),
+                output_dir=Path(runs),
+            )
+            config, device = start_on_device(config)
+            usable = [registry.get(n) for n in names]
+            cells = plan_cells(config, usable, device)
+            outcome, _ = run_job(
+                Job("compare", config, device, measure_options, cells), Progress(index, len(plan), started)
+            )
+            if outcome is None:
+                continue
+            ceiling = outcome.document.ceiling or ceiling
+            entry = best_entry(outcome.document.results, phase, dtype)
+            if entry is not None:
+                entries.append(entry)
+                rate = f"{entry.tflops:.3g} TFLOP/s, {entry.gbps or 0.0:.4g} GB/s ({entry.basis})"
+                print(f"  best at {phase} {shape.label}: {entry.variant}, {rate}", file=sys.stderr, flush=True)
+    if args.merge and args.out.exists():
+        kept = [e for e in load_table(args.out).entries if e.phase not in phases]
+        entries = kept + entries
+    gpu, sm, cudnn = _gpu(device)
+    header = TableHeader(
+        gpu=gpu,
+        sm=sm,
+        matmul_tflops=(ceiling or {}).get("tflops"),
+        read_gbps=(ceiling or {}).get("read_gbps"),
+        torch=str(torch.__version__),
+        cudnn=cudnn,
+        date=time.strftime("%Y-%m-%d"),
+        commit=_commit(),
+        seconds=round(time.perf_counter() - started, 1),
+        note=stopped,
+    )
+    return AttainableTable(header=header, entries=entries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the table file to write")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (a tiny fp32 grid)")
+    parser.add_argument("--dtype", default=None, help="bf16 on a GPU, fp32 on a CPU (default)")
+    parser.add_argument("--phase", choices=(*PHASES, "all"), default="fwd", help="fwd (default), bwd or all")
+    parser.add_argument("--quick", action="store_true", help="three shapes, about a minute on an H200")
+    parser.add_argument("--merge", action="store_true", help="keep --out's entries of the phases not run now")
+    parser.add_argument("--variants", default=None, help="comma-separated variant names (default: the fused ones)")
+    parser.add_argument("--min-time", type=float, default=0.1, help="seconds of timed calls per cell (0.1)")
+    parser.add_argument("--max-seconds", type=float, default=500.0, help="start no shape after this (500 s)")
+    args = parser.parse_args(argv)
+    import msgspec
+
+    table = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(msgspec.json.format(msgspec.json.encode(table), indent=2) + b"\n")
+    print(f"wrote {args.out}: {len(table.entries)} entries, {table.header.seconds:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
