@@ -16,6 +16,15 @@ Usage (on the H200, from the repo root; each call within the device's 10-minute 
     python3 benchmarks/attainable_table.py --phase fwd --out src/attnprof/data/attainable-h200.json
     python3 benchmarks/attainable_table.py --phase bwd --merge --out src/attnprof/data/attainable-h200.json
 `--quick` runs three shapes (a minute or so); `--device cpu` a tiny fp32 grid (what the CPU test runs).
+
+Without a GPU at hand, `--from-traces DIR_OR_FILE... --environment RESULTS.json` builds the table from traces
+attnprof already wrote on that GPU (what the shipped table is, until a grid run replaces it):
+    python3 benchmarks/attainable_table.py --out src/attnprof/data/attainable-h200.json \
+        --from-traces tests/data/h200 --environment tests/data/h200/results/decode-kernel-gbps.json
+Each trace is analysed as `attnprof analyze` does it; each forward attention call with recorded shapes gives
+its key and its rates over its device time, and the fastest call per key is kept. The header takes the GPU,
+torch, cuDNN, the measured ceilings and the date from RESULTS.json, a results file of a run on that machine,
+and says in `note` which traces it was built from.
 `--max-seconds` stops starting new shapes once the grid has run that long (the header says so).
 Progress goes to stderr, one line per cell.
 """
@@ -232,6 +241,135 @@ def measure(args: argparse.Namespace) -> Any:
     return AttainableTable(header=header, entries=entries)
 
 
+#: Backends of a trace's call that are not a fused kernel a user could pick as the best at a shape.
+UNFUSED_BACKENDS = ("math", "eager", "unfused")
+
+
+@dataclass
+class Best:
+    """The fastest fused implementation seen at one key: kernel TFLOP/s and GB/s, who, its time, and how many
+    distinct implementations were seen there."""
+
+    tflops: float
+    gbps: float | None
+    who: str
+    time_us: float
+    seen: set[str]
+
+    def offer(self, tflops: float, gbps: float | None, who: str, time_us: float) -> None:
+        self.seen.add(who)
+        if tflops > self.tflops:
+            self.tflops, self.gbps, self.who, self.time_us = tflops, gbps, who, time_us
+
+
+def _offer(best: dict[Any, Best], key: Any, tflops: float, gbps: float | None, who: str, time_us: float) -> None:
+    if key not in best:
+        best[key] = Best(tflops, gbps, who, time_us, {who})
+    else:
+        best[key].offer(tflops, gbps, who, time_us)
+
+
+def _from_trace(path: Path, best: dict[Any, Best]) -> bool:
+    """Offer each fused forward call with recorded shapes in the trace at `path`; False when it has none."""
+    from attnprof.analysis import analyze_trace
+    from attnprof.analysis.findings.attainable import call_key
+    from attnprof.errors import AttnprofError
+
+    try:
+        analysis = analyze_trace(path)
+    except AttnprofError as error:
+        print(f"  {path}: left out: {error}", file=sys.stderr)
+        return False
+    ledger, used = analysis.attention, False
+    if ledger is None or ledger.time_base != "device":
+        return False
+    for call in ledger.forward_calls:
+        key = call_key(call, analysis.input_dtype)
+        if key is None or call.traffic is None or not call.time_us or call.backend in UNFUSED_BACKENDS:
+            continue
+        tflops, gbps = call.traffic.flops / call.time_us / 1e6, call.traffic.bytes / call.time_us / 1e3
+        _offer(best, key, tflops, gbps, call.attention_impl() or call.backend, call.time_us)
+        used = True
+    return used
+
+
+def _from_results(rows: list[Any], best: dict[Any, Best]) -> bool:
+    """Offer each ok row of a fused variant timed on a GPU with its kernel time: its kernel figures, or, for
+    a row written before they were fields, its latency figures scaled by latency over kernel time."""
+    from attnprof.pipeline.best_known import row_key
+
+    used = False
+    for row in rows:
+        if not row.ok or row.variant not in (*GPU_VARIANTS, "sdpa") or not row.kernel_time_us or not row.latency_us:
+            continue
+        key, scale = row_key(row), row.latency_us / row.kernel_time_us
+        tflops = row.kernel_tflops or (row.tflops * scale if row.tflops else None)
+        gbps = row.kernel_gbps or (row.achieved_gbps * scale if row.achieved_gbps else None)
+        if key is None or not tflops:
+            continue
+        _offer(best, key, tflops, gbps, row.variant, row.kernel_time_us)
+        used = True
+    return used
+
+
+def from_runs(paths: list[Path]) -> Any:
+    """The table of what attnprof already measured on one GPU: results files (`results.json`) and traces
+    (`.json.gz`, folders searched) under `paths`; the header (GPU, versions, ceilings, date) from the latest
+    results file with both measured ceilings."""
+    from attnprof.analysis.attainable import AttainableTable, TableEntry, TableHeader
+    from attnprof.results.files import load_results
+
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(p for p in path.rglob("*.json*") if p.is_file()) if path.is_dir() else [path]
+    best: dict[Any, Best] = {}
+    runs, traces, loaded = 0, 0, []
+    for path in files:
+        if path.name.endswith(".json.gz"):
+            traces += _from_trace(path, best)
+        elif path.suffix == ".json":
+            loaded.append(load_results(path))
+            runs += _from_results(loaded[-1].rows, best)
+    if not loaded:
+        raise SystemExit("--from needs at least one results.json of the GPU (its name, versions and ceilings)")
+    measured = [r for r in loaded if any(row.peak_tflops and row.peak_read_gbps for row in r.rows)]
+    header_from = max(measured or loaded, key=lambda r: r.header.created or "")
+    entries = [
+        TableEntry(
+            phase=key.phase,
+            q_len=key.q_len,
+            kv_len=key.kv_len,
+            head_dim=key.head_dim,
+            mask=key.mask,
+            dtype=key.dtype,
+            batch_heads=key.batch_heads,
+            variant=found.who,
+            tflops=round(found.tflops, 2),
+            gbps=round(found.gbps, 1) if found.gbps else None,
+            latency_us=round(found.time_us, 3),
+            basis="kernel",
+            variants=len(found.seen),
+        )
+        for key, found in sorted(best.items(), key=lambda item: item[0].text)
+    ]
+    env = header_from.environment or {}
+    ceilings = next((r for r in header_from.rows if r.peak_tflops and r.peak_read_gbps), None)
+    cudnn = env.get("cudnn")
+    header = TableHeader(
+        gpu=env.get("gpu_name") or "unknown",
+        sm=env.get("compute_capability"),
+        matmul_tflops=ceilings.peak_tflops if ceilings else None,
+        read_gbps=ceilings.peak_read_gbps if ceilings else None,
+        torch=env.get("torch"),
+        cudnn=str(cudnn) if cudnn else None,
+        date=str(header_from.header.created or "")[:10],
+        commit=_commit(),
+        note=f"built from {runs} results file(s) and {traces} trace(s) attnprof wrote on this GPU "
+        f"({', '.join(str(p) for p in paths)}), not a grid run: only the shapes they hold",
+    )
+    return AttainableTable(header=header, entries=entries)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the table file to write")
@@ -243,13 +381,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma-separated variant names (default: the fused ones)")
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of timed calls per cell (0.1)")
     parser.add_argument("--max-seconds", type=float, default=500.0, help="start no shape after this (500 s)")
+    parser.add_argument("--from", dest="runs", type=Path, nargs="+", default=None, help="build from these runs instead")
     args = parser.parse_args(argv)
     import msgspec
 
-    table = measure(args)
+    if args.runs:
+        table = from_runs(args.runs)
+    else:
+        table = measure(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(msgspec.json.format(msgspec.json.encode(table), indent=2) + b"\n")
-    print(f"wrote {args.out}: {len(table.entries)} entries, {table.header.seconds:.0f} s", file=sys.stderr)
+    took = f", {table.header.seconds:.0f} s" if table.header.seconds is not None else ""
+    print(f"wrote {args.out}: {len(table.entries)} entries{took}", file=sys.stderr)
     return 0
 
 
