@@ -25,7 +25,15 @@ from attnprof.analysis.findings import (
     memory,
     occupancy,
 )
-from attnprof.analysis.findings.judge import Counted, RecordingCost, TimedFix, Verdict, judge, judge_alternatives
+from attnprof.analysis.findings.judge import (
+    Counted,
+    FixNotTimed,
+    RecordingCost,
+    TimedFix,
+    Verdict,
+    judge,
+    judge_alternatives,
+)
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
     Finding,
@@ -77,6 +85,7 @@ __all__ = [
     "Finding",
     "FindingContext",
     "FindingRegistry",
+    "FixNotTimed",
     "RecordingCost",
     "Rule",
     "TimedFix",
