@@ -6,10 +6,11 @@ loaded with `every_concrete_input`): a fresh tensor of each recorded dims and dt
 recorded (`RecordedOp`). A `Replay` runs ops one after another, each on its own inputs. Per finding, each
 distinct call (or GEMM, or conversion) it names becomes a `Piece`, with how often an instance runs it:
 
-- `unfused-attention`: the eager call's innermost ops that do work (the matmuls, scaling, masking,
-  softmax, casts and copies; views are left out) as traced; the fix, scaled_dot_product_attention at the
-  call's q, k, v (and its mask, given densely as the eager code applied it), per fused backend on CUDA
-  (`sdpa-flash`, `sdpa-cudnn`, `sdpa-efficient`), torch's choice on the CPU (`sdpa`);
+- `unfused-attention`: the eager call's outermost ops that do work (the matmuls, scaling, masking,
+  softmax, casts, and the copies inside a contiguous or reshape; views are left out) as traced; the fix,
+  scaled_dot_product_attention at the call's q, k, v (and its mask, given densely as the eager code
+  applied it), per fused backend on CUDA (`sdpa-flash`, `sdpa-cudnn`, `sdpa-efficient`), torch's choice
+  on the CPU (`sdpa`);
 - `dense-mask`: the SDPA call with its mask as traced (the mask's values are not recorded: it is
   re-created causal, bool or additive as traced); the fix, the same call with is_causal=True (a mask of
   queries x keys only) and, on CUDA, FlexAttention with a causal BlockMask built once;
@@ -87,6 +88,10 @@ VIEW_OPS = frozenset(
         "aten::empty_like",
     }
 )
+#: Ops whose work depends on their input's strides (a copy of a strided tensor, none of a contiguous one): the
+#: ops inside them are re-created instead.
+_BY_STRIDES = frozenset({"aten::contiguous", "aten::reshape", "aten::flatten"})
+_DESCEND = VIEW_OPS | _BY_STRIDES
 _GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
 
 
@@ -252,16 +257,21 @@ def _sdpa_alternatives(op: RecordedOp, cuda: bool) -> tuple[tuple[str, Replay], 
     return (("sdpa", Replay((op,))),)
 
 
-def _leaves(trace: ParsedTrace, ops: list[int]) -> list[int]:
-    """The ops of `ops` (one thread's, in order) that hold none of the others: where the work runs."""
-    ts, dur = trace.cpu_ops.ts, trace.cpu_ops.dur
-    spans = sorted(ops, key=lambda o: (ts[o], -dur[o]))
-    leaves = []
-    for k, op in enumerate(spans):
-        nxt = spans[k + 1] if k + 1 < len(spans) else None
-        if nxt is None or ts[nxt] >= ts[op] + dur[op]:  # the next op starts after it ends: nothing inside
-            leaves.append(op)
-    return leaves
+def _working_ops(trace: ParsedTrace, ops: list[int]) -> list[int]:
+    """The ops of `ops` (one thread's, nested by time) that do the work, in order: the outermost ones, except
+    that a view or a copy whose cost depends on its input's strides (`VIEW_OPS`, `_BY_STRIDES`) gives way to
+    the ops inside it (a clone, a copy_), and a view with nothing inside is left out."""
+    ts, dur, name = trace.cpu_ops.ts, trace.cpu_ops.dur, trace.cpu_ops.name
+    chosen: list[int] = []
+    open_: list[int] = []  # the ops around the current one, outermost first
+    for op in sorted(ops, key=lambda o: (ts[o], -dur[o])):
+        while open_ and ts[op] >= ts[open_[-1]] + dur[open_[-1]]:
+            open_.pop()
+        inside_work = any(trace.names[name[o]] not in _DESCEND for o in open_)
+        if not inside_work and trace.names[name[op]] not in _DESCEND:
+            chosen.append(op)
+        open_.append(op)
+    return chosen
 
 
 def _eager_piece(trace: ParsedTrace, call: CallFacts, cuda: bool) -> Piece | str:
@@ -270,9 +280,7 @@ def _eager_piece(trace: ParsedTrace, call: CallFacts, cuda: bool) -> Piece | str
     if head is None or tail is None or len(head.dims) < 2 or len(tail.dims) < 2:
         return NO_SHAPES
     work = []
-    for op in _leaves(trace, list(call.op_ids)):
-        if trace.names[trace.cpu_ops.name[op]] in VIEW_OPS:
-            continue
+    for op in _working_ops(trace, list(call.op_ids)):
         found = recorded_op(trace, op)
         if found is None:
             return NO_SHAPES

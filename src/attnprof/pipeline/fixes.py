@@ -132,9 +132,7 @@ def _time_plan(plan: FixPlan, timer: _Timer) -> tuple[list[TimedFix], list[FixNo
     for piece in plan.pieces:
         took = timer.time(piece.before)
         if isinstance(took, str):
-            return [], [
-                FixNotTimed(plan.finding, "", f"the traced work ({piece.what}) could not be re-created: {took}")
-            ]
+            return [], [FixNotTimed(plan.finding, "", f"the traced work ({piece.what}) was not timed: {took}")]
         before += piece.count * took
     names = list(dict.fromkeys(name for piece in plan.pieces for name, _ in piece.alternatives))
     timed, untimed = [], []
