@@ -77,8 +77,8 @@ def time_fixes(analysis: TraceAnalysis, trace: ParsedTrace, budget_s: float = DE
         return FixTiming((), (), "no finding proposes a fix to time")
     missing = _missing_device(device, trace.source)
     if missing is not None:
-        untimed = tuple(FixNotTimed(p.finding, "", p.reason or missing) for p in plans)
-        return FixTiming((), untimed, f"fixes not timed: {missing}")
+        nowhere = tuple(FixNotTimed(p.finding, "", p.reason or missing) for p in plans)
+        return FixTiming((), nowhere, f"fixes not timed: {missing}")
     start = time.perf_counter()
     timer = _Timer(device, budget_s, sum(1 + len(piece.alternatives) for p in plans for piece in p.pieces))
     timed: list[TimedFix] = []
