@@ -4,13 +4,11 @@ measured, in place of an estimate, or why it could not be timed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from attnprof.analysis.findings.registry import Finding, numbers, us
-
-if TYPE_CHECKING:
-    from attnprof.analysis.findings.judge import Verdict
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,20 @@ class FixNotTimed:
     reason: str
 
 
-def apply_timed_fixes(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+class FixesVerdict(Protocol):
+    """What `apply_timed_fixes` reads of the judge's `Verdict`."""
+
+    @property
+    def timed_fixes(self) -> Sequence[TimedFix]: ...
+    @property
+    def untimed_fixes(self) -> Sequence[FixNotTimed]: ...
+    @property
+    def gpu_time_us(self) -> float | None: ...
+    @property
+    def unit(self) -> str: ...
+
+
+def apply_timed_fixes(findings: list[Finding], verdict: FixesVerdict) -> list[Finding]:
     """A finding whose fix was timed (`Verdict.timed_fixes`, the fastest where several were) takes what the
     fix saved as its impact, with evidence `impact_basis` "timed" replacing the estimate, and a sentence
     saying what was timed (the other alternatives, timed or not, named after it and in evidence
