@@ -284,13 +284,18 @@ def analyse_trace(
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
-            parsed = load_trace(result.trace_path, every_concrete_input=time_fixes)
+            # with time_fixes, the trace read with every op's scalar inputs, which re-creating its ops needs
+            parsed = load_trace(result.trace_path, every_concrete_input=True) if time_fixes else None
             result.analysis = analyze_trace(
-                parsed, region=region, dtype=result.subject.dtype, ceiling_tflops=ceiling_tflops, peaks=peaks
+                parsed or result.trace_path,
+                region=region,
+                dtype=result.subject.dtype,
+                ceiling_tflops=ceiling_tflops,
+                peaks=peaks,
             )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
-    if time_fixes:
+    if parsed is not None:
         from attnprof.pipeline.fixes import time_fixes as timed
 
         with phase(result, "time_fixes"):
