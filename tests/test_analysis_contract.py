@@ -116,3 +116,30 @@ def test_analysis_accepts_paths_dicts_and_parsed_traces(tmp_path):
 def test_other_region_name():
     analysis = analyze_trace(build(naive_forward, region="attn_fwd"), region="attn_fwd")
     assert analysis.region == "attn_fwd" and analysis_json(analysis)["region"] == "attn_fwd"
+
+
+#: The evidence a fix timed by `analyze --time-fixes` adds to its finding (`findings.timed_fixes`), and an untimed one.
+TIMED_FIX_EVIDENCE = {"impact_basis", "timed_alternative", "timed_before_us", "timed_after_us", "saved_us",
+                      "timed_alternatives"}
+
+
+def test_a_timed_fix_and_an_untimed_one_put_their_fields_in_the_findings_evidence():
+    from attnprof.analysis.findings import FixNotTimed, TimedFix
+    from attnprof.pipeline.fixes import FixTiming, judged
+
+    analysis = analyze_trace(build(math_forward))
+    timed_id, untimed_id = [f.id for f in analysis.findings if f.severity == "problem"][:2]
+    fixes = FixTiming(
+        (TimedFix(timed_id, "sdpa-flash", 100.0, 40.0),),
+        (FixNotTimed(timed_id, "sdpa-cudnn", "refused"), FixNotTimed(untimed_id, "", "no shapes")),
+        "",
+    )
+    judged(analysis, fixes)
+    d = analysis_json(analysis)
+    timed = next(f for f in d["findings"] if f["id"] == timed_id)
+    assert TIMED_FIX_EVIDENCE <= set(timed["evidence"]) and timed["impact_us"] == 60.0
+    assert timed["evidence"]["impact_basis"] == "timed"
+    assert timed["evidence"]["timed_alternatives"] == "sdpa-flash 40.0 us; sdpa-cudnn: refused"
+    untimed = next(f for f in d["findings"] if f["id"] == untimed_id)
+    assert untimed["evidence"]["timed_fix_reason"] == "no shapes"
+    assert json.loads(json.dumps(d)) == d

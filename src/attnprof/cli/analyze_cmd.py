@@ -40,6 +40,19 @@ CalibrateOpt = Annotated[
         "cached) and judge cpu-bound and gpu-idle net of it. Without it the cached figure is used, if any.",
     ),
 ]
+TimeFixesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--time-fixes",
+        help="Re-create each finding's attention calls (or GEMMs, or mask conversions) from the trace's recorded "
+        "shapes on this machine (a CUDA trace needs a CUDA GPU), time them as traced and with the fix the finding "
+        "proposes, and give the measured saving as its impact, labelled timed. Needs torch and record_shapes.",
+    ),
+]
+TimeFixesBudgetOpt = Annotated[
+    float,
+    typer.Option("--time-fixes-budget", min=0.1, metavar="SECONDS", help="With --time-fixes: seconds for all timings."),
+]
 #: The findings whose host time includes the profiler's own recording.
 RECORDING_FINDINGS = ("cpu-bound", "gpu-idle")
 
@@ -51,6 +64,8 @@ def analyze_command(
     dtype: DtypeHintOpt = None,
     ncu_report: NcuReportOpt = None,
     calibrate_profiler: CalibrateOpt = False,
+    time_fixes: TimeFixesOpt = False,
+    time_fixes_budget: TimeFixesBudgetOpt = 10.0,
     fmt: c.FormatOpt = c.OutputFormat.table,
     wide: c.WideOpt = False,
 ) -> None:
@@ -76,6 +91,12 @@ def analyze_command(
     cpu-bound and gpu-idle are judged net of the profiler's own recording (ops per forward x its cost per op)
     when this machine's cost per op is cached for the trace's record_shapes setting; --calibrate-profiler
     measures it (and caches it) first.
+
+    --time-fixes: each finding that proposes a fix (unfused-attention, dense-mask, mask-convert, backend-fallback,
+    fp32-cuda-cores) has its calls re-created at the recorded shapes and dtypes and timed on this machine, as
+    traced and with each alternative (fused SDPA per backend, is_causal or a BlockMask, the mask converted once,
+    bf16); the fastest alternative's saving becomes the impact, labelled timed, and the others are named in the
+    evidence. A note on stderr says what was timed and how long it took.
     """
     from attnprof.analysis import analyze_trace, attach_counters, load_trace
     from attnprof.analysis.attainable import table_reference
@@ -89,7 +110,7 @@ def analyze_command(
 
         report = load_counters(ncu_report)
     with gc_paused():  # the analysis keeps many containers until its output is written
-        parsed = load_trace(trace)
+        parsed = load_trace(trace, every_concrete_input=time_fixes)
         if c.STATE.debug:
             for line in parsed.read_notes:
                 c.note(f"debug: {line}")
@@ -112,6 +133,13 @@ def analyze_command(
             attach_counters(analysis, parsed, report, cached_peaks, table_reference)
             if analysis.counters is not None and analysis.counters.match is not None:
                 c.note(analysis.counters.match.text)
+        if time_fixes:
+            from attnprof.pipeline.fixes import judged
+            from attnprof.pipeline.fixes import time_fixes as timed_fixes
+
+            fixes = timed_fixes(analysis, parsed, time_fixes_budget)
+            judged(analysis, fixes)
+            c.note(f"note: {fixes.note}")
         del parsed
         if analysis.region_choice:
             c.note(analysis.region_choice)

@@ -232,6 +232,7 @@ class MeasureOptions(Strict):
     key_averages_table: bool = False  # build the profiler's own key_averages table (`run` prints it)
     ncu: bool = False  # each ok cell's step run again under Nsight Compute, its counters attached
     ncu_launches: int = Field(default=NCU_LAUNCHES, gt=0)  # kernel launches one Nsight Compute pass profiles
+    time_fixes: bool = False  # each row's findings' fixes timed at its trace's shapes (`attnprof model` sets it)
 
     @field_validator("cuda_graph", mode="before")
     @classmethod

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from attnprof.analysis.counters import CellCounters
     from attnprof.analysis.findings import Finding, Verdict
     from attnprof.analysis.findings.registry import Timed
+    from attnprof.pipeline.fixes import FixTiming
     from attnprof.profiling.clocks import ClockWindow
     from attnprof.profiling.correctness import Check, LogitsDiff
     from attnprof.profiling.gradcheck import GradCheck
@@ -120,6 +121,7 @@ class CellResult:
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
     by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
     working_set_bytes: int | None = None  # a CUDA cell's inputs, one copy (`profiling.steps.Step.input_bytes`)
+    fixes: FixTiming | None = None  # the fixes its findings propose, timed at its trace's shapes (`pipeline.fixes`)
 
     @property
     def spec(self) -> RunSpec:
@@ -224,6 +226,8 @@ def row_verdict(
         gpu_health=result.timing.gpu_health if result.timing is not None else None,
         timed=timed(result),
         **against,
+        timed_fixes=result.fixes.timed if result.fixes is not None else (),
+        untimed_fixes=result.fixes.untimed if result.fixes is not None else (),
     )
 
 

@@ -55,7 +55,7 @@ def run_row(
         from attnprof.peaks import cached_peaks
 
         _measure(source, implementation, result, config, measure, trace_dir, references, baseline)
-        analyse_trace(result, config.region, cached_peaks)
+        analyse_trace(result, config.region, cached_peaks, time_fixes=measure.time_fixes)
 
     return measured(result, body, LOGGERS)
 

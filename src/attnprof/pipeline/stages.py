@@ -268,22 +268,38 @@ def _warm_up(forward: Any, device: str, prepare: Any = None, calls: int = 3) -> 
 
 
 def analyse_trace(
-    result: CellResult, region: str, peaks: PeaksLookup, ceiling_tflops: float | None = None
+    result: CellResult,
+    region: str,
+    peaks: PeaksLookup,
+    ceiling_tflops: float | None = None,
+    time_fixes: bool = False,
 ) -> TraceAnalysis:
     """The trace analysis of `region` (its findings are the trace's; the row's are the judge's), the attention
     ledger's % of read bandwidth and its memory findings against `peaks` (`peaks.measured_peaks`,
-    `peaks.cached_peaks`); returns it, as set on `result.analysis`."""
-    from attnprof.analysis import analyze_trace
+    `peaks.cached_peaks`); returns it, as set on `result.analysis`. With `time_fixes`, the fixes its findings
+    propose are timed at the trace's shapes (`pipeline.fixes`) into `result.fixes`, which the judge reads."""
+    from attnprof.analysis import analyze_trace, load_trace
 
     if result.trace_path is None:
         raise VariantFailure("no trace was written")
     with phase(result, "analysis"):
         try:
+            # with time_fixes, the trace read with every op's scalar inputs, which re-creating its ops needs
+            parsed = load_trace(result.trace_path, every_concrete_input=True) if time_fixes else None
             result.analysis = analyze_trace(
-                result.trace_path, region=region, dtype=result.subject.dtype, ceiling_tflops=ceiling_tflops, peaks=peaks
+                parsed or result.trace_path,
+                region=region,
+                dtype=result.subject.dtype,
+                ceiling_tflops=ceiling_tflops,
+                peaks=peaks,
             )
         except TraceError as exc:
             raise VariantFailure(f"trace analysis failed: {exc.message}") from None
+    if parsed is not None:
+        from attnprof.pipeline.fixes import time_fixes as timed
+
+        with phase(result, "time_fixes"):
+            result.fixes = timed(result.analysis, parsed)
     return result.analysis
 
 

@@ -64,11 +64,14 @@ def unit_of(row: Row) -> str:
 
 
 def impact_text(finding: FindingRecord, unit: str) -> str | None:
-    """`3,994 µs per forward (9.1% of the forward)`; None without a measured impact."""
+    """`3,994 µs per forward (9.1% of the forward)`, with `, timed` or `, estimated` where the finding says how
+    its impact is known (evidence `impact_basis`); None without a measured impact."""
     if finding.impact_us is None:
         return None
     pct = finding.impact_pct
-    share = "" if pct is None else f" ({fmt_number(float(pct))}% of the {unit})"
+    basis = (finding.evidence or {}).get("impact_basis")
+    parts = ([] if pct is None else [f"{fmt_number(float(pct))}% of the {unit}"]) + ([str(basis)] if basis else [])
+    share = f" ({', '.join(parts)})" if parts else ""
     return f"{fmt_number(float(finding.impact_us))} µs per {unit}{share}"
 
 

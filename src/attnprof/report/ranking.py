@@ -36,11 +36,13 @@ def impact_us(finding: FindingRecord) -> float | None:
 
 
 def impact_text(finding: FindingRecord) -> str:
-    """`126.6 µs (11.8%)`, `126.6 µs`, or "" without an impact."""
+    """`126.6 µs (11.8%)`, `126.6 µs`, `126.6 µs (11.8%, timed)` where the finding says how its impact is known
+    (evidence `impact_basis`), or "" without an impact."""
     if finding.impact_us is None:
         return ""
-    pct = finding.impact_pct
-    return f"{fmt_number(finding.impact_us)} µs" + ("" if pct is None else f" ({fmt_number(pct)}%)")
+    pct, basis = finding.impact_pct, (finding.evidence or {}).get("impact_basis")
+    parts = ([] if pct is None else [f"{fmt_number(pct)}%"]) + ([str(basis)] if basis else [])
+    return f"{fmt_number(finding.impact_us)} µs" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def rank_key(finding: FindingRecord) -> tuple[bool, float, float, bool]:

@@ -27,6 +27,7 @@ from attnprof.analysis.findings import (
 )
 from attnprof.analysis.findings.judge import (
     Counted,
+    FixNotTimed,
     RecordingCost,
     TimedFix,
     Verdict,
@@ -85,6 +86,7 @@ __all__ = [
     "Finding",
     "FindingContext",
     "FindingRegistry",
+    "FixNotTimed",
     "RecordingCost",
     "Rule",
     "TimedFix",

@@ -92,10 +92,11 @@ def _how_to_time(ctx: FindingContext, traffic: Traffic | None, head_dim: int | N
     backend, a CPU flash kernel, or FlexAttention) does the same two matrix products with the scores
     kept on chip, and with is_causal=True also skips the masked blocks. The message counts the calls
     per instance, their time (device time; CPU time in a CPU-only trace), the time of their matrix
-    products and the shape where record_shapes recorded it. Its impact is an estimate, never a timing:
-    the calls' time less that of their GEMMs, which a fused kernel still computes (taken at the rate the
-    calls' own GEMMs reached). The message says how to time the fused call at the same shape (attnprof
-    compare with the shape's options). Replace the eager code by
+    products and the shape where record_shapes recorded it. Its impact is an estimate: the calls' time
+    less that of their GEMMs, which a fused kernel still computes (taken at the rate the calls' own GEMMs
+    reached). analyze --time-fixes (and attnprof model) times the fused call at the recorded shape instead,
+    per fused backend, and the measured saving replaces the estimate, labelled timed; the message also gives
+    the attnprof compare command that times it. Replace the eager code by
     torch.nn.functional.scaled_dot_product_attention (in transformers, attn_implementation="sdpa");
     torch.compile of the eager code fuses the softmax and its neighbours but keeps the two matmuls and
     the scores between them, so a compiled eager call is still one.

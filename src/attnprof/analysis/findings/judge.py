@@ -17,7 +17,7 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
   fastest would save;
 - `apply_timed_fixes`: a finding whose proposed fix was timed at its shape (`TimedFix`, e.g. the fused
   call for `unfused-attention`) takes the measured saving as its impact, labelled "timed", in place
-  of its estimate;
+  of its estimate; one whose fix could not be timed (`FixNotTimed`) says why and how to time it;
 - `join_counters`: `occupancy-unreported` judged again without the kernels Nsight Compute measured,
   then the counter findings;
 - `judge_attainable` (`findings/attainable.py`): `memory-bound` and `tensor-pipe-underused` against the best
@@ -53,6 +53,7 @@ from attnprof.analysis.findings.registry import (
     numbers,
     us,
 )
+from attnprof.analysis.findings.timed_fixes import FixNotTimed, TimedFix, apply_timed_fixes
 from attnprof.analysis.instance.stalls import GPU_IDLE_SHARE
 
 if TYPE_CHECKING:
@@ -73,23 +74,6 @@ BLOCK_MASK = "block-mask"
 KIND_TEXT = {IS_CAUSAL: "SDPA with is_causal=True", BLOCK_MASK: "FlexAttention with a BlockMask"}
 #: An alternative's `source` when it is a cell of the same run (else it was measured for comparison).
 THIS_RUN = "this run"
-
-
-@dataclass(frozen=True)
-class TimedFix:
-    """A fix a finding proposes, timed at the finding's shape on this machine: the finding's id, what was
-    timed (e.g. "sdpa-flash"), and the time per instance of the work the finding names, as traced
-    (`before_us`) and with the fix (`after_us`)."""
-
-    finding: str
-    alternative: str
-    before_us: float
-    after_us: float
-
-    @property
-    def saved_us(self) -> float:
-        """What the fix saves per instance (negative: it is slower)."""
-        return self.before_us - self.after_us
 
 
 class Alternative(Protocol):
@@ -142,7 +126,8 @@ class Verdict:
     instance is called ("forward", or "step" with backward work). `alternatives`: the dense mask's,
     measured. `counters`: the hardware counters (None without). `gpu_health`: the GPU over the timed calls
     (NVML; None: not sampled). `timed`: how the latency was timed, as far as the machine's load goes (None:
-    not timed). `timed_fixes`: the fixes timed at the findings' shapes (see `TimedFix`). `recording`: the
+    not timed). `timed_fixes`: the fixes timed at the findings' shapes (see `TimedFix`), `untimed_fixes` those
+    that could not be (`FixNotTimed`). `recording`: the
     profiler's own recording per instance (None: not calibrated), weighed against `host_device`, the trace's
     CPU against its GPU (None: no device work). `reference`: the best known rate by shape key (None: not judged
     against it), `work` the calls `memory-bound` names, each with its key, and `shape_key` the key all the
@@ -159,6 +144,7 @@ class Verdict:
     gpu_health: GpuHealthReading | None = None
     timed: Timed | None = None
     timed_fixes: Sequence[TimedFix] = ()
+    untimed_fixes: Sequence[FixNotTimed] = ()
     recording: RecordingCost | None = None
     host_device: HostDevice | None = None
     reference: Reference | None = None
@@ -320,42 +306,6 @@ def weigh_dense_mask(findings: list[Finding], verdict: Verdict) -> list[Finding]
         )
 
     return _replaced(findings, DENSE_MASK, weigh)
-
-
-def apply_timed_fixes(findings: list[Finding], verdict: Verdict) -> list[Finding]:
-    """A finding whose fix was timed (`Verdict.timed_fixes`, the fastest where several were) takes what the
-    fix saved as its impact, with evidence `impact_basis` "timed" replacing the estimate, and a sentence
-    saying what was timed; its share keeps the base the finding's own impact had (else the device time
-    per instance). A fix no faster than the traced work leaves an impact of 0. Without timed fixes the
-    findings stand."""
-    fastest: dict[str, TimedFix] = {}
-    for fix in verdict.timed_fixes:
-        if fix.finding not in fastest or fix.saved_us > fastest[fix.finding].saved_us:
-            fastest[fix.finding] = fix
-    if not fastest:
-        return findings
-
-    def timed(finding: Finding) -> Finding:
-        fix = fastest.get(finding.id)
-        if fix is None:
-            return finding
-        saved = max(fix.saved_us, 0.0)
-        base = finding.share_base_us or verdict.gpu_time_us
-        sentence = (
-            f" Timed at this shape: {fix.alternative} takes {us(fix.after_us)} against {us(fix.before_us)} traced, "
-            f"saving {us(saved)} per {verdict.unit}."
-        )
-        evidence = finding.evidence | numbers(
-            impact_basis="timed",
-            timed_alternative=fix.alternative,
-            timed_before_us=fix.before_us,
-            timed_after_us=fix.after_us,
-            saved_us=saved,
-        )
-        pct = 100.0 * saved / base if base else None
-        return replace(finding, message=finding.message + sentence, impact_us=saved, impact_pct=pct, evidence=evidence)
-
-    return [timed(f) for f in findings]
 
 
 def join_counters(findings: list[Finding], verdict: Verdict) -> list[Finding]:

@@ -88,7 +88,8 @@ def _conversion_time(ctx: FindingContext) -> float | NoImpact:
     each call, the mask's type where record_shapes recorded it, the conversion's device time and kernels,
     and the attention's own time beside it; in run and compare, also the measured latency of the alternative
     at the same shape (is_causal for a mask that keeps exactly the causal pairs, FlexAttention's BlockMask
-    otherwise), from a cell of the same run or timed for comparison. Pass is_causal=True for a causal mask;
+    otherwise), from a cell of the same run or timed for comparison; with analyze --time-fixes, is_causal (and
+    on CUDA a BlockMask) timed at the recorded shape against the call as traced. Pass is_causal=True for a causal mask;
     for other structured masks (sliding window, documents, prefix) use FlexAttention with a BlockMask built
     once per shape (create_block_mask), which skips the empty blocks.
     """,

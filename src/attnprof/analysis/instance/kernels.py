@@ -39,7 +39,7 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
     n_fwd = len(attribution.forwards)
     events = _Events(attribution.forwards, dev)
     seen = _PerForward(attribution.forwards, dev, events)
-    infos, apis, chains, flops = _launch_counts(trace, attribution.forwards, events)
+    infos, apis, chains, flops, launched_by = _launch_counts(trace, attribution.forwards, events)
     result = []
     limits_cache: dict[int, SmLimits | None] = {}
     for nid, counts_list in seen.counts.items():
@@ -66,6 +66,8 @@ def kernel_stats(attribution: Attribution) -> list[KernelStats]:
             stats.launch_api = apis[nid].most_common(1)[0][0]
         if nid in chains:
             stats.launch_ops = [c for c, _ in chains[nid].most_common()]
+        if nid in launched_by:
+            stats.launch_op_ids = launched_by[nid]
         if nid in flops:
             known = [float(f) for f in flops[nid] if f is not None]
             if len(known) == len(flops[nid]):  # shapes recorded for every launch of it
@@ -129,11 +131,14 @@ class _PerForward:
 
 def _launch_counts(
     trace: ParsedTrace, forwards: list[Forward], every: _Events
-) -> tuple[dict[int, Counter], dict[int, Counter], dict[int, Counter], dict[int, list[int | None]]]:
+) -> tuple[
+    dict[int, Counter], dict[int, Counter], dict[int, Counter], dict[int, list[int | None]], dict[int, list[int]]
+]:
     """Per device-event name id, over every event of every forward (in order): how often each
     kernel launch fact (index into `kernel_infos`) was seen, how often each launch API, for
     memcpys and FP32 CUDA-core GEMMs the op chain that launched them, and for those GEMMs their
-    FLOPs in each forward that ran them (None in a forward where a launch's shapes are unknown).
+    FLOPs in each forward that ran them (None in a forward where a launch's shapes are unknown)
+    and the op that launched each run (-1: none).
     Counted with C-level `Counter`s over all of them."""
     names, dev, rt, ops = trace.names, trace.device, trace.runtime, trace.cpu_ops
     events, nids = every.all, every.names
@@ -153,6 +158,7 @@ def _launch_counts(
         apis.setdefault(nid, Counter())[names[api]] = count
     chains: dict[int, Counter] = {}
     flops: dict[int, dict[int, int | None]] = {}  # GEMM name id -> forward -> its FLOPs there
+    launched_by: dict[int, list[int]] = {}  # GEMM name id -> the op that launched each of its runs
     kind, dev_name = dev.kind, dev.name
     kernel_ids = set(compress(dev_name, map(KERNEL.__eq__, kind)))
     traced = set(compress(dev_name, map(MEMCPY.__eq__, kind))) if MEMCPY in kind else set()
@@ -170,12 +176,13 @@ def _launch_counts(
             if op >= 0:
                 seen[nids[p], tuple(map(op_name, fwd.op_chain(op)))] += 1
             if nids[p] in kernel_ids:
+                launched_by.setdefault(nids[p], []).append(op)
                 found = flops.setdefault(nids[p], {})
                 known, more = found.get(k, 0), gemm_flops(trace, op)
                 found[k] = None if known is None or more is None else known + more
         for (nid, chain_ids), count in seen.items():
             chains.setdefault(nid, Counter())[" → ".join(map(names.__getitem__, chain_ids))] = count
-    return infos, apis, chains, {nid: list(per.values()) for nid, per in flops.items()}
+    return infos, apis, chains, {nid: list(per.values()) for nid, per in flops.items()}, launched_by
 
 
 def _chain_traced(name: str) -> bool:

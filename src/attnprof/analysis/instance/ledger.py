@@ -56,6 +56,11 @@ class CallFacts:
     #: An eager call's matrix products: the device time of its GEMM kernels, or in a CPU-only trace
     #: the CPU time of its GEMM ops (None for another backend). Not in the JSON; unfused-attention reads it.
     gemm_time_us: float | None = None
+    #: The trace's op ids of the call's first and last outermost ops (-1: none) and of every op it covers,
+    #: which re-creating the call reads (`analysis.recreate`). Not in the JSON.
+    first_op: int = field(default=-1, compare=False, repr=False)
+    last_op: int = field(default=-1, compare=False, repr=False)
+    op_ids: Sequence[int] = field(default=(), compare=False, repr=False)
 
     @property
     def mask_type(self) -> str | None:
@@ -203,6 +208,9 @@ def _facts(tree: OpTree, index: TraceIndex, call: Call) -> CallFacts:
         forward_call=call.forward_call,
         traffic=index.traffic(call),
         names=trace.names,
+        first_op=call.first,
+        last_op=call.last,
+        op_ids=call.ops,
     )
     if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
         sdpa_facts(tree, names, call, facts)
@@ -265,6 +273,9 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
             else ops.ts[call.last] + ops.dur[call.last] - ops.ts[call.first],
             traffic=index.traffic(call),
             names=trace.names,
+            first_op=call.first,
+            last_op=call.last,
+            op_ids=call.ops,
         )
         if index.ledger.role.get(ops.name[call.first]) == "sdpa":
             types = ops.input_types[call.first]

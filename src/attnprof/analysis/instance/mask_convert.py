@@ -68,6 +68,7 @@ class MaskConvert:
     inside: bool
     host_us: float
     device_us: float | None
+    op: int = -1  # the converting op's id in the trace (re-creating it reads its inputs: `analysis.recreate`)
 
 
 def _dims(value: Any) -> tuple[int, ...] | None:
@@ -178,5 +179,5 @@ def mask_converts(tree: OpTree, names: LedgerNames, calls: list[Call], in_call: 
         events = tree.events(op)
         device = None if tree.cpu_only else sum(tree.trace.device.dur[e] for e in events)
         chain = " → ".join(tree.name(o) for o in tree.subtree(op) if o == op or tree.name(o) in CONVERT_OPS)
-        found.append(MaskConvert(kind, chain, dims, _types(tree, op), k, op in call_of, ops.dur[op], device))
+        found.append(MaskConvert(kind, chain, dims, _types(tree, op), k, op in call_of, ops.dur[op], device, op))
     return found

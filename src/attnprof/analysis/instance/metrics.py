@@ -144,6 +144,7 @@ class KernelStats:
     total_count: int = 0  # how often it ran in all the forwards together
     launch_ops: list[str] = field(default_factory=list)  # memcpys, FP32 CUDA-core GEMMs: their op chains
     flops_per_forward: float | None = None  # FP32 CUDA-core GEMMs: median FLOPs per forward (record_shapes)
+    launch_op_ids: list[int] = field(default_factory=list)  # FP32 CUDA-core GEMMs: the ops that launched each run
 
     @property
     def is_dtod_memcpy(self) -> bool:

@@ -38,7 +38,10 @@ def _intern(items: list[Any], ids: dict[Any, int], key: Any) -> int:
 class TableBuilder:
     """Accumulates events into the compact tables; one pass, no per-event objects kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, every_concrete_input: bool = False) -> None:
+        #: Keep every cpu op's `Concrete Inputs`, not only those of `decoding.CONCRETE_INPUT_OPS` (what
+        #: re-creating recorded ops needs: `analysis.recreate`, `analyze --time-fixes`).
+        self.every_concrete_input = every_concrete_input
         self.names: list[str] = []
         self.name_ids: dict[str, int] = {}
         self.threads: list[tuple[Any, Any]] = []
@@ -82,7 +85,7 @@ class TableBuilder:
         if not isinstance(name, str):
             name = "" if name is None else str(name)
         index = _intern(self.names, self.name_ids, name)
-        if name in decoding.CONCRETE_INPUT_OPS:
+        if self.every_concrete_input or name in decoding.CONCRETE_INPUT_OPS:
             self.concrete_input_names.add(index)
         return index
 

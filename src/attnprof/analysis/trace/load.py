@@ -15,6 +15,7 @@ import gzip
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,11 @@ from attnprof.analysis.trace.tables import ParsedTrace
 from attnprof.errors import TraceError
 
 
-def load_trace(source: str | Path | dict[str, Any] | ParsedTrace) -> ParsedTrace:
+def load_trace(source: str | Path | dict[str, Any] | ParsedTrace, every_concrete_input: bool = False) -> ParsedTrace:
     """Parse a Chrome trace file (`.json`, `.json.gz`) or loaded dict into a `ParsedTrace`.
+
+    `every_concrete_input`: keep every op's `Concrete Inputs` (its scalar inputs), which re-creating the
+    recorded ops needs (`analysis.recreate`), not only SDPA's.
 
     Raises TraceError (one line, naming the file) for a missing or unreadable file, for one that
     is not a torch.profiler Chrome trace, and for a trace with no events.
@@ -33,7 +37,7 @@ def load_trace(source: str | Path | dict[str, Any] | ParsedTrace) -> ParsedTrace
     if isinstance(source, ParsedTrace):
         return source
     with gc_paused():  # millions of short-lived objects: the cyclic collector only slows them down
-        return _load(source)
+        return _load(source, every_concrete_input)
 
 
 @contextmanager
@@ -49,8 +53,8 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
-    builder = TableBuilder()
+def _load(source: str | Path | dict[str, Any], every_concrete_input: bool = False) -> ParsedTrace:
+    builder = TableBuilder(every_concrete_input)
     notes: list[str] = []
     if isinstance(source, dict):
         label = "<dict>"
@@ -67,7 +71,7 @@ def _load(source: str | Path | dict[str, Any]) -> ParsedTrace:
         if path.is_dir():
             raise TraceError(f"trace path is a directory, not a file: {path}")
         try:
-            saw_events = parallel.read_path(path, builder, TableBuilder, label, notes)
+            saw_events = parallel.read_path(path, builder, partial(TableBuilder, every_concrete_input), label, notes)
         except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
             raise reader.not_a_trace(label, f"its gzip data is cut short or corrupt ({exc})") from None
         except OSError as exc:

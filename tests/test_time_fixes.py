@@ -1,0 +1,225 @@
+"""`analyze --time-fixes` and `attnprof model`'s timed fixes on the CPU: traces captured here with torch.profiler
+(the nn.TransformerEncoder of issue 33, whose float causal mask is converted on every call; an eager
+matmul → softmax → matmul), re-created from their recorded ops and timed as traced and with the fix; without
+recorded shapes, or for a CUDA trace on this machine, the finding says how to get the timed figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from profiled import capture_cpu
+
+from attnprof.analysis import analyze_trace, load_trace
+from attnprof.analysis.findings import FINDINGS, Finding, FixNotTimed, TimedFix, Verdict, judge
+from attnprof.analysis.recreate import IS_CAUSAL, RecordedOp, Replay, fix_plans, parse_concrete
+from attnprof.pipeline.fixes import FixTiming, judged, replay_call, time_fixes
+
+DENSE_MASK_H200 = Path(__file__).parent / "data" / "h200" / "masks" / "dense-mask.json.gz"
+BATCH, HEADS, SEQ = 2, 4, 128
+BUDGET = "4"  # seconds for all the timings of one trace: enough for the few calls of these traces
+
+
+@pytest.fixture(scope="module")
+def encoder_trace(tmp_path_factory):
+    """The issue's nn.TransformerEncoder: a float causal mask with is_causal=True, two layers."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=64, nhead=HEADS, dim_feedforward=128, dropout=0.0, batch_first=True
+    )
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    x = torch.randn(BATCH, SEQ, 64)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(SEQ)
+    return capture_cpu(lambda: model(x, mask=causal, is_causal=True), tmp_path_factory.mktemp("enc") / "enc.json")
+
+
+def _eager(q, k, v):
+    import torch
+
+    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.randn(BATCH, HEADS, 64, 16) for _ in range(3)]
+
+
+def analyzed(cli, trace: Path, *more: str) -> tuple[dict, str]:
+    """`attnprof analyze TRACE --time-fixes --format json`: its JSON and stderr."""
+    result = cli("analyze", str(trace), "--time-fixes", "--time-fixes-budget", BUDGET, "--format", "json", *more)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    return json.loads(result.stdout), result.stderr
+
+
+def finding(document: dict, finding_id: str) -> dict:
+    found = [f for f in document["findings"] if f["id"] == finding_id]
+    assert found, [f["id"] for f in document["findings"]]
+    return found[0]
+
+
+def _assert_timed(f: dict, alternative: str) -> None:
+    ev = f["evidence"]
+    assert ev["impact_basis"] == "timed" and ev["timed_alternative"] == alternative
+    assert ev["timed_before_us"] > 0 and ev["timed_after_us"] > 0
+    assert f["impact_us"] == pytest.approx(max(ev["timed_before_us"] - ev["timed_after_us"], 0.0), abs=2e-3)
+    assert ev["saved_us"] == f["impact_us"]
+    assert "Timed at this shape" in f["message"] and f"{alternative} takes" in f["message"]
+    assert "\n" not in f["message"] and f["message"].endswith(".")
+
+
+def test_the_encoders_mask_conversion_is_timed_against_the_call_given_a_converted_mask(cli, encoder_trace):
+    document, stderr = analyzed(cli, encoder_trace)
+    f = finding(document, "mask-convert")
+    _assert_timed(f, "mask converted once")
+    assert "timed the fixes of mask-convert at the trace's shapes on cpu:" in stderr
+    # what was re-created: the native MHA call (inside which the float mask is cast to bool), twice per forward
+    trace = load_trace(encoder_trace, every_concrete_input=True)
+    (plan,) = fix_plans(analyze_trace(trace), trace, cuda=False)
+    (piece,) = plan.pieces
+    assert piece.count == 2.0
+    (before,) = piece.before.ops
+    (after,) = dict(piece.alternatives)["mask converted once"].ops
+    assert before.name == after.name == "aten::_native_multi_head_attention"
+    assert before.dims[9] == after.dims[9] == (BATCH, HEADS, SEQ, SEQ)
+    assert (before.types[9], after.types[9]) == ("float", "bool")  # the same call, given the mask converted once
+
+
+def test_an_eager_attention_is_timed_against_fused_sdpa_at_its_shape(cli, qkv, tmp_path):
+    path = capture_cpu(lambda: _eager(*qkv), tmp_path / "eager.json")
+    document, stderr = analyzed(cli, path)
+    f = finding(document, "unfused-attention")
+    _assert_timed(f, "sdpa")
+    assert "in place of the estimate" in f["message"]
+    assert "timed the fixes of unfused-attention" in stderr
+    trace = load_trace(path, every_concrete_input=True)
+    (plan,) = fix_plans(analyze_trace(trace), trace, cuda=False)
+    (piece,) = plan.pieces
+    traced = [op.name for op in piece.before.ops]
+    assert traced == ["aten::matmul", "aten::mul", "aten::softmax", "aten::matmul"]  # the transpose is a view
+    assert piece.before.ops[0].dims[:2] == ((BATCH, HEADS, 64, 16), (BATCH, HEADS, 16, 64))  # Q @ K^T
+    (sdpa,) = dict(piece.alternatives)["sdpa"].ops
+    assert sdpa.name == "aten::scaled_dot_product_attention"
+    assert sdpa.dims[:3] == ((BATCH, HEADS, 64, 16),) * 3 and sdpa.types[:3] == ("float",) * 3
+
+
+def test_without_recorded_shapes_the_finding_says_how_to_get_the_timed_figure(cli, qkv, tmp_path):
+    path = capture_cpu(lambda: _eager(*qkv), tmp_path / "plain.json", record_shapes=False)
+    document, stderr = analyzed(cli, path)
+    f = finding(document, "unfused-attention")
+    assert f["evidence"]["impact_basis"] == "estimated"  # the estimate stands
+    assert "record_shapes=True" in f["evidence"]["timed_fix_reason"]
+    assert "Fix not timed: the trace recorded no input shapes: profile with record_shapes=True" in f["message"]
+    assert "timed no fix" in stderr
+
+
+def test_a_cuda_trace_on_a_machine_without_cuda_says_it_needs_a_cuda_gpu(cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    document, stderr = analyzed(cli, DENSE_MASK_H200)
+    f = finding(document, "dense-mask")
+    assert "on a machine with a CUDA GPU" in f["evidence"]["timed_fix_reason"]
+    assert f"run `attnprof analyze {DENSE_MASK_H200} --time-fixes` on a machine with a CUDA GPU" in f["message"]
+    assert "impact_basis" not in f["evidence"] and f["impact_us"] is not None  # its own impact stands
+    assert "fixes not timed: the trace ran on a CUDA GPU and this machine has none" in stderr
+
+
+def test_analyze_without_the_flag_leaves_the_findings_as_the_trace_gives_them(cli, qkv, tmp_path):
+    path = capture_cpu(lambda: _eager(*qkv), tmp_path / "eager.json")
+    result = cli("analyze", str(path), "--format", "json")
+    f = finding(json.loads(result.stdout), "unfused-attention")
+    assert f["evidence"]["impact_basis"] == "estimated" and "timed_fix_reason" not in f["evidence"]
+    assert "timed" not in result.stderr
+
+
+def test_the_h200_dense_mask_is_recreated_with_is_causal_and_a_block_mask_as_its_alternatives():
+    trace = load_trace(DENSE_MASK_H200, every_concrete_input=True)
+    (plan,) = fix_plans(analyze_trace(trace), trace, cuda=True)
+    (piece,) = plan.pieces
+    (traced,) = piece.before.ops
+    assert traced.dims[3] == (2048, 2048) and traced.types[3] == "bool" and traced.concrete[5] == "False"
+    alternatives = dict(piece.alternatives)
+    (causal,) = alternatives[IS_CAUSAL].ops
+    assert causal.dims[3] == () and causal.types[3] == "" and causal.concrete[5] == "True"
+    assert causal.dims[:3] == traced.dims[:3]
+    assert alternatives["flex BlockMask"].flex
+
+
+def test_a_replayed_sdpa_takes_its_keyword_only_inputs_by_name():
+    """The recorded scale and enable_gqa are SDPA's keyword-only inputs: a replay with 2 key/value heads under 4
+    query heads runs only when enable_gqa reaches it."""
+    sdpa = RecordedOp(
+        "aten::scaled_dot_product_attention",
+        ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (), (), (), (), ()),
+        ("float", "float", "float", "", "Scalar", "Scalar", "Scalar", "Scalar"),
+        ("", "", "", "", "0.0", "True", "0.5", "True"),
+    )
+    run = replay_call(Replay((sdpa,)), "cpu")
+    run()
+    refused = Replay((sdpa.with_input(7, (), "Scalar", "False"),))
+    with pytest.raises(RuntimeError):
+        replay_call(refused, "cpu")
+
+
+def test_concrete_inputs_read_as_their_values():
+    assert [parse_concrete(t) for t in ("True", "64", "1e-05", "[2, 4, -1]", "")] == [True, 64, 1e-05, [2, 4, -1], None]
+
+
+def test_a_fix_that_ran_out_of_budget_is_named_not_timed(qkv, tmp_path):
+    path = capture_cpu(lambda: _eager(*qkv), tmp_path / "eager.json")
+    trace = load_trace(path, every_concrete_input=True)
+    analysis = analyze_trace(trace)
+    fixes = time_fixes(analysis, trace, budget_s=0.0)
+    assert fixes.timed == () and "--time-fixes-budget of 0 s ran out" in fixes.untimed[0].reason
+    judged(analysis, fixes)
+    assert "ran out" in analysis.finding("unfused-attention").evidence["timed_fix_reason"]
+
+
+def test_the_judge_names_every_alternative_timed_or_not():
+    unfused = Finding("unfused-attention", "Unfused.", "problem", 900.0, 45.0, {"impact_basis": "estimated"})
+    dense = Finding("dense-mask", "Dense.", "problem", None, None, {}, "needs-alternative")
+    fixes = FixTiming(
+        (TimedFix("unfused-attention", "sdpa-efficient", 1000.0, 400.0),),
+        (
+            FixNotTimed("unfused-attention", "sdpa-flash", "RuntimeError: No available kernel."),
+            FixNotTimed("dense-mask", "", "the trace recorded no input shapes: profile with record_shapes=True"),
+        ),
+        "",
+    )
+    verdict = Verdict([unfused, dense], timed_fixes=fixes.timed, untimed_fixes=fixes.untimed, gpu_time_us=2000.0)
+    timed, untimed = judge(verdict)
+    assert timed.impact_us == 600.0 and timed.evidence["timed_alternative"] == "sdpa-efficient"
+    assert (
+        timed.evidence["timed_alternatives"]
+        == "sdpa-efficient 400.0 us; sdpa-flash: RuntimeError: No available kernel."
+    )
+    assert "(also: sdpa-flash: RuntimeError: No available kernel.)." in timed.message
+    assert untimed.impact_us is None and untimed.no_impact_reason == "needs-alternative"  # nothing timed: it stands
+    assert (
+        untimed.message == "Dense. Fix not timed: the trace recorded no input shapes: profile with record_shapes=True."
+    )
+    assert FINDINGS.get("dense-mask").severity == untimed.severity
+
+
+def test_model_rows_time_their_fixes_by_default(cli, model_config):
+    result = cli("model", str(model_config()), "--attn", "eager,sdpa", "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["measure"]["time_fixes"] is True
+    eager = document["results"][0]
+    assert eager["variant"] == "eager" and "time_fixes" in eager["phases_s"]
+    f = next(f for f in eager["findings"] if f["id"] == "unfused-attention")
+    assert f["evidence"]["impact_basis"] == "timed" and f["evidence"]["timed_alternative"] == "sdpa"
+    skipped = cli("model", str(model_config()), "--attn", "eager", "--no-time-fixes", "--format", "json")
+    row = json.loads(skipped.stdout)["results"][0]
+    assert "time_fixes" not in row["phases_s"]
+    assert next(f for f in row["findings"] if f["id"] == "unfused-attention")["evidence"]["impact_basis"] == "estimated"
