@@ -67,7 +67,10 @@ def finding(document: dict, finding_id: str) -> dict:
 
 def _assert_timed(f: dict, alternative: str) -> None:
     ev = f["evidence"]
-    assert ev["impact_basis"] == "timed" and ev["timed_alternative"] == alternative
+    assert ev["timed_alternative"] == alternative
+    # a busy machine (CI's shared runner) marks the saving, and says so in the message
+    assert ev["impact_basis"] == ("timed under contention" if (ev.get("timed_cpu_contention") or 0) > 0.25 else "timed")
+    assert ("Other processes held" in f["message"]) == (ev["impact_basis"] == "timed under contention")
     assert ev["timed_before_us"] > 0 and ev["timed_after_us"] > 0
     assert f["impact_us"] == pytest.approx(max(ev["timed_before_us"] - ev["timed_after_us"], 0.0), abs=2e-3)
     assert ev["saved_us"] == f["impact_us"]
@@ -184,6 +187,27 @@ def test_a_fix_that_ran_out_of_budget_is_named_not_timed(qkv, tmp_path):
     assert "ran out" in analysis.finding("unfused-attention").evidence["timed_fix_reason"]
 
 
+@pytest.mark.parametrize("others", [0.0, 0.7])
+def test_a_fix_timed_while_other_processes_held_the_cpu_says_so(qkv, tmp_path, monkeypatch, others):
+    """The share of the CPU other processes took is read around each timing, as the cells' is: above the
+    limit the saving is marked (`timed under contention`), the message says how much and the note too."""
+    from attnprof.profiling import contention
+
+    monkeypatch.setattr(contention.CpuShare, "others", lambda self: others)
+    path = capture_cpu(lambda: _eager(*qkv), tmp_path / "eager.json")
+    trace = load_trace(path, every_concrete_input=True)
+    analysis = analyze_trace(trace)
+    fixes = time_fixes(analysis, trace, budget_s=4.0)
+    assert fixes.timed and all(fix.cpu_contention == others for fix in fixes.timed)
+    assert all(fix.contended == (others > 0.25) for fix in fixes.timed)
+    assert ("other processes held up to 70% of the CPU meanwhile" in fixes.note) == (others > 0.25)
+    judged(analysis, fixes)
+    f = analysis.finding("unfused-attention")
+    assert f.evidence["impact_basis"] == ("timed under contention" if others else "timed")
+    assert f.evidence["timed_cpu_contention"] == others
+    assert ("Other processes held 70% of the CPU while it was timed" in f.message) == (others > 0.25)
+
+
 def test_the_judge_names_every_alternative_timed_or_not():
     unfused = Finding("unfused-attention", "Unfused.", "problem", 900.0, 45.0, {"impact_basis": "estimated"})
     dense = Finding("dense-mask", "Dense.", "problem", None, None, {}, "needs-alternative")
@@ -218,7 +242,7 @@ def test_model_rows_time_their_fixes_by_default(cli, model_config):
     eager = document["results"][0]
     assert eager["variant"] == "eager" and "time_fixes" in eager["phases_s"]
     f = next(f for f in eager["findings"] if f["id"] == "unfused-attention")
-    assert f["evidence"]["impact_basis"] == "timed" and f["evidence"]["timed_alternative"] == "sdpa"
+    assert f["evidence"]["impact_basis"].startswith("timed") and f["evidence"]["timed_alternative"] == "sdpa"
     skipped = cli("model", str(model_config()), "--attn", "eager", "--no-time-fixes", "--format", "json")
     row = json.loads(skipped.stdout)["results"][0]
     assert "time_fixes" not in row["phases_s"]

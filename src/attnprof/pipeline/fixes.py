@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from attnprof.analysis.findings import FixNotTimed, TimedFix, Verdict, judge
 from attnprof.analysis.recreate import FixPlan, RecordedOp, Replay, fix_plans, parse_concrete
 from attnprof.errors import AttnprofError, one_line
+from attnprof.profiling.contention import CpuShare, is_contended
 
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
@@ -91,6 +92,9 @@ def time_fixes(analysis: TraceAnalysis, trace: ParsedTrace, budget_s: float = DE
     findings = sorted({f.finding for f in timed})
     what = f"timed the fixes of {', '.join(findings)}" if findings else "timed no fix"
     note = f"{what} at the trace's shapes on {device}: {timer.count} timings in {spent:.1f} s (budget {budget_s:g} s)"
+    busy = [f.cpu_contention for f in timed if f.contended and f.cpu_contention is not None]
+    if busy:
+        note += f"; other processes held up to {max(busy):.0%} of the CPU meanwhile: those savings say so"
     return FixTiming(tuple(timed), tuple(untimed), note)
 
 
@@ -128,16 +132,17 @@ def _time_plan(plan: FixPlan, timer: _Timer) -> tuple[list[TimedFix], list[FixNo
     could not run on some piece is not timed, with that piece's reason."""
     if plan.reason is not None:
         return [], [FixNotTimed(plan.finding, "", plan.reason)]
-    before = 0.0
+    before, shares = 0.0, []
     for piece in plan.pieces:
         took = timer.time(piece.before)
         if isinstance(took, str):
             return [], [FixNotTimed(plan.finding, "", f"the traced work ({piece.what}) was not timed: {took}")]
         before += piece.count * took
+        shares.append(timer.share(piece.before))
     names = list(dict.fromkeys(name for piece in plan.pieces for name, _ in piece.alternatives))
     timed, untimed = [], []
     for name in names:
-        after, reason = 0.0, None
+        after, reason, seen = 0.0, None, list(shares)
         for piece in plan.pieces:
             replay = dict(piece.alternatives).get(name)
             took = timer.time(replay) if replay is not None else f"not an alternative for {piece.what}"
@@ -145,8 +150,11 @@ def _time_plan(plan: FixPlan, timer: _Timer) -> tuple[list[TimedFix], list[FixNo
                 reason = took
                 break
             after += piece.count * took
+            seen.append(timer.share(replay))
         if reason is None:
-            timed.append(TimedFix(plan.finding, name, before, after))
+            known = [s for s in seen if s is not None]
+            worst = max(known) if known else None
+            timed.append(TimedFix(plan.finding, name, before, after, worst, is_contended(worst)))
         else:
             untimed.append(FixNotTimed(plan.finding, name, reason))
     return timed, untimed
@@ -161,7 +169,12 @@ class _Timer:
         self.share_s = min(MAX_TIME_S, max(MIN_TIME_S, budget_s / max(planned, 1) / 3))
         self.start = time.perf_counter()
         self.seen: dict[Replay, float | str] = {}
+        self.shares: dict[Replay, float | None] = {}
         self.count = 0
+
+    def share(self, replay: Replay | None) -> float | None:
+        """The share of the CPU other processes took while `replay` was timed (None: not timed or unknown)."""
+        return self.shares.get(replay) if replay is not None else None
 
     def time(self, replay: Replay) -> float | str:
         if replay not in self.seen:
@@ -186,7 +199,10 @@ class _Timer:
         try:
             with torch.no_grad():
                 call = replay_call(replay, self.device)
-                return time_forward(call, self.device, options).median_us
+                window = CpuShare.start()
+                median = time_forward(call, self.device, options).median_us
+                self.shares[replay] = window.others()
+                return median
         except AttnprofError as exc:
             return exc.message
         except Exception as exc:  # a backend refusing the shape, an op torch cannot run here

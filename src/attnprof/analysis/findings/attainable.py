@@ -134,7 +134,7 @@ def judge_attainable(findings: list[Finding], verdict: Weighed) -> list[Finding]
         which = RATES.get(finding.id)
         if which is None or "attainable_source" in finding.evidence or "attainable_note" in finding.evidence:
             return finding
-        if finding.evidence.get("impact_basis") == "timed":
+        if str(finding.evidence.get("impact_basis", "")).startswith("timed"):
             return finding
         work = [w for w in verdict.work if w.finding == finding.id] or _evidence_work(finding, verdict.shape_key)
         if not work:

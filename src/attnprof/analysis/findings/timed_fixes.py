@@ -15,12 +15,16 @@ from attnprof.analysis.findings.registry import Finding, numbers, us
 class TimedFix:
     """A fix a finding proposes, timed at the finding's shape on this machine: the finding's id, what was
     timed (e.g. "sdpa-flash"), and the time per instance of the work the finding names, as traced
-    (`before_us`) and with the fix (`after_us`)."""
+    (`before_us`) and with the fix (`after_us`), both re-created and timed here. `cpu_contention`: the largest
+    share of the CPU other processes took while either was timed (None: not measured); `contended`: more than
+    the limit the cells are judged by (such a saving measures that load too)."""
 
     finding: str
     alternative: str
     before_us: float
     after_us: float
+    cpu_contention: float | None = None
+    contended: bool = False
 
     @property
     def saved_us(self) -> float:
@@ -87,11 +91,17 @@ def apply_timed_fixes(findings: list[Finding], verdict: FixesVerdict) -> list[Fi
         replacing = " (in place of the estimate)" if finding.evidence.get("impact_basis") == "estimated" else ""
         sentence = (
             f" Timed at this shape{replacing}: {fix.alternative} takes {us(fix.after_us)} against "
-            f"{us(fix.before_us)} traced, saving {us(saved)} per {verdict.unit}"
-            + (f" (also: {'; '.join(rest)})." if rest else ".")
+            f"{us(fix.before_us)} for the work as traced (both re-created here), saving {us(saved)} per "
+            f"{verdict.unit}" + (f" (also: {'; '.join(rest)})." if rest else ".")
         )
+        if fix.contended:
+            sentence += (
+                f" Other processes held {fix.cpu_contention or 0.0:.0%} of the CPU while it was timed: the saving "
+                "measures that load too; time it again on a quiet machine."
+            )
         evidence = finding.evidence | numbers(
-            impact_basis="timed",
+            impact_basis="timed under contention" if fix.contended else "timed",
+            timed_cpu_contention=fix.cpu_contention,
             timed_alternative=fix.alternative,
             timed_before_us=fix.before_us,
             timed_after_us=fix.after_us,
