@@ -190,7 +190,8 @@ def test_an_instance_of_the_same_shape_whose_cast_is_not_of_the_mask_converts_no
 
 def test_an_instance_whose_cast_copies_nothing_converts_nothing(cast_each_call, tmp_path):
     def no_copy(e):  # a cast to the dtype it had: no _to_copy under aten::to (another shape)
-        if e["name"] in ("aten::_to_copy", "aten::copy_") and e["args"].get("Input Dims", [None])[0] == [1, 1, SEQ, SEQ]:
+        mask_dims = e["args"].get("Input Dims", [None])[0] == [1, 1, SEQ, SEQ]
+        if e["name"] in ("aten::_to_copy", "aten::copy_") and mask_dims:
             e["name"] = "aten::alias"
 
     found = _found_alone_and_from_the_shape(_edited(cast_each_call, tmp_path / "no-copy.json", no_copy))
