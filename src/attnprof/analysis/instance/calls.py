@@ -261,7 +261,7 @@ def find_calls(tree: OpTree, found: ShapeCalls) -> list[Call]:
 class ShapeCalls:
     """The forward attention calls of the instances of one shape by position, in the order the
     recognisers found them, and which op positions they cover. Shared by those instances (see
-    `index.TraceIndex.shape_calls`): read it, never change it."""
+    `index.TraceIndex.shape_facts`): read it, never change it."""
 
     calls: list[CallAt]
     in_call: list[bool]

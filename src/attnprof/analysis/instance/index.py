@@ -16,8 +16,10 @@ instances (the whole `attnprof analyze` takes about 3.3 CPU s):
 - `op_facts`: per op-name sequence, what `forward_metrics` reads of the names alone (`OpFacts`: op
   counts, ledger roles, positions of the ops it looks at). Saves 0.14 s.
 - `launch_counts`: per launch-call name sequence, the launch calls by API name. Saves 0.05 s.
-- `shape_calls`: per `OpTree.shape()`, the attention calls the recognisers found
-  (`calls.ShapeCalls`). Saves 0.32 s.
+- `shape_facts`: per `OpTree.shape()`, the attention calls the recognisers found (`calls.ShapeCalls`;
+  saves 0.32 s) and the ops that convert something, with their kinds (`mask_convert.convert_kinds`:
+  3.1% of `attnprof analyze`'s instructions on the 100k-event scale trace, callgrind).
+- `input_dims`: per distinct `Input Dims` and input, the dims `mask_converts` compares (1.2% more).
 - `timeline`: the device's busy intervals over the whole trace (`stalls.DeviceTimeline`), built the
   first time an instance has a host sync (for the bubble it leaves), never in a trace without one.
 - `traffic`: per forward call's recorded inputs (the op's name, `Input Dims`, `Input type` and
@@ -48,7 +50,7 @@ from typing import Any
 from attnprof.analysis.instance.bandwidth import Traffic, call_traffic, eager_traffic
 from attnprof.analysis.instance.call_names import LedgerNames, ledger_names
 from attnprof.analysis.instance.calls import Call, ShapeCalls, shape_calls
-from attnprof.analysis.instance.mask_convert import CONVERT_OPS
+from attnprof.analysis.instance.mask_convert import CONVERT_OPS, convert_kinds, input_dims
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.stalls import DeviceTimeline, sync_name_ids
 from attnprof.analysis.trace.tables import ParsedTrace
@@ -81,6 +83,16 @@ class OpFacts:
     forwards: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ShapeFacts:
+    """What the instances of one `OpTree.shape()` share: their forward attention calls by position
+    (`calls.shape_calls`) and the positions of their converting ops with their kinds
+    (`mask_convert.convert_kinds`). Read it, never change it."""
+
+    calls: ShapeCalls
+    converts: tuple[tuple[int, str], ...]
+
+
 @dataclass(slots=True)
 class LaunchCounts:
     """The launch calls of the instances that made the same calls, by API name (a read-only view);
@@ -109,8 +121,9 @@ class TraceIndex:
         # the caches (see the module docstring), by op-name ids, launch-name ids, OpTree.shape()
         self._op_facts: dict[tuple[int, ...], OpFacts] = {}
         self._launch_counts: dict[tuple[int, ...], LaunchCounts] = {}
-        self._shape_calls: dict[Any, ShapeCalls] = {}
+        self._shapes: dict[Any, ShapeFacts] = {}
         self._traffic: dict[tuple[Any, ...], Traffic | None] = {}
+        self._dims: dict[tuple[int, int], tuple[int, ...] | None] = {}
         self._timeline: DeviceTimeline | None = None
 
     def timeline(self) -> DeviceTimeline:
@@ -156,13 +169,12 @@ class TraceIndex:
         found.forwards += 1
         return found.counts
 
-    def shape_calls(self, tree: OpTree) -> ShapeCalls:
-        """The attention calls of `tree`'s shape by position (`calls.shape_calls`, run on the first
-        instance of each shape)."""
+    def shape_facts(self, tree: OpTree) -> ShapeFacts:
+        """The `ShapeFacts` of `tree`'s shape (found on the first instance of each shape)."""
         shape = tree.shape()
-        found = self._shape_calls.get(shape)
+        found = self._shapes.get(shape)
         if found is None:
-            found = self._shape_calls[shape] = shape_calls(tree, self.ledger)
+            found = self._shapes[shape] = ShapeFacts(shape_calls(tree, self.ledger), convert_kinds(tree, self.ledger))
         return found
 
     def traffic(self, call: Call) -> Traffic | None:
@@ -184,6 +196,14 @@ class TraceIndex:
         found = eager_traffic(self.trace, call.first, call.last) if eager else call_traffic(self.trace, call.first)
         self._traffic[key] = found
         return found
+
+    def input_dims(self, op: int, at: int) -> tuple[int, ...] | None:
+        """`mask_convert.input_dims` of op `op`'s input `at`, decoded once per distinct `Input Dims`."""
+        key = (self.trace.cpu_ops.input_dims[op], at)
+        found = self._dims.get(key, self)
+        if found is self:
+            found = self._dims[key] = input_dims(self.trace, op, at)
+        return found  # type: ignore[return-value]
 
     def op_counts(self) -> list[tuple[Mapping[str, int], int]]:
         """The op counts by name of the instances seen, each distinct one with how many instances had it."""

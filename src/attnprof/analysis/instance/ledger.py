@@ -237,8 +237,9 @@ def sdpa_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -
 def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -> ForwardLedger:
     """The attention calls and overhead of one instance whose device work was traced (`tree`: its
     ops, with the roles of `index.ledger`): its forward calls, placed from those of its shape
-    (`index.shape_calls`), their backward work, and the overhead around them."""
-    found = index.shape_calls(tree)
+    (`index.shape_facts`), their backward work, and the overhead around them."""
+    shape = index.shape_facts(tree)
+    found = shape.calls
     calls = find_calls(tree, found)
     names = index.ledger
     backward, unclaimed = backward_calls(tree, names, calls)
@@ -248,7 +249,7 @@ def forward_ledger(tree: OpTree, index: TraceIndex, gpu_time_us: float | None) -
     facts = [_facts(tree, index, c) for c in every]
     masks = mask_builds(tree, names, calls, units, found.in_call)
     ledger = ForwardLedger(facts, overhead, gpu_time_us, len(calls), masks, _busy_us(tree.trace, every))
-    ledger.converts = mask_converts(tree, names, calls, found.in_call)
+    ledger.converts = mask_converts(tree, calls, found.in_call, shape.converts, index.input_dims)
     return ledger
 
 
@@ -258,8 +259,8 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
     outermost autograd ops linked to its ops by sequence number. No overhead (it is device work)."""
     trace = tree.trace
     ops = trace.cpu_ops
-    found = index.shape_calls(tree)
-    calls = find_calls(tree, found)
+    shape = index.shape_facts(tree)
+    calls = find_calls(tree, shape.calls)
     gemm = index.ledger.gemm_ops
     facts = []
     for call in calls:
@@ -284,7 +285,7 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
             fact.gemm_time_us = sum(ops.dur[o] for o in call.ops if ops.name[o] in gemm)
         facts.append(fact)
     facts += _cpu_backward(tree, calls)
-    converts = mask_converts(tree, index.ledger, calls, found.in_call)
+    converts = mask_converts(tree, calls, shape.calls.in_call, shape.converts, index.input_dims)
     return ForwardLedger(facts, {}, None, len(calls), cpu_time_us=tree.fwd.cpu_time_us, converts=converts)
 
 

@@ -22,6 +22,7 @@ conversion of a boolean mask to its bias (where kernels) is `dense-mask`'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from attnprof.analysis.instance.call_names import MODULE_OPS, SDPA_OP, LedgerNam
 from attnprof.analysis.instance.calls import Call
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import CAST_OPS, COPY_OPS
+from attnprof.analysis.trace.tables import ParsedTrace
 
 FILL_OPS = frozenset({"aten::masked_fill", "aten::masked_fill_"})
 #: The ops a boolean mask is filled into when it is made additive.
@@ -77,9 +79,13 @@ def _dims(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _input_dims(tree: OpTree, op: int, at: int) -> tuple[int, ...] | None:
+#: The dims of an op's input (op, at), as `input_dims` gives them.
+InputDims = Callable[[int, int], "tuple[int, ...] | None"]
+
+
+def input_dims(trace: ParsedTrace, op: int, at: int) -> tuple[int, ...] | None:
     """The dims of `op`'s input `at` where it recorded a tensor of two or more dims there."""
-    dims = tree.trace.input_dims_of(op)
+    dims = trace.input_dims_of(op)
     return _dims(dims[at]) if dims is not None and len(dims) > at else None
 
 
@@ -125,40 +131,48 @@ def _types(tree: OpTree, op: int) -> str | None:
     return None
 
 
-def _masks_taken(tree: OpTree, call: Call) -> list[tuple[int, ...]]:
+def _masks_taken(tree: OpTree, call: Call, dims_of: InputDims) -> list[tuple[int, ...]]:
     """The dims of every mask the call's ops take (`MASK_INPUTS`), where recorded."""
     found = []
     for op in call.ops:
         at = MASK_INPUTS.get(tree.name(op))
-        dims = _input_dims(tree, op, at) if at is not None else None
+        dims = dims_of(op, at) if at is not None else None
         if dims is not None:
             found.append(dims)
     return found
 
 
-def mask_converts(tree: OpTree, names: LedgerNames, calls: list[Call], in_call: list[bool]) -> list[MaskConvert]:
-    """The mask conversions of one instance whose forward calls are `calls` (launch order) and whose op
-    positions inside a call are marked in `in_call`, in op order (see the module docstring); `names`
-    holds the name ids of `CONVERT_OPS` (`LedgerNames.converts`)."""
+def convert_kinds(tree: OpTree, names: LedgerNames) -> tuple[tuple[int, str], ...]:
+    """The positions of the ops of `tree` that convert something, each with its kind (see the module
+    docstring), in op order. A kind depends only on the instance's shape (op names, nesting, the device
+    work each op launched: `OpTree.shape()`), so it is found once per shape (`index.TraceIndex.shape_facts`);
+    whether a conversion is a mask's depends on the instance's own inputs and calls (`mask_converts`)."""
     converts = names.converts
-    if not calls or not converts:
+    if not converts:
+        return ()
+    order = tree.order
+    kinds = ((i, _kind(tree, order[i])) for i, name in enumerate(tree.op_names) if name in converts)
+    return tuple((i, kind) for i, kind in kinds if kind is not None)
+
+
+def mask_converts(
+    tree: OpTree, calls: list[Call], in_call: list[bool], kinds: tuple[tuple[int, str], ...], dims_of: InputDims
+) -> list[MaskConvert]:
+    """The mask conversions of one instance whose forward calls are `calls` (launch order), whose op
+    positions inside a call are marked in `in_call` and whose converting ops are `kinds` (`convert_kinds`
+    of its shape), in op order (see the module docstring). `dims_of(op, at)` gives `input_dims`."""
+    if not calls or not kinds:
         return []
     ops, order = tree.trace.cpu_ops, tree.order
-    candidates = [i for i, name in enumerate(tree.op_names) if name in converts]
-    if not candidates:
-        return []
     call_of = {op: k for k, c in enumerate(calls) for op in c.ops}
-    masks = [_masks_taken(tree, c) for c in calls]
+    masks = [_masks_taken(tree, c, dims_of) for c in calls]
     starts = [c.start for c in calls]
     found: list[MaskConvert] = []
     covered = -1  # the end of the last conversion's subtree: ops inside it are part of it
-    for i in candidates:
+    for i, kind in kinds:
         if i < covered:
             continue
         op = order[i]
-        kind = _kind(tree, op)
-        if kind is None:
-            continue
         k = call_of.get(op)
         if k is not None:
             fed = range(k, k + 1)
@@ -169,7 +183,7 @@ def mask_converts(tree: OpTree, names: LedgerNames, calls: list[Call], in_call: 
             if k is None:
                 continue
             fed = range(k, len(calls))
-        dims = _input_dims(tree, op, 0)
+        dims = dims_of(op, 0)
         if dims is not None:
             if not any(broadcasts_to(dims, mask) for n in fed for mask in masks[n]):
                 continue

@@ -78,7 +78,7 @@ class OpTree:
         """Everything about the instance that its attention calls depend on, by position and name id:
         its op names and nesting, and per device event its launching op's position (-1: none, -2: a
         backward event), name and kind. Instances of one shape have the same calls, at the same
-        positions (`index.TraceIndex.shape_calls` finds them once per shape)."""
+        positions (`index.TraceIndex.shape_facts` finds them once per shape)."""
         fwd, dev = self.fwd, self.trace.device
         backward = fwd.backward_device
         where = self._where
