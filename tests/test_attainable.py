@@ -260,6 +260,28 @@ def test_compare_rows_get_the_fastest_variant_at_their_cell_and_flex_is_judged_a
     assert "% of best known" in text and "72.9% of sdpa-cudnn" in text
 
 
+def test_a_run_of_slow_variants_only_is_weighed_against_the_table_entry_of_its_very_shape(monkeypatch) -> None:
+    """The best known is the best known: a compare of flash and flex alone at a shape the GPU's table measured
+    cuDNN at is weighed against cuDNN's entry, not against flash; an entry of a neighbouring shape is not used."""
+    rows = decode_rows()[1:]  # sdpa-flash and flex, without sdpa-cudnn
+    key = row_key(rows[0])
+    assert key is not None
+    monkeypatch.setattr(attainable, "shipped_tables", lambda: [table(entry(key, 3622.5, 14.4881))])
+    attach_best_known(rows)
+    flash, flex = rows
+    assert {r.best_known_variant for r in rows} == {"sdpa-cudnn"}
+    assert {r.best_known_source for r in rows} == {"NVIDIA H200 table 2026-12-01"}
+    assert flash.best_known_latency_us is None and flash.pct_of_best_known == pytest.approx(81.5, abs=0.1)
+    assert best_known_cell(flex) == "72.9% of sdpa-cudnn"
+    found = flex.finding("memory-bound")
+    assert found is not None and found.evidence["attainable_gbps"] == pytest.approx(3622.5)
+    neighbour = ShapeKey(key.phase, key.q_len, 2 * key.kv_len, key.head_dim, key.mask, key.dtype, key.batch_heads)
+    monkeypatch.setattr(attainable, "shipped_tables", lambda: [table(entry(neighbour, 3622.5, 14.4881))])
+    again = decode_rows()[1:]
+    attach_best_known(again)
+    assert {r.best_known_variant for r in again} == {"sdpa-flash"} and again[0].pct_of_best_known == 100.0
+
+
 def test_a_cpu_run_is_compared_by_latency_and_a_lone_gpu_row_without_table_keeps_its_findings(monkeypatch) -> None:
     rows = decode_rows()
     cpu = [msgspec.structs.replace(r, device="cpu", kernel_tflops=None, kernel_gbps=None) for r in rows[:2]]

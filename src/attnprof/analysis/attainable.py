@@ -233,6 +233,20 @@ def reference_for(
     return Attainable(gbps, tflops, entry.variant, scaled)
 
 
+def measured_at(key: ShapeKey | None, gpu: str | None) -> Attainable | None:
+    """The entry of `gpu`'s own shipped table measured at exactly `key` (no neighbour, no scaling), as an
+    `Attainable`; None without one. A run's cell weighs its fastest variant against it (`pipeline.best_known`)."""
+    if key is None or not gpu:
+        return None
+    for table in shipped_tables():
+        if not _same_gpu(table, gpu):
+            continue
+        for e in table.entries:
+            if ShapeKey(e.phase, e.q_len, e.kv_len, e.head_dim, e.mask, e.dtype, e.batch_heads) == key:
+                return Attainable(e.gbps, e.tflops, e.variant, f"{table.header.gpu} table {table.header.date}")
+    return None
+
+
 def table_reference(gpu: str | None, peaks: Peaks | None) -> Reference:
     """The shipped table's reference for calls on the GPU called `gpu` (see `reference_for`)."""
 

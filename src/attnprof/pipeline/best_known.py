@@ -3,7 +3,9 @@
 After a run (compare, sweep, run), its rows are grouped by cell (`results.keys.cell_key`: the cell without the
 variant). Where two or more variants ran ok at a cell, the reference is the fastest of them ("this run"): by the
 attention kernels' device time when every row of the cell has it (`kernel_tflops`; the same FLOPs at one cell,
-so the ratio of rates is that of times), else by latency (a CPU run). A cell only one variant ran on a GPU
+so the ratio of rates is that of times), else by latency (a CPU run); when the shipped table of this GPU holds
+the very same shape at a kernel TFLOP/s over 1% higher (the run compared only slow variants), that entry is the best
+known instead. A cell only one variant ran on a GPU
 takes the shipped table's entry for its shape (`analysis.attainable`), scaled to this GPU's measured ceilings
 when the table is another GPU's. Each row gets `best_known_variant`, `best_known_latency_us` (this run's
 only), `pct_of_best_known` (its rate in % of the best's), `best_known_basis` and `best_known_source`, and the
@@ -15,7 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnprof.analysis.attainable import Attainable, NoReference, ShapeKey, canonical_mask, reference_for
+from attnprof.analysis.attainable import (
+    Attainable,
+    NoReference,
+    ShapeKey,
+    canonical_mask,
+    measured_at,
+    reference_for,
+)
 from attnprof.analysis.findings.judge import THIS_RUN
 from attnprof.analysis.hardware import Peaks
 from attnprof.pipeline.rows import join_best_known
@@ -23,6 +32,8 @@ from attnprof.results.keys import cell_key
 from attnprof.results.schema import Row
 
 KERNEL_TIME, LATENCY = "kernel time", "latency"
+#: The table's entry replaces a run's fastest only when faster by more than this (not the same run, rounded).
+TABLE_MARGIN = 1.01
 #: The modes a table key has a phase for (fwd+bwd has none: the table keeps each phase alone).
 _PHASES = {"fwd": "fwd", "bwd": "bwd"}
 
@@ -62,17 +73,26 @@ def _this_run(members: list[Row]) -> None:
     else:
         best = min(members, key=lambda r: r.latency_us or 0.0)
     reference = Attainable(best.kernel_gbps, best.kernel_tflops, best.variant, THIS_RUN)
+    best_latency = best.latency_us
+    if by_kernel:
+        known = measured_at(row_key(best), _gpu(best))
+        if known is not None and known.tflops and known.tflops > TABLE_MARGIN * (best.kernel_tflops or 0.0):
+            reference, best_latency = known, None
     for row in members:
         if by_kernel:
-            pct = 100.0 * (row.kernel_tflops or 0.0) / (best.kernel_tflops or 1.0)
+            pct = 100.0 * (row.kernel_tflops or 0.0) / (reference.tflops or 1.0)
         else:
             pct = 100.0 * (best.latency_us or 0.0) / (row.latency_us or 1.0)
-        _attach(row, reference, pct, KERNEL_TIME if by_kernel else LATENCY, best.latency_us)
+        _attach(row, reference, pct, KERNEL_TIME if by_kernel else LATENCY, best_latency)
+
+
+def _gpu(row: Row) -> str | None:
+    return row.gpu or (row.trace_device.name if row.trace_device is not None else None)
 
 
 def _from_table(row: Row) -> None:
     """The shipped table's entry for a lone row's shape, when there is one and the row has the kernel rate."""
-    gpu = row.gpu or (row.trace_device.name if row.trace_device is not None else None)
+    gpu = _gpu(row)
     peaks = None
     if row.peak_read_gbps and row.peak_tflops:
         peaks = Peaks.measured(row.peak_read_gbps, row.peak_tflops, THIS_RUN)
