@@ -335,15 +335,9 @@ def from_runs(paths: list[Path]) -> Any:
     measured = [r for r in loaded if any(row.peak_tflops and row.peak_read_gbps for row in r.rows)]
     header_from = max(measured or loaded, key=lambda r: r.header.created or "")
     entries = [
-        TableEntry(
-            phase=key.phase,
-            q_len=key.q_len,
-            kv_len=key.kv_len,
-            head_dim=key.head_dim,
-            mask=key.mask,
-            dtype=key.dtype,
-            batch_heads=key.batch_heads,
-            variant=found.who,
+        TableEntry.at(
+            key,
+            found.who,
             tflops=round(found.tflops, 2),
             gbps=round(found.gbps, 1) if found.gbps else None,
             latency_us=round(found.time_us, 3),

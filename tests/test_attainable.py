@@ -53,18 +53,7 @@ VIT_BYTES = 4 * 32 * 12 * 197 * 64 * 2  # Q, K, V and O once each
 
 
 def entry(key: ShapeKey, gbps: float, tflops: float = 100.0, variant: str = "sdpa-cudnn") -> TableEntry:
-    return TableEntry(
-        phase=key.phase,
-        q_len=key.q_len,
-        kv_len=key.kv_len,
-        head_dim=key.head_dim,
-        mask=key.mask,
-        dtype=key.dtype,
-        batch_heads=key.batch_heads,
-        variant=variant,
-        tflops=tflops,
-        gbps=gbps,
-    )
+    return TableEntry.at(key, variant, tflops=tflops, gbps=gbps)
 
 
 def table(*entries: TableEntry, gpu: str = H200) -> AttainableTable:

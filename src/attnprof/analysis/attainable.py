@@ -17,11 +17,13 @@ to the table's, and says so. Where nothing applies it returns `NoReference` with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -76,6 +78,16 @@ class TableEntry(msgspec.Struct, frozen=True, kw_only=True):
     latency_us: float | None = None
     basis: str = "kernel"
     variants: int = 1
+
+    @classmethod
+    def at(cls, key: ShapeKey, variant: str, **figures: Any) -> TableEntry:
+        """The entry at `key` for `variant`, with its figures (tflops, gbps, latency_us, basis, variants)."""
+        return cls(**dataclasses.asdict(key), variant=variant, **figures)
+
+    @property
+    def key(self) -> ShapeKey:
+        """The shape this entry was measured at."""
+        return ShapeKey(self.phase, self.q_len, self.kv_len, self.head_dim, self.mask, self.dtype, self.batch_heads)
 
 
 class AttainableTable(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,7 +254,7 @@ def measured_at(key: ShapeKey | None, gpu: str | None) -> Attainable | None:
         if not _same_gpu(table, gpu):
             continue
         for e in table.entries:
-            if ShapeKey(e.phase, e.q_len, e.kv_len, e.head_dim, e.mask, e.dtype, e.batch_heads) == key:
+            if e.key == key:
                 return Attainable(e.gbps, e.tflops, e.variant, f"{table.header.gpu} table {table.header.date}")
     return None
 
