@@ -100,7 +100,10 @@ def test_an_eager_attention_is_timed_against_fused_sdpa_at_its_shape(cli, qkv, t
     document, stderr = analyzed(cli, path)
     f = finding(document, "unfused-attention")
     _assert_timed(f, "sdpa")
-    assert "in place of the estimate" in f["message"]
+    assert "in place of the estimate of" in f["message"]
+    # the estimate's sentence and its "to time it" command went: the timed saving stands in their place
+    assert "estimated, not timed" not in f["message"] and "To time it" not in f["message"]
+    assert f["message"].count("A fused kernel") == 0 and f["evidence"]["estimate_sentence"].startswith(" A fused")
     assert "timed the fixes of unfused-attention" in stderr
     trace = load_trace(path, every_concrete_input=True)
     (plan,) = fix_plans(analyze_trace(trace), trace, cuda=False)

@@ -126,8 +126,8 @@ def test_a_timed_fix_replaces_the_estimate_through_the_judge():
     assert timed.impact_pct == pytest.approx(37.5)  # on the base the estimate had (900 us = 45%)
     assert timed.evidence["impact_basis"] == "timed" and timed.evidence["timed_alternative"] == "sdpa-flash"
     assert (
-        "Timed at this shape (in place of the estimate): sdpa-flash takes 250.0 us against 1,000.0 us for the work "
-        "as traced (both re-created here), saving 750.0 us per forward (also: sdpa-efficient 400.0 us)."
+        "Timed at this shape (in place of the estimate of 900.0 us): sdpa-flash takes 250.0 us against 1,000.0 us "
+        "for the work as traced (both re-created here), saving 750.0 us per forward (also: sdpa-efficient 400.0 us)."
         in timed.message
     )
     assert timed.evidence["timed_alternatives"] == "sdpa-flash 250.0 us; sdpa-efficient 400.0 us"

@@ -88,7 +88,12 @@ def apply_timed_fixes(findings: list[Finding], verdict: FixesVerdict) -> list[Fi
         saved = max(fix.saved_us, 0.0)
         base = finding.share_base_us or verdict.gpu_time_us
         rest = others(finding.id, fix)
-        replacing = " (in place of the estimate)" if finding.evidence.get("impact_basis") == "estimated" else ""
+        replacing, message = "", finding.message
+        if finding.evidence.get("impact_basis") == "estimated":
+            replacing = f" (in place of the estimate of {us(finding.impact_us)})" if finding.impact_us else ""
+            estimate = finding.evidence.get("estimate_sentence")
+            if isinstance(estimate, str) and message.endswith(estimate):
+                message = message.removesuffix(estimate)  # the estimate and how to time it: timed now
         sentence = (
             f" Timed at this shape{replacing}: {fix.alternative} takes {us(fix.after_us)} against "
             f"{us(fix.before_us)} for the work as traced (both re-created here), saving {us(saved)} per "
@@ -111,7 +116,7 @@ def apply_timed_fixes(findings: list[Finding], verdict: FixesVerdict) -> list[Fi
         pct = 100.0 * saved / base if base else None
         return replace(
             finding,
-            message=finding.message + sentence,
+            message=message + sentence,
             impact_us=saved,
             impact_pct=pct,
             evidence=evidence,
