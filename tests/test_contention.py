@@ -219,6 +219,11 @@ def test_a_cpu_that_never_calms_ends_the_re_timing_after_one_bounded_wait(config
         f"contended (other processes took 70% of the CPU); not timed again: the CPU did not calm within "
         f"{clock.now:.1f} s (others 95%); kept sample still contended (other processes took 70% of the CPU)"
     )
+    # the row's finding says why the latency was not timed again, not only that it was not
+    assert result.uncalm_wait_s == pytest.approx(waits[0].waited_s)
+    found = cell_row(result).finding("cpu-contention")
+    assert found is not None and found.evidence["uncalm_wait_s"] == pytest.approx(waits[0].waited_s)
+    assert f"(not re-timed; the CPU did not calm in {waits[0].waited_s:.1f} s of waiting)" in found.message
 
 
 def test_a_still_contended_row_is_marked_and_has_the_finding_with_its_share(config, monkeypatch) -> None:

@@ -77,7 +77,7 @@ class CellResult:
     why, `ncu_report` is the report its pass wrote). `speedup_reliable` is False when the speed-up rests on an
     unstable or contended latency, its own or the baseline's. `retimed` counts the samples thrown away because
     they were unstable, `retimed_for_contention` those thrown away because other processes held the CPU
-    (`timing` is the last one).
+    (`timing` is the last one); `uncalm_wait_s` the seconds waited for a calm CPU that did not come.
 
     What is checked depends on the subject: a cell's `check` (None when the cell failed before its output
     existed) and `grad_check` (outside the backward modes and when no gradients existed: None), a model
@@ -108,6 +108,7 @@ class CellResult:
     ncu_note: str | None = None  # --ncu: why there are no counters (one line); None when there are
     retimed: int = 0
     retimed_for_contention: int = 0
+    uncalm_wait_s: float = 0.0
     check: Check | None = None
     grad_check: GradCheck | None = None
     logits: LogitsDiff | None = None
@@ -245,6 +246,7 @@ def timed(result: CellResult) -> Timed | None:
         timing.quantized_tick_ms,
         timing.contended,
         result.retimed_for_contention,
+        result.uncalm_wait_s,
     )
 
 

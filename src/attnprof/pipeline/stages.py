@@ -241,6 +241,7 @@ def _time(
             if _agreed(retime.retimes_after(waits[-1]), agree):
                 result.retimed_for_contention += 1
                 continue
+            result.uncalm_wait_s += waits[-1].waited_s
         notes = [
             retime.retime_note(first, result.timing, retimed=result.retimed > 0),
             retime.contention_note(contended or first, result.timing, waits),

@@ -132,6 +132,8 @@ def _cpu_contention(ctx: FindingContext) -> Said | None:
     if timed.quantized_tick_ms is not None:
         signs.append(f"the samples sat on multiples of a {timed.quantized_tick_ms:.3g} ms scheduler tick")
     again = f"after {timed.retimes} re-time(s)" if timed.retimes else "not re-timed"
+    if timed.uncalm_wait_s > 0:
+        again += f"; the CPU did not calm in {timed.uncalm_wait_s:.1f} s of waiting"
     sentence = (
         f"While the latency was timed, {' and '.join(signs)} ({again}): it measures the other processes too, "
         "so its latency, TFLOP/s and speed-ups are not the variant's."
@@ -142,4 +144,6 @@ def _cpu_contention(ctx: FindingContext) -> Said | None:
         quantized_tick_ms=timed.quantized_tick_ms,
         retimed_for_contention=timed.retimes,
     )
+    if timed.uncalm_wait_s > 0:
+        evidence |= numbers(uncalm_wait_s=timed.uncalm_wait_s)
     return sentence, evidence

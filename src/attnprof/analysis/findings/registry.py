@@ -157,13 +157,15 @@ class Timed:
     """How a row's latency was timed without the profiler, as far as the machine's load goes (what
     `cpu-contention` reads): the share of the CPU other processes took (None: unknown), the limit above which
     that share makes a timing contended, the scheduler tick its samples sit on (None: they do not), whether
-    the kept timing is contended (either sign), and the samples thrown away for contention."""
+    the kept timing is contended (either sign), the samples thrown away for contention, and the seconds
+    spent waiting for a calm CPU that did not come (then it was not timed again)."""
 
     cpu_contention: float | None
     limit: float
     quantized_tick_ms: float | None
     contended: bool
     retimes: int
+    uncalm_wait_s: float = 0.0
 
 
 @dataclass
