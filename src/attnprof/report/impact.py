@@ -68,11 +68,14 @@ def impact_text(finding: FindingRecord, unit: str) -> str | None:
     its impact is known (evidence `impact_basis`); None without a measured impact."""
     if finding.impact_us is None:
         return None
-    pct = finding.impact_pct
-    basis = (finding.evidence or {}).get("impact_basis")
-    parts = ([] if pct is None else [f"{fmt_number(float(pct))}% of the {unit}"]) + ([str(basis)] if basis else [])
-    share = f" ({', '.join(parts)})" if parts else ""
-    return f"{fmt_number(float(finding.impact_us))} µs per {unit}{share}"
+    return f"{fmt_number(float(finding.impact_us))} µs per {unit}{impact_share(finding, f' of the {unit}')}"
+
+
+def impact_share(finding: FindingRecord, of: str = "") -> str:
+    """` (9.1%{of}, timed)`: the impact's share and how it is known (evidence `impact_basis`); "" without either."""
+    pct, basis = finding.impact_pct, (finding.evidence or {}).get("impact_basis")
+    parts = ([] if pct is None else [f"{fmt_number(float(pct))}%{of}"]) + ([str(basis)] if basis else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def finding_line(finding: FindingRecord, unit: str, lead: str = "") -> str:

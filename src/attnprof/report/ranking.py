@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from attnprof.report.formatting import fmt_number
-from attnprof.report.impact import severity
+from attnprof.report.impact import impact_share, severity
 from attnprof.results.parts import FindingRecord
 from attnprof.results.schema import Row
 
@@ -40,9 +40,7 @@ def impact_text(finding: FindingRecord) -> str:
     (evidence `impact_basis`), or "" without an impact."""
     if finding.impact_us is None:
         return ""
-    pct, basis = finding.impact_pct, (finding.evidence or {}).get("impact_basis")
-    parts = ([] if pct is None else [f"{fmt_number(pct)}%"]) + ([str(basis)] if basis else [])
-    return f"{fmt_number(finding.impact_us)} µs" + (f" ({', '.join(parts)})" if parts else "")
+    return f"{fmt_number(finding.impact_us)} µs{impact_share(finding)}"
 
 
 def rank_key(finding: FindingRecord) -> tuple[bool, float, float, bool]:
