@@ -195,12 +195,12 @@ def check_grads(
             f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
             f"({len(h_idx)} of {heads} query heads), all rows"
         )
+        if sinks is not None:
+            sinks, sink_grad = sinks.index_select(0, h_idx), sink_grad.index_select(0, h_idx)
         if sinks is not None and len(subset["batches"]) < batch:
             # a head's dsinks sums over every batch element, the slice's reference over some of them
             scope += f"; {SINK_GRAD_NAME} not checked (it sums over all {batch} batch elements)"
-            sinks = None
-        elif sinks is not None:
-            sinks, sink_grad = sinks.index_select(0, h_idx), sink_grad.index_select(0, h_idx)
+            sink_grad = None
     refs = reference_grads(
         q,
         k,
@@ -217,7 +217,7 @@ def check_grads(
     errors: dict[str, float | None] = {
         name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=False)
     }
-    if sinks is not None:
+    if sink_grad is not None:
         errors[SINK_GRAD_NAME] = relative_error(sink_grad, refs[3])
     over = [f"{name} {err:.1e}" for name, err in errors.items() if err is None or not err <= threshold]
     if over:
