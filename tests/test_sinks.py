@@ -254,6 +254,28 @@ def test_flex_sink_formula_is_exact_on_cpu_eagerly() -> None:
     assert relative_error(out, reference_attention(q, k, v, True, sinks=sinks)) < 1e-6
 
 
+def test_a_dense_masks_timed_alternative_gets_the_sinks_too() -> None:
+    """flex's block-mask alternative to a dense sinks cell runs at the same spec: its forward needs the sinks."""
+    from attnprof.config import Config, MeasureOptions
+    from attnprof.pipeline.mask_alternatives import time_alternative
+    from attnprof.registry import Variant
+
+    seen = []
+
+    def forward(q, k, v, causal, state, sinks=None):
+        seen.append(sinks)
+        return BUILTINS.get("naive").forward(q, k, v, causal, state, sinks=sinks)
+
+    naive = BUILTINS.get("naive")
+    fake = Variant(
+        "needs-sinks", "naive that records its sinks", forward, setup=naive.setup, score_mods=naive.score_mods
+    )
+    spec = RunSpec("cpu", "fp32", 1, 2, 64, 16, mask="sliding_window:8", score_mod="sinks")
+    config = Config(shapes=[{"batch": 1, "heads": 2, "seq": 64, "head_dim": 16}], device="cpu", dtype="fp32")
+    assert time_alternative(fake, spec, config, MeasureOptions(min_time_s=0.02)) > 0
+    assert seen and all(s is not None and torch.equal(s, make_sinks(spec, config.seed)) for s in seen)
+
+
 # -- what cannot take sinks -------------------------------------------------------------------------------------
 
 SINKS_CPU = RunSpec("cpu", "fp32", 1, 2, 64, 16, score_mod="sinks")
@@ -300,7 +322,9 @@ def test_compare_sinks_cpu_end_to_end(cli, tmp_path, monkeypatch) -> None:
     result = cli("compare", str(config), "-o", str(tmp_path), "--min-time", "0.02", "--format", "json")
     assert result.exit_code == 0, result.output
     files = json.loads(result.stdout)["files"]
-    rows = {(r["variant"], r["shape"], r["mode"]): r for r in json.loads(Path(files["results_json"]).read_text())["results"]}
+    rows = {
+        (r["variant"], r["shape"], r["mode"]): r for r in json.loads(Path(files["results_json"]).read_text())["results"]
+    }
     for shape in ("1x4x256x64 sinks", "1x4x256x64/kv2 sw64 sinks"):
         for variant in ("naive", "inplace"):
             fwd, step = rows[(variant, shape, "fwd")], rows[(variant, shape, "fwd+bwd")]

@@ -173,6 +173,17 @@ def _output(out: Any, grads: tuple[Any, ...], detach: bool = True) -> StepOutput
     return StepOutput(out.detach() if detach else out, (dq, dk, dv), rest[0] if rest else None)
 
 
+def bound_forward(variant: Variant, spec: RunSpec, state: Any, sinks: Any = None) -> Callable[[Any, Any, Any], Any]:
+    """`forward(q, k, v)`: the variant's forward at `spec` with its `state`, and `sinks=` when the cell has
+    sink logits."""
+    extra = {} if sinks is None else {"sinks": sinks}
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return variant.forward(q, k, v, spec.causal, state, **extra)
+
+    return forward
+
+
 #: Wraps one stage of building a cell's step, named as a failure would name it ("input creation", "setup",
 #: "input preparation", "forward"): the pipeline times it and turns the variant's exceptions into one line.
 Stage = Callable[[str], AbstractContextManager[Any]]
@@ -216,11 +227,7 @@ def cell_step(
 
     def step_over(q: Any, k: Any, v: Any, sinks: Any) -> Step:
         state, extra = prepared(q, k, v)
-        sink_args = {} if sinks is None else {"sinks": sinks}
-
-        def forward(q: Any, k: Any, v: Any) -> Any:
-            return variant.forward(q, k, v, spec.causal, state, **sink_args)
-
+        forward = bound_forward(variant, spec, state, sinks)
         with stage("forward"):
             built = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward, sinks)
         optional = (built.grad_out, built.sinks)

@@ -159,8 +159,9 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
         block_mask = create_block_mask(
             mod, B=None, H=None, Q_LEN=spec.n_queries, KV_LEN=spec.n_keys, device=spec.device
         )
+    attend: Any = flex_with_sinks if spec.score_mod == "sinks" else flex_attention
     return {
-        "fn": torch.compile(flex_with_sinks if spec.score_mod == "sinks" else flex_attention, dynamic=False),
+        "fn": torch.compile(attend, dynamic=False),
         "block_mask": block_mask,
         "score_mod": score_mod_fn(spec),
         "gqa": spec.n_kv_heads != spec.heads,
