@@ -13,8 +13,10 @@ alignment): query row i sits at position p = i + kv_len − q_len, and keeps key
 
 Every query keeps at least its own position, so no row is fully masked (q_len ≤ kv_len); rows say so
 (`fully_masked_rows`, counted by `Mask.empty_rows`).
-A score mod is None, `softcap:C` (scores → C·tanh(scores / C)) or `alibi` (minus slope_h · (p − j),
-slopes 2^(−8(h+1)/H) for query head h of H).
+A score mod is None, `softcap:C` (scores → C·tanh(scores / C)), `alibi` (minus slope_h · (p − j),
+slopes 2^(−8(h+1)/H) for query head h of H) or `sinks` (gpt-oss's attention sinks: one logit s_h per query
+head that takes part in the softmax's denominator only, weights exp(z_j) / (Σ_k exp(z_k) + exp(s_h)); it
+brings no value, so a row's weights sum to less than 1).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 MASK_KINDS = ("causal", "none", "sliding_window", "documents", "prefix")
 SIZED_KINDS = ("sliding_window", "documents", "prefix")  # the kinds that carry a size
 PLAIN_KINDS = ("causal", "none")  # what every variant supports (a variant that declares nothing)
-SCORE_MODS = ("softcap", "alibi")
+SCORE_MODS = ("softcap", "alibi", "sinks")
 LABELS = {"sliding_window": "sw", "documents": "doc", "prefix": "prefix"}
 
 
@@ -158,18 +160,21 @@ def parse_mask(value: Any) -> Mask:
 
 
 def parse_score_mod(value: Any) -> str | None:
-    """The canonical text of a score mod (None, `softcap:C`, `alibi`); ValueError otherwise."""
+    """The canonical text of a score mod (None, `softcap:C`, `alibi`, `sinks`); ValueError otherwise.
+    `{sinks: true}` (or `sinks`, `sinks:true`) is `sinks`; `{sinks: false}` is no score mod."""
     if value is None or value == "none":
         return None
     if isinstance(value, str) and ":" in value:
         kind, _, cap = value.partition(":")
         value = {kind.strip(): cap.strip()}
-    if value == "alibi":
-        return "alibi"
+    if value in ("alibi", "sinks"):
+        return str(value)
     if isinstance(value, str):
         raise ValueError(_unknown("score_mod", value, SCORE_MODS))
     if isinstance(value, dict) and len(value) == 1:
         ((kind, cap),) = value.items()
+        if kind == "sinks":
+            return "sinks" if _flag(cap, "sinks") else None
         if kind != "softcap":
             raise ValueError(_unknown("score_mod", str(kind), SCORE_MODS))
         try:
@@ -179,11 +184,20 @@ def parse_score_mod(value: Any) -> str | None:
         if not number > 0:
             raise ValueError(f"softcap must be a positive number (got {cap!r})")
         return f"softcap:{number:g}"
-    raise ValueError("score_mod must be null, alibi or {softcap: C}")
+    raise ValueError("score_mod must be null, alibi, {softcap: C} or {sinks: true}")
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A config's true/false (YAML's booleans, or `true`/`false` as text from the command line)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"{name} must be true or false (got {value!r})")
 
 
 def score_mod_kind(score_mod: str | None) -> str | None:
-    """`softcap` or `alibi` (None: no score mod)."""
+    """`softcap`, `alibi` or `sinks` (None: no score mod)."""
     return None if score_mod is None else score_mod.split(":", 1)[0]
 
 
@@ -195,7 +209,7 @@ def softcap_value(score_mod: str | None) -> float | None:
 
 
 def score_mod_label(score_mod: str | None) -> str:
-    """The shape label's suffix of a score mod: '', `softcap30`, `alibi`."""
+    """The shape label's suffix of a score mod: '', `softcap30`, `alibi`, `sinks`."""
     return "" if score_mod is None else score_mod.replace(":", "")
 
 

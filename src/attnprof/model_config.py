@@ -63,7 +63,7 @@ class ModelConfig(_Strict):
     device: Annotated[str, AfterValidator(device_name)] = "auto"
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     mask: MaskText = None  # causal | none | {sliding_window: W} | {documents: N} | {prefix: P}; None: the model's own
-    score_mod: ScoreModText = None  # {softcap: C} | alibi; attnprof variants apply it
+    score_mod: ScoreModText = None  # {softcap: C} | alibi; attnprof variants apply it (sinks: refused)
     implementations: list[str] = Field(default_factory=lambda: ["eager", "sdpa"], min_length=1)
     baseline: str | None = None  # speed-ups and logits differences against it; None: the first implementation
     modes: list[ModelMode] = Field(default_factory=lambda: list[ModelMode](["fwd"]), min_length=1)
@@ -114,6 +114,8 @@ class ModelConfig(_Strict):
             raise ValueError(f"baseline {self.baseline!r} is not among the implementations")
         if self.factory is not None and (self.mask is not None or self.score_mod is not None):
             raise ValueError("mask and score_mod need hf: a factory model builds its own masks")
+        if self.score_mod == "sinks":
+            raise ValueError("score_mod sinks is for compare, run and sweep: a model's sinks are its own weights")
         for seq in self.seq if self.mask is not None else []:
             if problem := parse_mask(self.mask).problem(seq, seq):
                 raise ValueError(f"mask: {problem} (seq {seq})")

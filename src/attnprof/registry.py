@@ -44,7 +44,7 @@ class RunSpec:
     (the plain causal mask: what `is_causal` may express). The constructor also takes the older inputs: a
     `causal` flag, when given, chooses between the plain masks (it replaces `mask` `causal` or `none`, a
     sized mask overrides it); neither given is causal. `replace(spec, ...)` keeps the spec's Mask.
-    `score_mod` is None, `softcap:C` or `alibi`.
+    `score_mod` is None, `softcap:C`, `alibi` or `sinks`.
 
     Lengths: `q_len` queries against `kv_len` keys, each `seq` when None; a value equal to `seq` is
     stored as None, so `replace(spec, seq=...)` moves a square shape whole. `n_queries` and `n_keys`
@@ -116,7 +116,7 @@ class RunSpec:
 
     @property
     def score_mod_kind(self) -> str | None:
-        """`softcap`, `alibi` or None."""
+        """`softcap`, `alibi`, `sinks` or None."""
         return score_mod_kind(self.score_mod)
 
     @property
@@ -268,7 +268,9 @@ class Variant:
     output_rows: RowsFn | None = None
     repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
     masks: frozenset[str] = frozenset(PLAIN_KINDS)  # mask kinds it runs (attnprof.masks.MASK_KINDS)
-    score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi)
+    score_mods: frozenset[str] = frozenset()  # score mod kinds it applies (softcap, alibi, sinks)
+    #: Why it cannot apply a score mod kind, where more can be said than that it does not (the skip reason)
+    score_mod_refusals: dict[str, str] = field(default_factory=dict)
     dense_masks: frozenset[str] = frozenset()  # mask kinds it takes as a dense [q_len, kv_len] tensor
     unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
     executed_pairs: ExecutedFn | None = None  # block-sparse kernels: the pairs their tiles compute
@@ -308,7 +310,8 @@ class Variant:
         kind = spec.score_mod_kind
         if kind is not None and kind not in self.score_mods:
             takes = ", ".join(sorted(self.score_mods)) or "none"
-            return f"score_mod {kind} not supported by {self.name} (it applies {takes})"
+            why = self.score_mod_refusals.get(kind, f"it applies {takes}")
+            return f"score_mod {kind} not supported by {self.name} ({why})"
         if spec.page_size is not None and not self.paged_kv:
             return f"paged KV cache not supported by {self.name} (use {PAGED_KV_BUILT_IN})"
         if not self.unequal_lengths and spec.n_queries != spec.n_keys:

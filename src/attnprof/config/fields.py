@@ -43,7 +43,7 @@ def mask_text(value: Any) -> str | None:
 
 
 def score_mod_text(value: Any) -> str | None:
-    """A config's score mod (null, `{softcap: C}`, `alibi`) as its canonical text or None."""
+    """A config's score mod (null, `{softcap: C}`, `alibi`, `{sinks: true}`) as its canonical text or None."""
     return parse_score_mod(value)
 
 

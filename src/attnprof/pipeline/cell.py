@@ -170,8 +170,8 @@ def rotation_replicas(step: Any, spec: RunSpec) -> list[Any]:
 
 
 def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: CellResult) -> None:
-    """The output against float64 (`result.check`) and, in the backward modes, dq, dk and dv against
-    float64 autograd on the same inputs and grad_out (`result.grad_check`)."""
+    """The output against float64 (`result.check`) and, in the backward modes, dq, dk and dv (and a `sinks`
+    cell's dsinks) against float64 autograd on the same inputs and grad_out (`result.grad_check`)."""
     from attnprof.profiling import correctness
     from attnprof.profiling.gradcheck import check_grads
     from attnprof.profiling.inputs import to_bhsd
@@ -180,7 +180,7 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     rows = variant.output_rows(spec) if variant.output_rows is not None else None
     result.check = correctness.check_against_reference(
-        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod
+        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod, step.sinks
     )
     if spec.backward:
         q_in, k_in, v_in = step.inputs
@@ -195,6 +195,8 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
             layout=variant.layout,
             mask=spec.mask,
             score_mod=spec.score_mod,
+            sinks=step.sinks,
+            sink_grad=output.sink_grad,
         )
 
 

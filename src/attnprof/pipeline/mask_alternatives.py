@@ -157,8 +157,8 @@ def time_alternative(variant: Variant, spec: RunSpec, config: Config, measure: M
     are made for it); nothing profiled. Raises VariantFailure or VariantUnavailableError."""
     import torch
 
-    from attnprof.profiling.inputs import make_inputs
-    from attnprof.profiling.steps import build_step, graph_retention
+    from attnprof.profiling.inputs import make_inputs, make_sinks
+    from attnprof.profiling.steps import bound_forward, build_step, graph_retention
     from attnprof.profiling.timing import TimingOptions, time_forward
 
     options = TimingOptions.from_measure(measure, spec)
@@ -167,13 +167,11 @@ def time_alternative(variant: Variant, spec: RunSpec, config: Config, measure: M
         options = replace(options, rotate=False, flush_l2=True)
     with guard("the dense mask's alternative", variant):
         q, k, v = make_inputs(spec, config.seed, variant.layout)
+        sinks = make_sinks(spec, config.seed)
         state = variant.setup(spec) if variant.setup is not None else None
-
-        def forward(q: Any, k: Any, v: Any) -> Any:
-            return variant.forward(q, k, v, spec.causal, state)
-
+        forward = bound_forward(variant, spec, state, sinks)
         with torch.no_grad(), graph_retention(spec.mode):
-            step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward)
+            step = build_step(spec, forward, (q, k, v), config.seed, variant.repeatable_backward, sinks)
             return time_forward(step.call, spec.device, options, prepare=step.prepare).median_us
 
 

@@ -211,6 +211,7 @@ def cell_row(result: CellResult) -> Row:
         grad_rel_error_dq=grads.rel_errors.get("dq") if grads else None,
         grad_rel_error_dk=grads.rel_errors.get("dk") if grads else None,
         grad_rel_error_dv=grads.rel_errors.get("dv") if grads else None,
+        grad_rel_error_dsinks=grads.rel_errors.get("dsinks") if grads else None,
         nan_on_fully_masked=result.nan_on_fully_masked,
         rel_error_threshold=check.threshold if check else None,
         grad_rel_error_threshold=grads.threshold if grads else None,

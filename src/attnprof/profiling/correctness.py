@@ -73,6 +73,7 @@ def reference_attention(
     score_mod: str | None = None,
     head_ids: Sequence[int] | None = None,
     total_heads: int | None = None,
+    sinks: Any = None,
 ) -> Any:
     """Softmax(mask(score_mod(q·kᵀ/√D)))·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
@@ -82,7 +83,9 @@ def reference_attention(
     slopes follow the absolute query heads `head_ids` of `total_heads` (default: all, in order). A
     query row whose every key is masked gives zeros (none of attnprof's masks has one). `q_rows`
     (1-D indices) computes only those query rows, each against all the keys it may see.
-    `differentiable` keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
+    `sinks` (score_mod `sinks`: one logit per head of q, in q's head order) joins each row's softmax as one
+    more column after the mask, which is dropped before the product with v (gpt-oss's form).
+    `differentiable` keeps q, k, v (and sinks) in autograd's graph (pass float64 leaves to get float64 gradients).
     """
     import torch
 
@@ -114,7 +117,12 @@ def reference_attention(
     if chosen.kind != "none":
         keep = dense_mask(chosen, q_len, kv_len, q.device).index_select(0, positions)
         scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        sinks = (sinks if differentiable else sinks.detach()).to(device=q.device, dtype=torch.float64)
+        scores = torch.cat([scores, sinks[None, :, None, None].expand(*scores.shape[:-1], 1)], dim=-1)
     weights = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        weights = weights[..., :-1]
     weights = torch.where(torch.isnan(weights), torch.zeros_like(weights), weights)  # fully masked rows: zeros
     return torch.matmul(weights, v)
 
@@ -192,8 +200,9 @@ def check_variant_output(
     rows: Sequence[int] | None = None,
     mask: Mask | str | None = None,
     score_mod: str | None = None,
+    sinks: Any = None,
 ) -> Check:
-    """Check a variant's output against the float64 reference (the same `mask` and `score_mod`, see
+    """Check a variant's output against the float64 reference (the same `mask`, `score_mod` and `sinks`, see
     `reference_attention`); q, k, v and out in `layout`.
 
     `rows` (a sequence shard, see `Variant.output_rows`) are the global query positions that the
@@ -217,7 +226,7 @@ def check_variant_output(
     subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
         q_rows = None if rows is None else torch.tensor(positions, device=q.device)
-        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod)
+        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod, sinks=sinks)
         return check_output(out, ref, dtype, scope=shard or "full")
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
@@ -240,6 +249,7 @@ def check_variant_output(
         score_mod=score_mod,
         head_ids=subset["heads"],
         total_heads=heads,
+        sinks=None if sinks is None else sinks.index_select(0, h_idx),
     )
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, local)
     scope = (
@@ -259,11 +269,12 @@ def check_against_reference(
     rows: Sequence[int] | None = None,
     mask: Mask | str | None = None,
     score_mod: str | None = None,
+    sinks: Any = None,
 ) -> Check:
-    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask` and
-    `score_mod` as there."""
+    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask`, `score_mod`
+    and `sinks` as there."""
     return check_variant_output(
-        out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows, mask=mask, score_mod=score_mod
+        out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows, mask=mask, score_mod=score_mod, sinks=sinks
     )
 
 

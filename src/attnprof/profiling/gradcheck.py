@@ -1,9 +1,11 @@
-"""Are a variant's gradients right? dq, dk and dv against float64 autograd on the same inputs.
+"""Are a variant's gradients right? dq, dk and dv (and a `sinks` cell's dsinks, the gradient of its sink
+logits) against float64 autograd on the same inputs.
 
 The reference is `correctness.reference_attention` in float64, differentiated by autograd with the
 same `grad_out` the variant's backward got (rounded to the working dtype, as the variant saw it).
 Each gradient gets its own relative Frobenius error ‖g − ref‖ / ‖ref‖ and must stay within the
-dtype's `GRAD_THRESHOLDS`. The limits are looser than the forward's: a backward recomputes the
+dtype's `GRAD_THRESHOLDS` (dsinks too: one number per head, the sum over the head's rows of minus the sink's
+weight times (dO·O), an error like dq's). The limits are looser than the forward's: a backward recomputes the
 softmax and chains five matmuls, and dk/dv sum over every query row in the working dtype. Measured
 on CPU with torch 2.13 (standard-normal inputs, D 16 to 128, S up to 1024, causal and not, GQA):
 `sdpa-math` gave at most 1.7e-3 (bf16), 2.2e-4 (fp16), 5.3e-7 (fp32) and `naive`, which rounds the
@@ -18,7 +20,8 @@ group (GQA) and all rows, fewer when even that is over the limit (at least one b
 key/value head). Batches and heads are independent, so the slice's gradients are exact. The slice's
 reference then runs a few query heads at a time (`reference_grads`), so that even one group at
 S=32k (8 query heads: 64 GiB of float64 scores with their graph) stays within memory. NaN and
-Inf are looked for in the whole gradients.
+Inf are looked for in the whole gradients. A head's dsinks sums over every batch element: it is checked
+on a slice only when the slice keeps every batch element (the scope says when it was not).
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ GRAD_THRESHOLDS = {"bf16": 5e-2, "fp16": 5e-3, "fp32": 2e-5}
 GRAD_REFERENCE_LIMIT = 1 << 24  # scores in the float64 reference with its graph (about 0.5 GiB)
 SUBSET_HEADS = 4
 GRAD_NAMES = ("dq", "dk", "dv")
+SINK_GRAD_NAME = "dsinks"
 
 
 @dataclass(frozen=True)
 class GradCheck:
-    """The verdict on dq, dk and dv: each one's relative error, pass/fail, why it failed, the limit,
-    and what the errors were computed on (`scope`: 'full' or the slice)."""
+    """The verdict on dq, dk and dv (and dsinks with sinks): each one's relative error, pass/fail, why it
+    failed, the limit, and what the errors were computed on (`scope`: 'full' or the slice)."""
 
     rel_errors: dict[str, float | None] = field(default_factory=dict)
     passed: bool = False
@@ -85,13 +89,14 @@ def reference_grads(
     score_mod: str | None = None,
     head_ids: list[int] | None = None,
     total_heads: int | None = None,
+    sinks: Any = None,
 ) -> tuple[Any, ...]:
-    """(dq, dk, dv) of float64 attention on [B, H, S, D] inputs (K/V with H or fewer heads, GQA),
-    against `grad_out`, on their device. With `limit`, the query heads go through in chunks of at
-    most `limit` scores (at least one head each), and each key/value head's dk and dv add up over its
-    group's chunks: the same gradients, with the float64 graph of one chunk alive at a time (one head
-    at S=32k is 8 GiB of scores). `mask`, `score_mod` and `head_ids` (the query heads' absolute indices,
-    for ALiBi) as in `reference_attention`."""
+    """(dq, dk, dv), and dsinks after them when `sinks` is given (one logit per head of q), of float64
+    attention on [B, H, S, D] inputs (K/V with H or fewer heads, GQA), against `grad_out`, on their device.
+    With `limit`, the query heads go through in chunks of at most `limit` scores (at least one head each),
+    and each key/value head's dk and dv add up over its group's chunks: the same gradients, with the float64
+    graph of one chunk alive at a time (one head at S=32k is 8 GiB of scores). `mask`, `score_mod` and
+    `head_ids` (the query heads' absolute indices, for ALiBi) as in `reference_attention`."""
     import torch
 
     batch, heads, seq, _ = q.shape
@@ -101,29 +106,37 @@ def reference_grads(
     ids = head_ids if head_ids is not None else list(range(heads))
     score = {"mask": mask, "score_mod": score_mod, "total_heads": total_heads or heads}
     if limit is None or heads * per_head <= limit:
-        return _reference_grads(q, k, v, grad_out, causal, score | {"head_ids": ids})
+        return _reference_grads(q, k, v, grad_out, causal, score | {"head_ids": ids}, sinks)
     chunk = max(1, min(group, limit // per_head))
     dq = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    dsinks = None if sinks is None else torch.empty(sinks.shape, dtype=torch.float64, device=q.device)
     for j in range(kv_heads):
         for first in range(j * group, (j + 1) * group, chunk):
             h = slice(first, min(first + chunk, (j + 1) * group))
             part = score | {"head_ids": ids[h]}
-            dq_h, dk_j, dv_j = _reference_grads(q[:, h], k[:, j : j + 1], v[:, j : j + 1], grad_out[:, h], causal, part)
-            dq[:, h] = dq_h
-            dk[:, j : j + 1] += dk_j
-            dv[:, j : j + 1] += dv_j
-    return dq, dk, dv
+            kv = (k[:, j : j + 1], v[:, j : j + 1])
+            got = _reference_grads(q[:, h], *kv, grad_out[:, h], causal, part, None if sinks is None else sinks[h])
+            dq[:, h] = got[0]
+            dk[:, j : j + 1] += got[1]
+            dv[:, j : j + 1] += got[2]
+            if dsinks is not None:
+                dsinks[h] = got[3]
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
-def _reference_grads(q: Any, k: Any, v: Any, grad_out: Any, causal: bool, score: dict[str, Any]) -> tuple[Any, ...]:
+def _reference_grads(
+    q: Any, k: Any, v: Any, grad_out: Any, causal: bool, score: dict[str, Any], sinks: Any = None
+) -> tuple[Any, ...]:
     import torch
 
-    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in inputs]
     with torch.enable_grad():
-        q64, k64, v64 = leaves
-        out = reference_attention(q64, k64, v64, causal, device=q.device, differentiable=True, **score)
+        q64, k64, v64 = leaves[:3]
+        sinks64 = leaves[3] if sinks is not None else None
+        out = reference_attention(q64, k64, v64, causal, device=q.device, differentiable=True, sinks=sinks64, **score)
         return torch.autograd.grad(out, leaves, grad_out.detach().to(torch.float64))
 
 
@@ -140,18 +153,25 @@ def check_grads(
     limit: int = GRAD_REFERENCE_LIMIT,
     mask: Mask | str | None = None,
     score_mod: str | None = None,
+    sinks: Any = None,
+    sink_grad: Any = None,
 ) -> GradCheck:
     """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`
-    (all in `layout`); the slice of the module docstring above `limit` scores."""
+    (all in `layout`); the slice of the module docstring above `limit` scores. With `sinks` (the cell's
+    sink logits, (heads,)), `sink_grad` is checked as `dsinks` beside them."""
     import torch
 
     grads = tuple(to_bhsd(g, layout) for g in grads)
     q, k, v, grad_out = (to_bhsd(t, layout) for t in (q, k, v, grad_out))
     threshold = grad_threshold_for(dtype)
-    for name, grad, like in zip(GRAD_NAMES, grads, (q, k, v), strict=True):
+    named = list(zip(GRAD_NAMES, grads, (q, k, v), strict=True))
+    if sinks is not None:
+        named.append((SINK_GRAD_NAME, sink_grad, sinks))
+    for name, grad, like in named:
         if grad is None or tuple(grad.shape) != tuple(like.shape):
             got = None if grad is None else tuple(grad.shape)
-            return GradCheck({}, False, f"{name} shape {got} != expected {tuple(like.shape)} (bhsd)", threshold)
+            layout_note = "" if name == SINK_GRAD_NAME else " (bhsd)"
+            return GradCheck({}, False, f"{name} shape {got} != expected {tuple(like.shape)}{layout_note}", threshold)
         bad = nonfinite_reason(grad)
         if bad:
             return GradCheck({}, False, bad.replace("output", name), threshold)
@@ -175,12 +195,30 @@ def check_grads(
             f"slice: batches {subset['batches']}, {len(subset['kv_heads'])} of {kv_heads} kv heads "
             f"({len(h_idx)} of {heads} query heads), all rows"
         )
+        if sinks is not None:
+            sinks, sink_grad = sinks.index_select(0, h_idx), sink_grad.index_select(0, h_idx)
+        if sinks is not None and len(subset["batches"]) < batch:
+            # a head's dsinks sums over every batch element, the slice's reference over some of them
+            scope += f"; {SINK_GRAD_NAME} not checked (it sums over all {batch} batch elements)"
+            sink_grad = None
     refs = reference_grads(
-        q, k, v, grad_out, causal, limit=limit, mask=mask, score_mod=score_mod, head_ids=head_ids, total_heads=heads
+        q,
+        k,
+        v,
+        grad_out,
+        causal,
+        limit=limit,
+        mask=mask,
+        score_mod=score_mod,
+        head_ids=head_ids,
+        total_heads=heads,
+        sinks=sinks,
     )
     errors: dict[str, float | None] = {
-        name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=True)
+        name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=False)
     }
+    if sink_grad is not None:
+        errors[SINK_GRAD_NAME] = relative_error(sink_grad, refs[3])
     over = [f"{name} {err:.1e}" for name, err in errors.items() if err is None or not err <= threshold]
     if over:
         return GradCheck(

@@ -1,7 +1,9 @@
-"""Input tensors for a cell: seeded q, k, v in the variant's layout, and dtype/device helpers."""
+"""Input tensors for a cell: seeded q, k, v in the variant's layout, a `sinks` cell's sink logits, and
+dtype/device helpers."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from attnprof.registry import RunSpec
@@ -51,6 +53,23 @@ def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, An
             t = t.transpose(1, 2).contiguous()
         tensors.append(t)
     return tensors[0], tensors[1], tensors[2]
+
+
+SINKS_SEED_OFFSET = 2  # the sinks' generator seed = the inputs' seed + this (grad_out's is + 1)
+
+
+def make_sinks(spec: RunSpec, seed: int) -> Any:
+    """A `sinks` cell's sink logits: one per query head, shape (heads,), in the input dtype; None for any
+    other score mod. Seeded standard-normal plus ln(n_keys): exp(sink) is then about as large as a
+    non-causal row's sum of exp(q·k/√D) over its keys (n_keys times e^0.5 for standard-normal scores), so
+    the sink takes a real share of every row's weight and a variant that drops it fails the check."""
+    import torch
+
+    if spec.score_mod != "sinks":
+        return None
+    generator = torch.Generator(device=spec.device).manual_seed(seed + SINKS_SEED_OFFSET)
+    logits = torch.randn(spec.heads, generator=generator, dtype=torch.float32, device=spec.device)
+    return (logits + math.log(spec.n_keys)).to(torch_dtype(spec.dtype))
 
 
 def to_bhsd(tensor: Any, layout: str) -> Any:

@@ -9,6 +9,8 @@ take unchanged, and what correctness and memory need beside it.
 
 `grad_out` is seeded standard-normal in the output's shape, made once outside the timed region.
 The backward modes' steps return a `StepOutput` (the forward output and the three gradients).
+A `sinks` cell's sink logits (`inputs.make_sinks`) are made with q, k, v and passed to the forward as
+`sinks=`; in the backward modes they require grad too, and the step returns their gradient as well.
 
 torch.compile'd variants (`flex`, `compiled`) and `retain_graph=True`: AOTAutograd "donates" the
 buffers a compiled backward saves, and refuses a backward that keeps its graph ("compiled with
@@ -41,10 +43,12 @@ GRAD_SEED_OFFSET = 1  # grad_out's generator seed = the inputs' seed + this, so 
 
 
 class StepOutput(NamedTuple):
-    """What a backward-mode step returns: the forward output and (dq, dk, dv) in the variant's layout."""
+    """What a backward-mode step returns: the forward output, (dq, dk, dv) in the variant's layout and,
+    for a `sinks` cell, the sink logits' gradient (heads,)."""
 
     out: Any
     grads: tuple[Any, Any, Any]
+    sink_grad: Any = None
 
 
 @dataclass
@@ -54,7 +58,7 @@ class Step:
     (None in `fwd`); `prepare`, when set, must run untimed before each `call` (see the module
     docstring). `input_bytes`: what its inputs occupy (q, k, v, grad_out, and what the variant's
     `prepare_inputs` allocated on a GPU: a paged pool); `replica` (set by `cell_step`) builds the same step
-    over a fresh copy of the inputs, for `--cold-l2 rotate`."""
+    over a fresh copy of the inputs, for `--cold-l2 rotate`; `sinks` a `sinks` cell's sink logits."""
 
     mode: str
     call: Callable[[], Any]
@@ -64,6 +68,7 @@ class Step:
     prepare: Callable[[], Any] | None = None
     input_bytes: int = 0
     replica: Callable[[], Step] | None = None
+    sinks: Any = None
 
 
 @contextlib.contextmanager
@@ -85,8 +90,9 @@ def graph_retention(mode: str) -> Iterator[None]:
         yield
 
 
-def _grads(out: Any, inputs: tuple[Any, Any, Any], grad_out: Any, retain: bool) -> tuple[Any, ...]:
-    """(dq, dk, dv) of `out` against `grad_out`; a forward whose output tracks no gradient, or
+def _grads(out: Any, inputs: tuple[Any, ...], grad_out: Any, retain: bool) -> tuple[Any, ...]:
+    """The gradients of `inputs` (dq, dk, dv, and dsinks when the sinks are among them) of `out` against
+    `grad_out`; a forward whose output tracks no gradient, or
     whose backward is not implemented, is skipped as 'no backward'."""
     import torch
 
@@ -106,9 +112,11 @@ def build_step(
     inputs: tuple[Any, Any, Any],
     seed: int,
     repeatable_backward: bool = True,
+    sinks: Any = None,
 ) -> Step:
-    """The step of `spec.mode` for `forward(q, k, v)`; everything it needs is prepared here, outside
-    the timed region: in the backward modes q, k, v get `requires_grad=True`, `grad_out` is drawn,
+    """The step of `spec.mode` for `forward(q, k, v)` (which passes `sinks`, when given, to the variant
+    itself); everything it needs is prepared here, outside the timed region: in the backward modes q, k, v
+    (and `sinks`) get `requires_grad=True`, `grad_out` is drawn,
     and in `bwd` the forward whose graph the backward reuses runs once (or, when the backward is not
     `repeatable_backward`, before each backward, as the step's `prepare`)."""
     import torch
@@ -119,8 +127,9 @@ def build_step(
         def call() -> Any:
             return forward(q, k, v)
 
-        return Step(spec.mode, call, call, inputs)
-    for tensor in inputs:
+        return Step(spec.mode, call, call, inputs, sinks=sinks)
+    leaves = inputs if sinks is None else (*inputs, sinks)
+    for tensor in leaves:
         tensor.requires_grad_(True)
     generator = torch.Generator(device=q.device).manual_seed(seed + GRAD_SEED_OFFSET)
     grad_out = torch.randn(q.shape, generator=generator, dtype=torch.float32, device=q.device).to(q.dtype)
@@ -128,10 +137,10 @@ def build_step(
     def whole() -> StepOutput:
         with torch.enable_grad():
             out = forward(q, k, v)
-        return StepOutput(out.detach(), _grads(out, inputs, grad_out, retain=False))
+        return _output(out, _grads(out, leaves, grad_out, retain=False))
 
     if spec.mode == "fwd+bwd":
-        return Step(spec.mode, whole, whole, inputs, grad_out)
+        return Step(spec.mode, whole, whole, inputs, grad_out, sinks=sinks)
     if not repeatable_backward:
         graph: list[Any] = []
 
@@ -144,18 +153,35 @@ def build_step(
             if not graph:
                 prepare()  # a caller that skipped prepare still gets a true backward
             out = graph.pop()
-            return StepOutput(out.detach(), _grads(out, inputs, grad_out, retain=False))
+            return _output(out, _grads(out, leaves, grad_out, retain=False))
 
         prepare()  # the first forward runs here, as in the repeatable case
-        return Step(spec.mode, fresh_backward, whole, inputs, grad_out, prepare)
+        return Step(spec.mode, fresh_backward, whole, inputs, grad_out, prepare, sinks=sinks)
     with torch.enable_grad():
         kept = forward(q, k, v)
     detached = kept.detach()
 
     def backward() -> StepOutput:
-        return StepOutput(detached, _grads(kept, inputs, grad_out, retain=True))
+        return _output(detached, _grads(kept, leaves, grad_out, retain=True), detach=False)
 
-    return Step(spec.mode, backward, whole, inputs, grad_out)
+    return Step(spec.mode, backward, whole, inputs, grad_out, sinks=sinks)
+
+
+def _output(out: Any, grads: tuple[Any, ...], detach: bool = True) -> StepOutput:
+    """The StepOutput of a forward's output and its leaves' gradients (dsinks fourth, when there)."""
+    dq, dk, dv, *rest = grads
+    return StepOutput(out.detach() if detach else out, (dq, dk, dv), rest[0] if rest else None)
+
+
+def bound_forward(variant: Variant, spec: RunSpec, state: Any, sinks: Any = None) -> Callable[[Any, Any, Any], Any]:
+    """`forward(q, k, v)`: the variant's forward at `spec` with its `state`, and `sinks=` when the cell has
+    sink logits."""
+    extra = {} if sinks is None else {"sinks": sinks}
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return variant.forward(q, k, v, spec.causal, state, **extra)
+
+    return forward
 
 
 #: Wraps one stage of building a cell's step, named as a failure would name it ("input creation", "setup",
@@ -178,10 +204,11 @@ def cell_step(
     (`pipeline.cell`) and by its Nsight Compute child (`pipeline.ncu_child`), so both run the same step."""
     import torch
 
-    from attnprof.profiling.inputs import make_inputs
+    from attnprof.profiling.inputs import make_inputs, make_sinks
 
     with stage("input creation"):
         q, k, v = make_inputs(spec, seed, variant.layout)
+        sinks = make_sinks(spec, seed)
     set_up = None
     if variant.setup is not None:
         with stage("setup"):
@@ -198,25 +225,24 @@ def cell_step(
             state = variant.prepare_inputs(spec, set_up, q, k, v, seed)
         return state, _allocated(q.device) - before
 
-    def step_over(q: Any, k: Any, v: Any) -> Step:
+    def step_over(q: Any, k: Any, v: Any, sinks: Any) -> Step:
         state, extra = prepared(q, k, v)
-
-        def forward(q: Any, k: Any, v: Any) -> Any:
-            return variant.forward(q, k, v, spec.causal, state)
-
+        forward = bound_forward(variant, spec, state, sinks)
         with stage("forward"):
-            built = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward)
-        tensors = [*built.inputs, *([built.grad_out] if built.grad_out is not None else [])]
+            built = build_step(spec, forward, (q, k, v), seed, variant.repeatable_backward, sinks)
+        optional = (built.grad_out, built.sinks)
+        tensors = [*built.inputs, *(t for t in optional if t is not None)]
         built.input_bytes = sum(t.numel() * t.element_size() for t in tensors) + extra
         return built
 
     def replica() -> Step:
         with stage("input copy"):
             copy = make_inputs(spec, seed, variant.layout)
-        return step_over(*copy)
+            sinks_copy = make_sinks(spec, seed)
+        return step_over(*copy, sinks_copy)
 
     with torch.no_grad(), graph_retention(spec.mode):
-        step = step_over(q, k, v)
+        step = step_over(q, k, v, sinks)
         step.replica = replica
         yield step
 

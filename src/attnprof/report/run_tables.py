@@ -47,6 +47,8 @@ def _grad_errors(row: Row) -> str:
     errors = {"dq": row.grad_rel_error_dq, "dk": row.grad_rel_error_dk, "dv": row.grad_rel_error_dv}
     if all(e is None for e in errors.values()):
         return "n/a"
+    if row.grad_rel_error_dsinks is not None:
+        errors["dsinks"] = row.grad_rel_error_dsinks
     return ", ".join(f"{name} {error_text(e)}" for name, e in errors.items())
 
 

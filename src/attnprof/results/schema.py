@@ -143,6 +143,7 @@ class Row(Record):
     grad_rel_error_dq: float | None = None
     grad_rel_error_dk: float | None = None
     grad_rel_error_dv: float | None = None
+    grad_rel_error_dsinks: float | None = None  # a `sinks` cell's sink-logit gradient
     nan_on_fully_masked: bool | None = None
     logits_baseline: str | None = None
     logits_max_abs_diff: float | None = None
@@ -237,6 +238,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("read_reference_gbps", "read_bandwidth_note", "bound", "best_known_variant", "best_known_latency_us"),
     *("pct_of_best_known", "best_known_basis", "best_known_source", "peak_memory_mib"),
     *("rel_error", "passed", "grad_rel_error_dq", "grad_rel_error_dk", "grad_rel_error_dv"),
+    "grad_rel_error_dsinks",
     *("nan_on_fully_masked", "sm_clock_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "clock_limits"),
     *("timed_sm_clock_mhz", "timed_sm_clock_min_mhz", "sm_clock_application_mhz", "timed_power_pct"),
     *("timed_power_max_pct", "timed_temperature_max_c", "timed_clock_limits", "nvml_samples"),

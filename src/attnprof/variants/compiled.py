@@ -6,6 +6,13 @@ Paged flex (`RunSpec.page_size`): setup builds the logical block mask with key b
 seeded shuffled page table (`attnprof.kv_cache`), loads that table into torch's `PagedAttention`
 (torch >= 2.6), and converts the block mask and score mod to physical positions with it. The forward
 reads the pool, [1, kv_heads, pages · page_size, head_dim], every query batch sharing it.
+
+Attention sinks through flex: its score_mod rewrites the score of a key that exists, and a sink adds a term
+to each row's denominator with no key. Flex returns each row's log-sum-exp L of its scores, though, and
+Σ exp(z) / (Σ exp(z) + exp(s)) = sigmoid(L − s), so the output with a sink is flex's output times
+sigmoid(L − s_h) per row: exact, and differentiable (flex's backward takes the gradient of L), in one
+compiled function with flex (torch >= 2.9, which returns L through `AuxRequest`; on CUDA only: the CPU
+kernel of torch.compile'd flex returns no L).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ PAGED_TORCH = (2, 6)  # torch.nn.attention.experimental's PagedAttention, and K/
 TRITON_MIN_TILE = 16  # Triton's smallest dot tile: flex decoding's key tile is at most one page
 FLEX_DECODE_MAX_Q = 128  # flex runs its decoding kernel below this many queries, its attention kernel from it
 FLEX_MAX_KEY_TILE = 128  # the largest key tile (BLOCK_N) of flex's attention kernel's default configs
+FLEX_SINKS_TORCH = (2, 9)  # flex_attention(return_aux=AuxRequest(lse=True))
 
 
 def fresh_compile_state() -> None:
@@ -103,6 +111,10 @@ def _flex_check(spec: RunSpec) -> str | None:
         return f"flex attention needs a power-of-two head_dim >= 16 (got {spec.head_dim})"
     if spec.page_size is not None and (reason := _paged_reason(spec, version)):
         return reason
+    if spec.score_mod == "sinks" and version < FLEX_SINKS_TORCH:
+        return "sinks through flex need its log-sum-exp output, AuxRequest (torch >= 2.9)"
+    if spec.score_mod == "sinks" and spec.device_type == "cpu":
+        return "sinks through flex need its log-sum-exp output, which torch.compile's CPU flex kernel does not give"
     return _compile_check(spec)
 
 
@@ -147,8 +159,9 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
         block_mask = create_block_mask(
             mod, B=None, H=None, Q_LEN=spec.n_queries, KV_LEN=spec.n_keys, device=spec.device
         )
+    attend: Any = flex_with_sinks if spec.score_mod == "sinks" else flex_attention
     return {
-        "fn": torch.compile(flex_attention, dynamic=False),
+        "fn": torch.compile(attend, dynamic=False),
         "block_mask": block_mask,
         "score_mod": score_mod_fn(spec),
         "gqa": spec.n_kv_heads != spec.heads,
@@ -187,10 +200,24 @@ def flex_pool(pool: Any) -> Any:
     return pool.permute(2, 0, 1, 3).reshape(1, heads, pages * page_size, head_dim)
 
 
-def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:
+def flex_with_sinks(q: Any, k: Any, v: Any, sinks: Any, **options: Any) -> Any:
+    """flex_attention with one sink logit per query head (`sinks`, [heads]) in each row's denominator: its
+    output times sigmoid(L − s_h), L the row's log-sum-exp (the module docstring); `options` go to flex."""
+    import torch
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    out, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=True), **options)
+    share = torch.sigmoid(aux.lse - sinks.float()[None, :, None])  # the keys' share of the row's weight
+    return (out.float() * share[..., None]).to(out.dtype)
+
+
+def _flex_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any], sinks: Any = None) -> Any:
     if "k_cache" in state:  # paged: the pool, not the logical k and v
         k, v = state["k_cache"], state["v_cache"]
-    return state["fn"](q, k, v, score_mod=state["score_mod"], block_mask=state["block_mask"], enable_gqa=state["gqa"])
+    options = {"score_mod": state["score_mod"], "block_mask": state["block_mask"], "enable_gqa": state["gqa"]}
+    if sinks is not None:
+        return state["fn"](q, k, v, sinks, **options)
+    return state["fn"](q, k, v, **options)
 
 
 def block_mask_pairs(block_mask: Any, batch: int, heads: int, q_len: int, kv_len: int) -> int:
@@ -231,8 +258,8 @@ def _compiled_setup(spec: RunSpec) -> dict[str, Any]:
     return {"fn": torch.compile(inplace_forward, dynamic=False), "mask": build_state(spec)}
 
 
-def _compiled_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any]) -> Any:
-    return state["fn"](q, k, v, causal, state["mask"])
+def _compiled_forward(q: Any, k: Any, v: Any, causal: bool, state: dict[str, Any], sinks: Any = None) -> Any:
+    return state["fn"](q, k, v, causal, state["mask"], sinks=sinks)
 
 
 def variants() -> list[Variant]:

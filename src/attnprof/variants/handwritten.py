@@ -1,4 +1,8 @@
-"""Attention written by hand from primitives: matmul, scale, mask, softmax, matmul."""
+"""Attention written by hand from primitives: matmul, scale, mask, softmax, matmul.
+
+Attention sinks (score_mod `sinks`): the forward takes `sinks`, one logit per query head, appended to the
+masked scores as one more column before the softmax and dropped after it (gpt-oss's reference form; the
+concatenation copies the scores in both variants)."""
 
 from __future__ import annotations
 
@@ -69,10 +73,22 @@ def expand_kv(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
-def naive_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
+def softmax_with_sinks(scores: Any, sinks: Any) -> Any:
+    """Softmax over the keys with one more logit per head (`sinks`, [heads]) in each row's denominator;
+    plain softmax when `sinks` is None."""
+    import torch
+
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+
+def naive_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None, sinks: Any = None) -> Any:
     """Out-of-place masking: `masked_fill` returns a new tensor, so it copies the scores.
 
-    `attn_mask` (bool, True = may attend) is only used by the masking probe.
+    `attn_mask` (bool, True = may attend) is only used by the masking probe; `sinks` (a `sinks` cell's
+    logits, one per query head) join the softmax's denominator.
     """
     import torch
 
@@ -84,12 +100,12 @@ def naive_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: A
         scores = scores.masked_fill(hide, float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = softmax_with_sinks(scores, sinks)
     return torch.matmul(weights, v)
 
 
-def inplace_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None) -> Any:
-    """In-place masking with `masked_fill_`: no copy of the scores."""
+def inplace_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask: Any = None, sinks: Any = None) -> Any:
+    """In-place masking with `masked_fill_`: no copy of the scores (`sinks` as in `naive_forward`)."""
     import torch
 
     hide, bias, softcap = _parts(state)
@@ -100,7 +116,7 @@ def inplace_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask:
         scores.masked_fill_(hide, float("-inf"))
     if attn_mask is not None:
         scores.masked_fill_(~attn_mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = softmax_with_sinks(scores, sinks)
     return torch.matmul(weights, v)
 
 

@@ -92,11 +92,15 @@ def sdpa_setup(spec: RunSpec) -> Any:
 DENSE_BACKENDS = ("math", "efficient")
 
 
+SDPA_SINKS_REFUSAL = "SDPA's softmax runs over the keys alone, and an attn_mask can only bias a key's score"
+
+
 def _masking(dense: bool) -> dict[str, Any]:
     return {
         "masks": frozenset(MASK_KINDS if dense else PLAIN_KINDS),
         "dense_masks": frozenset(SIZED_KINDS if dense else ()),
         "unequal_lengths": True,
+        "score_mod_refusals": {"sinks": SDPA_SINKS_REFUSAL},
     }
 
 

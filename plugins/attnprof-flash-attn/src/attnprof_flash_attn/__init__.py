@@ -425,6 +425,7 @@ def make_variant() -> Variant:
         # q_len < kv_len only over a paged cache (flash_attn_with_kvcache, causal bottom-right)
         masks=frozenset({"causal", "none", "sliding_window", "documents"}),
         score_mods=frozenset({"softcap"}),
+        score_mod_refusals={"sinks": "this plugin passes no sink logits (FA4's learnable_sink) to flash-attn yet"},
         unequal_lengths=True,
         paged_kv=True,
         prepare_inputs=prepare_inputs,
