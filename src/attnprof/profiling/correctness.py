@@ -73,6 +73,7 @@ def reference_attention(
     score_mod: str | None = None,
     head_ids: Sequence[int] | None = None,
     total_heads: int | None = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Any:
     """Softmax(mask(score_mod(q·kᵀ/√D)))·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
@@ -83,8 +84,13 @@ def reference_attention(
     query row whose every key is masked gives zeros (none of attnprof's masks has one). `q_rows`
     (1-D indices) computes only those query rows, each against all the keys it may see.
     `differentiable` keeps q, k, v in autograd's graph (pass float64 leaves to get float64 gradients).
+    `seq_lens`: q, k and v pack sequences of these lengths (batch 1, `attnprof.varlen`); each is computed on
+    its own, `causal` or not, so the reference costs Σ L² scores rather than (Σ L)².
     """
     import torch
+
+    if seq_lens is not None:
+        return _packed_reference(q, k, v, causal, seq_lens, q_rows, device, differentiable)
 
     from attnprof.masks import alibi_slopes, dense_mask, parse_mask, softcap_value
 
@@ -117,6 +123,42 @@ def reference_attention(
     weights = torch.softmax(scores, dim=-1)
     weights = torch.where(torch.isnan(weights), torch.zeros_like(weights), weights)  # fully masked rows: zeros
     return torch.matmul(weights, v)
+
+
+def _packed_reference(
+    q: Any, k: Any, v: Any, causal: bool, seq_lens: Sequence[int], q_rows: Any, device: Any, differentiable: bool
+) -> Any:
+    """`reference_attention` of a packed batch: each sequence's rows (those of `q_rows` in it) against its own
+    keys, put back in the order of the rows asked for."""
+    import torch
+
+    from attnprof.varlen import offsets
+
+    bounds = offsets(seq_lens)
+    if bounds[-1] != q.shape[2] or bounds[-1] != k.shape[2]:
+        raise ValueError(f"seq_lens total {bounds[-1]} != the packed length {q.shape[2]}")
+    rows = torch.arange(q.shape[2], device=q.device) if q_rows is None else torch.as_tensor(q_rows, device=q.device)
+    parts, order = [], []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        inside = torch.nonzero((rows >= start) & (rows < end)).flatten()
+        if inside.numel() == 0:
+            continue
+        local = rows.index_select(0, inside) - start
+        one = slice(start, end)
+        parts.append(
+            reference_attention(
+                q[:, :, one],
+                k[:, :, one],
+                v[:, :, one],
+                causal,
+                q_rows=local,
+                device=device,
+                differentiable=differentiable,
+            )
+        )
+        order.append(inside)
+    out = torch.cat(parts, dim=2)
+    return out.index_select(2, torch.argsort(torch.cat(order)).to(out.device))
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -192,9 +234,10 @@ def check_variant_output(
     rows: Sequence[int] | None = None,
     mask: Mask | str | None = None,
     score_mod: str | None = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Check:
-    """Check a variant's output against the float64 reference (the same `mask` and `score_mod`, see
-    `reference_attention`); q, k, v and out in `layout`.
+    """Check a variant's output against the float64 reference (the same `mask`, `score_mod` and packed
+    `seq_lens`, see `reference_attention`); q, k, v and out in `layout`.
 
     `rows` (a sequence shard, see `Variant.output_rows`) are the global query positions that the
     output's sequence dimension holds, in order; None: all of them. NaN/Inf are looked for in the
@@ -217,7 +260,7 @@ def check_variant_output(
     subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
         q_rows = None if rows is None else torch.tensor(positions, device=q.device)
-        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod)
+        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod, seq_lens=seq_lens)
         return check_output(out, ref, dtype, scope=shard or "full")
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
@@ -240,6 +283,7 @@ def check_variant_output(
         score_mod=score_mod,
         head_ids=subset["heads"],
         total_heads=heads,
+        seq_lens=seq_lens,
     )
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, local)
     scope = (
@@ -259,11 +303,22 @@ def check_against_reference(
     rows: Sequence[int] | None = None,
     mask: Mask | str | None = None,
     score_mod: str | None = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Check:
-    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask` and
-    `score_mod` as there."""
+    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask`, `score_mod` and
+    `seq_lens` as there."""
     return check_variant_output(
-        out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows, mask=mask, score_mod=score_mod
+        out,
+        q,
+        k,
+        v,
+        causal=causal,
+        dtype=dtype,
+        layout="bhsd",
+        rows=rows,
+        mask=mask,
+        score_mod=score_mod,
+        seq_lens=seq_lens,
     )
 
 
