@@ -65,6 +65,9 @@ class CallRecord(Record):
     achieved_gbps: float | None = None
     pct_of_read_bandwidth: float | None = None
     forward_call: int | None = None
+    varlen: str | None = None  # a packed variable-length call: "nested" or "flash-attn varlen" (varlen_calls)
+    varlen_sequences: int | None = None  # its sequences, where the trace records them
+    varlen_flops: float | None = None  # its forward FLOPs summed per sequence, where the lengths are recorded
 
 
 class OverheadRecord(Record):

@@ -93,6 +93,9 @@ def attention_record(ledger: AttentionLedger) -> AttentionRecord:
                 achieved_gbps=c.achieved_gbps,
                 pct_of_read_bandwidth=ledger.pct_of_read_bandwidth(c.achieved_gbps),
                 forward_call=c.forward_call,
+                varlen=c.varlen.kind if c.varlen else None,
+                varlen_sequences=c.varlen.sequences if c.varlen else None,
+                varlen_flops=c.varlen.flops if c.varlen else None,
             )
         )
         for c in ledger.calls
