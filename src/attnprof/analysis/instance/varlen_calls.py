@@ -9,7 +9,7 @@ Three kinds are recognised, by the names `call_names.varlen_kind` finds once per
   head_dim]: the lengths, so the FLOPs are exact; the nearest one before the call, at most `LOOKBACK` ops
   back, is q's); on CUDA the backend op gets the packed values with `cum_seq_q` (its fourth input, 1-D:
   the sequences are its length less one);
-- `flash-attn varlen`: flash-attn's varlen functions (an op whose name holds "varlen",
+- `flash-attn varlen`: flash-attn's varlen functions (an op whose name holds "varlen" in any case,
   e.g. `flash_attn::_flash_attn_varlen_forward`), q [total, heads, head_dim] and cu_seqlens [count + 1];
 - a backend op called with `cum_seq_q` directly is `nested` too (that is how SDPA passes jagged inputs).
 
@@ -36,7 +36,7 @@ LOOKBACK = 256  # ops before a nested call searched for its unbinding (about 50 
 
 def varlen_kind(name: str) -> str | None:
     """`nested` or `flash-attn varlen` for an op name that marks a varlen call; None for any other."""
-    if "varlen" in name:
+    if "varlen" in name.lower():
         return FLASH_VARLEN
     if name.startswith("aten::_nested_") or name == "aten::to_padded_tensor" or name in CUM_SEQ_OPS:
         return NESTED
