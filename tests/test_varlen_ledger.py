@@ -42,10 +42,10 @@ def test_nested_sdpa_is_named_with_its_sequences_and_flops_per_sequence(ledger) 
     calls = ledger["calls"]
     assert len(calls) == 2
     nested, dense = calls
-    assert nested["varlen"] == NESTED and nested["backend"] == "math"
-    assert nested["varlen_sequences"] == len(LENGTHS)
-    assert nested["varlen_flops"] == 4 * HEADS * HEAD_DIM * sum(n * n for n in LENGTHS)  # every pair of each
-    assert dense["varlen"] is None and dense["varlen_sequences"] is None and dense["varlen_flops"] is None
+    assert nested["backend"] == "math"
+    flops = 4 * HEADS * HEAD_DIM * sum(n * n for n in LENGTHS)  # every pair of each sequence
+    assert nested["varlen"] == {"kind": NESTED, "sequences": len(LENGTHS), "flops": flops}
+    assert dense["varlen"] is None
 
 
 @pytest.mark.parametrize(

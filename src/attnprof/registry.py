@@ -34,7 +34,8 @@ MODES = ("fwd", "bwd", "fwd+bwd")  # what a cell times: the forward, the backwar
 NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in bwd or fwd+bwd
 PAGED_NO_BACKWARD = f"{NO_BACKWARD} (a paged KV cache is timed forward only)"
 PAGED_KV_BUILT_IN = "flex"  # the built-in variant that reads a paged KV cache, named in skip reasons
-VARLEN_BUILT_IN = "sdpa-padded, sdpa-nested, flex, naive or inplace"  # built-ins that run seq_lens
+VARLEN_BUILT_IN = "padded-sdpa, nested-sdpa, flex, naive or inplace"  # built-ins that run seq_lens
+VARLEN_ONLY = "runs packed seq_lens only (a shape's seq_lens)"  # the skip reason of a varlen_only variant elsewhere
 
 
 @dataclass(frozen=True, init=False)
@@ -201,8 +202,8 @@ class RunSpec:
             self.score_mod,
             self.q_len,
             self.kv_len,
-            self.page_size,
             self.seq_lens,
+            self.page_size,
         )
 
     @property
@@ -303,6 +304,7 @@ class Variant:
     executed_pairs: ExecutedFn | None = None  # block-sparse kernels: the pairs their tiles compute
     paged_kv: bool = False  # True: it reads a paged KV cache (RunSpec.page_size), built in prepare_inputs
     varlen: bool = False  # True: it runs a packed variable-length batch (RunSpec.seq_lens)
+    varlen_only: bool = False  # True: it runs nothing else (a wildcard leaves it out of configs without seq_lens)
     prepare_inputs: PrepareInputsFn | None = None
     #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
@@ -341,6 +343,8 @@ class Variant:
             return f"score_mod {kind} not supported by {self.name} (it applies {takes})"
         if spec.page_size is not None and not self.paged_kv:
             return f"paged KV cache not supported by {self.name} (use {PAGED_KV_BUILT_IN})"
+        if spec.seq_lens is None and self.varlen_only:
+            return VARLEN_ONLY
         if spec.seq_lens is not None and not self.varlen:
             return f"packed seq_lens not supported by {self.name} (use {VARLEN_BUILT_IN})"
         if not self.unequal_lengths and spec.n_queries != spec.n_keys:

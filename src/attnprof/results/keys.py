@@ -27,8 +27,8 @@ def cell_key(row: Row) -> tuple[Any, ...]:
         row.score_mod or None,
         _unless_seq(row.q_len, row.seq),
         _unless_seq(row.kv_len, row.seq),
-        row.page_size or None,
         tuple(row.seq_lens) if row.seq_lens else None,
+        row.page_size or None,
     )
 
 

@@ -29,6 +29,7 @@ from attnprof.results.parts import (
     PeaksRecord,
     PhasesRecord,
     StallRecord,
+    VarlenRecord,
 )
 
 if TYPE_CHECKING:
@@ -93,9 +94,7 @@ def attention_record(ledger: AttentionLedger) -> AttentionRecord:
                 achieved_gbps=c.achieved_gbps,
                 pct_of_read_bandwidth=ledger.pct_of_read_bandwidth(c.achieved_gbps),
                 forward_call=c.forward_call,
-                varlen=c.varlen.kind if c.varlen else None,
-                varlen_sequences=c.varlen.sequences if c.varlen else None,
-                varlen_flops=c.varlen.flops if c.varlen else None,
+                varlen=VarlenRecord(c.varlen.kind, c.varlen.sequences, c.varlen.flops) if c.varlen else None,
             )
         )
         for c in ledger.calls
