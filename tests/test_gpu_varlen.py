@@ -31,11 +31,11 @@ def packed(causal: bool, mode: str = "fwd", kv_heads: int | None = 2) -> RunSpec
     return RunSpec("cuda", "bf16", 1, 8, sum(LENGTHS), 128, kv_heads, causal=causal, mode=mode, seq_lens=LENGTHS)
 
 
-@pytest.mark.parametrize("name", ["sdpa-padded", "sdpa-nested", "flex", "naive"])
+@pytest.mark.parametrize("name", ["padded-sdpa", "nested-sdpa", "flex", "naive"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_varlen_variants_match_float64_per_sequence(name, causal, mode):
-    spec = packed(causal, mode, kv_heads=None if name == "sdpa-nested" else 2)
+    spec = packed(causal, mode, kv_heads=None if name == "nested-sdpa" else 2)
     variant = next(v for v in builtin_variants() if v.name == name)
     if reason := variant.unavailable_reason(spec):
         pytest.skip(reason)
@@ -93,10 +93,10 @@ def test_the_varlen_h200_config_end_to_end(tmp_path):
     rows = json.loads(Path(json.loads(result.stdout)["files"]["results_json"]).read_text())["results"]
     by = {(r["variant"], r["shape"], r["mode"]): r for r in rows}
     for (variant, _shape, _mode), row in by.items():
-        if variant in ("sdpa-padded", "flex", "flash-attn") and row["status"] == "ok":
+        if variant in ("padded-sdpa", "flex", "flash-attn") and row["status"] == "ok":
             assert row["passed"] is True and row["flops"] > 0
-        if variant == "sdpa-padded" and row["status"] == "ok":
+        if variant == "padded-sdpa" and row["status"] == "ok":
             assert row["executed_flops"] > row["flops"]  # the padding
         if variant == "triton-flash":
             assert row["status"].startswith("skipped: packed seq_lens not supported by triton-flash")
-    assert any(r["status"] == "ok" for r in rows if r["variant"] == "sdpa-padded")
+    assert any(r["status"] == "ok" for r in rows if r["variant"] == "padded-sdpa")

@@ -140,8 +140,8 @@ def test_flops_are_summed_per_sequence_and_padding_is_executed_not_useful() -> N
     # the padded batch: 4 sequences of 9, 9·10/2 = 45 causal pairs each, 81 without a mask
     assert padded_pairs(LENGTHS, True) == 4 * 45 and padded_pairs(LENGTHS, False) == 4 * 81
     spec = packed(False)
-    state = variant("sdpa-padded").setup(spec)
-    pairs = variant("sdpa-padded").executed_pairs(spec, state)
+    state = variant("padded-sdpa").setup(spec)
+    pairs = variant("padded-sdpa").executed_pairs(spec, state)
     assert pairs.padded and executed_flops(spec, pairs) == 4 * 16 * 4 * 324
     assert executed_flops(spec, pairs) / attention_flops(spec) == pytest.approx(324 / 116)
 
@@ -205,7 +205,7 @@ def run_forward(name: str, spec: RunSpec):
                                 seq_lens=spec.seq_lens)
 
 
-@pytest.mark.parametrize("name", ["naive", "inplace", "sdpa-padded"])
+@pytest.mark.parametrize("name", ["naive", "inplace", "padded-sdpa"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -215,7 +215,7 @@ def test_packed_variants_match_the_reference(name, causal, kv_heads, dtype) -> N
 
 
 def test_nested_tensors_match_the_reference_without_causal() -> None:
-    check = run_forward("sdpa-nested", packed(False))
+    check = run_forward("nested-sdpa", packed(False))
     assert check.passed, check.reason
 
 
@@ -228,7 +228,7 @@ def test_flex_runs_the_document_mask() -> None:
     assert not pairs.padded and pairs.forward >= 4 * packed_pairs((20, 7, 37), True)
 
 
-@pytest.mark.parametrize("name", ["naive", "sdpa-padded"])
+@pytest.mark.parametrize("name", ["naive", "padded-sdpa"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradients_match_the_reference_per_sequence(name, causal) -> None:
     spec = packed(causal, kv_heads=2, mode="fwd+bwd")
@@ -245,14 +245,11 @@ def test_gradients_match_the_reference_per_sequence(name, causal) -> None:
 def test_skip_reasons() -> None:
     spec = packed()
     assert variant("sdpa").unavailable_reason(spec) == (
-        "packed seq_lens not supported by sdpa (use sdpa-padded, sdpa-nested, flex, naive or inplace)"
-    )
-    assert variant("sdpa-padded").unavailable_reason(RunSpec("cpu", "fp32", 1, 2, 8, 16)) == (
-        "runs packed seq_lens only (a shape's seq_lens)"
+        "packed seq_lens not supported by sdpa (use padded-sdpa, nested-sdpa, flex, naive or inplace)"
     )
     from attnprof.errors import VariantUnavailableError
 
-    nested = variant("sdpa-nested")
+    nested = variant("nested-sdpa")
     with pytest.raises(VariantUnavailableError, match="Nested tensors for query / key are not supported when "
                                                       "is_causal=True"):
         nested.setup(packed(True))
@@ -267,23 +264,23 @@ def test_compare_with_seq_lens_end_to_end(cli, write_config, tmp_path) -> None:
     path = write_config(
         shapes=[{"heads": 2, "head_dim": 16, "seq_lens": [24, 5, 40]}],
         causal=False,
-        variants=["sdpa-padded", "sdpa-nested", "naive", "sdpa"],
-        baseline="sdpa-padded",
+        variants=["padded-sdpa", "nested-sdpa", "naive", "sdpa"],
+        baseline="padded-sdpa",
     )
     result = cli("compare", str(path), "--format", "json", "--min-time", "0.01")
     assert result.exit_code == 0, result.output
     document = json.loads(open(json.loads(result.stdout)["files"]["results_json"]).read())
     rows = {r["variant"]: r for r in document["results"]}
     useful = 4 * 2 * 16 * (24 * 24 + 5 * 5 + 40 * 40)
-    for name in ("sdpa-padded", "sdpa-nested", "naive"):
+    for name in ("padded-sdpa", "nested-sdpa", "naive"):
         row = rows[name]
         assert row["status"] == "ok", row["status"]
         assert row["shape"] == "1x2x69x16 varlen3x~23" and row["batch"] == 1 and row["seq"] == 69
         assert row["seq_lens"] == [24, 5, 40] and row["seq_lens_count"] == 3
         assert (row["seq_lens_min"], row["seq_lens_mean"], row["seq_lens_max"]) == (5, 23.0, 40)
         assert row["flops"] == useful and row["rel_error"] < 1e-5
-    assert rows["sdpa-padded"]["executed_flops"] == 4 * 2 * 16 * 3 * 40 * 40
-    assert PADDED_CONVENTION in rows["sdpa-padded"]["flops_convention"]
+    assert rows["padded-sdpa"]["executed_flops"] == 4 * 2 * 16 * 3 * 40 * 40
+    assert PADDED_CONVENTION in rows["padded-sdpa"]["flops_convention"]
     assert rows["naive"]["executed_flops"] is None
     assert rows["sdpa"]["status"].startswith("skipped: packed seq_lens not supported by sdpa")
     # a resumed run finds the cell again: the row's key is the spec's
@@ -324,7 +321,28 @@ def test_the_varlen_configs_are_valid() -> None:
 
 def test_bhsd_output_of_a_bshd_variant_is_the_packed_rows() -> None:
     spec = packed(False)
-    v = variant("sdpa-padded")
+    v = variant("padded-sdpa")
     q, k, vv = make_inputs(spec, seed=2, layout="bshd")
     out = to_bhsd(v.forward(q, k, vv, False, v.setup(spec)), "bshd")
     assert out.shape == (1, 4, 18, 16)
+
+
+def test_a_wildcard_chooses_the_varlen_only_variants_for_packed_shapes_only(write_config) -> None:
+    from attnprof.config import load_config
+    from attnprof.pipeline import select_variants, without_varlen_only
+    from attnprof.plugins import load_variants
+
+    registry = load_variants(no_plugins=True).registry
+
+    def chosen(**overrides) -> list[str]:
+        config = load_config(write_config(**overrides))
+        return [v.name for v in without_varlen_only(config, select_variants(config, registry, "cpu"))]
+
+    assert not {"padded-sdpa", "nested-sdpa"} & set(chosen(variants=["*"])) and "sdpa" in chosen(variants=["*"])
+    assert chosen(variants=["padded-sdpa", "naive"]) == ["padded-sdpa", "naive"]  # named: its row says why
+    packed_shape = {"shapes": [{"heads": 2, "head_dim": 16, "seq_lens": [3, 9]}]}
+    assert {"padded-sdpa", "nested-sdpa"} <= set(chosen(variants=["*"], **packed_shape))
+    assert "padded-sdpa" not in chosen(variants=["sdpa*"], **packed_shape)  # the sdpa-* pins stay their own
+    assert variant("padded-sdpa").unavailable_reason(RunSpec("cpu", "fp32", 1, 2, 8, 16)) == (
+        "runs packed seq_lens only (a shape's seq_lens)"
+    )

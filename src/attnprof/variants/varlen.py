@@ -2,11 +2,11 @@
 without a varlen kernel writes it, or as torch's nested jagged tensors.
 
 Both take the packed [1, total, heads, head_dim] tensors (`bshd`, so a sequence is a contiguous run of rows)
-and return the packed output, so the timed step includes what each needs around SDPA: `sdpa-padded` copies
-the tokens into a zeroed [count, max, heads, head_dim] batch and gathers the output back; `sdpa-nested`
+and return the packed output, so the timed step includes what each needs around SDPA: `padded-sdpa` copies
+the tokens into a zeroed [count, max, heads, head_dim] batch and gathers the output back; `nested-sdpa`
 wraps the same memory as a nested tensor (`nested_tensor_from_jagged`, a view).
 
-`sdpa-padded` right-pads each sequence: causal runs as `is_causal` (the padded keys come after every real
+`padded-sdpa` right-pads each sequence: causal runs as `is_causal` (the padded keys come after every real
 query's position, so no real query sees one), non-causal with a [count, 1, 1, max] key-padding mask. Its
 executed FLOPs are the padded batch's under the same convention (`varlen.padded_pairs`), beside the useful
 ones summed per sequence.
@@ -26,13 +26,9 @@ from attnprof.varlen import pad_index, padded_pairs
 NESTED_SDPA_LOGGER = "torch.nested._internal.sdpa"  # where torch says why no backend takes nested inputs
 
 
-def _not_packed(spec: RunSpec) -> str | None:
-    return None if spec.seq_lens is not None else "runs packed seq_lens only (a shape's seq_lens)"
-
-
 @dataclass(frozen=True)
 class Padded:
-    """What `sdpa-padded` builds once per cell: each packed token's row in the padded batch, its size, and the
+    """What `padded-sdpa` builds once per cell: each packed token's row in the padded batch, its size, and the
     key-padding mask (None when causal: is_causal hides the padding)."""
 
     index: Any
@@ -124,11 +120,11 @@ def _nested_forward(q: Any, k: Any, v: Any, causal: bool, state: Any) -> Any:
 
 
 def variants() -> list[Variant]:
-    """`sdpa-padded` and `sdpa-nested`: packed seq_lens cells only."""
-    packed = {"check": _not_packed, "layout": "bshd", "varlen": True}
+    """`padded-sdpa` and `nested-sdpa`: packed seq_lens cells only."""
+    packed = {"layout": "bshd", "varlen": True, "varlen_only": True}
     return [
         Variant(
-            name="sdpa-padded",
+            name="padded-sdpa",
             description="packed seq_lens padded to a dense batch (count x longest), SDPA dispatched, output unpadded",
             forward=_padded_forward,
             setup=_padded_setup,
@@ -136,7 +132,7 @@ def variants() -> list[Variant]:
             **packed,  # type: ignore[arg-type]
         ),
         Variant(
-            name="sdpa-nested",
+            name="nested-sdpa",
             description="packed seq_lens as nested jagged tensors (torch.nested), SDPA dispatched",
             forward=_nested_forward,
             setup=_nested_setup,
