@@ -521,31 +521,12 @@ def test_seq_lens_without_varlen_is_a_skip_with_the_release_that_added_it(fake_r
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_gpu_seq_lens_match_float64(causal, mode):
     """The installed library's flash_attn_varlen_func on 5 packed sequences, output and gradients per sequence."""
-    from attnprof.profiling.gradcheck import check_grads
-    from attnprof.profiling.steps import build_step
-
     found = fa.find_interface(refresh=True)
     if isinstance(found, str):
         pytest.skip(found)
     lengths = (1000, 17, 4096, 300, 2048)
-    rs = RunSpec(device="cuda", dtype="bf16", batch=1, heads=8, kv_heads=2, seq=sum(lengths), head_dim=128,
-                 causal=causal, mode=mode, seq_lens=lengths)
-    variant = fa.make_variant()
-    if reason := variant.unavailable_reason(rs):
-        pytest.skip(reason)
-    state = variant.setup(rs)
-    q, k, v = make_inputs(rs, seed=0, layout="bshd")
-    if mode == "fwd":
-        out = to_bhsd(variant.forward(q, k, v, rs.causal, state), "bshd")
-        qb, kb, vb = (to_bhsd(t, "bshd") for t in (q, k, v))
-        ref = reference_attention(qb, kb, vb, causal, device=q.device, seq_lens=lengths)
-        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=0)
-        return
-    step = build_step(rs, lambda q, k, v: variant.forward(q, k, v, rs.causal, state), (q, k, v), seed=0)
-    result = step.call()
-    check = check_grads(result.grads, q, k, v, step.grad_out, causal=causal, dtype="bf16", layout="bshd",
-                        seq_lens=lengths)
-    assert check.passed, (check.reason, check.rel_errors)
+    _check_on_gpu(RunSpec(device="cuda", dtype="bf16", batch=1, heads=8, kv_heads=2, seq=sum(lengths), head_dim=128,
+                          causal=causal, mode=mode, seq_lens=lengths))
 
 
 def test_plain_masks_need_nothing_new(fake_release):
@@ -568,14 +549,18 @@ def test_plain_masks_need_nothing_new(fake_release):
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_gpu_masks_match_float64(overrides, mode):
     """The installed library under each mask (skipped where it lacks the feature), output and gradients."""
-    from attnprof.profiling.gradcheck import check_grads
-    from attnprof.profiling.steps import build_step
-
     found = fa.find_interface(refresh=True)
     if isinstance(found, str):
         pytest.skip(found)
-    rs = RunSpec(device="cuda", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=1000, head_dim=64,
-                 causal=False, mode=mode, **overrides)
+    _check_on_gpu(RunSpec(device="cuda", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=1000, head_dim=64,
+                          causal=False, mode=mode, **overrides))
+
+
+def _check_on_gpu(rs):
+    """setup and the forward (fwd) or a whole step (otherwise) of the installed library at `rs`, against float64."""
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.steps import build_step
+
     variant = fa.make_variant()
     if reason := variant.unavailable_reason(rs):
         pytest.skip(reason)
@@ -588,13 +573,16 @@ def test_gpu_masks_match_float64(overrides, mode):
     step = build_step(rs, lambda q, k, v: variant.forward(q, k, v, rs.causal, state), (q, k, v), seed=0)
     result = step.call()
     check = check_grads(result.grads, q, k, v, step.grad_out, causal=rs.causal, dtype="bf16", layout="bshd",
-                        mask=rs.mask, score_mod=rs.score_mod)
+                        mask=rs.mask, score_mod=rs.score_mod, seq_lens=rs.seq_lens)
     assert check.passed, (check.reason, check.rel_errors)
 
 
 def _expected_on(rs, device):
     q, k, v = make_inputs(rs, seed=0)
-    return reference_attention(q, k, v, rs.causal, mask=rs.mask, score_mod=rs.score_mod, device=device)
+    return reference_attention(q, k, v, rs.causal, mask=rs.mask, score_mod=rs.score_mod, device=device,
+                               seq_lens=rs.seq_lens)
+
+
 def test_decode_without_a_paged_cache_is_refused(fake_flash):
     """q_len < kv_len runs over a paged cache only: without one it is a skipped cell."""
     fake_flash("fa2")
