@@ -566,7 +566,7 @@ def _check_on_gpu(rs):
         pytest.skip(reason)
     state = variant.setup(rs)
     q, k, v = make_inputs(rs, seed=0, layout="bshd")
-    if mode == "fwd":
+    if rs.mode == "fwd":
         out = to_bhsd(variant.forward(q, k, v, rs.causal, state), "bshd")
         torch.testing.assert_close(out.double(), _expected_on(rs, q.device), atol=2e-2, rtol=0)
         return
