@@ -52,7 +52,7 @@ def test_the_attention_table_says_the_call_is_nested(tmp_path) -> None:
     from attnprof.report.analysis_tables import render_analysis
 
     analysis = analyze_trace(capture_cpu(nested_and_dense(), tmp_path / "nested.json"), region=REGION)
-    assert f"math (nested, {len(LENGTHS)} sequences)" in render_analysis(analysis, "table", 200)
+    assert f"| math (nested, {len(LENGTHS)} sequences) |" in render_analysis(analysis, "markdown")
 
 
 @pytest.mark.parametrize(
