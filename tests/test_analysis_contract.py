@@ -27,7 +27,7 @@ ATTENTION_FIELDS = {"time_base", "calls_per_forward", "backends", "attention_imp
                     "calls", "overhead"}
 CALL_FIELDS = {"op", "backend", "attention_impl", "phase", "kernels", "time_us", "bytes", "achieved_gbps",
                "pct_of_read_bandwidth",
-               "forward_call"}
+               "forward_call", "varlen"}
 
 
 def test_the_json_field_names_are_the_contract():

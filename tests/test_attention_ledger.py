@@ -213,6 +213,7 @@ def test_flex_calls_are_its_compiled_kernels_and_the_block_mask_is_overhead():
         "achieved_gbps": None,
         "pct_of_read_bandwidth": None,
         "forward_call": None,
+        "varlen": None,
     }
     kinds = {o["kind"]: o for o in d["overhead"]}
     assert kinds["mask-build"]["count_per_forward"] == 1 and kinds["mask-build"]["time_us"] == pytest.approx(20.0)

@@ -20,6 +20,7 @@ from attnprof.pipeline import (
     run_cells,
     select_variants,
     without_collective,
+    without_varlen_only,
 )
 from attnprof.pipeline.cell import exceeds, throughput
 from attnprof.pipeline.engine import Job, run_job
@@ -240,8 +241,11 @@ def test_default_exclusions_hold_on_cpu_only() -> None:
     """flex and compiled are left out of the default compare on CPU, with the config's reason, and kept on a GPU."""
     registry = load_variants(no_plugins=True).registry
     default = load_config(None)
-    on_cpu = [v.name for v in without_collective(default, select_variants(default, registry, "cpu"), False)]
-    on_gpu = [v.name for v in without_collective(default, select_variants(default, registry, "cuda:0"), False)]
+    def chosen(device: str) -> list[str]:
+        found = without_collective(default, select_variants(default, registry, device), False)
+        return [v.name for v in without_varlen_only(default, found)]
+
+    on_cpu, on_gpu = chosen("cpu"), chosen("cuda:0")
     assert "flex" not in on_cpu and "compiled" not in on_cpu
     assert on_gpu[-2:] == ["flex", "compiled"] and set(on_gpu) - set(on_cpu) == {"flex", "compiled"}
     [(names, reason)] = config_exclusions(default, registry, "cpu")

@@ -64,6 +64,8 @@ def test_availability_reasons_on_cpu() -> None:
             cuda_only.append(variant.name)
         elif variant.collective:  # one forward across the ranks of a torchrun group
             assert reason == "needs torchrun (WORLD_SIZE>=1 with a process group)", variant.name
+        elif variant.varlen_only:  # packed seq_lens only (padded-sdpa, nested-sdpa)
+            assert reason == "runs packed seq_lens only (a shape's seq_lens)", variant.name
         elif variant.name not in COMPILED:
             assert reason is None, (variant.name, reason)
             on_cpu.append(variant.name)

@@ -24,6 +24,7 @@ from attnprof.masks import (
     score_mod_kind,
     score_mod_label,
 )
+from attnprof.varlen import label as varlen_label
 
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -33,6 +34,8 @@ MODES = ("fwd", "bwd", "fwd+bwd")  # what a cell times: the forward, the backwar
 NO_BACKWARD = "no backward"  # the skip reason of a variant without backward in bwd or fwd+bwd
 PAGED_NO_BACKWARD = f"{NO_BACKWARD} (a paged KV cache is timed forward only)"
 PAGED_KV_BUILT_IN = "flex"  # the built-in variant that reads a paged KV cache, named in skip reasons
+VARLEN_BUILT_IN = "padded-sdpa, nested-sdpa, flex, naive or inplace"  # built-ins that run seq_lens
+VARLEN_ONLY = "runs packed seq_lens only (a shape's seq_lens)"  # the skip reason of a varlen_only variant elsewhere
 
 
 @dataclass(frozen=True, init=False)
@@ -52,6 +55,9 @@ class RunSpec:
 
     `page_size`: the keys and values live in a paged KV cache of pages of that many positions
     (`attnprof.kv_cache`; it divides `n_keys`); None: one contiguous tensor each.
+
+    `seq_lens`: a packed variable-length batch (`attnprof.varlen`): batch 1 of `seq` = their total tokens,
+    each sequence attending only within itself, causal or not by the (plain) mask; None: not packed.
     """
 
     device: str
@@ -67,6 +73,7 @@ class RunSpec:
     q_len: int | None
     kv_len: int | None
     page_size: int | None
+    seq_lens: tuple[int, ...] | None
 
     # Written out (init=False) because `causal` is an input here but a property of the mask, not a field;
     # `dataclasses.replace` passes every field to it, so a replaced spec keeps its Mask as it is.
@@ -86,6 +93,7 @@ class RunSpec:
         q_len: int | None = None,
         kv_len: int | None = None,
         page_size: int | None = None,
+        seq_lens: tuple[int, ...] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
@@ -103,10 +111,13 @@ class RunSpec:
             "q_len": None if q_len == seq else q_len,
             "kv_len": None if kv_len == seq else kv_len,
             "page_size": None if page_size is None else positive_page_size(page_size),
+            "seq_lens": None if seq_lens is None else tuple(seq_lens),
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)
         if self.page_size is not None and (problem := page_size_problem(self.page_size, self.n_keys)):
+            raise ValueError(problem)
+        if self.seq_lens is not None and (problem := _packed_problem(self)):
             raise ValueError(problem)
 
     @property
@@ -165,8 +176,11 @@ class RunSpec:
         label = f"{self.batch}x{self.heads}x{lengths}x{self.head_dim}"
         if self.n_kv_heads != self.heads:
             label += f"/kv{self.n_kv_heads}"
+        packed = varlen_label(self.seq_lens) if self.seq_lens is not None else ""
         extras = [
-            text for text in (self.mask.label, score_mod_label(self.score_mod), page_label(self.page_size)) if text
+            text
+            for text in (packed, self.mask.label, score_mod_label(self.score_mod), page_label(self.page_size))
+            if text
         ]
         return " ".join([label, *extras])
 
@@ -188,6 +202,7 @@ class RunSpec:
             self.score_mod,
             self.q_len,
             self.kv_len,
+            self.seq_lens,
             self.page_size,
         )
 
@@ -195,6 +210,19 @@ class RunSpec:
     def cell_label(self) -> str:
         """`shape_label`, with the mode after it when that is not the default `fwd`."""
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
+
+
+def _packed_problem(spec: RunSpec) -> str | None:
+    """Why a packed spec is not one: batch 1 of the lengths' total, plain mask, square, contiguous, no score mod."""
+    if not spec.seq_lens or min(spec.seq_lens) <= 0:
+        return "seq_lens must be positive lengths"
+    if spec.batch != 1 or spec.seq != sum(spec.seq_lens):
+        return f"a packed batch is batch 1 of seq {sum(spec.seq_lens)} (got {spec.batch}x{spec.seq})"
+    if spec.mask.kind not in PLAIN_KINDS or spec.score_mod is not None:
+        return "seq_lens takes the causal or none mask and no score_mod"
+    if spec.q_len is not None or spec.kv_len is not None or spec.page_size is not None:
+        return "seq_lens takes no q_len, kv_len or kv_cache"
+    return None
 
 
 def _spec_mask(mask: Mask | str | None, causal: bool | None) -> Mask:
@@ -211,10 +239,12 @@ class ExecutedPairs:
     """The (query, key) pairs a block-sparse kernel computes, summed over batch and query heads: every
     pair inside the tiles it visits, each tile cut at q_len and kv_len (the padding past them is not
     counted). `forward` is the forward's; `backward` the backward's, None when it visits the forward's
-    tiles. `analysis.roofline.executed_flops` turns them into FLOPs by the convention of `flops`."""
+    tiles. `analysis.roofline.executed_flops` turns them into FLOPs by the convention of `flops`. `padded`:
+    the pairs are a dense padded batch's (a packed batch's sequences padded to the longest), not tiles'."""
 
     forward: int
     backward: int | None = None
+    padded: bool = False
 
 
 ForwardFn = Callable[..., Any]
@@ -275,6 +305,8 @@ class Variant:
     unequal_lengths: bool = False  # True: it runs q_len < kv_len (decode), causal bottom-right aligned
     executed_pairs: ExecutedFn | None = None  # block-sparse kernels: the pairs their tiles compute
     paged_kv: bool = False  # True: it reads a paged KV cache (RunSpec.page_size), built in prepare_inputs
+    varlen: bool = False  # True: it runs a packed variable-length batch (RunSpec.seq_lens)
+    varlen_only: bool = False  # True: it runs nothing else (a wildcard leaves it out of configs without seq_lens)
     prepare_inputs: PrepareInputsFn | None = None
     #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
@@ -314,6 +346,10 @@ class Variant:
             return f"score_mod {kind} not supported by {self.name} ({why})"
         if spec.page_size is not None and not self.paged_kv:
             return f"paged KV cache not supported by {self.name} (use {PAGED_KV_BUILT_IN})"
+        if spec.seq_lens is None and self.varlen_only:
+            return VARLEN_ONLY
+        if spec.seq_lens is not None and not self.varlen:
+            return f"packed seq_lens not supported by {self.name} (use {VARLEN_BUILT_IN})"
         if not self.unequal_lengths and spec.n_queries != spec.n_keys:
             return f"q_len {spec.n_queries} != kv_len {spec.n_keys} not supported by {self.name}"
         return None

@@ -482,6 +482,53 @@ def test_what_the_installed_release_lacks_is_a_skip_with_the_release_that_added_
         fa.setup(rs)
 
 
+# --- packed variable-length batches (seq_lens) through flash_attn_varlen_func ---------------------------
+
+PACKED = (11, 3, 26)
+
+
+def packed_spec(**overrides) -> RunSpec:
+    fields = dict(device="cpu", dtype="fp16", batch=1, heads=4, seq=sum(PACKED), head_dim=32, causal=True)
+    return RunSpec(**(fields | overrides), seq_lens=PACKED)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_seq_lens_go_through_varlen_with_their_cu_seqlens(fake_release, causal, kv_heads):
+    """3 sequences of 11, 3 and 26 tokens: cu_seqlens 0, 11, 14, 40, the longest 26, causal as the cell is."""
+    calls = fake_release(FA2_2_6, FA2_2_6)
+    rs = packed_spec(causal=causal, kv_heads=kv_heads)
+    assert fa.make_variant().varlen
+    out, (name, kwargs, q_shape) = _run(rs, calls)
+    assert name == "flash_attn_varlen_func" and q_shape == (40, 4, 32)  # [total, H, D]: a view, no copy
+    cu = kwargs.pop("cu_seqlens_q")
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 11, 14, 40] and kwargs.pop("cu_seqlens_k") is cu
+    assert kwargs == {"max_seqlen_q": 26, "max_seqlen_k": 26, "softmax_scale": 32 ** -0.5, "causal": causal}
+    q, k, v = make_inputs(rs, seed=5)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal, seq_lens=PACKED), atol=2e-3, rtol=0)
+
+
+def test_seq_lens_without_varlen_is_a_skip_with_the_release_that_added_it(fake_release):
+    fake_release(FA2_2_6, None)
+    assert fa.check(packed_spec()) == (
+        "seq_lens needs flash_attn_varlen_func, which FA2 (flash_attn) lacks (flash-attn 2.0 added it)"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_gpu_seq_lens_match_float64(causal, mode):
+    """The installed library's flash_attn_varlen_func on 5 packed sequences, output and gradients per sequence."""
+    found = fa.find_interface(refresh=True)
+    if isinstance(found, str):
+        pytest.skip(found)
+    lengths = (1000, 17, 4096, 300, 2048)
+    _check_on_gpu(RunSpec(device="cuda", dtype="bf16", batch=1, heads=8, kv_heads=2, seq=sum(lengths), head_dim=128,
+                          causal=causal, mode=mode, seq_lens=lengths))
+
+
 def test_plain_masks_need_nothing_new(fake_release):
     """causal and none call flash_attn_func as before, with nothing but the scale and causal."""
     calls = fake_release(FA2_2_2, None)
@@ -502,33 +549,40 @@ def test_plain_masks_need_nothing_new(fake_release):
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_gpu_masks_match_float64(overrides, mode):
     """The installed library under each mask (skipped where it lacks the feature), output and gradients."""
-    from attnprof.profiling.gradcheck import check_grads
-    from attnprof.profiling.steps import build_step
-
     found = fa.find_interface(refresh=True)
     if isinstance(found, str):
         pytest.skip(found)
-    rs = RunSpec(device="cuda", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=1000, head_dim=64,
-                 causal=False, mode=mode, **overrides)
+    _check_on_gpu(RunSpec(device="cuda", dtype="bf16", batch=2, heads=8, kv_heads=2, seq=1000, head_dim=64,
+                          causal=False, mode=mode, **overrides))
+
+
+def _check_on_gpu(rs):
+    """setup and the forward (fwd) or a whole step (otherwise) of the installed library at `rs`, against float64."""
+    from attnprof.profiling.gradcheck import check_grads
+    from attnprof.profiling.steps import build_step
+
     variant = fa.make_variant()
     if reason := variant.unavailable_reason(rs):
         pytest.skip(reason)
     state = variant.setup(rs)
     q, k, v = make_inputs(rs, seed=0, layout="bshd")
-    if mode == "fwd":
+    if rs.mode == "fwd":
         out = to_bhsd(variant.forward(q, k, v, rs.causal, state), "bshd")
         torch.testing.assert_close(out.double(), _expected_on(rs, q.device), atol=2e-2, rtol=0)
         return
     step = build_step(rs, lambda q, k, v: variant.forward(q, k, v, rs.causal, state), (q, k, v), seed=0)
     result = step.call()
     check = check_grads(result.grads, q, k, v, step.grad_out, causal=rs.causal, dtype="bf16", layout="bshd",
-                        mask=rs.mask, score_mod=rs.score_mod)
+                        mask=rs.mask, score_mod=rs.score_mod, seq_lens=rs.seq_lens)
     assert check.passed, (check.reason, check.rel_errors)
 
 
 def _expected_on(rs, device):
     q, k, v = make_inputs(rs, seed=0)
-    return reference_attention(q, k, v, rs.causal, mask=rs.mask, score_mod=rs.score_mod, device=device)
+    return reference_attention(q, k, v, rs.causal, mask=rs.mask, score_mod=rs.score_mod, device=device,
+                               seq_lens=rs.seq_lens)
+
+
 def test_decode_without_a_paged_cache_is_refused(fake_flash):
     """q_len < kv_len runs over a paged cache only: without one it is a skipped cell."""
     fake_flash("fa2")

@@ -8,7 +8,8 @@ The step is the spec's mode. FLOPs follow the convention of tritonbench and flas
 benchmarks, so figures compare across tools: backward = 2.5 × forward (five matmuls against the
 forward's two; the recomputation of P is not counted), forward + backward = 3.5 × forward. The forward
 counts exactly the (query, key) pairs the mask keeps (`attnprof.masks`: causal S(S+1)/2 rather than the
-usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike), each 4·D FLOPs.
+usual S²/2, sliding windows, documents, prefixes and bottom-right causal decode alike; a packed batch's
+`seq_lens` summed per sequence), each 4·D FLOPs.
 `flops_convention(spec)` states it in the results.
 
 `executed_flops(spec, pairs)` is what a block-sparse kernel computes rather than what the mask keeps:
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnprof.kv_cache import PAGE_TABLE_ENTRY_BYTES, page_table_entries
 from attnprof.registry import ExecutedPairs, RunSpec
+from attnprof.varlen import packed_pairs
 
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
@@ -49,7 +51,10 @@ MODE_TENSORS = {"fwd": (2, 2), "bwd": (4, 4), "fwd+bwd": (6, 6)}
 
 
 def attention_pairs(spec: RunSpec) -> int:
-    """The (query, key) pairs one head keeps under the spec's mask (`Mask.pairs`), exactly."""
+    """The (query, key) pairs one head keeps under the spec's mask (`Mask.pairs`), exactly; a packed batch's
+    summed per sequence, each causal or not (`varlen.packed_pairs`)."""
+    if spec.seq_lens is not None:
+        return packed_pairs(spec.seq_lens, spec.causal)
     return spec.mask.pairs(spec.n_queries, spec.n_keys)
 
 
@@ -72,6 +77,9 @@ def flops_convention(spec: RunSpec) -> str:
     """How the spec's FLOPs were counted, in words, for the results (`flops_convention`)."""
     mask = spec.mask
     pairs = "Sq·Skv" if mask.kind == "none" else f"the {attention_pairs(spec)} (query, key) pairs {mask.text} keeps"
+    if spec.seq_lens is not None:
+        each = "L(L+1)/2" if spec.causal else "L²"
+        pairs = f"Σ {each} over the {len(spec.seq_lens)} packed sequences ({attention_pairs(spec)} pairs)"
     forward = f"fwd = 4·B·H·D × {pairs}"
     factor = MODE_FLOPS_FACTOR[spec.mode]
     scaled = "" if spec.mode == "fwd" else f"{spec.mode} = {factor:g} × fwd; "
@@ -94,6 +102,18 @@ EXECUTED_CONVENTION = (
     "executed_flops: the same per pair over every (query, key) pair inside the tiles the kernel visits "
     "(block-sparse kernels; tiles cut at q_len and kv_len)"
 )
+
+
+#: How a padded batch's `executed_flops` is counted (`ExecutedPairs.padded`).
+PADDED_CONVENTION = (
+    "executed_flops: the same per pair over the padded dense batch (count sequences of the longest length, "
+    "padding included, causal or not as the mask)"
+)
+
+
+def executed_convention(pairs: ExecutedPairs) -> str:
+    """`EXECUTED_CONVENTION`, or `PADDED_CONVENTION` for a padded batch's pairs."""
+    return PADDED_CONVENTION if pairs.padded else EXECUTED_CONVENTION
 
 
 def kernel_tflops(spec: RunSpec, attention: AttentionLedger | None) -> float | None:

@@ -141,12 +141,24 @@ class Config(Strict):
 
     def default_problem(self, shape: Shape) -> str | None:
         """Why the config's default mask or kv_cache does not fit `shape` where it sets none, or None."""
+        if shape.seq_lens is not None:
+            given = ", ".join(f"{name} {value}" for name, value in self.packed_defaults().items() if value is not None)
+            return f"seq_lens takes no sized mask, score_mod or kv_cache (the config gives {given})" if given else None
         if self.mask is not None and shape.mask is None:
             if problem := mask_problem(self.mask, shape.q_len_in_force, shape.kv_len_in_force):
                 return problem
         if shape.kv_cache is None:
             return page_size_problem(page_size_of(self.kv_cache), shape.kv_len_in_force)
         return None
+
+    def packed_defaults(self) -> dict[str, Any]:
+        """The config's defaults that a packed shape (seq_lens) cannot take: a sized mask, a score mod, a
+        paged cache (None where not set)."""
+        return {
+            "mask": self.mask if self.mask not in (None, *PLAIN_KINDS) else None,
+            "score_mod": self.score_mod,
+            "kv_cache": self.kv_cache.page_size if self.kv_cache is not None else None,
+        }
 
     @field_validator("device")
     @classmethod

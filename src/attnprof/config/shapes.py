@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from attnprof.config.fields import (
     KvCache,
@@ -18,8 +19,9 @@ from attnprof.config.fields import (
     page_size_of,
 )
 from attnprof.kv_cache import page_size_problem
-from attnprof.masks import Mask
+from attnprof.masks import PLAIN_KINDS, Mask
 from attnprof.registry import RunSpec
+from attnprof.varlen import fit_problem, parse_seq_lens
 
 #: The shape fields a sweep axis may stand in for (`Config._sweep_fills_shapes`).
 REQUIRED_SHAPE_FIELDS = ("batch", "heads", "seq", "head_dim")
@@ -29,9 +31,10 @@ class Shape(Strict):
     """One attention shape: q is [batch, heads, q_len, head_dim]; k and v have kv_heads heads and kv_len
     positions. q_len and kv_len default to seq; seq may be left out when kv_len is given (decode:
     `{q_len: 1, kv_len: 16384}`). `mask`, `score_mod` and `kv_cache`, when set, replace the config's for
-    this shape."""
+    this shape. `seq_lens` (`attnprof.varlen`) packs sequences of those lengths into batch 1 of their total
+    tokens; batch and seq may then be left out (seq, when given, bounds each length)."""
 
-    batch: int = Field(gt=0)
+    batch: int | None = Field(default=None, gt=0)
     heads: int = Field(gt=0)
     seq: int | None = Field(default=None, gt=0)
     head_dim: int = Field(gt=0, le=512)
@@ -41,12 +44,38 @@ class Shape(Strict):
     mask: MaskText = None
     score_mod: ScoreModText = None
     kv_cache: KvCache | None = None
+    seq_lens: tuple[int, ...] | None = None
+
+    @field_validator("seq_lens", mode="before")
+    @classmethod
+    def _lengths(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_seq_lens(value)
+        except ValueError as exc:
+            raise PydanticCustomError("seq_lens", str(exc)) from None
+
+    @model_validator(mode="after")
+    def _packed_fits(self) -> "Shape":
+        if self.seq_lens is None:
+            if self.batch is None:
+                raise ValueError("batch is required (or seq_lens)")
+            return self
+        if problem := fit_problem(self.seq_lens, self.seq, self.batch):
+            raise ValueError(problem)
+        given = [name for name in ("q_len", "kv_len", "kv_cache", "score_mod") if getattr(self, name) is not None]
+        if given:
+            raise ValueError(f"seq_lens takes no {', '.join(given)}")
+        if self.mask is not None and self.mask not in PLAIN_KINDS:
+            raise ValueError(f"seq_lens takes the causal or none mask (got {self.mask})")
+        return self
 
     @model_validator(mode="after")
     def _gqa_divides(self) -> "Shape":
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.seq is None and self.kv_len is None:
+        if self.seq is None and self.kv_len is None and self.seq_lens is None:
             raise ValueError("seq is required (or kv_len, with q_len for decode)")
         if self.q_len_in_force > self.kv_len_in_force:
             raise ValueError(f"q_len ({self.q_len_in_force}) must not exceed kv_len ({self.kv_len_in_force})")
@@ -58,7 +87,9 @@ class Shape(Strict):
 
     @property
     def seq_in_force(self) -> int:
-        """`seq`, else `kv_len` (a decode shape that gives only q_len and kv_len)."""
+        """`seq`, else `kv_len` (a decode shape that gives only q_len and kv_len); a packed shape's total tokens."""
+        if self.seq_lens is not None:
+            return sum(self.seq_lens)
         return self.seq if self.seq is not None else int(self.kv_len or 0)
 
     @property
@@ -85,10 +116,23 @@ class Shape(Strict):
         `kv_cache` are the config's defaults, used where the shape sets none; without either mask, `causal`
         chooses the plain one (a mask, plain or sized, overrides it)."""
         chosen = self.mask or mask
+        if self.seq_lens is not None:
+            return RunSpec(
+                device,
+                dtype,
+                1,
+                self.heads,
+                self.seq_in_force,
+                self.head_dim,
+                self.kv_heads,
+                mode=mode,
+                mask=chosen if chosen in PLAIN_KINDS else Mask.plain(causal),
+                seq_lens=self.seq_lens,
+            )
         return RunSpec(
             device,
             dtype,
-            self.batch,
+            self.batch or 1,
             self.heads,
             self.seq_in_force,
             self.head_dim,

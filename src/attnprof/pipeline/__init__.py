@@ -21,6 +21,7 @@ from attnprof.pipeline.run import (
     run_cells,
     select_variants,
     without_collective,
+    without_varlen_only,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "run_cells",
     "select_variants",
     "without_collective",
+    "without_varlen_only",
 ]

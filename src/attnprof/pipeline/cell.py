@@ -100,11 +100,13 @@ def _measure(
     def executed(state: Any) -> None:
         if variant.executed_pairs is None:
             return
-        from attnprof.analysis.roofline import executed_flops
+        from attnprof.analysis.roofline import executed_convention, executed_flops
 
         with phase(result, "setup"), guard("executed_pairs", variant):
             pairs = variant.executed_pairs(spec, state)
-        result.executed_flops = executed_flops(spec, pairs) if pairs is not None else None
+        if pairs is not None:
+            result.executed_flops = executed_flops(spec, pairs)
+            result.executed_convention = executed_convention(pairs)
 
     with cell_step(variant, spec, config.seed, setup_stage, executed) as step:
         options = TimingOptions.from_measure(measure, spec)
@@ -180,7 +182,7 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     rows = variant.output_rows(spec) if variant.output_rows is not None else None
     result.check = correctness.check_against_reference(
-        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod, step.sinks
+        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod, step.sinks, spec.seq_lens
     )
     if spec.backward:
         q_in, k_in, v_in = step.inputs
@@ -197,6 +199,7 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
             score_mod=spec.score_mod,
             sinks=step.sinks,
             sink_grad=output.sink_grad,
+            seq_lens=spec.seq_lens,
         )
 
 

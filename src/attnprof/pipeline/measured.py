@@ -115,6 +115,7 @@ class CellResult:
     nan_on_fully_masked: bool | None = None
     dense_mask: bool | None = None  # the variant took the mask as a dense tensor (None: not run)
     executed_flops: float | None = None  # what a block-sparse kernel's tiles compute (None: dense, not told)
+    executed_convention: str | None = None  # how executed_flops was counted (analysis.roofline)
     throughput: Throughput | None = None
     backend: str | None = None
     key_averages_table: str | None = None

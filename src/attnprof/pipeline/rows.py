@@ -242,7 +242,8 @@ def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:
     convention = None
     if has_flops:
         convention = flops_convention(spec)
-        convention = convention if result.executed_flops is None else f"{convention}; {EXECUTED_CONVENTION}"
+        executed = result.executed_convention or EXECUTED_CONVENTION
+        convention = convention if result.executed_flops is None else f"{convention}; {executed}"
     return {
         "subject": "cell",
         "shape": spec.shape_label,
@@ -260,11 +261,22 @@ def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:
         "q_len": spec.n_queries,
         "kv_len": spec.n_keys,
         "page_size": spec.page_size,
+        **_packed_fields(spec),
         "causal_alignment": spec.causal_alignment,
         "fully_masked_rows": spec.fully_masked_rows,
         "flops": step_flops(spec) if has_flops else None,
         "flops_convention": convention,
     }
+
+
+def _packed_fields(spec: RunSpec) -> dict[str, Any]:
+    """A packed batch's lengths and their count, min, mean and max (`seq_lens_*`); nothing for any other cell."""
+    if spec.seq_lens is None:
+        return {}
+    from attnprof.varlen import summary
+
+    stats = summary(spec.seq_lens)
+    return {"seq_lens": list(spec.seq_lens)} | {f"seq_lens_{k}": stats[k] for k in ("count", "min", "mean", "max")}
 
 
 def _model_fields(spec: ModelSpec) -> dict[str, Any]:

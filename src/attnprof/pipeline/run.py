@@ -176,6 +176,17 @@ def without_collective(config: Config, variants: list[Variant], grouped: bool) -
     return kept or variants
 
 
+def without_varlen_only(config: Config, variants: list[Variant]) -> list[Variant]:
+    """In a config without packed shapes (`seq_lens`), the varlen-only variants (`Variant.varlen_only`) that only
+    a wildcard chose are left out: every cell would skip them. A variant named in full stays (its row says why),
+    and so do they all when nothing else is left."""
+    if any(shape.seq_lens is not None for shape in config.shapes):
+        return variants
+    named = {p for p in config.variants if not any(ch in p for ch in "*?[")}
+    kept = [v for v in variants if not v.varlen_only or v.name in named]
+    return kept or variants
+
+
 def config_exclusions(config: Config, registry: Registry, device: str) -> list[tuple[list[str], str | None]]:
     """What the exclude entries in force on `device` left out of the include patterns' variants: the
     names, in registration order, and the reason of each entry that left out any (a variant is named

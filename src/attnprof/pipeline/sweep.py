@@ -100,8 +100,9 @@ def row_key(row: Row) -> Key:
 
 def chain_key(variant: str, spec: RunSpec) -> Key:
     """`cell_key` without the sequence length: one variant's cells at growing sequence lengths, every other
-    axis equal (what the OOM rule follows, and what a sharded sweep keeps on one rank)."""
-    return cell_key(variant, replace(spec, seq=0))
+    axis equal (what the OOM rule follows, and what a sharded sweep keeps on one rank). A packed batch
+    (`seq_lens`) is a chain of its own: its total is its lengths'."""
+    return cell_key(variant, spec if spec.seq_lens is not None else replace(spec, seq=0))
 
 
 class OomRule:
@@ -124,8 +125,8 @@ class OomRule:
         square = {name: None for name in ("q_len", "kv_len") if getattr(row, name) == row.seq}
         chain = (
             row.variant,
-            *row_cell_key(msgspec.structs.replace(row, **square, seq=0)),
-        )  # as chain_key: lengths = seq drop
+            *row_cell_key(msgspec.structs.replace(row, **square, seq=row.seq if row.seq_lens else 0)),
+        )  # as chain_key: lengths = seq drop (not a packed batch's)
         self._note(chain, row.seq or 0, row.status, row.reason)
 
     def skip_reason(self, variant: Variant, spec: RunSpec) -> str | None:

@@ -74,6 +74,7 @@ def reference_attention(
     head_ids: Sequence[int] | None = None,
     total_heads: int | None = None,
     sinks: Any = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Any:
     """Softmax(mask(score_mod(q·kᵀ/√D)))·v in float64 on `device` (CPU by default), inputs in [B, H, S, D].
 
@@ -86,8 +87,13 @@ def reference_attention(
     `sinks` (score_mod `sinks`: one logit per head of q, in q's head order) joins each row's softmax as one
     more column after the mask, which is dropped before the product with v (gpt-oss's form).
     `differentiable` keeps q, k, v (and sinks) in autograd's graph (pass float64 leaves to get float64 gradients).
+    `seq_lens`: q, k and v pack sequences of these lengths (batch 1, `attnprof.varlen`); each is computed on
+    its own, `causal` or not, so the reference costs Σ L² scores rather than (Σ L)².
     """
     import torch
+
+    if seq_lens is not None:
+        return _packed_reference(q, k, v, causal, seq_lens, q_rows, device, differentiable)
 
     from attnprof.masks import alibi_slopes, dense_mask, parse_mask, softcap_value
 
@@ -125,6 +131,42 @@ def reference_attention(
         weights = weights[..., :-1]
     weights = torch.where(torch.isnan(weights), torch.zeros_like(weights), weights)  # fully masked rows: zeros
     return torch.matmul(weights, v)
+
+
+def _packed_reference(
+    q: Any, k: Any, v: Any, causal: bool, seq_lens: Sequence[int], q_rows: Any, device: Any, differentiable: bool
+) -> Any:
+    """`reference_attention` of a packed batch: each sequence's rows (those of `q_rows` in it) against its own
+    keys, put back in the order of the rows asked for."""
+    import torch
+
+    from attnprof.varlen import offsets
+
+    bounds = offsets(seq_lens)
+    if bounds[-1] != q.shape[2] or bounds[-1] != k.shape[2]:
+        raise ValueError(f"seq_lens total {bounds[-1]} != the packed length {q.shape[2]}")
+    rows = torch.arange(q.shape[2], device=q.device) if q_rows is None else torch.as_tensor(q_rows, device=q.device)
+    parts, order = [], []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        inside = torch.nonzero((rows >= start) & (rows < end)).flatten()
+        if inside.numel() == 0:
+            continue
+        local = rows.index_select(0, inside) - start
+        one = slice(start, end)
+        parts.append(
+            reference_attention(
+                q[:, :, one],
+                k[:, :, one],
+                v[:, :, one],
+                causal,
+                q_rows=local,
+                device=device,
+                differentiable=differentiable,
+            )
+        )
+        order.append(inside)
+    out = torch.cat(parts, dim=2)
+    return out.index_select(2, torch.argsort(torch.cat(order)).to(out.device))
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -201,9 +243,10 @@ def check_variant_output(
     mask: Mask | str | None = None,
     score_mod: str | None = None,
     sinks: Any = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Check:
-    """Check a variant's output against the float64 reference (the same `mask`, `score_mod` and `sinks`, see
-    `reference_attention`); q, k, v and out in `layout`.
+    """Check a variant's output against the float64 reference (the same `mask`, `score_mod`, `sinks` and packed
+    `seq_lens`, see `reference_attention`); q, k, v and out in `layout`.
 
     `rows` (a sequence shard, see `Variant.output_rows`) are the global query positions that the
     output's sequence dimension holds, in order; None: all of them. NaN/Inf are looked for in the
@@ -226,7 +269,9 @@ def check_variant_output(
     subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
         q_rows = None if rows is None else torch.tensor(positions, device=q.device)
-        ref = reference_attention(q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod, sinks=sinks)
+        ref = reference_attention(
+            q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod, sinks=sinks, seq_lens=seq_lens
+        )
         return check_output(out, ref, dtype, scope=shard or "full")
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
@@ -250,6 +295,7 @@ def check_variant_output(
         head_ids=subset["heads"],
         total_heads=heads,
         sinks=None if sinks is None else sinks.index_select(0, h_idx),
+        seq_lens=seq_lens,
     )
     got = out.index_select(0, b_idx).index_select(1, h_idx).index_select(2, local)
     scope = (
@@ -270,11 +316,23 @@ def check_against_reference(
     mask: Mask | str | None = None,
     score_mod: str | None = None,
     sinks: Any = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> Check:
-    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask`, `score_mod`
-    and `sinks` as there."""
+    """`check_variant_output` for output and inputs already in [B, H, S, D]; `rows`, `mask`, `score_mod`, `sinks`
+    and `seq_lens` as there."""
     return check_variant_output(
-        out, q, k, v, causal=causal, dtype=dtype, layout="bhsd", rows=rows, mask=mask, score_mod=score_mod, sinks=sinks
+        out,
+        q,
+        k,
+        v,
+        causal=causal,
+        dtype=dtype,
+        layout="bhsd",
+        rows=rows,
+        mask=mask,
+        score_mod=score_mod,
+        sinks=sinks,
+        seq_lens=seq_lens,
     )
 
 

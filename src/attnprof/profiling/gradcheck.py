@@ -90,13 +90,15 @@ def reference_grads(
     head_ids: list[int] | None = None,
     total_heads: int | None = None,
     sinks: Any = None,
+    seq_lens: list[int] | tuple[int, ...] | None = None,
 ) -> tuple[Any, ...]:
     """(dq, dk, dv), and dsinks after them when `sinks` is given (one logit per head of q), of float64
     attention on [B, H, S, D] inputs (K/V with H or fewer heads, GQA), against `grad_out`, on their device.
     With `limit`, the query heads go through in chunks of at most `limit` scores (at least one head each),
     and each key/value head's dk and dv add up over its group's chunks: the same gradients, with the float64
-    graph of one chunk alive at a time (one head at S=32k is 8 GiB of scores). `mask`, `score_mod` and
-    `head_ids` (the query heads' absolute indices, for ALiBi) as in `reference_attention`."""
+    graph of one chunk alive at a time (one head at S=32k is 8 GiB of scores). `mask`, `score_mod`,
+    `head_ids` (the query heads' absolute indices, for ALiBi) and a packed batch's `seq_lens` as in
+    `reference_attention`."""
     import torch
 
     batch, heads, seq, _ = q.shape
@@ -104,7 +106,7 @@ def reference_grads(
     group = heads // kv_heads
     per_head = batch * seq * k.shape[2]
     ids = head_ids if head_ids is not None else list(range(heads))
-    score = {"mask": mask, "score_mod": score_mod, "total_heads": total_heads or heads}
+    score = {"mask": mask, "score_mod": score_mod, "total_heads": total_heads or heads, "seq_lens": seq_lens}
     if limit is None or heads * per_head <= limit:
         return _reference_grads(q, k, v, grad_out, causal, score | {"head_ids": ids}, sinks)
     chunk = max(1, min(group, limit // per_head))
@@ -155,6 +157,7 @@ def check_grads(
     score_mod: str | None = None,
     sinks: Any = None,
     sink_grad: Any = None,
+    seq_lens: list[int] | tuple[int, ...] | None = None,
 ) -> GradCheck:
     """Check a variant's (dq, dk, dv) against float64 autograd on the same q, k, v and `grad_out`
     (all in `layout`); the slice of the module docstring above `limit` scores. With `sinks` (the cell's
@@ -213,6 +216,7 @@ def check_grads(
         head_ids=head_ids,
         total_heads=heads,
         sinks=sinks,
+        seq_lens=seq_lens,
     )
     errors: dict[str, float | None] = {
         name: relative_error(g, ref) for name, g, ref in zip(GRAD_NAMES, grads, refs, strict=False)

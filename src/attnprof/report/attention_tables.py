@@ -79,7 +79,7 @@ def calls_table(calls: list[CallRecord], on_cpu: bool, fmt: str, width: int | No
         [
             str(i + 1),
             c.op,
-            c.backend,
+            _backend(c),
             c.attention_impl or "n/a",
             c.phase if c.forward_call is None else f"{c.phase} of #{c.forward_call + 1}",
             "n/a" if on_cpu else str(len(c.kernels)),
@@ -89,6 +89,15 @@ def calls_table(calls: list[CallRecord], on_cpu: bool, fmt: str, width: int | No
         for i, c in enumerate(calls)
     ]
     return table(per_unit(CALL_COLUMNS + (BYTES_COLUMNS if with_bytes else ()), unit), rows, fmt, width)
+
+
+def _backend(call: CallRecord) -> str:
+    """The call's backend, with its packed sequences where it runs on some: `math (nested, 8 sequences)`."""
+    varlen = call.varlen
+    if varlen is None:
+        return call.backend
+    count = "" if varlen.sequences is None else f", {varlen.sequences} sequences"
+    return f"{call.backend} ({varlen.kind}{count})"
 
 
 def overhead_table(overhead: list[OverheadRecord], fmt: str, width: int | None, unit: str) -> str:

@@ -12,7 +12,7 @@ def cell_key(row: Row) -> tuple[Any, ...]:
     """`RunSpec.cell_key` of the cell a row measured: every field of the cell, the device by its type only
     (`cuda:1` and `cuda:0` name the same cell on two ranks). Rows written before masks, decode or paged caches
     existed get the defaults their specs had: the mask from `causal`, q_len and kv_len None when they equal
-    seq (or are missing), no page size."""
+    seq (or are missing), no page size, not packed."""
     return (
         str(row.device).split(":", 1)[0],
         row.dtype,
@@ -27,6 +27,7 @@ def cell_key(row: Row) -> tuple[Any, ...]:
         row.score_mod or None,
         _unless_seq(row.q_len, row.seq),
         _unless_seq(row.kv_len, row.seq),
+        tuple(row.seq_lens) if row.seq_lens else None,
         row.page_size or None,
     )
 

@@ -50,6 +50,16 @@ class KernelRecord(Record):
     launch_api: str | None = None
 
 
+class VarlenRecord(Record):
+    """A call on packed variable-length sequences (`analysis.instance.varlen_calls`): its kind ("nested",
+    "flash-attn varlen"), its sequences and its forward FLOPs summed per sequence, each where the trace records
+    them."""
+
+    kind: str
+    sequences: int | None = None
+    flops: float | None = None
+
+
 class CallRecord(Record):
     """One attention call of the ledger: its op, backend, the implementation that served it (read from its
     kernels' names; None where they do not tell), phase, kernels and device time, its bytes and GB/s (over its
@@ -65,6 +75,7 @@ class CallRecord(Record):
     achieved_gbps: float | None = None
     pct_of_read_bandwidth: float | None = None
     forward_call: int | None = None
+    varlen: VarlenRecord | None = None  # a call on packed variable-length sequences; None: not one
 
 
 class OverheadRecord(Record):

@@ -29,6 +29,7 @@ from attnprof.results.parts import (
     PeaksRecord,
     PhasesRecord,
     StallRecord,
+    VarlenRecord,
 )
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def attention_record(ledger: AttentionLedger) -> AttentionRecord:
                 achieved_gbps=c.achieved_gbps,
                 pct_of_read_bandwidth=ledger.pct_of_read_bandwidth(c.achieved_gbps),
                 forward_call=c.forward_call,
+                varlen=VarlenRecord(c.varlen.kind, c.varlen.sequences, c.varlen.flops) if c.varlen else None,
             )
         )
         for c in ledger.calls

@@ -60,6 +60,11 @@ class Row(Record):
     q_len: int | None = None
     kv_len: int | None = None
     page_size: int | None = None
+    seq_lens: list[int] | None = None  # a packed variable-length batch's lengths (attnprof.varlen); seq is their total
+    seq_lens_count: int | None = None
+    seq_lens_min: int | None = None
+    seq_lens_mean: float | None = None
+    seq_lens_max: int | None = None
     causal_alignment: str | None = None
     fully_masked_rows: int | None = None
     dense_mask: bool | None = None
@@ -223,6 +228,7 @@ class Row(Record):
 CELL_COLUMNS: tuple[str, ...] = (
     *("variant", "source", "shape", "batch", "heads", "kv_heads", "seq", "head_dim", "dtype", "device"),
     *("causal", "mode", "mask", "score_mod", "q_len", "kv_len", "page_size", "causal_alignment"),
+    *("seq_lens_count", "seq_lens_min", "seq_lens_mean", "seq_lens_max"),
     *("fully_masked_rows", "dense_mask", "status", "reason", "forwards", "kernels_per_forward"),
     *("memcpy_per_forward", "memset_per_forward", "gpu_time_us", "kernel_time_us", "cpu_time_us"),
     *("self_device_time_total_us", "transposes_per_forward", "cpu_ops_per_forward", "forward_kernels"),

@@ -5,12 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attnprof.registry import Variant
-from attnprof.variants import compiled, context_parallel, handwritten, sdpa
+from attnprof.variants import compiled, context_parallel, handwritten, sdpa, varlen
 
 
 def builtin_variants() -> list[Variant]:
     """Every built-in variant, in the order the blog meets them, then the context-parallel ones."""
-    return [*handwritten.variants(), *sdpa.variants(), *compiled.variants(), *context_parallel.variants()]
+    return [
+        *handwritten.variants(),
+        *sdpa.variants(),
+        *compiled.variants(),
+        *varlen.variants(),
+        *context_parallel.variants(),
+    ]
 
 
 def register_variants(register: Callable[[Variant], Variant]) -> None:

@@ -69,6 +69,24 @@ def mask_mod(mask: Mask, q_len: int, kv_len: int) -> Any:
     return mods.get(mask.kind)
 
 
+def packed_mask_mod(spec: RunSpec) -> Any:
+    """FlexAttention's document mask_mod of a packed batch: query and key in the same sequence (each token's
+    sequence looked up in a [total] tensor), and key ≤ query when causal."""
+    import torch
+
+    assert spec.seq_lens is not None
+    lengths = torch.tensor(spec.seq_lens, device=spec.device)
+    document = torch.repeat_interleave(torch.arange(len(spec.seq_lens), device=spec.device), lengths)
+
+    def same_sequence(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return document[q_idx] == document[kv_idx]
+
+    def causal_in_sequence(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
+
+    return causal_in_sequence if spec.causal else same_sequence
+
+
 def score_mod_fn(spec: RunSpec) -> Any:
     """FlexAttention's score_mod of the spec's score mod (softcap, ALiBi), or None."""
     import torch
@@ -144,7 +162,7 @@ def _flex_setup(spec: RunSpec) -> dict[str, Any]:
 
     fresh_compile_state()
     block_mask = None
-    mod = mask_mod(spec.mask, spec.n_queries, spec.n_keys)
+    mod = mask_mod(spec.mask, spec.n_queries, spec.n_keys) if spec.seq_lens is None else packed_mask_mod(spec)
     if spec.page_size is not None:  # one key block per page, per sequence: PagedAttention maps them
         block_mask = create_block_mask(
             mod or noop_mask,
@@ -277,6 +295,7 @@ def variants() -> list[Variant]:
             executed_pairs=_flex_executed_pairs,
             paged_kv=True,
             prepare_inputs=_flex_prepare_inputs,
+            varlen=True,  # a document mask_mod of the lengths (packed_mask_mod)
         ),
         Variant(
             name="compiled",

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from attnprof.masks import MASK_KINDS, SCORE_MODS, alibi_slopes, dense_mask, softcap_value
 from attnprof.registry import RunSpec, Variant
+from attnprof.varlen import packed_dense_mask
 
 
 class ScoreState(NamedTuple):
@@ -23,7 +24,9 @@ class ScoreState(NamedTuple):
 
 def build_causal_mask(spec: RunSpec) -> Any:
     """The boolean [q_len, kv_len] mask that is True where the spec's mask hides a key (above the
-    diagonal when causal, bottom-right aligned); None without a mask."""
+    diagonal when causal, bottom-right aligned; a packed batch's other sequences); None without a mask."""
+    if spec.seq_lens is not None:
+        return ~packed_dense_mask(spec.seq_lens, spec.causal, spec.device)
     if spec.mask.kind == "none":
         return None
     return ~dense_mask(spec.mask, spec.n_queries, spec.n_keys, spec.device)
@@ -120,12 +123,14 @@ def inplace_forward(q: Any, k: Any, v: Any, causal: bool, state: Any, attn_mask:
     return torch.matmul(weights, v)
 
 
-#: Every mask, as a dense tensor built in setup (causal too), every score mod, decode.
+#: Every mask, as a dense tensor built in setup (causal too; a packed batch's block diagonal), every score
+#: mod, decode, packed seq_lens.
 HANDWRITTEN_MASKING: dict[str, Any] = {
     "masks": frozenset(MASK_KINDS),
     "dense_masks": frozenset(MASK_KINDS) - {"none"},
     "score_mods": frozenset(SCORE_MODS),
     "unequal_lengths": True,
+    "varlen": True,
 }
 
 

@@ -14,7 +14,8 @@ Masks beyond causal, where the installed interface has them (read from its signa
 a sliding window of W keys is `window_size=(W - 1, 0)` with `causal=True` (the W keys up to and
 including the query's own position, bottom-right aligned as attnprof's); `softcap: C` is
 `softcap=C`; N equal documents go through `flash_attn_varlen_func` with `cu_seqlens` at every
-document's start (batch × N sequences of kv_len / N tokens, causal inside each).
+document's start (batch × N sequences of kv_len / N tokens, causal inside each). A packed batch of
+`seq_lens` (`attnprof.varlen`) goes through the same function with its own `cu_seqlens`, causal or not.
 
 A paged KV cache (`kv_cache: {page_size: N}`) goes through FA2's `flash_attn.flash_attn_with_kvcache`
 when the installed one takes a `block_table` (flash-attn >= 2.5; `find_kvcache`): `prepare_inputs`
@@ -164,11 +165,12 @@ class PagedCache:
 class Varlen:
     """A documents mask as flash_attn_varlen_func takes it: the function, the documents' boundaries
     (`cu_seqlens`, int32 on the device: every document's first token over the flattened batch, and
-    the total) and their length."""
+    the total), the longest one's length, and whether each is causal (documents are; seq_lens as the mask)."""
 
     func: Callable[..., Any]
     cu_seqlens: Any
     length: int
+    causal: bool = True
 
 
 @dataclass
@@ -200,7 +202,7 @@ def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, **mask
 
 
 def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
-    """The documents: [B, S, H, D] flattened to [B·S, H, D] (a view), one sequence per document, causal."""
+    """The documents: [B, S, H, D] flattened to [B·S, H, D] (a view), one sequence per document."""
     batch, seq = q.shape[:2]
     out = varlen.func(
         q.reshape(batch * seq, *q.shape[2:]),
@@ -211,7 +213,7 @@ def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
         max_seqlen_q=varlen.length,
         max_seqlen_k=varlen.length,
         softmax_scale=q.shape[-1] ** -0.5,
-        causal=True,
+        causal=varlen.causal,
         **masking,
     )
     return _unwrap(out).view(q.shape)
@@ -272,6 +274,8 @@ def masking_needs(spec: RunSpec) -> list[tuple[str, str, str | None]]:
         needs.append(("sliding_window", "flash_attn_func", "window_size"))
     if documents:
         needs.append(("documents", "flash_attn_varlen_func", None))
+    if spec.seq_lens is not None:
+        needs.append(("seq_lens", "flash_attn_varlen_func", None))
     if spec.score_mod_kind == "softcap":
         needs.append(("softcap", "flash_attn_varlen_func" if documents else "flash_attn_func", "softcap"))
     return needs
@@ -303,6 +307,12 @@ def masking_state(found: Found, spec: RunSpec) -> FlashState:
         assert mask.size is not None
         masking["window_size"] = (mask.size - 1, 0)  # keys p - (W - 1) .. p: the W up to its own position
         return FlashState(found.func, found.label, masking, causal=True)
+    if spec.seq_lens is not None:
+        from attnprof.varlen import cu_seqlens_tensor
+
+        cu_seqlens = cu_seqlens_tensor(spec.seq_lens, spec.device)
+        packed = Varlen(_module(found).flash_attn_varlen_func, cu_seqlens, max(spec.seq_lens), spec.causal)
+        return FlashState(found.func, found.label, masking, varlen=packed)
     if mask.kind == "documents":
         import torch
 
@@ -427,6 +437,8 @@ def make_variant() -> Variant:
         score_mods=frozenset({"softcap"}),
         score_mod_refusals={"sinks": "this plugin passes no sink logits (FA4's learnable_sink) to flash-attn yet"},
         unequal_lengths=True,
+        varlen=True,  # seq_lens through flash_attn_varlen_func
+
         paged_kv=True,
         prepare_inputs=prepare_inputs,
     )

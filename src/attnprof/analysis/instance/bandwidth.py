@@ -136,7 +136,7 @@ def eager_traffic(trace: ParsedTrace, head: int, tail: int) -> Traffic | None:
     return Traffic(total, flops, batch, heads, kv_heads, queries, keys, head_dim=d_qk)
 
 
-def _is_causal(trace: ParsedTrace, op: int, name: str) -> bool | None:
+def is_causal(trace: ParsedTrace, op: int, name: str) -> bool | None:
     """The is_causal `op` (named `name`) recorded in its `Concrete Inputs`; None when it did not."""
     at = IS_CAUSAL_INPUT.get(name)
     concrete = trace.concrete_inputs_of(op) if at is not None else None
@@ -170,7 +170,7 @@ def call_traffic(trace: ParsedTrace, op: int) -> Traffic | None:
     batch, heads, queries, d_qk = q
     keys, d_v = k[2], v[3]
     name = trace.names[trace.cpu_ops.name[op]]
-    causal = _is_causal(trace, op, name)
+    causal = is_causal(trace, op, name)
     pairs = batch * heads * queries * keys
     if k[0] == 1 < batch:  # a pool the batch shares (paged): every position is one sequence's
         pairs, keys = heads * queries * keys, keys // batch

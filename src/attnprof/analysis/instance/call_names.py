@@ -9,10 +9,11 @@ ids only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
 
 from attnprof.analysis.base import KERNEL
+from attnprof.analysis.instance.varlen_calls import varlen_kind
 from attnprof.analysis.names import explain_kernel
 from attnprof.analysis.trace.tables import ParsedTrace
 
@@ -97,6 +98,7 @@ class LedgerNames:
     gemm_ops: frozenset[int] = frozenset()  # the name ids of GEMM_OPS
     gemm_kernels: frozenset[int] = frozenset()  # the name ids of the kernels of the "gemm" family
     converts: frozenset[int] = frozenset()  # the name ids of the ops that may convert a mask (mask_convert)
+    varlen: dict[int, str] = field(default_factory=dict)  # op name ids that mark a varlen call (varlen_calls)
 
 
 def ledger_names(trace: ParsedTrace, converts: frozenset[str] = frozenset()) -> LedgerNames:
@@ -113,4 +115,5 @@ def ledger_names(trace: ParsedTrace, converts: frozenset[str] = frozenset()) -> 
         gemm_ops=frozenset(n for n in op_ids if names[n] in GEMM_OPS),
         gemm_kernels=frozenset(n for n in kernel_ids if explain_kernel(names[n]).family == "gemm"),
         converts=frozenset(n for n in op_ids if names[n] in converts),
+        varlen={n: kind for n in op_ids if (kind := varlen_kind(names[n])) is not None},
     )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from attnprof.analysis.instance.bandwidth import Traffic
+from attnprof.analysis.instance.bandwidth import Traffic, is_causal
 from attnprof.analysis.instance.call_names import CONTAINER_PREFIXES, ENGINE_PREFIX, SDPA_OP, LedgerNames
 from attnprof.analysis.instance.calls import Call, backward_calls, find_calls, sdpa_prep
 from attnprof.analysis.instance.index import TraceIndex
@@ -23,6 +23,7 @@ from attnprof.analysis.instance.mask_convert import MaskConvert, mask_converts
 from attnprof.analysis.instance.masks import MaskBuild, mask_builds
 from attnprof.analysis.instance.optree import OpTree
 from attnprof.analysis.instance.overhead import Overhead, overhead_ledger, overhead_units
+from attnprof.analysis.instance.varlen_calls import LOOKBACK, VarlenCall, varlen_call
 from attnprof.analysis.names import attention_impl
 from attnprof.analysis.short_names import short_kernel_name
 from attnprof.analysis.trace.tables import ParsedTrace
@@ -61,6 +62,7 @@ class CallFacts:
     first_op: int = field(default=-1, compare=False, repr=False)
     last_op: int = field(default=-1, compare=False, repr=False)
     op_ids: Sequence[int] = field(default=(), compare=False, repr=False)
+    varlen: VarlenCall | None = None  # a packed variable-length call (varlen_calls); None: not one
 
     @property
     def mask_type(self) -> str | None:
@@ -212,12 +214,24 @@ def _facts(tree: OpTree, index: TraceIndex, call: Call) -> CallFacts:
         last_op=call.last,
         op_ids=call.ops,
     )
+    _varlen_facts(tree, names, call, facts)
     if call.first >= 0 and names.role.get(trace.cpu_ops.name[call.first]) == "sdpa":
         sdpa_facts(tree, names, call, facts)
     elif call.backend == "eager" and call.phase == "forward":
         gemm = names.gemm_kernels
         facts.gemm_time_us = sum(dev.dur[e] for e in events if dev.name[e] in gemm)
     return facts
+
+
+def _varlen_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -> None:
+    """A forward call's `VarlenCall` (`varlen_calls`), with the is_causal its op recorded; nothing to look
+    for in a trace without a varlen op name."""
+    if not names.varlen or call.phase != "forward" or call.first < 0:
+        return
+    trace, first = tree.trace, call.first
+    causal = is_causal(trace, first, trace.names[trace.cpu_ops.name[first]])
+    before = tree.order[max(0, tree.pos[first] - LOOKBACK) : tree.pos[first]]
+    facts.varlen = varlen_call(trace, call.ops, before, names.varlen, causal)
 
 
 def sdpa_facts(tree: OpTree, names: LedgerNames, call: Call, facts: CallFacts) -> None:
@@ -278,6 +292,7 @@ def cpu_forward_ledger(tree: OpTree, index: TraceIndex) -> ForwardLedger:
             last_op=call.last,
             op_ids=call.ops,
         )
+        _varlen_facts(tree, index.ledger, call, fact)
         if index.ledger.role.get(ops.name[call.first]) == "sdpa":
             types = ops.input_types[call.first]
             fact.input_types = trace.input_types[types] if types >= 0 else ()

@@ -210,6 +210,7 @@ def _typical_calls(ledgers: list[ForwardLedger], per_call: int) -> list[CallFact
             c.input_types,
             c.prep_ids,
             median([s.calls[i].prep_time_us for s in same]),
+            varlen=c.varlen,
         )
         for i, c in enumerate(first.calls)
     ]
