@@ -212,6 +212,7 @@ def cell_row(result: CellResult) -> Row:
         grad_rel_error_dk=grads.rel_errors.get("dk") if grads else None,
         grad_rel_error_dv=grads.rel_errors.get("dv") if grads else None,
         nan_on_fully_masked=result.nan_on_fully_masked,
+        **_fp8_fields(result),
         rel_error_threshold=check.threshold if check else None,
         grad_rel_error_threshold=grads.threshold if grads else None,
         correctness_scope=scope,
@@ -230,6 +231,22 @@ def cell_row(result: CellResult) -> Row:
     )
     attach_references([row])  # the row alone; the run's rows together once gathered (pipeline.sharded)
     return row
+
+
+def _fp8_fields(result: CellResult) -> dict[str, Any]:
+    """An fp8 cell's scaling, output dtype, quantization time and accuracy (`profiling.fp8`); {} otherwise."""
+    if result.fp8_scaling is None:
+        return {}
+    accuracy = result.check.fp8 if result.check is not None else None
+    quantize_s = result.phases_s.get("quantize")
+    return {
+        "fp8_scaling": result.fp8_scaling,
+        "output_dtype": result.output_dtype,
+        "quantize_ms": quantize_s * 1e3 if quantize_s is not None else None,
+        "sqnr_db": accuracy.sqnr_db if accuracy else None,
+        "rel_error_vs_bf16": accuracy.rel_error_vs_bf16 if accuracy else None,
+        "sqnr_db_vs_bf16": accuracy.sqnr_db_vs_bf16 if accuracy else None,
+    }
 
 
 def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:
