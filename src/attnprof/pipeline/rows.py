@@ -21,6 +21,7 @@ from attnprof.results.schema import SCHEMA_VERSION, Document, Row
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.analysis.attainable import Attainable, NoReference
+    from attnprof.analysis.findings.registry import Fp8AgainstBf16
 
 #: What each TFLOP/s figure divides the FLOPs by.
 TFLOPS_CONVENTION = (
@@ -326,6 +327,15 @@ def join_best_known(row: Row, reference: Attainable | NoReference) -> None:
     unit = "forward" if (row.mode or "fwd") == "fwd" else "step"
     findings = judge_best_known([finding_of(f) for f in row.findings], lambda _key: reference, unit)
     row.findings = [finding_record(f) for f in findings]
+
+
+def join_fp8_comparison(row: Row, against: Fp8AgainstBf16) -> None:
+    """Judge an fp8 `row`'s findings against the fastest bf16 row of its shape and mode found after the run
+    (`pipeline.fp8_compare`): `fp8-not-faster` (`analysis.findings.judge.judge_fp8`)."""
+    from attnprof.analysis.findings import judge_fp8
+
+    unit = "forward" if (row.mode or "fwd") == "fwd" else "step"
+    row.findings = [finding_record(f) for f in judge_fp8([finding_of(f) for f in row.findings], against, unit)]
 
 
 def results_document(
