@@ -172,3 +172,19 @@ def test_an_fp8_output_is_dequantized_with_its_descale() -> None:
     out = torch.tensor([1.0, -2.0, 448.0]).to(torch.float8_e4m3fn)
     values = fp8.output_values(out, torch.tensor([0.5]))
     assert values.dtype == torch.float64 and values.tolist() == [0.5, -1.0, 224.0]
+
+
+def test_the_fp8_h200_config_puts_fp8_beside_bf16_at_cudnn_frontends_shape() -> None:
+    from pathlib import Path
+
+    from attnprof.config import load_config
+    from attnprof.pipeline.sweep import sweep_specs
+
+    config = load_config(Path(__file__).parents[1] / "configs" / "fp8-h200.yaml")
+    specs, dropped = sweep_specs(config, "cuda")
+    assert dropped == []
+    assert {(s.batch, s.heads, s.n_kv_heads, s.head_dim, s.causal) for s in specs} == {(1, 64, 8, 128, True)}
+    assert {(s.seq, s.dtype, s.mode) for s in specs} == {
+        (seq, dtype, mode) for seq in (8192, 16384, 32768) for dtype in ("bf16", "fp8") for mode in ("fwd", "bwd")
+    }
+    assert {"cudnn-fe", "cudnn-fe-fp8"} <= set(config.variants)
