@@ -38,7 +38,8 @@ def test_an_unknown_fp8_spelling_is_a_one_line_error() -> None:
 def _forward(q, k, v, causal, state):
     """A stand-in fp8 kernel: float32 math on the dequantized inputs, its gradients passed straight
     through to the bf16 sources (the leaves autograd differentiates)."""
-    dq, dk, dv = (d.float() + (s.float() - s.float().detach()) for d, s in zip(state.inputs.dequantized(), (q, k, v)))
+    pairs = zip(state.inputs.dequantized(), (q, k, v), strict=True)
+    dq, dk, dv = (d.float() + (s.float() - s.float().detach()) for d, s in pairs)
     return torch.nn.functional.scaled_dot_product_attention(dq, dk, dv, is_causal=causal).to(torch.bfloat16)
 
 

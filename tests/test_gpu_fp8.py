@@ -43,7 +43,7 @@ def test_an_fp8_cell_runs_end_to_end_with_its_quantize_phase_and_accuracy(mode, 
 
     def forward(q, k, v, causal, state):
         dq, dk, dv = (
-            d.to(torch.bfloat16) + (s - s.detach()) for d, s in zip(state.inputs.dequantized(), (q, k, v))
+            d.to(torch.bfloat16) + (s - s.detach()) for d, s in zip(state.inputs.dequantized(), (q, k, v), strict=True)
         )
         return torch.nn.functional.scaled_dot_product_attention(dq, dk, dv, is_causal=causal)
 

@@ -116,7 +116,7 @@ class Graph:
             if t.data_type is not None and t.data_type in TORCH:
                 assert pack[t].dtype == TORCH[t.data_type], (t.name, pack[t].dtype, t.data_type)
         results = _compute(kind, kwargs, inputs)
-        for tensor, value in zip(outputs, results):
+        for tensor, value in zip(outputs, results, strict=True):
             if tensor.output:
                 out = pack[tensor]
                 out.copy_(value.to(out.dtype) if out.dtype != torch.float8_e4m3fn else value.float().to(out.dtype))

@@ -21,6 +21,7 @@ from attnprof.plugins import PLUGINS_ENV, load_variants
 from attnprof.profiling import fp8
 from attnprof.profiling.correctness import check_fp8_output, reference_attention
 from attnprof.profiling.steps import cell_step
+from attnprof.registry import FP8_NEEDS_CUDA
 
 SHAPE = dict(batch=1, heads=4, kv_heads=2, seq=32, head_dim=16)
 
@@ -103,7 +104,7 @@ def test_a_broken_cudnn_says_it_is_installed_but_failed(monkeypatch):
 def test_fp8_on_cpu_and_bf16_on_cpu_are_skipped_with_their_reasons(fake):
     bf16, fp8_variant = variants()["cudnn-fe"], variants()["cudnn-fe-fp8"]
     assert bf16.unavailable_reason(spec()) == "needs CUDA"
-    assert fp8_variant.unavailable_reason(spec(dtype="fp8")) == "fp8 needs a CUDA GPU (e4m3/e5m2 tensor cores: sm_89 or newer)"
+    assert fp8_variant.unavailable_reason(spec(dtype="fp8")) == FP8_NEEDS_CUDA
     assert fp8_variant.unavailable_reason(spec(device="cuda", dtype="fp8_e5m2")) == "needs dtype fp8 (got fp8_e5m2)"
     assert bf16.unavailable_reason(spec(device="cuda", mask="sliding_window:8")).startswith("mask sliding_window")
 
@@ -161,7 +162,7 @@ def test_cudnn_fe_backward_runs_both_graphs_through_autograd(fake):
     with torch.enable_grad():
         ref = reference_attention(q, k, v, True, differentiable=True)
         expected = torch.autograd.grad(ref, (q, k, v), step.grad_out.double())
-    for got, want in zip(output.grads, expected):
+    for got, want in zip(output.grads, expected, strict=True):
         assert got.shape == want.shape and (got.double() - want).norm() / want.norm() < 2e-2
     assert backward_graph.executions == 1
 
@@ -210,6 +211,6 @@ def test_cudnn_fe_fp8_backward_uses_delayed_scales_and_quantizes_do_once(fake):
     with torch.enable_grad():
         ref = reference_attention(q, k, v, True, differentiable=True)
         expected = torch.autograd.grad(ref, (q, k, v), step.grad_out.double())
-    for got, want in zip(second.grads, expected):
+    for got, want in zip(second.grads, expected, strict=True):
         assert got.dtype == torch.bfloat16 and (got.double() - want).norm() / want.norm() < 0.1
     assert all(g.dtype == torch.bfloat16 for g in first.grads)

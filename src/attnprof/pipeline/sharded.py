@@ -39,8 +39,8 @@ from msgspec.structs import replace
 from attnprof.config import Config, MeasureOptions
 from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.best_known import attach_best_known
-from attnprof.pipeline.fp8_compare import attach_fp8_comparisons
 from attnprof.pipeline.distributed import MULTICAST_OFF
+from attnprof.pipeline.fp8_compare import attach_fp8_comparisons
 from attnprof.pipeline.mask_alternatives import attach_row_alternatives
 from attnprof.pipeline.measured import CellResult, Placement
 from attnprof.pipeline.references import attach_references

@@ -302,16 +302,16 @@ def check_fp8_output(
     (the verdict, with the fp8 dtype's limit) and of the bf16 `sources` (reported in `Check.fp8`)."""
     out = to_bhsd(out, layout)
     dequantized = quantized.dequantized(layout)
-    q = dequantized[0]
-    positions = list(range(q.shape[2])) if rows is None else list(rows)
+    positions = list(range(dequantized[0].shape[2])) if rows is None else list(rows)
     threshold = threshold_for(quantized.dtype)
     bad = nonfinite_reason(out)
     if bad:
         return Check(None, False, bad, threshold)
-    got, ref, scope = compared_with_reference(out, *dequantized, causal, positions, rows, mask, score_mod)
+    dq, dk, dv = dequantized
+    got, ref, scope = compared_with_reference(out, dq, dk, dv, causal, positions, rows, mask, score_mod)
     check = check_output(got, ref, quantized.dtype, scope=scope)
-    sources_bhsd = tuple(to_bhsd(t, layout) for t in sources)
-    _, ref_source, _ = compared_with_reference(out, *sources_bhsd, causal, positions, rows, mask, score_mod)
+    sq, sk, sv = (to_bhsd(t, layout) for t in sources)
+    _, ref_source, _ = compared_with_reference(out, sq, sk, sv, causal, positions, rows, mask, score_mod)
     accuracy = fp8_accuracy(got, ref, ref_source, quantized.dtype)
     return Check(check.rel_error, check.passed, check.reason, check.threshold, check.scope, accuracy)
 

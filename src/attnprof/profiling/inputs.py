@@ -32,8 +32,8 @@ def resolve_torch_device(requested: str) -> str:
 
 
 def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:
-    """Seeded standard-normal q, k, v for `spec` (an fp8 cell's in bf16, its sources), in `bhsd` ([B, H, S, D]) or `bshd` layout; q has
-    `n_queries` positions, k and v `n_keys`.
+    """Seeded standard-normal q, k, v for `spec` (an fp8 cell's: its bf16 sources), in `bhsd` ([B, H, S, D])
+    or `bshd` layout; q has `n_queries` positions, k and v `n_keys`.
 
     The values do not depend on the layout: `bshd` tensors are the `bhsd` ones transposed
     and made contiguous, so every variant sees the same numbers.

@@ -67,7 +67,10 @@ def find_cudnn(refresh: bool = False) -> Any:
         _cudnn = f"nvidia-cudnn-frontend is installed but failed: {_first_line(exc)}"
         return _cudnn
     missing = [name for name in ("pygraph", "data_type", "heur_mode", "create_handle") if not hasattr(module, name)]
-    _cudnn = f"the installed cudnn module lacks {', '.join(missing)} (not nvidia-cudnn-frontend?)" if missing else module
+    if missing:
+        _cudnn = f"the installed cudnn module lacks {', '.join(missing)} (not nvidia-cudnn-frontend?)"
+    else:
+        _cudnn = module
     return _cudnn
 
 
@@ -294,7 +297,7 @@ def _fp8_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[G
     for role, tensor, like in (("dq", dq, "q"), ("dk", dk, "k"), ("dv", dv, "k")):
         _set_output(tensor, shapes[like], e4m3)
         tensors[role] = tensor
-    for role, tensor in zip(FP8_BACKWARD_AMAX, amaxes):
+    for role, tensor in zip(FP8_BACKWARD_AMAX, amaxes, strict=True):
         _set_output(tensor, SCALAR, float_type)
         tensors[role] = tensor
     return forward, _built(cudnn, graph, tensors, spec.device)

@@ -54,7 +54,7 @@ def _fp8_not_faster(ctx: FindingContext) -> Said | None:
         slower_ratio=ratio,
     )
     return (
-        f"{against.fp8_dtype} took {against.fp8_latency_us:,.1f} µs, {ratio:.2f}x the {against.bf16_latency_us:,.1f} µs "
-        f"of {against.bf16_variant} in bf16 at the same shape and mode in this run.",
+        f"{against.fp8_dtype} took {against.fp8_latency_us:,.1f} µs, {ratio:.2f}x the "
+        f"{against.bf16_latency_us:,.1f} µs of {against.bf16_variant} in bf16 at the same shape and mode in this run.",
         values,
     )
