@@ -189,3 +189,15 @@ def test_the_fp8_h200_config_puts_fp8_beside_bf16_at_cudnn_frontends_shape() -> 
         (seq, dtype, mode) for seq in (8192, 16384, 32768) for dtype in ("bf16", "fp8") for mode in ("fwd", "bwd")
     }
     assert {"cudnn-fe", "cudnn-fe-fp8"} <= set(config.variants)
+
+
+def test_the_tables_show_the_quantization_beside_the_latency_and_the_sqnr_beside_the_error() -> None:
+    from attnprof.report.columns import latency_text, output_error_text
+    from attnprof.results.schema import Row
+
+    row = Row(variant="v", dtype="fp8", latency_us=1234.0, latency_iqr_us=5.0, quantize_ms=0.25,
+              rel_error=3.6e-2, sqnr_db=28.71, rel_error_vs_bf16=5.7e-2, sqnr_db_vs_bf16=24.94)
+    assert latency_text(row) == "1,234 ± 5 (+ quantize 250)"  # µs, as the column
+    assert output_error_text(row) == "3.6e-02, 28.7 dB (vs bf16 5.7e-02, 24.9 dB)"
+    plain = Row(variant="v", dtype="bf16", latency_us=1234.0, latency_iqr_us=5.0, rel_error=1e-3)
+    assert latency_text(plain) == "1,234 ± 5" and output_error_text(plain) == "1.0e-03"
