@@ -92,8 +92,10 @@ def _check(name: str, spec: RunSpec) -> str | None:
         capability = torch.cuda.get_device_capability(spec.device)
         needed = MIN_CAPABILITY[name]
         if capability < needed:
-            return (f"{name} needs compute capability {needed[0]}.{needed[1]} or newer "
-                    f"(got {capability[0]}.{capability[1]})")
+            return (
+                f"{name} needs compute capability {needed[0]}.{needed[1]} or newer "
+                f"(got {capability[0]}.{capability[1]})"
+            )
     return None
 
 
@@ -184,122 +186,101 @@ def _declare(graph: Any, shapes: dict[str, Any], roles: dict[str, str], data_typ
     }
 
 
-def _set_output(tensor: Any, shape: tuple[tuple[int, ...], tuple[int, ...]], data_type: Any) -> None:
-    tensor.set_output(True).set_dim(list(shape[0])).set_stride(list(shape[1])).set_data_type(data_type)
+def _outputs(tensors: dict[str, Any], made: dict[str, tuple[Any, Any]], data_type: Any) -> None:
+    """Mark each graph tensor of `made` (role -> (tensor, (dims, strides))) an output of `data_type`, kept by role."""
+    for role, (tensor, shape) in made.items():
+        tensor.set_output(True).set_dim(list(shape[0])).set_stride(list(shape[1])).set_data_type(data_type)
+        tensors[role] = tensor
+
+
+def _attention(tensors: dict[str, Any], spec: RunSpec, scale: float) -> dict[str, Any]:
+    """The keyword arguments every SDPA node of a cell takes: q, k, v, the scale and the causal mask."""
+    return {
+        "q": tensors["q"],
+        "k": tensors["k"],
+        "v": tensors["v"],
+        "attn_scale": scale,
+        "use_causal_mask": spec.causal,
+    }
+
+
+def _forward_outputs(tensors: dict[str, Any], spec: RunSpec, o: Any, stats: Any, o_type: Any, float_type: Any) -> None:
+    """O in `o_type`, and the softmax stats (float32) when a backward follows."""
+    shapes = _shapes(spec)
+    _outputs(tensors, {"o": (o, shapes["q"])}, o_type)
+    if spec.backward:
+        _outputs(tensors, {"stats": (stats, shapes["stats"])}, float_type)
+
+
+def _backward_inputs(graph: Any, spec: RunSpec, io_type: Any, float_type: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A backward graph's q, k, v, o, dO and stats, and the keyword arguments its node takes for them."""
+    shapes = _shapes(spec)
+    roles = {"q": "q", "k": "k", "v": "k", "o": "q", "do": "q"}
+    tensors = _declare(graph, shapes, roles, io_type) | _declare(graph, shapes, {"stats": "stats"}, float_type)
+    return tensors, {"o": tensors["o"], "dO": tensors["do"], "stats": tensors["stats"]}
+
+
+def _gradient_outputs(tensors: dict[str, Any], spec: RunSpec, grads: tuple[Any, Any, Any], data_type: Any) -> None:
+    shapes = _shapes(spec)
+    dq, dk, dv = grads
+    _outputs(tensors, {"dq": (dq, shapes["q"]), "dk": (dk, shapes["k"]), "dv": (dv, shapes["k"])}, data_type)
 
 
 def _bf16_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[Graph, Graph | None]:
-    shapes, io_type, float_type = _shapes(spec), _io_type(cudnn, spec.dtype), cudnn.data_type.FLOAT
+    io_type, float_type = _io_type(cudnn, spec.dtype), cudnn.data_type.FLOAT
     graph = _new_graph(cudnn, io_type, handle)
-    tensors = _declare(graph, shapes, {"q": "q", "k": "k", "v": "k"}, io_type)
-    o, stats = graph.sdpa(
-        name="sdpa",
-        q=tensors["q"],
-        k=tensors["k"],
-        v=tensors["v"],
-        generate_stats=spec.backward,
-        attn_scale=scale,
-        use_causal_mask=spec.causal,
-    )
-    _set_output(o, shapes["q"], io_type)
-    tensors["o"] = o
-    if spec.backward:
-        _set_output(stats, shapes["stats"], float_type)
-        tensors["stats"] = stats
+    tensors = _declare(graph, _shapes(spec), {"q": "q", "k": "k", "v": "k"}, io_type)
+    o, stats = graph.sdpa(name="sdpa", generate_stats=spec.backward, **_attention(tensors, spec, scale))
+    _forward_outputs(tensors, spec, o, stats, io_type, float_type)
     forward = _built(cudnn, graph, tensors, spec.device)
     if not spec.backward:
         return forward, None
     graph = _new_graph(cudnn, io_type, handle)
-    roles = {"q": "q", "k": "k", "v": "k", "o": "q", "do": "q"}
-    tensors = _declare(graph, shapes, roles, io_type) | _declare(graph, shapes, {"stats": "stats"}, float_type)
-    dq, dk, dv = graph.sdpa_backward(
-        name="sdpa_backward",
-        q=tensors["q"],
-        k=tensors["k"],
-        v=tensors["v"],
-        o=tensors["o"],
-        dO=tensors["do"],
-        stats=tensors["stats"],
-        attn_scale=scale,
-        use_causal_mask=spec.causal,
-    )
-    for role, tensor, like in (("dq", dq, "q"), ("dk", dk, "k"), ("dv", dv, "k")):
-        _set_output(tensor, shapes[like], io_type)
-        tensors[role] = tensor
+    tensors, saved = _backward_inputs(graph, spec, io_type, float_type)
+    grads = graph.sdpa_backward(name="sdpa_backward", **saved, **_attention(tensors, spec, scale))
+    _gradient_outputs(tensors, spec, grads, io_type)
     return forward, _built(cudnn, graph, tensors, spec.device)
 
 
 #: The fp8 graphs' scalar inputs and amax outputs, each a [1, 1, 1, 1] float32 tensor.
 FP8_FORWARD_SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
 FP8_FORWARD_AMAX = ("amax_s", "amax_o")
-FP8_BACKWARD_SCALARS = (
-    *("descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s", "descale_dp"),
-    *("scale_s", "scale_dq", "scale_dk", "scale_dv", "scale_dp"),
-)
+#: The fp8 backward's scalars by role, and the keyword each goes by in `graph.sdpa_fp8_backward`.
+FP8_BACKWARD_KEYWORDS = {
+    **{role: role for role in ("descale_q", "descale_k", "descale_v", "descale_o", "descale_s", "scale_s")},
+    **{"descale_do": "descale_dO", "descale_dp": "descale_dP", "scale_dq": "scale_dQ", "scale_dk": "scale_dK"},
+    **{"scale_dv": "scale_dV", "scale_dp": "scale_dP"},
+}
+FP8_BACKWARD_SCALARS = tuple(FP8_BACKWARD_KEYWORDS)
 FP8_BACKWARD_AMAX = ("amax_dq", "amax_dk", "amax_dv", "amax_dp")
 SCALAR = ((1, 1, 1, 1), (1, 1, 1, 1))
 
 
 def _fp8_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[Graph, Graph | None]:
-    shapes, e4m3, float_type = _shapes(spec), cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    e4m3, float_type = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     graph = _new_graph(cudnn, e4m3, handle)
-    tensors = _declare(graph, shapes, {"q": "q", "k": "k", "v": "k"}, e4m3)
+    tensors = _declare(graph, _shapes(spec), {"q": "q", "k": "k", "v": "k"}, e4m3)
     tensors |= _declare(graph, {"one": SCALAR}, dict.fromkeys(FP8_FORWARD_SCALARS, "one"), float_type)
     o, stats, amax_s, amax_o = graph.sdpa_fp8(
         name="sdpa_fp8",
-        q=tensors["q"],
-        k=tensors["k"],
-        v=tensors["v"],
         **{role: tensors[role] for role in FP8_FORWARD_SCALARS},
         generate_stats=spec.backward,
-        attn_scale=scale,
-        use_causal_mask=spec.causal,
+        **_attention(tensors, spec, scale),
     )
-    _set_output(o, shapes["q"], e4m3)  # Hopper's fp8 SDPA writes an fp8 O
-    tensors["o"] = o
-    for role, tensor in (("amax_s", amax_s), ("amax_o", amax_o)):
-        _set_output(tensor, SCALAR, float_type)
-        tensors[role] = tensor
-    if spec.backward:
-        _set_output(stats, shapes["stats"], float_type)
-        tensors["stats"] = stats
+    _forward_outputs(tensors, spec, o, stats, e4m3, float_type)  # Hopper's fp8 SDPA writes an fp8 O
+    _outputs(tensors, {"amax_s": (amax_s, SCALAR), "amax_o": (amax_o, SCALAR)}, float_type)
     forward = _built(cudnn, graph, tensors, spec.device)
     if not spec.backward:
         return forward, None
     graph = _new_graph(cudnn, e4m3, handle)
-    tensors = _declare(graph, shapes, {"q": "q", "k": "k", "v": "k", "o": "q", "do": "q"}, e4m3)
-    tensors |= _declare(graph, shapes, {"stats": "stats"}, float_type)
+    tensors, saved = _backward_inputs(graph, spec, e4m3, float_type)
     tensors |= _declare(graph, {"one": SCALAR}, dict.fromkeys(FP8_BACKWARD_SCALARS, "one"), float_type)
-    outputs = graph.sdpa_fp8_backward(
-        name="sdpa_fp8_backward",
-        q=tensors["q"],
-        k=tensors["k"],
-        v=tensors["v"],
-        o=tensors["o"],
-        dO=tensors["do"],
-        stats=tensors["stats"],
-        descale_q=tensors["descale_q"],
-        descale_k=tensors["descale_k"],
-        descale_v=tensors["descale_v"],
-        descale_o=tensors["descale_o"],
-        descale_dO=tensors["descale_do"],
-        descale_s=tensors["descale_s"],
-        descale_dP=tensors["descale_dp"],
-        scale_s=tensors["scale_s"],
-        scale_dQ=tensors["scale_dq"],
-        scale_dK=tensors["scale_dk"],
-        scale_dV=tensors["scale_dv"],
-        scale_dP=tensors["scale_dp"],
-        attn_scale=scale,
-        use_causal_mask=spec.causal,
+    scalars = {keyword: tensors[role] for role, keyword in FP8_BACKWARD_KEYWORDS.items()}
+    dq, dk, dv, *amaxes = graph.sdpa_fp8_backward(
+        name="sdpa_fp8_backward", **saved, **scalars, **_attention(tensors, spec, scale)
     )
-    dq, dk, dv, *amaxes = outputs
-    for role, tensor, like in (("dq", dq, "q"), ("dk", dk, "k"), ("dv", dv, "k")):
-        _set_output(tensor, shapes[like], e4m3)
-        tensors[role] = tensor
-    for role, tensor in zip(FP8_BACKWARD_AMAX, amaxes, strict=True):
-        _set_output(tensor, SCALAR, float_type)
-        tensors[role] = tensor
+    _gradient_outputs(tensors, spec, (dq, dk, dv), e4m3)
+    _outputs(tensors, {role: (t, SCALAR) for role, t in zip(FP8_BACKWARD_AMAX, amaxes, strict=True)}, float_type)
     return forward, _built(cudnn, graph, tensors, spec.device)
 
 
