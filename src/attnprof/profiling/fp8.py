@@ -109,9 +109,12 @@ def output_values(out: Any, descale_o: Any) -> Any:
 
 
 def quantize_inputs(q: Any, k: Any, v: Any, dtype: str, scaling: str, layout: str = "bhsd") -> Quantized:
-    """q, k and v quantized (`quantize`), synchronized on a GPU so the caller's wall time holds the work."""
+    """q, k and v quantized (`quantize`), synchronized on a GPU before and after, so the caller's wall time holds
+    the quantization and nothing queued before it."""
     import torch
 
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)
     (q8, dq), (k8, dk), (v8, dv) = (quantize(t, dtype, scaling, layout) for t in (q, k, v))
     if q.device.type == "cuda":
         torch.cuda.synchronize(q.device)
