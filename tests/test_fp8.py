@@ -201,3 +201,24 @@ def test_the_tables_show_the_quantization_beside_the_latency_and_the_sqnr_beside
     assert output_error_text(row) == "3.6e-02, 28.7 dB (vs bf16 5.7e-02, 24.9 dB)"
     plain = Row(variant="v", dtype="bf16", latency_us=1234.0, latency_iqr_us=5.0, rel_error=1e-3)
     assert latency_text(plain) == "1,234 ± 5" and output_error_text(plain) == "1.0e-03"
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_a_whole_fp8_cell_through_the_pipeline_on_cpu(mode, tmp_path, monkeypatch) -> None:
+    """The cell pipeline end to end with the stand-in fp8 kernel, its CPU skip lifted: the quantize phase, the
+    check against both references, the row's fp8 fields."""
+    from attnprof.config import MeasureOptions
+    from attnprof.pipeline.cell import run_cell
+
+    variant = fp8_variant(fp8_scaling="per-head")
+    monkeypatch.setattr(Variant, "unavailable_reason", lambda self, spec: None)
+    config = parse_config({"device": "cpu", "dtype": "fp8", "output_dir": str(tmp_path), "shapes": [SHAPE]})
+    result = run_cell(variant, RunSpec("cpu", "fp8", **SHAPE, mode=mode), config, MeasureOptions())
+    assert result.status == "ok", result.reason
+    assert result.phases_s["quantize"] > 0 and result.latency_us
+    row = cell_row(result)
+    assert (row.fp8_scaling, row.output_dtype) == ("per-head", "bf16") and row.quantize_ms > 0
+    assert row.passed and row.rel_error is not None and row.rel_error <= fp8.FP8_THRESHOLDS["fp8"]
+    assert row.sqnr_db > row.sqnr_db_vs_bf16 > 15
+    if mode == "bwd":
+        assert row.grad_rel_error_dq is not None and row.grad_rel_error_threshold == 2e-1

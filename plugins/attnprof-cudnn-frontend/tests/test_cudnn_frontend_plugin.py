@@ -214,3 +214,25 @@ def test_cudnn_fe_fp8_backward_uses_delayed_scales_and_quantizes_do_once(fake):
     for got, want in zip(second.grads, expected, strict=True):
         assert got.dtype == torch.bfloat16 and (got.double() - want).norm() / want.norm() < 0.1
     assert all(g.dtype == torch.bfloat16 for g in first.grads)
+
+
+@pytest.mark.parametrize("name, dtype", [("cudnn-fe", "bf16"), ("cudnn-fe-fp8", "fp8")])
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
+def test_a_whole_cell_through_the_pipeline_with_the_stand_in(fake, name, dtype, mode, tmp_path, monkeypatch):
+    """Each variant's cell end to end on CPU through attnprof's pipeline (its CUDA-only skip lifted): timing, the
+    profiled loop, the output and gradient checks, an fp8 cell's quantize phase and row fields."""
+    from attnprof import Variant
+    from attnprof.config import MeasureOptions, parse_config
+    from attnprof.pipeline.cell import run_cell
+    from attnprof.pipeline.rows import cell_row
+
+    monkeypatch.setattr(Variant, "unavailable_reason", lambda self, spec: None)
+    config = parse_config({"device": "cpu", "dtype": dtype, "output_dir": str(tmp_path), "shapes": [SHAPE]})
+    row = cell_row(run_cell(variants()[name], spec(dtype=dtype, mode=mode), config, MeasureOptions()))
+    assert row.status == "ok", row.reason
+    assert row.passed and row.latency_us
+    if dtype == "fp8":
+        assert (row.fp8_scaling, row.output_dtype) == ("per-tensor", "fp8") and row.quantize_ms
+        assert row.sqnr_db is not None and row.sqnr_db > 20
+    else:
+        assert row.fp8_scaling is None and row.quantize_ms is None
