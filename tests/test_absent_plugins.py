@@ -32,8 +32,8 @@ def no_plugins_installed(monkeypatch):
 
 
 def test_the_known_plugin_variants_are_the_shipped_plugins_entry_points():
-    """Each name in OPTIONAL_PLUGIN_VARIANTS is the VARIANT_NAME of a plugin under plugins/, whose pyproject
-    declares the entry point and distribution named beside it."""
+    """Each name in OPTIONAL_PLUGIN_VARIANTS is the VARIANT_NAME (or another *VARIANT_NAME) of a plugin under
+    plugins/, whose pyproject declares the entry point and distribution named beside it."""
     found = {}
     for pyproject in sorted(ROOT.glob("plugins/*/pyproject.toml")):
         text = pyproject.read_text()  # read by pattern: tomllib needs Python 3.11
@@ -41,8 +41,9 @@ def test_the_known_plugin_variants_are_the_shipped_plugins_entry_points():
         group = re.escape(f'[project.entry-points."{plugins.ENTRY_POINT_GROUP}"]')
         entry, module = re.search(group + r'\n(\S+) = "([^"]+)"', text).groups()
         source = (pyproject.parent / "src" / module / "__init__.py").read_text()
-        name = next(line.split('"')[1] for line in source.splitlines() if line.startswith("VARIANT_NAME = "))
-        found[name] = (entry, package)
+        names = re.findall(r'^[A-Z0-9_]*VARIANT_NAME = "([^"]+)"', source, re.MULTILINE)
+        assert names, f"{pyproject.parent.name} names no VARIANT_NAME"
+        found |= dict.fromkeys(names, (entry, package))
     assert found == plugins.OPTIONAL_PLUGIN_VARIANTS
 
 

@@ -38,7 +38,8 @@ def test_ids_are_the_documented_contract():
                            "cpu-contention", "comm-exposed", "bwd-dot-do-o",
                            "bwd-dq-convert", "bwd-memsets", "grad-accumulation", "host-sync",
                            "gpu-idle", "attention-overhead", "memory-bound", "bandwidth-bound",
-                           "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated", "throttled")
+                           "tensor-pipe-underused", "dram-bound", "l2-thrash", "stall-dominated", "throttled",
+                           "fp8-not-faster")
 
 
 def test_a_clean_forward_has_no_findings():

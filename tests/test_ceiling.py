@@ -258,3 +258,21 @@ def test_real_cpu_measurement_is_positive_and_labelled():
     assert c.tflops > 0 and c.bandwidth_gbps > 0 and c.read_gbps > 0
     assert c.source == "measured" and "fp32 matmul" in c.method
     assert c.read_method.startswith("torch.sum over 64 MiB of fp32; median of 10 after 3 warm-ups, perf_counter")
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e5m2"])
+def test_a_cpu_has_no_fp8_ceiling_and_measures_nothing(dtype):
+    found = device_ceiling("cpu", dtype, probe=never)
+    assert found.source == "none" and found.tflops is None
+    assert found.reason == f"no {dtype} matmul ceiling on CPU (fp8 cells need a GPU)"
+
+
+@pytest.mark.parametrize("dtype, first", [("fp8", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_the_fp8_ceilings_scaled_mm_takes_its_dtype_and_a_column_major_e4m3_second_operand(dtype, first):
+    import torch
+
+    a, b, one = ceiling.scaled_mm_operands(32, dtype, torch.device("cpu"))
+    assert str(a.dtype) == f"torch.{first}" and b.dtype == torch.float8_e4m3fn and b.stride() == (1, 32)
+    out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # torch has it on CPU too
+    assert torch.allclose(out.float(), a.float() @ b.float(), rtol=2e-2, atol=0.1)
+    assert ceiling._scaled_matmul_seconds(32, dtype, torch.device("cpu")) > 0

@@ -173,7 +173,7 @@ def test_missing_config(cli, tmp_path: Path) -> None:
 
 
 def test_invalid_config_lists_field_paths(cli, write_config) -> None:
-    result = cli("compare", str(write_config(dtype="fp8", extra=1)))
+    result = cli("compare", str(write_config(dtype="int8", extra=1)))
     assert_one_line_error(result, 2, "dtype: Input should be", "extra: unknown key")
 
 

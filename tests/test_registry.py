@@ -93,7 +93,7 @@ def test_a_raising_check_is_a_reason_not_a_crash() -> None:
     ({"name": "Bad Name"}, "variant name"),
     ({"layout": "sbhd"}, "layout"),
     ({"devices": ("tpu",)}, "unknown devices"),
-    ({"dtypes": ("fp8",)}, "unknown dtypes"),
+    ({"dtypes": ("fp4",)}, "unknown dtypes"),
 ])
 def test_variant_fields_are_validated(kwargs: dict, message: str) -> None:
     fields = {"name": "ok", "description": "d", "forward": _noop} | kwargs

@@ -36,7 +36,7 @@ def test_min_bytes_does_not_depend_on_causal():
 
 def test_min_bytes_unknown_dtype():
     with pytest.raises(ValueError):
-        min_bytes(spec(dtype="fp8"))
+        min_bytes(spec(dtype="int8"))
 
 
 def test_achieved_compute_bound():

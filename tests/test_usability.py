@@ -74,7 +74,7 @@ def test_list_piped_to_head_ends_quietly() -> None:
         (["--head-dim", "1024"], "--head-dim must be <= 512 (got 1024)"),
         (["--wait", "-1"], "--wait must be >= 0 (got -1)"),
         (["--mode", "fwdd"], "--mode must be 'fwd', 'bwd' or 'fwd+bwd' (got 'fwdd')"),
-        (["--dtype", "bf17"], "--dtype must be 'auto', 'bf16', 'fp16' or 'fp32' (got 'bf17')"),
+        (["--dtype", "bf17"], "--dtype must be 'auto', 'bf16', 'fp16', 'fp32', 'fp8' or 'fp8_e5m2' (got 'bf17')"),
         (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
         (["--min-time", "0"], "--min-time must be > 0 (got 0)"),
         (["--heads", "4", "--kv-heads", "3"], "heads (4) must be a multiple of kv_heads (3)"),

@@ -59,6 +59,8 @@ _cache: dict[tuple, LoadedVariants] = {}
 OPTIONAL_PLUGIN_VARIANTS: dict[str, tuple[str, str]] = {
     "flash-attn": ("flash-attn", "attnprof-flash-attn"),
     "triton-flash": ("triton", "attnprof-triton"),
+    "cudnn-fe": ("cudnn-frontend", "attnprof-cudnn-frontend"),
+    "cudnn-fe-fp8": ("cudnn-frontend", "attnprof-cudnn-frontend"),
 }
 
 

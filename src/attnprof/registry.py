@@ -27,6 +27,12 @@ from attnprof.masks import (
 from attnprof.varlen import label as varlen_label
 
 DTYPES = ("bf16", "fp16", "fp32")
+#: FP8 dtypes: `fp8` is e4m3, `fp8_e5m2` e5m2. A cell's q, k and v are quantized from bf16 outside the timed
+#: region (`profiling.fp8`); a variant runs them only when it names them in its `dtypes`.
+FP8_DTYPES = ("fp8", "fp8_e5m2")
+ALL_DTYPES = DTYPES + FP8_DTYPES
+FP8_NEEDS_CUDA = "fp8 needs a CUDA GPU (e4m3/e5m2 tensor cores: sm_89 or newer)"
+FP8_SCALINGS = ("per-tensor", "per-head")  # a variant's fp8 descale granularity
 DEVICE_TYPES = ("cpu", "cuda")
 LAYOUTS = ("bhsd", "bshd")
 DEFAULT_REGION = "attnprof"  # the record_function name around each forward
@@ -150,6 +156,11 @@ class RunSpec:
         """`bottom-right` (the queries are the last n_queries of n_keys positions) for every mask but
         `none`, which has no alignment (None)."""
         return None if self.mask.kind == "none" else "bottom-right"
+
+    @property
+    def fp8(self) -> bool:
+        """True for an FP8 cell (`FP8_DTYPES`)."""
+        return self.dtype in FP8_DTYPES
 
     @property
     def backward(self) -> bool:
@@ -315,6 +326,9 @@ class Variant:
     #: Set on the stand-in for an optional plugin's variant whose plugin is not there
     #: (`plugins.with_absent_plugins`): why every cell is skipped. A wildcard never chooses it; its name does.
     not_installed: str | None = field(default=None, repr=False)
+    #: FP8 variants: how q, k and v are scaled (`FP8_SCALINGS`) and the dtype of the output they return.
+    fp8_scaling: str = "per-tensor"
+    fp8_output: str = "bf16"
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9._+-]*", self.name):
@@ -324,12 +338,14 @@ class Variant:
         unknown = set(self.devices) - set(DEVICE_TYPES)
         if unknown:
             raise ValueError(f"variant {self.name}: unknown devices {sorted(unknown)}")
-        unknown = set(self.dtypes) - set(DTYPES)
+        unknown = set(self.dtypes) - set(ALL_DTYPES)
         if unknown:
             raise ValueError(f"variant {self.name}: unknown dtypes {sorted(unknown)}")
         unknown = (set(self.masks) | set(self.dense_masks)) - set(MASK_KINDS) | set(self.score_mods) - set(SCORE_MODS)
         if unknown:
             raise ValueError(f"variant {self.name}: unknown masks or score mods {sorted(unknown)}")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ValueError(f"variant {self.name}: fp8_scaling must be one of {', '.join(FP8_SCALINGS)}")
 
     def takes_dense_mask(self, spec: RunSpec) -> bool:
         """True when this variant reads the spec's mask as a dense tensor (for `bytes_moved`)."""
@@ -360,6 +376,8 @@ class Variant:
             return self.load_error
         if self.not_installed:
             return self.not_installed
+        if spec.dtype in FP8_DTYPES and spec.device_type != "cuda":
+            return FP8_NEEDS_CUDA
         if spec.device_type not in self.devices:
             return f"needs {' or '.join(d.upper() if d == 'cuda' else d for d in self.devices)}"
         if spec.dtype not in self.dtypes:

@@ -264,7 +264,7 @@ def _analyze(
         raise TraceError(f"region {region!r} has no forward in the trace")
     hint = normalize_dtype(dtype)
     if dtype is not None and hint is None:
-        raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16 or fp32")
+        raise TraceError(f"unknown dtype hint {dtype!r}; expected bf16, fp16, fp32 or fp8")
     kernels = kernel_stats(attribution)
     inferred, inferred_from = _infer_dtype(attribution)
     if inferred is None:

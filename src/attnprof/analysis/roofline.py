@@ -42,7 +42,9 @@ from attnprof.varlen import packed_pairs
 if TYPE_CHECKING:
     from attnprof.analysis.instance.ledger_summary import AttentionLedger
 
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: fp8 cells count every tensor at 1 byte: what an fp8 kernel with an fp8 output moves (a bf16 output or
+#: bf16 gradients move more, so for those it is a lower bound).
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e5m2": 1}
 #: FLOPs of each mode as a multiple of the forward's (tritonbench, flash-attention benchmarks).
 MODE_FLOPS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 #: Tensors a mode must move at least, as (query-head tensors, key/value-head tensors), each once:

@@ -61,8 +61,8 @@ DeviceOpt = Annotated[
 DtypeOpt = Annotated[
     str | None,
     typer.Option(
-        help="auto, bf16, fp16 or fp32 (overrides the config); auto is bf16 on a GPU of compute capability "
-        "8.0 or newer, fp16 on an older GPU, fp32 on CPU.",
+        help="auto, bf16, fp16, fp32, fp8 (e4m3) or fp8_e5m2 (overrides the config); auto is bf16 on a GPU of "
+        "compute capability 8.0 or newer, fp16 on an older GPU, fp32 on CPU; fp8 cells need a GPU.",
         show_default=False,
     ),
 ]

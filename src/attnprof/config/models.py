@@ -81,7 +81,7 @@ class Config(Strict):
     """Everything one `attnprof run`, `compare` or `sweep` needs."""
 
     device: str = "auto"
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: see devices.resolve_dtype
+    dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8", "fp8_e5m2"] = "auto"  # auto: see devices.resolve_dtype
     shapes: list[Shape] = Field(min_length=1)
     causal: bool = True
     mask: MaskText = None  # the shapes' default; a plain one (causal, none) is read into `causal`

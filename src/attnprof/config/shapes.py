@@ -171,7 +171,7 @@ class Sweep(Strict):
     mask: Annotated[list[MaskText], Field(min_length=1)] | None = None
     score_mod: Annotated[list[ScoreModText], Field(min_length=1)] | None = None
     kv_cache: Annotated[list[KvCache | None], Field(min_length=1)] | None = None
-    dtype: Annotated[list[Literal["bf16", "fp16", "fp32"]], Field(min_length=1)] | None = None
+    dtype: Annotated[list[Literal["bf16", "fp16", "fp32", "fp8", "fp8_e5m2"]], Field(min_length=1)] | None = None
     causal: Annotated[list[bool], Field(min_length=1)] | None = None
     mode: Annotated[list[Mode], Field(min_length=1)] | None = None
 

@@ -61,6 +61,8 @@ def run_cell(
         return result
     result.dense_mask = variant.takes_dense_mask(spec)
     result.by_design = variant.by_design  # the judge leaves these findings out of the row
+    if spec.fp8:
+        result.fp8_scaling, result.output_dtype = variant.fp8_scaling, variant.fp8_output
 
     def body() -> None:
         _measure(variant, spec, config, measure, result, trace_dir or Path(config.output_dir), agree)
@@ -92,10 +94,17 @@ def _measure(
 
     warm_process(result)
 
+    quantized: list[bool] = []
+
     @contextmanager
     def setup_stage(what: str) -> Iterator[None]:
-        with phase(result, "setup"), guard(what, variant):
+        # an fp8 cell's quantization is its own phase (phases_s["quantize"]), beside the latency, never in it;
+        # that of the input copies --cold-l2 rotate makes is setup
+        first = what == "quantization" and not quantized
+        with phase(result, "quantize" if first else "setup"), guard(what, variant):
             yield
+        if first:
+            quantized.append(True)
 
     def executed(state: Any) -> None:
         if variant.executed_pairs is None:
@@ -179,11 +188,25 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     from attnprof.profiling.inputs import to_bhsd
 
     out = output.out if spec.backward else output
-    out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
     rows = variant.output_rows(spec) if variant.output_rows is not None else None
-    result.check = correctness.check_against_reference(
-        out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod, step.sinks, spec.seq_lens
-    )
+    if step.fp8 is not None:
+        from attnprof.profiling.fp8 import output_values
+
+        result.check = correctness.check_fp8_output(
+            output_values(out, step.fp8.descale_o),
+            step.fp8.inputs,
+            step.inputs,
+            spec.causal,
+            variant.layout,
+            rows,
+            spec.mask,
+            spec.score_mod,
+        )
+    else:
+        out, q, k, v = (to_bhsd(t, variant.layout) for t in (out, *step.inputs))
+        result.check = correctness.check_against_reference(
+            out, q, k, v, spec.causal, spec.dtype, rows, spec.mask, spec.score_mod, step.sinks, spec.seq_lens
+        )
     if spec.backward:
         q_in, k_in, v_in = step.inputs
         result.grad_check = check_grads(

@@ -121,6 +121,8 @@ class CellResult:
     key_averages_table: str | None = None
     placement: Placement | None = None  # rank, host and GPU in a torchrun group; None in one process
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
+    fp8_scaling: str | None = None  # an fp8 cell's variant's `Variant.fp8_scaling`
+    output_dtype: str | None = None  # an fp8 cell's output dtype (`Variant.fp8_output`)
     by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
     working_set_bytes: int | None = None  # a CUDA cell's inputs, one copy (`profiling.steps.Step.input_bytes`)
     fixes: FixTiming | None = None  # the fixes its findings propose, timed at its trace's shapes (`pipeline.fixes`)

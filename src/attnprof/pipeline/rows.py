@@ -21,6 +21,7 @@ from attnprof.results.schema import SCHEMA_VERSION, Document, Row
 if TYPE_CHECKING:
     from attnprof.analysis import TraceAnalysis
     from attnprof.analysis.attainable import Attainable, NoReference
+    from attnprof.analysis.findings.registry import Fp8AgainstBf16
 
 #: What each TFLOP/s figure divides the FLOPs by.
 TFLOPS_CONVENTION = (
@@ -213,6 +214,7 @@ def cell_row(result: CellResult) -> Row:
         grad_rel_error_dv=grads.rel_errors.get("dv") if grads else None,
         grad_rel_error_dsinks=grads.rel_errors.get("dsinks") if grads else None,
         nan_on_fully_masked=result.nan_on_fully_masked,
+        **_fp8_fields(result),
         rel_error_threshold=check.threshold if check else None,
         grad_rel_error_threshold=grads.threshold if grads else None,
         correctness_scope=scope,
@@ -231,6 +233,22 @@ def cell_row(result: CellResult) -> Row:
     )
     attach_references([row])  # the row alone; the run's rows together once gathered (pipeline.sharded)
     return row
+
+
+def _fp8_fields(result: CellResult) -> dict[str, Any]:
+    """An fp8 cell's scaling, output dtype, quantization time and accuracy (`profiling.fp8`); {} otherwise."""
+    if result.fp8_scaling is None:
+        return {}
+    accuracy = result.check.fp8 if result.check is not None else None
+    quantize_s = result.phases_s.get("quantize")
+    return {
+        "fp8_scaling": result.fp8_scaling,
+        "output_dtype": result.output_dtype,
+        "quantize_ms": quantize_s * 1e3 if quantize_s is not None else None,
+        "sqnr_db": accuracy.sqnr_db if accuracy else None,
+        "rel_error_vs_bf16": accuracy.rel_error_vs_bf16 if accuracy else None,
+        "sqnr_db_vs_bf16": accuracy.sqnr_db_vs_bf16 if accuracy else None,
+    }
 
 
 def _spec_fields(result: CellResult, spec: RunSpec) -> dict[str, Any]:
@@ -322,6 +340,15 @@ def join_best_known(row: Row, reference: Attainable | NoReference) -> None:
     unit = "forward" if (row.mode or "fwd") == "fwd" else "step"
     findings = judge_best_known([finding_of(f) for f in row.findings], lambda _key: reference, unit)
     row.findings = [finding_record(f) for f in findings]
+
+
+def join_fp8_comparison(row: Row, against: Fp8AgainstBf16) -> None:
+    """Judge an fp8 `row`'s findings against the fastest bf16 row of its shape and mode found after the run
+    (`pipeline.fp8_compare`): `fp8-not-faster` (`analysis.findings.judge.judge_fp8`)."""
+    from attnprof.analysis.findings import judge_fp8
+
+    unit = "forward" if (row.mode or "fwd") == "fwd" else "step"
+    row.findings = [finding_record(f) for f in judge_fp8([finding_of(f) for f in row.findings], against, unit)]
 
 
 def results_document(

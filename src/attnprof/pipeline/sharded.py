@@ -40,6 +40,7 @@ from attnprof.config import Config, MeasureOptions
 from attnprof.errors import AttnprofError, DistributedError
 from attnprof.pipeline.best_known import attach_best_known
 from attnprof.pipeline.distributed import MULTICAST_OFF
+from attnprof.pipeline.fp8_compare import attach_fp8_comparisons
 from attnprof.pipeline.mask_alternatives import attach_row_alternatives
 from attnprof.pipeline.measured import CellResult, Placement
 from attnprof.pipeline.references import attach_references
@@ -231,6 +232,7 @@ def _run_in_folder(
         attach_row_speedups(rows, job.config.baseline)
         attach_references(rows)  # one reference per device for every percentage of the run
         attach_best_known(rows)  # the run's fastest variant at each cell, its findings judged against it
+        attach_fp8_comparisons(rows)  # an fp8 row against the fastest bf16 row of its shape: fp8-not-faster
         attach_row_alternatives(rows)
         ceilings: dict[str, Any] = {}
         for s in shares:

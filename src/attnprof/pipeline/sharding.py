@@ -42,6 +42,8 @@ NOMINAL_FLOP_RATE = {
     ("cuda", "bf16"): 300e12,
     ("cuda", "fp16"): 300e12,
     ("cuda", "fp32"): 40e12,
+    ("cuda", "fp8"): 600e12,
+    ("cuda", "fp8_e5m2"): 600e12,
     ("cpu", "bf16"): 50e9,
     ("cpu", "fp16"): 20e9,
     ("cpu", "fp32"): 100e9,

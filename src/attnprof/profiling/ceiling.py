@@ -15,6 +15,10 @@ versions (`source` "cached", `reason` and `set_aside` say why), else none at all
 figure): % of peak is then n/a, saying why. A run measures it again, at most once, when a cell's achieved
 TFLOP/s exceeds it (`RunCeiling.measure_again`).
 
+FP8 (`fp8`, `fp8_e5m2`): the matmul is `torch._scaled_mm` at the same 8192³ size, per-tensor float32 scales of
+1 and a bf16 output, counted 2·n³ FLOPs like every other dtype; `fp8` multiplies e4m3 by e4m3, `fp8_e5m2` e5m2
+by e4m3 (cuBLASLt has no e5m2 × e5m2 product; the tensor cores run both at one rate). A CPU has no fp8 ceiling.
+
 CPU in bf16 or fp16 has no ceiling (`source` "none"): a half-precision matmul on a CPU is no
 peak for attention kernels that compute in fp32 inside (against a freshly measured bf16 matmul,
 sdpa-flash on CPU reached 4,832%). Nothing is measured then, and % of peak is n/a.
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from attnprof.profiling.contention import CpuShare, is_contended
+from attnprof.profiling.fp8 import TORCH_FP8
 from attnprof.profiling.read_probe import REPS, WARMUP, median_seconds, probe_read
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
@@ -159,6 +164,8 @@ def no_ceiling_reason(device: str, dtype: str) -> str | None:
 
     if torch.device(device).type == "cpu" and dtype in CPU_NO_CEILING_DTYPES:
         return f"no meaningful {dtype} matmul ceiling on CPU (attention there computes in fp32)"
+    if torch.device(device).type == "cpu" and dtype in TORCH_FP8:
+        return f"no {dtype} matmul ceiling on CPU (fp8 cells need a GPU)"
     return None
 
 
@@ -373,14 +380,19 @@ def probe_ceiling(device: str, dtype: str) -> Ceiling:
     cuda = dev.type == "cuda"
     n = GPU_MATMUL_N if cuda else _cpu_matmul_size(tdtype)
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
-    mm_s = _matmul_seconds(n, tdtype, dev)
+    if dtype in TORCH_FP8:
+        mm_s = _scaled_matmul_seconds(n, dtype, dev)
+        product = f"{dtype} torch._scaled_mm ({SCALED_MM_OPERANDS[dtype]}, bf16 out)"
+    else:
+        mm_s = _matmul_seconds(n, tdtype, dev)
+        product = f"{dtype} matmul"
     copy_s = _copy_seconds(nbytes, dev)
     read = probe_read(device)
     tflops = 2.0 * n**3 / mm_s / 1e12
     gbps = 2.0 * nbytes / copy_s / 1e9
     where = "CUDA events" if cuda else "perf_counter"
     method = (
-        f"{n}x{n}x{n} {dtype} matmul and {nbytes >> 20} MiB copy (read+write), "
+        f"{n}x{n}x{n} {product} and {nbytes >> 20} MiB copy (read+write), "
         f"median of {REPS} after {WARMUP} warm-ups, {where}"
     )
     return Ceiling(tflops, gbps, "measured", method=method, read_gbps=read.gbps, read_method=read.method)
@@ -392,6 +404,31 @@ def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
 
     a, b, c = _operands(n, tdtype, dev)
     return median_seconds(lambda: torch.matmul(a, b, out=c), dev)
+
+
+#: The operands of each fp8 dtype's `torch._scaled_mm` (cuBLASLt has no e5m2 × e5m2 product).
+SCALED_MM_OPERANDS = {"fp8": "e4m3 x e4m3", "fp8_e5m2": "e5m2 x e4m3"}
+
+
+def scaled_mm_operands(n: int, dtype: str, dev: Any) -> tuple[Any, Any, Any]:
+    """The fp8 operands of an n x n x n `torch._scaled_mm` in `dtype` (the second column-major, as
+    cuBLASLt takes it) and its float32 scale of 1."""
+    import torch
+
+    from attnprof.profiling.fp8 import torch_fp8
+
+    first = torch_fp8(dtype)
+    a = torch.randn(n, n, device=dev).to(first)
+    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
+    return a, b, torch.ones((), device=dev, dtype=torch.float32)
+
+
+def _scaled_matmul_seconds(n: int, dtype: str, dev: Any) -> float:
+    """Median seconds of one n x n x n fp8 `torch._scaled_mm` with a bf16 output (GPU only)."""
+    import torch
+
+    a, b, one = scaled_mm_operands(n, dtype, dev)
+    return median_seconds(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), dev)
 
 
 def _copy_seconds(nbytes: int, dev: Any) -> float:

@@ -27,10 +27,11 @@ from typing import Any
 
 from attnprof.errors import VariantFailure
 from attnprof.masks import Mask
+from attnprof.profiling.fp8 import FP8_THRESHOLDS, Fp8Accuracy, Quantized, fp8_accuracy
 from attnprof.profiling.inputs import make_inputs, to_bhsd
 from attnprof.registry import RunSpec, Variant
 
-THRESHOLDS = {"bf16": 1.5e-2, "fp16": 2e-3, "fp32": 1e-5}
+THRESHOLDS = {"bf16": 1.5e-2, "fp16": 2e-3, "fp32": 1e-5, **FP8_THRESHOLDS}  # fp8: profiling/fp8.py
 FULL_REFERENCE_LIMIT = 1 << 22  # B·H·S_q·S_kv scores (32 MiB of float64)
 SUBSET_HEADS = 4
 SUBSET_ROWS = 256
@@ -50,6 +51,7 @@ class Check:
     reason: str | None = None
     threshold: float | None = None
     scope: str = "full"
+    fp8: Fp8Accuracy | None = None  # an fp8 cell's errors and SQNR against both references
 
 
 def threshold_for(dtype: str, limits: dict[str, float] = THRESHOLDS) -> float:
@@ -253,8 +255,6 @@ def check_variant_output(
     whole output; the error uses the whole reference when B·H·rows·S ≤ `limit`, else the subset
     `reference_subset` picks among the output's rows (see the module docstring).
     """
-    import torch
-
     out, q, k, v = (to_bhsd(t, layout) for t in (out, q, k, v))
     threshold = threshold_for(dtype)
     batch, heads, seq, head_dim = q.shape
@@ -265,6 +265,32 @@ def check_variant_output(
     bad = nonfinite_reason(out)
     if bad:
         return Check(None, False, bad, threshold)
+    got, ref, scope = compared_with_reference(
+        out, q, k, v, causal, positions, rows, mask, score_mod, limit, sinks=sinks, seq_lens=seq_lens
+    )
+    return check_output(got, ref, dtype, scope=scope)
+
+
+def compared_with_reference(
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: bool,
+    positions: list[int],
+    rows: Sequence[int] | None,
+    mask: Mask | str | None,
+    score_mod: str | None,
+    limit: int = FULL_REFERENCE_LIMIT,
+    sinks: Any = None,
+    seq_lens: Sequence[int] | None = None,
+) -> tuple[Any, Any, str]:
+    """The output (bhsd) and the float64 reference it is compared with: whole, or the subset
+    `reference_subset` picks, and the scope that says which; `positions` are the output's query rows;
+    `sinks` and `seq_lens` as in `reference_attention`."""
+    import torch
+
+    batch, heads, seq, _ = q.shape
     shard = "" if rows is None else f"this process's {len(positions)} of {seq} query rows"
     subset = reference_subset(batch, heads, len(positions), limit=limit * len(positions) // seq)
     if subset is None:
@@ -272,7 +298,7 @@ def check_variant_output(
         ref = reference_attention(
             q, k, v, causal, q_rows=q_rows, mask=mask, score_mod=score_mod, sinks=sinks, seq_lens=seq_lens
         )
-        return check_output(out, ref, dtype, scope=shard or "full")
+        return out, ref, shard or "full"
     group = heads // k.shape[1]
     b_idx = torch.tensor(subset["batches"], device=q.device)
     h_idx = torch.tensor(subset["heads"], device=q.device)
@@ -302,7 +328,7 @@ def check_variant_output(
         f"subset: batches {subset['batches']}, {len(subset['heads'])} of {heads} heads, "
         f"{len(subset['rows'])} of {len(positions)} query rows" + (f" ({shard})" if shard else "")
     )
-    return check_output(got, ref, dtype, scope=scope)
+    return got, ref, scope
 
 
 def check_against_reference(
@@ -334,6 +360,34 @@ def check_against_reference(
         sinks=sinks,
         seq_lens=seq_lens,
     )
+
+
+def check_fp8_output(
+    out: Any,
+    quantized: Quantized,
+    sources: tuple[Any, Any, Any],
+    causal: bool,
+    layout: str = "bhsd",
+    rows: Sequence[int] | None = None,
+    mask: Mask | str | None = None,
+    score_mod: str | None = None,
+) -> Check:
+    """An fp8 cell's output (in float, `layout`) against the float64 reference of the dequantized inputs
+    (the verdict, with the fp8 dtype's limit) and of the bf16 `sources` (reported in `Check.fp8`)."""
+    out = to_bhsd(out, layout)
+    dequantized = quantized.dequantized(layout)
+    positions = list(range(dequantized[0].shape[2])) if rows is None else list(rows)
+    threshold = threshold_for(quantized.dtype)
+    bad = nonfinite_reason(out)
+    if bad:
+        return Check(None, False, bad, threshold)
+    dq, dk, dv = dequantized
+    got, ref, scope = compared_with_reference(out, dq, dk, dv, causal, positions, rows, mask, score_mod)
+    check = check_output(got, ref, quantized.dtype, scope=scope)
+    sq, sk, sv = (to_bhsd(t, layout) for t in sources)
+    _, ref_source, _ = compared_with_reference(out, sq, sk, sv, causal, positions, rows, mask, score_mod)
+    accuracy = fp8_accuracy(got, ref, ref_source, quantized.dtype)
+    return Check(check.rel_error, check.passed, check.reason, check.threshold, check.scope, accuracy)
 
 
 def accepts_attn_mask(variant: Variant) -> bool:

@@ -39,7 +39,9 @@ from attnprof.profiling.correctness import (
 )
 from attnprof.profiling.inputs import to_bhsd
 
-GRAD_THRESHOLDS = {"bf16": 5e-2, "fp16": 5e-3, "fp32": 2e-5}
+#: fp8: against float64 autograd on the bf16 sources, so quantization is included; not yet measured on a
+#: GPU (no fp8 backward runs on CPU): set at 3x the forward's worst error against those sources (6.1e-2, 1.25e-1).
+GRAD_THRESHOLDS = {"bf16": 5e-2, "fp16": 5e-3, "fp32": 2e-5, "fp8": 2e-1, "fp8_e5m2": 4e-1}
 GRAD_REFERENCE_LIMIT = 1 << 24  # scores in the float64 reference with its graph (about 0.5 GiB)
 SUBSET_HEADS = 4
 GRAD_NAMES = ("dq", "dk", "dv")
@@ -59,7 +61,7 @@ class GradCheck:
 
 
 def grad_threshold_for(dtype: str) -> float:
-    """The gradients' relative-error limit for `bf16`, `fp16` or `fp32`."""
+    """The gradients' relative-error limit for `bf16`, `fp16`, `fp32`, `fp8` or `fp8_e5m2`."""
     return threshold_for(dtype, GRAD_THRESHOLDS)
 
 

@@ -12,10 +12,13 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def torch_dtype(name: str) -> Any:
-    """The torch dtype for `bf16`, `fp16` or `fp32`."""
+    """The torch dtype for `bf16`, `fp16` or `fp32`; for `fp8` and `fp8_e5m2` that of their bf16 sources
+    (`profiling.fp8` quantizes them outside the timed region)."""
     import torch
 
-    return getattr(torch, DTYPE_NAMES[name])
+    from attnprof.profiling.fp8 import SOURCE_DTYPE, TORCH_FP8
+
+    return getattr(torch, DTYPE_NAMES[SOURCE_DTYPE if name in TORCH_FP8 else name])
 
 
 def resolve_torch_device(requested: str) -> str:
@@ -31,8 +34,8 @@ def resolve_torch_device(requested: str) -> str:
 
 
 def make_inputs(spec: RunSpec, seed: int, layout: str = "bhsd") -> tuple[Any, Any, Any]:
-    """Seeded standard-normal q, k, v for `spec`, in `bhsd` ([B, H, S, D]) or `bshd` layout; q has
-    `n_queries` positions, k and v `n_keys`.
+    """Seeded standard-normal q, k, v for `spec` (an fp8 cell's: its bf16 sources), in `bhsd` ([B, H, S, D])
+    or `bshd` layout; q has `n_queries` positions, k and v `n_keys`.
 
     The values do not depend on the layout: `bshd` tensors are the `bhsd` ones transposed
     and made contiguous, so every variant sees the same numbers.

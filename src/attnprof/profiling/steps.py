@@ -69,6 +69,7 @@ class Step:
     input_bytes: int = 0
     replica: Callable[[], Step] | None = None
     sinks: Any = None
+    fp8: Any = None  # an fp8 cell's `profiling.fp8.Fp8State` (its quantized inputs, the output's descale)
 
 
 @contextlib.contextmanager
@@ -217,12 +218,19 @@ def cell_step(
         after_setup(set_up)
 
     def prepared(q: Any, k: Any, v: Any) -> tuple[Any, int]:
-        """The variant's state for these inputs, and the bytes its `prepare_inputs` allocated (GPU only)."""
-        if variant.prepare_inputs is None:
-            return set_up, 0
+        """The variant's state for these inputs, and the bytes its `prepare_inputs` allocated (GPU only);
+        an fp8 cell's is an `Fp8State` around it, its inputs quantized under the stage `quantization`."""
         before = _allocated(q.device)
-        with stage("input preparation"), torch.no_grad():  # its own layout of k and v (a paged pool), untimed
-            state = variant.prepare_inputs(spec, set_up, q, k, v, seed)
+        state = set_up
+        if spec.fp8:
+            from attnprof.profiling.fp8 import Fp8State, quantize_inputs
+
+            with stage("quantization"), torch.no_grad():
+                quantized = quantize_inputs(q, k, v, spec.dtype, variant.fp8_scaling, variant.layout)
+            state = Fp8State(quantized, set_up)
+        if variant.prepare_inputs is not None:
+            with stage("input preparation"), torch.no_grad():  # its own layout of k and v (a paged pool), untimed
+                state = variant.prepare_inputs(spec, state, q, k, v, seed)
         return state, _allocated(q.device) - before
 
     def step_over(q: Any, k: Any, v: Any, sinks: Any) -> Step:
@@ -233,6 +241,7 @@ def cell_step(
         optional = (built.grad_out, built.sinks)
         tensors = [*built.inputs, *(t for t in optional if t is not None)]
         built.input_bytes = sum(t.numel() * t.element_size() for t in tensors) + extra
+        built.fp8 = state if spec.fp8 else None
         return built
 
     def replica() -> Step:

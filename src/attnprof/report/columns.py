@@ -89,6 +89,8 @@ def latency_text(row: Row, say_retimed: bool = False) -> str:
         text += f" (timed while other processes held the CPU{f', also after {again} re-time(s)' if again else ''})"
     elif say_retimed and row.retimed_for_contention:
         text += f" (re-timed {row.retimed_for_contention}x once the CPU was calm)"
+    if row.quantize_ms is not None:  # an fp8 cell: its quantization beside the latency, never in it
+        text += f" (+ quantize {fmt_number(row.quantize_ms * 1e3)})"
     return marked(row, text)
 
 
@@ -115,6 +117,17 @@ def ratio_text(value: float, reliable: bool = True) -> str:
 def error_text(value: float | None) -> str:
     """A relative error: `1.5e-03`, or n/a."""
     return "n/a" if value is None else f"{value:.1e}"
+
+
+def output_error_text(row: Row) -> str:
+    """The output's relative error against float64 (`error_text`); an fp8 row's with its SQNR and both against
+    the bf16 sources' reference: `3.6e-02, 28.7 dB (vs bf16 5.7e-02, 24.9 dB)`."""
+    text = error_text(row.rel_error)
+    if row.sqnr_db is not None:
+        text += f", {row.sqnr_db:.1f} dB"
+    if row.rel_error_vs_bf16 is not None and row.sqnr_db_vs_bf16 is not None:
+        text += f" (vs bf16 {row.rel_error_vs_bf16:.1e}, {row.sqnr_db_vs_bf16:.1f} dB)"
+    return text
 
 
 #: The mark of a figure by kernel time where the table's column is by latency (`by_kernel_time`).
@@ -337,7 +350,7 @@ METRIC_COLUMNS: list[MetricColumn] = [
         model=Place("GPU µs", Column("peak MiB", drop=1)),
     ),
     MetricColumn(
-        lambda r: error_text(r.rel_error),
+        output_error_text,
         compare=Place("peak MiB", Column("rel err", drop=6)),
         run=Place("peak extra memory (MiB)", Column("rel. error vs float64")),
     ),

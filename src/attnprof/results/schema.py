@@ -149,6 +149,15 @@ class Row(Record):
     grad_rel_error_dk: float | None = None
     grad_rel_error_dv: float | None = None
     grad_rel_error_dsinks: float | None = None  # a `sinks` cell's sink-logit gradient
+    # fp8 cells: how q, k, v were scaled (per-tensor, per-head), the output's dtype, the quantization's
+    # wall time (beside the latency, never in it) and the output against float64 of the dequantized inputs
+    # (rel_error, sqnr_db) and of the bf16 sources (..._vs_bf16)
+    fp8_scaling: str | None = None
+    output_dtype: str | None = None
+    quantize_ms: float | None = None
+    sqnr_db: float | None = None
+    rel_error_vs_bf16: float | None = None
+    sqnr_db_vs_bf16: float | None = None
     nan_on_fully_masked: bool | None = None
     logits_baseline: str | None = None
     logits_max_abs_diff: float | None = None
@@ -250,6 +259,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("timed_power_max_pct", "timed_temperature_max_c", "timed_clock_limits", "nvml_samples"),
     *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
     *("forwards_per_sample", "rel_error_threshold", "grad_rel_error_threshold", "correctness_scope"),
+    *("fp8_scaling", "output_dtype", "quantize_ms", "sqnr_db", "rel_error_vs_bf16", "sqnr_db_vs_bf16"),
     *("flops_convention", "speedup_vs_baseline", "speedup_reliable", "findings", "trace", "ncu_report"),
     *("ncu_note", "comm_kernels_per_forward", "comm_time_us", "comm_overlap_pct", "comm_exposed_us"),
     *("rank", "local_rank", "world_size", "hostname", "gpu", "ncu_seconds"),

@@ -18,6 +18,7 @@ from attnprof.analysis.findings import (
     counters,
     cpu,
     forward,
+    fp8,
     fusion,
     gpu_health,
     ledger,
@@ -34,6 +35,7 @@ from attnprof.analysis.findings.judge import (
     judge,
     judge_alternatives,
     judge_best_known,
+    judge_fp8,
 )
 from attnprof.analysis.findings.registry import (
     SEVERITIES,
@@ -47,7 +49,7 @@ from attnprof.analysis.findings.registry import (
 #: Every finding, in the order they are emitted: the forward's work, unfused attention, the masks and the SDPA backend,
 #: occupancy, the CPU side, communication, the backward, the attention ledger and the stalls, then the
 #: attention calls' memory traffic, then what hardware counters (Nsight Compute) show inside the kernels, then
-#: the GPU while the latency was timed (NVML).
+#: the GPU while the latency was timed (NVML), then an fp8 cell against bf16 in its run.
 FINDINGS = FindingRegistry(
     [
         *forward.RULES,
@@ -61,6 +63,7 @@ FINDINGS = FindingRegistry(
         *memory.RULES,
         *counters.RULES,
         *gpu_health.RULES,
+        *fp8.RULES,
     ]
 )
 #: The ids, a stable JSON contract, in the order the findings are emitted.
@@ -96,4 +99,5 @@ __all__ = [
     "judge",
     "judge_alternatives",
     "judge_best_known",
+    "judge_fp8",
 ]

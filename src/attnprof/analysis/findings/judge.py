@@ -28,7 +28,8 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
 
 After a run the alternatives found among its rows reach a row judged before through
 `judge_alternatives`, which runs `weigh_dense_mask` alone on the row's findings; the fastest variant of the
-run at a row's cell through `judge_best_known`, which runs `judge_attainable` alone.
+run at a row's cell through `judge_best_known`, which runs `judge_attainable` alone; an fp8 row's fastest bf16
+counterpart at its shape through `judge_fp8`, which runs the fp8 rules (`findings/fp8.py`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ from typing import TYPE_CHECKING, Protocol
 from attnprof.analysis.findings.attainable import Work, judge_attainable
 from attnprof.analysis.findings.counters import RULES as COUNTER_RULES
 from attnprof.analysis.findings.cpu import RULES as CPU_RULES
+from attnprof.analysis.findings.fp8 import RULES as FP8_RULES
 from attnprof.analysis.findings.gpu_health import RULES as GPU_HEALTH_RULES
 from attnprof.analysis.findings.occupancy import RULES as OCCUPANCY_RULES
 from attnprof.analysis.findings.recording import RecordingCost
 from attnprof.analysis.findings.registry import (
     Finding,
     FindingContext,
+    Fp8AgainstBf16,
     GpuHealthReading,
     HostDevice,
     Numbers,
@@ -385,3 +388,12 @@ def judge_best_known(findings: Sequence[Finding], reference: Reference, unit: st
     """The findings of a row judged before, against the best known at its shape found after its run (the
     fastest variant of the run at its cell): `judge_attainable` alone, on the work the findings' evidence holds."""
     return judge_attainable(list(findings), Verdict(reference=reference, unit=unit))
+
+
+def judge_fp8(findings: Sequence[Finding], against: Fp8AgainstBf16, unit: str) -> list[Finding]:
+    """The findings of an fp8 row judged before, with the fastest bf16 row of its shape and mode found after its
+    run: the fp8 rules (`fp8-not-faster`) judged again against it, their findings in place of any the row held,
+    the others kept; the context's instance time is the fp8 row's latency."""
+    context = FindingContext([], [], None, None, 0.0, against.fp8_latency_us, unit=unit, fp8_vs_bf16=against)
+    fp8_ids = set(FP8_RULES.ids())
+    return [f for f in findings if f.id not in fp8_ids] + FP8_RULES.build(context)

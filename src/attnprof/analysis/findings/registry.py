@@ -168,6 +168,17 @@ class Timed:
     uncalm_wait_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Fp8AgainstBf16:
+    """An fp8 row beside the fastest bf16 row of the same shape and mode in the same run, as `fp8-not-faster`
+    reads it: the fp8 dtype and latency, the bf16 variant and its latency (µs, timed without the profiler)."""
+
+    fp8_dtype: str
+    fp8_latency_us: float
+    bf16_variant: str
+    bf16_latency_us: float
+
+
 @dataclass
 class FindingContext:
     """What the findings read: per-forward metrics, per-kernel statistics and the analysis' totals; or, for
@@ -189,6 +200,7 @@ class FindingContext:
     counters: StepCounters | None = None  # one step's hardware counters (Nsight Compute); None without them
     gpu_health: GpuHealthReading | None = None  # the GPU while the latency was timed (NVML); None without it
     timed: Timed | None = None  # how the row's latency was timed (the judge's); None for a trace alone
+    fp8_vs_bf16: Fp8AgainstBf16 | None = None  # an fp8 row's bf16 counterpart in its run; None for a trace alone
 
     @property
     def instance_time_us(self) -> float:

@@ -64,13 +64,17 @@ DTYPE_ALIASES = {
     "float64": "fp64",
     "double": "fp64",
     "torch.float64": "fp64",
+    "fp8": "fp8",  # e4m3 and e5m2 alike, as TRACE_DTYPES reads them
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
 }
 SIXTEEN_BIT = frozenset({"bf16", "fp16"})
 SIXTEEN_BIT_INPUT_TYPES = frozenset({"c10::BFloat16", "c10::Half", "BFloat16", "Half"})
 
 
 def normalize_dtype(value: str | None) -> str | None:
-    """The short dtype name (bf16, fp16, fp32, fp64) for a spelling like "bfloat16"; None if unknown."""
+    """The short dtype name (bf16, fp16, fp32, fp64, fp8) for a spelling like "bfloat16"; None if unknown."""
     if value is None:
         return None
     return DTYPE_ALIASES.get(str(value).strip().lower())
