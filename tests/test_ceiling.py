@@ -3,7 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from attnprof.profiling import ceiling
+from attnprof.profiling import ceiling, fp8
 from attnprof.profiling.ceiling import (
     MAX_AGE_DAYS,
     Ceiling,
@@ -271,8 +271,8 @@ def test_a_cpu_has_no_fp8_ceiling_and_measures_nothing(dtype):
 def test_the_fp8_ceilings_scaled_mm_takes_its_dtype_and_a_column_major_e4m3_second_operand(dtype, first):
     import torch
 
-    a, b, one = ceiling.scaled_mm_operands(32, dtype, torch.device("cpu"))
+    a, b, one = fp8.scaled_mm_operands(32, dtype, torch.device("cpu"))
     assert str(a.dtype) == f"torch.{first}" and b.dtype == torch.float8_e4m3fn and b.stride() == (1, 32)
     out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # torch has it on CPU too
     assert torch.allclose(out.float(), a.float() @ b.float(), rtol=2e-2, atol=0.1)
-    assert ceiling._scaled_matmul_seconds(32, dtype, torch.device("cpu")) > 0
+    assert fp8.scaled_matmul_seconds(32, dtype, torch.device("cpu")) > 0

@@ -7,18 +7,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnprof.profiling.correctness import (
     THRESHOLDS,
-    accepts_attn_mask,
     check_output,
     check_variant_output,
-    fully_masked_mask,
-    masking_probe,
-    probe_fully_masked,
     reference_attention,
     reference_subset,
     relative_error,
     threshold_for,
 )
 from attnprof.profiling.inputs import make_inputs, torch_dtype
+from attnprof.profiling.masking_probe import accepts_attn_mask, fully_masked_mask, masking_probe, probe_fully_masked
 from attnprof.registry import RunSpec, Variant
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -6,13 +6,11 @@ import torch.nn.functional as F
 
 from attnprof.errors import VariantFailure
 from attnprof.profiling import ceiling
-from attnprof.profiling.correctness import (
-    check_variant_output,
-    probe_fully_masked,
-)
+from attnprof.profiling.correctness import check_variant_output
 from attnprof.profiling.cuda_graphs import capture_graph, event_time_s, flush_buffer
 from attnprof.profiling.environment import collect_environment
 from attnprof.profiling.inputs import make_inputs
+from attnprof.profiling.masking_probe import probe_fully_masked
 from attnprof.profiling.memory import MIB, peak_extra_memory_mib
 from attnprof.profiling.timing import TimingOptions, time_forward
 from attnprof.registry import RunSpec, Variant

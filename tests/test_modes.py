@@ -238,7 +238,7 @@ def test_tables_title_the_mode(cli, write_config) -> None:
 
 def test_run_refuses_a_variant_without_backward_in_one_line(cli, write_config, monkeypatch) -> None:
     from attnprof import plugins
-    from attnprof.registry import Registry
+    from attnprof.variant_registry import Registry
 
     real = plugins.load_variants
 

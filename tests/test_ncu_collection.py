@@ -35,7 +35,8 @@ from attnprof.pipeline.resume import inherit_measure, open_previous
 from attnprof.plugins import load_variants
 from attnprof.profiling import ncu as ncu_module
 from attnprof.profiling.ncu import NcuPassFailed, NcuRequest, ncu_command, run_ncu
-from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.registry import RunSpec, Variant
+from attnprof.variant_registry import Registry
 
 SHAPE = {"batch": 1, "heads": 2, "seq": 32, "head_dim": 16}
 WITH_NCU = MeasureOptions(min_time_s=0.02, ncu=True)

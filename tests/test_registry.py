@@ -6,7 +6,8 @@ import pytest
 
 from attnprof.errors import DuplicateVariantError, UnknownVariantError
 from attnprof.plugins import load_variants
-from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.registry import RunSpec, Variant
+from attnprof.variant_registry import Registry
 from attnprof.variants import builtin_variants, compiled
 
 COMPILED = {v.name for v in compiled.variants()}  # torch.compile'd: their checks depend on the installed torch

@@ -254,3 +254,12 @@ def alibi_slopes(heads: int, device: Any = "cpu") -> Any:
     import torch
 
     return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float64, device=device) / heads).float()
+
+
+def spec_mask(mask: Mask | str | None, causal: bool | None) -> Mask:
+    """`RunSpec.mask` from the constructor's inputs: `mask` parsed (a Mask passes through), a plain one
+    (or none) replaced by the one `causal` chooses when it is given; neither given: causal."""
+    parsed = parse_mask(mask) if mask is not None else None
+    if causal is not None and (parsed is None or parsed.kind in PLAIN_KINDS):
+        return Mask.plain(causal)
+    return parsed if parsed is not None else Mask("causal")

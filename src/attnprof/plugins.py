@@ -16,7 +16,8 @@ from importlib import metadata
 from typing import Any
 
 from attnprof.errors import AttnprofError, one_line
-from attnprof.registry import Registry, Variant
+from attnprof.registry import Variant
+from attnprof.variant_registry import Registry
 
 ENTRY_POINT_GROUP = "attnprof.variants"
 PLUGINS_ENV = "ATTNPROF_PLUGINS"

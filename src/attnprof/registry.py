@@ -5,26 +5,24 @@ Nothing here imports torch; a variant's own callables import it when they run.
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnprof.errors import DuplicateVariantError, UnknownVariantError
 from attnprof.kv_cache import page_label, page_size_problem, positive_page_size
 from attnprof.masks import (
     MASK_KINDS,
     PLAIN_KINDS,
     SCORE_MODS,
     Mask,
-    parse_mask,
     parse_score_mod,
     score_mod_kind,
     score_mod_label,
+    spec_mask,
 )
 from attnprof.varlen import label as varlen_label
+from attnprof.varlen import packed_problem
 
 DTYPES = ("bf16", "fp16", "fp32")
 #: FP8 dtypes: `fp8` is e4m3, `fp8_e5m2` e5m2. A cell's q, k and v are quantized from bf16 outside the timed
@@ -112,7 +110,7 @@ class RunSpec:
             "head_dim": head_dim,
             "kv_heads": kv_heads,
             "mode": mode,
-            "mask": _spec_mask(mask, causal),
+            "mask": spec_mask(mask, causal),
             "score_mod": parse_score_mod(score_mod),
             "q_len": None if q_len == seq else q_len,
             "kv_len": None if kv_len == seq else kv_len,
@@ -123,7 +121,7 @@ class RunSpec:
             object.__setattr__(self, name, value)
         if self.page_size is not None and (problem := page_size_problem(self.page_size, self.n_keys)):
             raise ValueError(problem)
-        if self.seq_lens is not None and (problem := _packed_problem(self)):
+        if self.seq_lens is not None and (problem := packed_problem(self)):
             raise ValueError(problem)
 
     @property
@@ -221,28 +219,6 @@ class RunSpec:
     def cell_label(self) -> str:
         """`shape_label`, with the mode after it when that is not the default `fwd`."""
         return f"{self.shape_label} {self.mode}" if self.backward else self.shape_label
-
-
-def _packed_problem(spec: RunSpec) -> str | None:
-    """Why a packed spec is not one: batch 1 of the lengths' total, plain mask, square, contiguous, no score mod."""
-    if not spec.seq_lens or min(spec.seq_lens) <= 0:
-        return "seq_lens must be positive lengths"
-    if spec.batch != 1 or spec.seq != sum(spec.seq_lens):
-        return f"a packed batch is batch 1 of seq {sum(spec.seq_lens)} (got {spec.batch}x{spec.seq})"
-    if spec.mask.kind not in PLAIN_KINDS or spec.score_mod is not None:
-        return "seq_lens takes the causal or none mask and no score_mod"
-    if spec.q_len is not None or spec.kv_len is not None or spec.page_size is not None:
-        return "seq_lens takes no q_len, kv_len or kv_cache"
-    return None
-
-
-def _spec_mask(mask: Mask | str | None, causal: bool | None) -> Mask:
-    """`RunSpec.mask` from the constructor's inputs: `mask` parsed (a Mask passes through), a plain one
-    (or none) replaced by the one `causal` chooses when it is given; neither given: causal."""
-    parsed = parse_mask(mask) if mask is not None else None
-    if causal is not None and (parsed is None or parsed.kind in PLAIN_KINDS):
-        return Mask.plain(causal)
-    return parsed if parsed is not None else Mask("causal")
 
 
 @dataclass(frozen=True)
@@ -394,93 +370,3 @@ class Variant:
             except Exception as exc:  # a plugin's check must not break listing
                 return f"check raised {type(exc).__name__}: {exc}"
         return None
-
-
-class Registry:
-    """Variants by name. Duplicate names raise; unknown names get close-match suggestions."""
-
-    def __init__(self) -> None:
-        self._variants: dict[str, Variant] = {}
-
-    def register(self, variant: Variant) -> Variant:
-        """Add `variant`; raise DuplicateVariantError if its name is taken."""
-        if not isinstance(variant, Variant):
-            raise TypeError(f"register() takes an attnprof Variant, got {type(variant).__name__}")
-        existing = self._variants.get(variant.name)
-        if existing is not None:
-            raise DuplicateVariantError(
-                f"variant {variant.name!r} from {variant.source} is already registered by {existing.source}"
-            )
-        self._variants[variant.name] = variant
-        return variant
-
-    def names(self) -> list[str]:
-        """All variant names, in registration order (built-ins first, in the blog's order)."""
-        return list(self._variants)
-
-    def all(self) -> list[Variant]:
-        """All variants, in registration order."""
-        return [self._variants[n] for n in self.names()]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._variants
-
-    def __len__(self) -> int:
-        return len(self._variants)
-
-    def get(self, name: str, role: str = "variant") -> Variant:
-        """The variant called `name`; UnknownVariantError with suggestions otherwise. `role` says what
-        the name was given as in that message (`unknown baseline 'sdpa-mth'; did you mean sdpa-math?`)."""
-        try:
-            return self._variants[name]
-        except KeyError:
-            raise UnknownVariantError(_unknown_message(name, self.names(), role)) from None
-
-    def check_patterns(self, patterns: Iterable[str]) -> None:
-        """UnknownVariantError, with suggestions, for the first pattern without wildcards that names no variant."""
-        for pattern in patterns:
-            if not _is_pattern(pattern):
-                self.get(pattern)
-
-    def matching(self, patterns: Iterable[str]) -> list[str]:
-        """Names matching any of `patterns`, in registration order (no check: a pattern may match none); a
-        stand-in for an absent plugin's variant (`Variant.not_installed`) matches its own name only."""
-        patterns = list(patterns)
-        return [
-            n
-            for n, v in self._variants.items()
-            if any(n == p if v.not_installed else fnmatch.fnmatchcase(n, p) for p in patterns)
-        ]
-
-    def select(self, include: Iterable[str] = ("*",), exclude: Iterable[str] = ()) -> list[Variant]:
-        """Variants matching any include pattern and no exclude pattern, in the include order.
-
-        A pattern without wildcards must name a variant exactly, so typos fail loudly.
-        """
-        include = list(include) or ["*"]
-        exclude = list(exclude)
-        self.check_patterns(include + exclude)
-        chosen: list[str] = []
-        for pattern in include:
-            for name in self.matching([pattern]):
-                if name not in chosen:
-                    chosen.append(name)
-        excluded = self.matching(exclude)
-        chosen = [n for n in chosen if n not in excluded]
-        if not chosen:
-            raise UnknownVariantError(
-                f"no variant matches {', '.join(include)}" + (f" minus {', '.join(exclude)}" if exclude else ""),
-                hint=f"known variants: {', '.join(self.names())}",
-            )
-        return [self._variants[n] for n in chosen]
-
-
-def _is_pattern(text: str) -> bool:
-    return any(ch in text for ch in "*?[")
-
-
-def _unknown_message(name: str, known: list[str], role: str = "variant") -> str:
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-    if close:
-        return f"unknown {role} {name!r}; did you mean {', '.join(close)}?"
-    return f"unknown {role} {name!r}; known variants: {', '.join(known) or '(none)'}"

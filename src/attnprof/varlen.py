@@ -15,7 +15,12 @@ import difflib
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from attnprof.masks import PLAIN_KINDS
+
+if TYPE_CHECKING:
+    from attnprof.registry import RunSpec
 
 DISTRIBUTIONS = ("uniform", "lognormal")
 GENERATOR_KEYS = ("count", "mean", "distribution", "seed")
@@ -149,3 +154,16 @@ def pad_index(lengths: Sequence[int], device: Any) -> Any:
 
     longest = max(lengths)
     return torch.cat([i * longest + torch.arange(n, device=device) for i, n in enumerate(lengths)])
+
+
+def packed_problem(spec: RunSpec) -> str | None:
+    """Why a packed spec is not one: batch 1 of the lengths' total, plain mask, square, contiguous, no score mod."""
+    if not spec.seq_lens or min(spec.seq_lens) <= 0:
+        return "seq_lens must be positive lengths"
+    if spec.batch != 1 or spec.seq != sum(spec.seq_lens):
+        return f"a packed batch is batch 1 of seq {sum(spec.seq_lens)} (got {spec.batch}x{spec.seq})"
+    if spec.mask.kind not in PLAIN_KINDS or spec.score_mod is not None:
+        return "seq_lens takes the causal or none mask and no score_mod"
+    if spec.q_len is not None or spec.kv_len is not None or spec.page_size is not None:
+        return "seq_lens takes no q_len, kv_len or kv_cache"
+    return None

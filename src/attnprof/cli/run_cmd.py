@@ -14,7 +14,8 @@ from attnprof.errors import VariantUnavailableError
 if TYPE_CHECKING:
     from attnprof.config import MeasureOptions
     from attnprof.pipeline import RunOutcome
-    from attnprof.registry import Registry, RunSpec, Variant
+    from attnprof.registry import RunSpec, Variant
+    from attnprof.variant_registry import Registry
 
 VariantOpt = Annotated[str, typer.Option("--variant", "-v", help="The variant to profile (see `attnprof list`).")]
 

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from attnprof.errors import UnknownVariantError
-from attnprof.registry import Registry, Variant
+from attnprof.registry import Variant
+from attnprof.variant_registry import Registry
 
 #: The attention implementations transformers ships (the name a model's `attn_implementation` takes).
 HF_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")

@@ -87,7 +87,6 @@ def _measure(
     """Everything that runs the variant: its setup and input layout (`prepare_inputs`), timing, the
     profiled loop, correctness, memory, masking. What is timed and profiled is the step of the spec's
     mode (`profiling.steps`)."""
-    from attnprof.profiling import correctness
     from attnprof.profiling.profiler import trace_file_name
     from attnprof.profiling.steps import cell_step
     from attnprof.profiling.timing import TimingOptions
@@ -143,8 +142,10 @@ def _measure(
         )
         del copies
         if measure.check_masking:
+            from attnprof.profiling import masking_probe
+
             with phase(result, "masking_probe"), guard("masking probe", variant):
-                result.nan_on_fully_masked = correctness.probe_fully_masked(
+                result.nan_on_fully_masked = masking_probe.probe_fully_masked(
                     variant, spec.device, spec.dtype, config.seed
                 )
 

@@ -24,7 +24,7 @@ from attnprof.pipeline.counters import CounterCollector, refuse_counters
 from attnprof.pipeline.measured import CellResult, attach_speedups
 from attnprof.pipeline.model_row import run_row
 from attnprof.pipeline.run import RunFolder, RunOutcome, attach_clocks, clock_sampler, open_run_folder
-from attnprof.registry import Registry
+from attnprof.variant_registry import Registry
 
 
 def plan_implementations(config: ModelConfig, registry: Registry) -> list[Implementation]:

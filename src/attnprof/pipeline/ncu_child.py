@@ -25,7 +25,7 @@ from attnprof.errors import AttnprofError, VariantUnavailableError
 from attnprof.profiling.ncu import CHILD_FAILED, CHILD_MARK, WARMUP_STEPS
 
 if TYPE_CHECKING:
-    from attnprof.registry import Registry
+    from attnprof.variant_registry import Registry
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,9 @@ from attnprof.interrupts import (
 )
 from attnprof.pipeline.cell import ran_out_of_memory, rethroughput, run_cell
 from attnprof.pipeline.measured import CellResult, attach_speedups
-from attnprof.registry import Registry, RunSpec, Variant
+from attnprof.registry import RunSpec, Variant
 from attnprof.results.schema import Document, Row
+from attnprof.variant_registry import Registry
 
 if TYPE_CHECKING:
     from attnprof.pipeline.counters import CounterCollector

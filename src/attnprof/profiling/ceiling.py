@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from attnprof.profiling.contention import CpuShare, is_contended
-from attnprof.profiling.fp8 import TORCH_FP8
+from attnprof.profiling.fp8 import SCALED_MM_OPERANDS, TORCH_FP8, scaled_matmul_seconds
 from attnprof.profiling.read_probe import REPS, WARMUP, median_seconds, probe_read
 
 CACHE_ENV = "ATTNPROF_CACHE_DIR"
@@ -381,7 +381,7 @@ def probe_ceiling(device: str, dtype: str) -> Ceiling:
     n = GPU_MATMUL_N if cuda else _cpu_matmul_size(tdtype)
     nbytes = GPU_COPY_BYTES if cuda else CPU_COPY_BYTES
     if dtype in TORCH_FP8:
-        mm_s = _scaled_matmul_seconds(n, dtype, dev)
+        mm_s = scaled_matmul_seconds(n, dtype, dev)
         product = f"{dtype} torch._scaled_mm ({SCALED_MM_OPERANDS[dtype]}, bf16 out)"
     else:
         mm_s = _matmul_seconds(n, tdtype, dev)
@@ -404,31 +404,6 @@ def _matmul_seconds(n: int, tdtype: Any, dev: Any) -> float:
 
     a, b, c = _operands(n, tdtype, dev)
     return median_seconds(lambda: torch.matmul(a, b, out=c), dev)
-
-
-#: The operands of each fp8 dtype's `torch._scaled_mm` (cuBLASLt has no e5m2 × e5m2 product).
-SCALED_MM_OPERANDS = {"fp8": "e4m3 x e4m3", "fp8_e5m2": "e5m2 x e4m3"}
-
-
-def scaled_mm_operands(n: int, dtype: str, dev: Any) -> tuple[Any, Any, Any]:
-    """The fp8 operands of an n x n x n `torch._scaled_mm` in `dtype` (the second column-major, as
-    cuBLASLt takes it) and its float32 scale of 1."""
-    import torch
-
-    from attnprof.profiling.fp8 import torch_fp8
-
-    first = torch_fp8(dtype)
-    a = torch.randn(n, n, device=dev).to(first)
-    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
-    return a, b, torch.ones((), device=dev, dtype=torch.float32)
-
-
-def _scaled_matmul_seconds(n: int, dtype: str, dev: Any) -> float:
-    """Median seconds of one n x n x n fp8 `torch._scaled_mm` with a bf16 output (GPU only)."""
-    import torch
-
-    a, b, one = scaled_mm_operands(n, dtype, dev)
-    return median_seconds(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), dev)
 
 
 def _copy_seconds(nbytes: int, dev: Any) -> float:

@@ -161,3 +161,28 @@ def fp8_accuracy(out: Any, ref_dequantized: Any, ref_source: Any, dtype: str) ->
         sqnr_db_vs_bf16=sqnr_db(out, ref_source),
         threshold=FP8_THRESHOLDS[dtype],
     )
+
+
+#: The operands of each fp8 dtype's `torch._scaled_mm` (cuBLASLt has no e5m2 × e5m2 product).
+SCALED_MM_OPERANDS = {"fp8": "e4m3 x e4m3", "fp8_e5m2": "e5m2 x e4m3"}
+
+
+def scaled_mm_operands(n: int, dtype: str, dev: Any) -> tuple[Any, Any, Any]:
+    """The fp8 operands of an n x n x n `torch._scaled_mm` in `dtype` (the second column-major, as
+    cuBLASLt takes it) and its float32 scale of 1."""
+    import torch
+
+    first = torch_fp8(dtype)
+    a = torch.randn(n, n, device=dev).to(first)
+    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
+    return a, b, torch.ones((), device=dev, dtype=torch.float32)
+
+
+def scaled_matmul_seconds(n: int, dtype: str, dev: Any) -> float:
+    """Median seconds of one n x n x n fp8 `torch._scaled_mm` with a bf16 output (GPU only)."""
+    import torch
+
+    from attnprof.profiling.read_probe import median_seconds
+
+    a, b, one = scaled_mm_operands(n, dtype, dev)
+    return median_seconds(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), dev)
