@@ -15,12 +15,9 @@ import difflib
 import math
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnprof.masks import PLAIN_KINDS
-
-if TYPE_CHECKING:
-    from attnprof.registry import RunSpec
 
 DISTRIBUTIONS = ("uniform", "lognormal")
 GENERATOR_KEYS = ("count", "mean", "distribution", "seed")
@@ -156,8 +153,8 @@ def pad_index(lengths: Sequence[int], device: Any) -> Any:
     return torch.cat([i * longest + torch.arange(n, device=device) for i, n in enumerate(lengths)])
 
 
-def packed_problem(spec: RunSpec) -> str | None:
-    """Why a packed spec is not one: batch 1 of the lengths' total, plain mask, square, contiguous, no score mod."""
+def packed_problem(spec: Any) -> str | None:
+    """Why a packed RunSpec is not one: batch 1 of the lengths' total, plain mask, square, no score mod."""
     if not spec.seq_lens or min(spec.seq_lens) <= 0:
         return "seq_lens must be positive lengths"
     if spec.batch != 1 or spec.seq != sum(spec.seq_lens):
