@@ -9,7 +9,7 @@ then `graph.execute(variant_pack, workspace, handle=handle)` in each timed call:
   `graph.sdpa_backward`;
 * `cudnn-fe-fp8` (`fp8`, e4m3): `graph.sdpa_fp8` and `graph.sdpa_fp8_backward` on the q, k and v attnprof
   quantized per tensor outside the timed region (`attnprof.profiling.fp8`), with per-tensor descales and
-  the amax outputs (of S and O; of dQ, dK, dV and dP). The probabilities S are scaled by 448 (they lie in
+  the amax outputs (of O; of dQ, dK, dV and dP). The probabilities S are scaled by 448 (they lie in
   [0, 1]); O by 1 / descale_v (it lies within V's range), so its descale is descale_v. The backward's dO,
   dP, dQ, dK and dV scales are delayed, as Transformer Engine keeps them: each call uses the amax the
   previous call measured (the first call, a warm-up, starts at 1). dO is quantized once per grad_out tensor
@@ -244,7 +244,9 @@ def _bf16_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[
 
 #: The fp8 graphs' scalar inputs and amax outputs, each a [1, 1, 1, 1] float32 tensor.
 FP8_FORWARD_SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
-FP8_FORWARD_AMAX = ("amax_s", "amax_o")
+#: amax_s stays virtual: cudnn-frontend 1.32 deprecates it as an output (declaring it restricts the graph to backend
+#: engines); S's scale is the fixed 448 its docs give for e4m3 without dropout.
+FP8_FORWARD_AMAX = ("amax_o",)
 #: The fp8 backward's scalars by role, and the keyword each goes by in `graph.sdpa_fp8_backward`.
 FP8_BACKWARD_KEYWORDS = {
     **{role: role for role in ("descale_q", "descale_k", "descale_v", "descale_o", "descale_s", "scale_s")},
@@ -261,14 +263,14 @@ def _fp8_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[G
     graph = _new_graph(cudnn, e4m3, handle)
     tensors = _declare(graph, _shapes(spec), {"q": "q", "k": "k", "v": "k"}, e4m3)
     tensors |= _declare(graph, {"one": SCALAR}, dict.fromkeys(FP8_FORWARD_SCALARS, "one"), float_type)
-    o, stats, amax_s, amax_o = graph.sdpa_fp8(
+    o, stats, _amax_s, amax_o = graph.sdpa_fp8(
         name="sdpa_fp8",
         **{role: tensors[role] for role in FP8_FORWARD_SCALARS},
         generate_stats=spec.backward,
         **_attention(tensors, spec, scale),
     )
     _forward_outputs(tensors, spec, o, stats, e4m3, float_type)  # Hopper's fp8 SDPA writes an fp8 O
-    _outputs(tensors, {"amax_s": (amax_s, SCALAR), "amax_o": (amax_o, SCALAR)}, float_type)
+    _outputs(tensors, {"amax_o": (amax_o, SCALAR)}, float_type)
     forward = _built(cudnn, graph, tensors, spec.device)
     if not spec.backward:
         return forward, None
@@ -279,6 +281,7 @@ def _fp8_graphs(cudnn: Any, spec: RunSpec, handle: Any, scale: float) -> tuple[G
     dq, dk, dv, *amaxes = graph.sdpa_fp8_backward(
         name="sdpa_fp8_backward", **saved, **scalars, **_attention(tensors, spec, scale)
     )
+    amaxes = amaxes[: len(FP8_BACKWARD_AMAX)]  # 1.32 may add dSink_token after them
     _gradient_outputs(tensors, spec, (dq, dk, dv), e4m3)
     _outputs(tensors, {role: (t, SCALAR) for role, t in zip(FP8_BACKWARD_AMAX, amaxes, strict=True)}, float_type)
     return forward, _built(cudnn, graph, tensors, spec.device)

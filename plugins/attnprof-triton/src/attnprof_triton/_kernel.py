@@ -17,8 +17,10 @@ One program computes one BLOCK_M-row tile of queries for one (batch, head):
   sliding window from the block of p − W + 1, documents from the document's start); the
   blocks every row keeps whole go without any mask, and only the boundary blocks evaluate
   the element mask (`_keep`); the other blocks are never loaded;
-* the grid is ordered so the query tiles with the most key blocks (the bottom rows of a
-  causal matrix) are launched first, which trims the tail of the last wave;
+* the grid runs query tiles fastest, so the programs in flight belong to one or two heads and
+  share their K/V in L2 (with heads fastest, an H200 at 1x64x16384x128/kv8 causal read 2.1 GB
+  from DRAM against cuDNN's 0.34 GB); within a head the query tiles with the most key blocks
+  (the bottom rows of a causal matrix) are launched first, which trims the tail of each head;
 * with grouped-query attention, query head h reads key/value head h // (H // H_kv);
 * tiles move by pointer loads, masked only where a tile crosses the sequence's end; with
   ATTNPROF_TRITON_TMA=1 on Hopper and newer they move by TMA instead, through on-device
@@ -168,10 +170,12 @@ def _attn_fwd(Q, K, V, Out, Lse,
               HEAD_DIM: tl.constexpr, MASK: tl.constexpr, USE_TMA: tl.constexpr,
               DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Axis 0 (fastest in launch order) walks (batch, head); axis 1 walks query tiles from the
-    # last one backwards, so the longest causal rows go out in the first wave.
-    pid_bh = tl.program_id(0)
-    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    # One flat axis (no 65,535 limit on batch x heads): one head's query tiles run fastest, from the
+    # last one backwards, so the longest causal rows go out first and the programs in flight share
+    # that head's K/V in L2; then (batch, head), the query heads of one GQA group next to each other.
+    n_tiles = tl.cdiv(q_len, BLOCK_M)
+    start_m = n_tiles - 1 - tl.program_id(0) % n_tiles
+    pid_bh = tl.program_id(0) // n_tiles
     off_b = pid_bh // n_heads
     off_h = pid_bh % n_heads
     off_kvh = off_h // group
@@ -391,12 +395,12 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig |
     if config is None and not tunes(q):
         config = default_config(q_len, head_dim, q.element_size())
     if config is None:
-        def grid(m: dict) -> tuple[int, int]:
-            return (batch * heads, triton.cdiv(q_len, m["BLOCK_M"]))
+        def grid(m: dict) -> tuple[int]:
+            return (triton.cdiv(q_len, m["BLOCK_M"]) * batch * heads,)
 
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (batch * heads, triton.cdiv(q_len, config.block_m))
+        grid = (triton.cdiv(q_len, config.block_m) * batch * heads,)
         _attn_fwd[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         num_warps=config.num_warps, num_stages=config.num_stages)
     return (out, lse) if return_lse else out
