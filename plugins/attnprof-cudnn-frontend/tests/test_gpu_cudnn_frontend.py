@@ -13,6 +13,7 @@ from attnprof import RunSpec  # noqa: E402
 from attnprof.config import MeasureOptions, parse_config  # noqa: E402
 from attnprof.pipeline.cell import run_cell  # noqa: E402
 from attnprof.pipeline.rows import cell_row  # noqa: E402
+from attnprof.profiling.ceiling import RunCeiling  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -25,7 +26,8 @@ def _cell(name: str, dtype: str, mode: str, tmp_path, seq: int = 2048):
     reason = variant.unavailable_reason(spec)
     if reason:
         pytest.skip(reason)
-    return cell_row(run_cell(variant, spec, config, MeasureOptions()))
+    # the run's ceiling in the cell's dtype (torch._scaled_mm for fp8), as compare measures it
+    return cell_row(run_cell(variant, spec, config, MeasureOptions(), RunCeiling.start("cuda:0", dtype)))
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])

@@ -193,6 +193,8 @@ def _check(step: Any, output: Any, variant: Variant, spec: RunSpec, result: Cell
     if step.fp8 is not None:
         from attnprof.profiling.fp8 import output_values
 
+        result.quantize_s = step.fp8.inputs.time_s
+
         result.check = correctness.check_fp8_output(
             output_values(out, step.fp8.descale_o),
             step.fp8.inputs,

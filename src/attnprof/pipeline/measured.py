@@ -123,6 +123,7 @@ class CellResult:
     mask_alternatives: list[MaskAlternative] = field(default_factory=list)  # measured for its dense-mask finding
     fp8_scaling: str | None = None  # an fp8 cell's variant's `Variant.fp8_scaling`
     output_dtype: str | None = None  # an fp8 cell's output dtype (`Variant.fp8_output`)
+    quantize_s: float | None = None  # an fp8 cell's quantization of q, k and v, median (`profiling.fp8`)
     by_design: frozenset[str] = frozenset()  # the finding ids its variant shows on purpose (`Variant.by_design`)
     working_set_bytes: int | None = None  # a CUDA cell's inputs, one copy (`profiling.steps.Step.input_bytes`)
     fixes: FixTiming | None = None  # the fixes its findings propose, timed at its trace's shapes (`pipeline.fixes`)

@@ -49,9 +49,11 @@ def ledger_line(ledger: AttentionRecord, unit: str) -> str:
     share, bytes and GB/s, overhead."""
     backends = ", ".join(f"{b}:{n}" for b, n in ledger.backends.items())
     on_cpu = ledger.time_base == "cpu"
-    line = f"{fmt_number(ledger.calls_per_forward)} attention call(s) per {unit}" + (
-        f" ({backends})" if backends else ""
-    )
+    backward = sum(1 for c in ledger.calls if c.phase == "backward")
+    counts = f"{fmt_number(ledger.calls_per_forward)} attention call(s)"
+    if backward:  # a training step's (or a backward alone's) calls: the forward count says nothing of them
+        counts = f"{fmt_number(ledger.calls_per_forward)} forward and {backward} backward attention call(s)"
+    line = f"{counts} per {unit}" + (f" ({backends})" if backends else "")
     line += f"; their {'CPU' if on_cpu else 'device'} time {fmt_number(ledger.kernel_time_us)} µs per {unit}"
     if ledger.attention_impl is not None:
         line += f", served by {ledger.attention_impl}"

@@ -146,6 +146,13 @@ class AttentionLedger:
                 "(a call replayed from a CUDA graph has no op, so no shapes)"
             ]
         if unknown:
+            bare = [c for c in unknown if c.first_op < 0]  # launched by a library or a graph replay, under no op
+            if bare:
+                kernels = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in bare))
+                return [
+                    f"attention bytes and GB/s are null: {kernels} ran under no torch op (launched by a library "
+                    "such as cudnn-frontend, or replayed from a CUDA graph), so the trace holds no shapes for it"
+                ]
             ops = ", ".join(dict.fromkeys(f"{c.op} ({c.backend})" for c in unknown))
             return [f"attention bytes and GB/s are null: the recorded inputs of {ops} are not Q, K and V"]
         if peaks is None:
