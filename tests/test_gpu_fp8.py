@@ -58,3 +58,27 @@ def test_an_fp8_cell_runs_end_to_end_with_its_quantize_phase_and_accuracy(mode, 
     assert row.quantize_ms is not None and row.quantize_ms > 0
     assert row.sqnr_db is not None and row.sqnr_db > 20 and row.rel_error_vs_bf16 is not None
     assert row.passed
+
+
+def test_sdpa_fp8_runs_on_fa3_or_says_why_not(tmp_path):
+    """torch's quantized SDPA: a checked forward where FlashAttention-3 is installed, else the cell's skip reason."""
+    import importlib.util
+
+    from attnprof.config import MeasureOptions, parse_config
+    from attnprof.pipeline.cell import run_cell
+    from attnprof.pipeline.rows import cell_row
+    from attnprof.registry import RunSpec
+    from attnprof.variants import builtin_variants
+
+    variant = {v.name: v for v in builtin_variants()}["sdpa-fp8"]
+    shape = {"batch": 1, "heads": 16, "kv_heads": 4, "seq": 2048, "head_dim": 128}
+    config = parse_config({"device": "cuda", "dtype": "fp8", "output_dir": str(tmp_path), "shapes": [shape]})
+    row = cell_row(run_cell(variant, RunSpec("cuda", "fp8", **shape), config, MeasureOptions()))
+    if importlib.util.find_spec("flash_attn_interface") is None:
+        assert row.status == "skipped" and row.reason.startswith("needs FlashAttention-3 (flash_attn_interface")
+        return
+    assert row.status == "ok", row.reason
+    assert row.fp8_scaling == "per-head" and row.output_dtype == "bf16" and row.passed and row.sqnr_db > 20
+    import torch.nn.attention as attention
+
+    assert attention.current_flash_attention_impl() is None  # FA3 switched off again after the cell

@@ -20,7 +20,7 @@ from attnprof.pipeline import (
     run_cells,
     select_variants,
     without_collective,
-    without_varlen_only,
+    without_unrunnable_wildcards,
 )
 from attnprof.pipeline.cell import exceeds, throughput
 from attnprof.pipeline.engine import Job, run_job
@@ -243,7 +243,7 @@ def test_default_exclusions_hold_on_cpu_only() -> None:
     default = load_config(None)
     def chosen(device: str) -> list[str]:
         found = without_collective(default, select_variants(default, registry, device), False)
-        return [v.name for v in without_varlen_only(default, found)]
+        return [v.name for v in without_unrunnable_wildcards(default, found)]
 
     on_cpu, on_gpu = chosen("cpu"), chosen("cuda:0")
     assert "flex" not in on_cpu and "compiled" not in on_cpu
@@ -251,6 +251,20 @@ def test_default_exclusions_hold_on_cpu_only() -> None:
     [(names, reason)] = config_exclusions(default, registry, "cpu")
     assert names == ["flex", "compiled"] and reason.startswith("torch.compile takes tens of seconds on a small CPU")
     assert config_exclusions(default, registry, "cuda:0") == []
+
+
+def test_a_wildcard_leaves_out_variants_of_none_of_the_configs_dtypes(config) -> None:
+    """sdpa-fp8 (fp8 only) is left out of `sdpa-*` in a bf16 config, kept in an fp8 sweep and when named."""
+    registry = load_variants(no_plugins=True).registry
+
+    def chosen(**update) -> list[str]:
+        cfg = Config.model_validate(config.model_dump() | update)
+        return [v.name for v in without_unrunnable_wildcards(cfg, select_variants(cfg, registry, "cuda:0"))]
+
+    assert "sdpa-fp8" not in chosen(variants=["sdpa-*"], dtype="bf16")
+    assert "sdpa-fp8" in chosen(variants=["sdpa-*"], dtype="bf16", sweep={"dtype": ["bf16", "fp8"]})
+    assert "sdpa-fp8" in chosen(variants=["sdpa-flash", "sdpa-fp8"], dtype="bf16")
+    assert "sdpa-fp8" in chosen(variants=["sdpa-*"], dtype="auto")
 
 
 def test_exclusions_name_each_variant_once_under_its_first_entry(config) -> None:
@@ -268,10 +282,10 @@ def test_exclusions_name_each_variant_once_under_its_first_entry(config) -> None
     )
     assert config_exclusions(config, registry, "cuda:1") == [
         (["sdpa-flash", "sdpa-cudnn"], "r1"),
-        (["sdpa-math", "sdpa-efficient"], None),
+        (["sdpa-math", "sdpa-efficient", "sdpa-fp8"], None),
     ]
     assert config_exclusions(config, registry, "cpu") == [
-        (["sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn"], None)
+        (["sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "sdpa-fp8"], None)
     ]
 
 

@@ -329,14 +329,14 @@ def test_bhsd_output_of_a_bshd_variant_is_the_packed_rows() -> None:
 
 def test_a_wildcard_chooses_the_varlen_only_variants_for_packed_shapes_only(write_config) -> None:
     from attnprof.config import load_config
-    from attnprof.pipeline import select_variants, without_varlen_only
+    from attnprof.pipeline import select_variants, without_unrunnable_wildcards
     from attnprof.plugins import load_variants
 
     registry = load_variants(no_plugins=True).registry
 
     def chosen(**overrides) -> list[str]:
         config = load_config(write_config(**overrides))
-        return [v.name for v in without_varlen_only(config, select_variants(config, registry, "cpu"))]
+        return [v.name for v in without_unrunnable_wildcards(config, select_variants(config, registry, "cpu"))]
 
     assert not {"padded-sdpa", "nested-sdpa"} & set(chosen(variants=["*"])) and "sdpa" in chosen(variants=["*"])
     assert chosen(variants=["padded-sdpa", "naive"]) == ["padded-sdpa", "naive"]  # named: its row says why

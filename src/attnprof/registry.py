@@ -295,6 +295,8 @@ class Variant:
     varlen: bool = False  # True: it runs a packed variable-length batch (RunSpec.seq_lens)
     varlen_only: bool = False  # True: it runs nothing else (a wildcard leaves it out of configs without seq_lens)
     prepare_inputs: PrepareInputsFn | None = None
+    #: Undoes what `setup` changed outside its state (a process-wide switch), once the cell is done
+    teardown: Callable[[Any], None] | None = None
     #: Finding ids that only restate what this variant is on purpose (sdpa-math pins the math backend:
     #: `backend-fallback` would call its choice a fallback); its cells leave them out.
     by_design: frozenset[str] = frozenset()

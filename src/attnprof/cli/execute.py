@@ -64,15 +64,15 @@ def choose_variants(config: Config, exclude_given: bool) -> tuple[Config, str, l
     on stderr as "not run"; stderr names plugins that failed,
     what the config's own exclude entries left out (unless `exclude_given` on the command line), and a
     baseline left out of the selection. Outside torchrun, collective variants only a wildcard chose are
-    left out (`pipeline.without_collective`), and so are varlen-only variants in a config without packed shapes
-    (`pipeline.without_varlen_only`)."""
+    left out (`pipeline.without_collective`), and so are those no cell of the config can run: varlen-only variants
+    without packed shapes, variants of none of its dtypes (`pipeline.without_unrunnable_wildcards`)."""
     from attnprof.pipeline import (
         check_names,
         config_exclusions,
         distributed,
         select_variants,
         without_collective,
-        without_varlen_only,
+        without_unrunnable_wildcards,
     )
     from attnprof.pipeline.engine import start_on_device
     from attnprof.plugins import with_absent_plugins
@@ -85,7 +85,7 @@ def choose_variants(config: Config, exclude_given: bool) -> tuple[Config, str, l
     config, device = start_on_device(config)
     grouped = distributed.current() is not None
     chosen = without_collective(config, select_variants(config, registry, device), grouped)
-    chosen = without_varlen_only(config, chosen)
+    chosen = without_unrunnable_wildcards(config, chosen)
     absent = [f"{v.name}: {v.not_installed}" for v in chosen if v.not_installed]
     if absent:
         note(f"not run: {'; '.join(absent)}")

@@ -21,7 +21,7 @@ from attnprof.pipeline.run import (
     run_cells,
     select_variants,
     without_collective,
-    without_varlen_only,
+    without_unrunnable_wildcards,
 )
 
 __all__ = [
@@ -40,5 +40,5 @@ __all__ = [
     "run_cells",
     "select_variants",
     "without_collective",
-    "without_varlen_only",
+    "without_unrunnable_wildcards",
 ]

@@ -177,14 +177,20 @@ def without_collective(config: Config, variants: list[Variant], grouped: bool) -
     return kept or variants
 
 
-def without_varlen_only(config: Config, variants: list[Variant]) -> list[Variant]:
-    """In a config without packed shapes (`seq_lens`), the varlen-only variants (`Variant.varlen_only`) that only
-    a wildcard chose are left out: every cell would skip them. A variant named in full stays (its row says why),
-    and so do they all when nothing else is left."""
-    if any(shape.seq_lens is not None for shape in config.shapes):
-        return variants
+def without_unrunnable_wildcards(config: Config, variants: list[Variant]) -> list[Variant]:
+    """The variants a wildcard chose that no cell of the config can run are left out: varlen-only variants
+    (`Variant.varlen_only`) in a config without packed shapes (`seq_lens`), and variants of none of the config's
+    dtypes (fp8-only ones in a bf16 config, say). A variant named in full stays (its row says why), and so do
+    they all when nothing else is left."""
+    packed = any(shape.seq_lens is not None for shape in config.shapes)
+    axes = config.sweep.axes() if config.sweep else {}
+    dtypes = set(axes.get("dtype", [config.dtype]))
     named = {p for p in config.variants if not any(ch in p for ch in "*?[")}
-    kept = [v for v in variants if not v.varlen_only or v.name in named]
+
+    def runs_a_cell(v: Variant) -> bool:
+        return (packed or not v.varlen_only) and ("auto" in dtypes or bool(dtypes & set(v.dtypes)))
+
+    kept = [v for v in variants if v.name in named or runs_a_cell(v)]
     return kept or variants
 
 

@@ -199,10 +199,10 @@ def cell_step(
     after_setup: Callable[[Any], None] | None = None,
 ) -> Iterator[Step]:
     """The step of `variant` at `spec`, built as every cell builds it: seeded inputs in the variant's layout,
-    its `setup`, its `prepare_inputs` (untimed, without autograd), then `build_step`. The block runs under
-    `torch.no_grad()` and `graph_retention(spec.mode)`, as the step's calls must. `after_setup(state)` runs
-    right after setup (the pipeline reads the variant's executed pairs there). Used by a cell
-    (`pipeline.cell`) and by its Nsight Compute child (`pipeline.ncu_child`), so both run the same step."""
+    its `setup`, its `prepare_inputs` (untimed, without autograd), then `build_step`; its `teardown` once the block
+    is done. The block runs under `torch.no_grad()` and `graph_retention(spec.mode)`, as the step's calls must.
+    `after_setup(state)` runs right after setup (the pipeline reads the variant's executed pairs there). Used by a
+    cell (`pipeline.cell`) and by its Nsight Compute child (`pipeline.ncu_child`), so both run the same step."""
     import torch
 
     from attnprof.profiling.inputs import make_inputs, make_sinks
@@ -215,7 +215,11 @@ def cell_step(
         with stage("setup"):
             set_up = variant.setup(spec)
     if after_setup is not None:
-        after_setup(set_up)
+        try:
+            after_setup(set_up)
+        except BaseException:
+            _teardown(variant, set_up)
+            raise
 
     def prepared(q: Any, k: Any, v: Any) -> tuple[Any, int]:
         """The variant's state for these inputs, and the bytes its `prepare_inputs` allocated (GPU only);
@@ -250,10 +254,19 @@ def cell_step(
             sinks_copy = make_sinks(spec, seed)
         return step_over(*copy, sinks_copy)
 
-    with torch.no_grad(), graph_retention(spec.mode):
-        step = step_over(q, k, v, sinks)
-        step.replica = replica
-        yield step
+    try:
+        with torch.no_grad(), graph_retention(spec.mode):
+            step = step_over(q, k, v, sinks)
+            step.replica = replica
+            yield step
+    finally:
+        _teardown(variant, set_up)
+
+
+def _teardown(variant: Variant, state: Any) -> None:
+    """The variant's `teardown` of what its setup switched on, where it has one."""
+    if variant.teardown is not None:
+        variant.teardown(state)
 
 
 def _allocated(device: Any) -> int:

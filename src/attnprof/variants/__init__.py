@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attnprof.registry import Variant
-from attnprof.variants import compiled, context_parallel, handwritten, sdpa, varlen
+from attnprof.variants import compiled, context_parallel, handwritten, sdpa, sdpa_fp8, varlen
 
 
 def builtin_variants() -> list[Variant]:
@@ -13,6 +13,7 @@ def builtin_variants() -> list[Variant]:
     return [
         *handwritten.variants(),
         *sdpa.variants(),
+        *sdpa_fp8.variants(),
         *compiled.variants(),
         *varlen.variants(),
         *context_parallel.variants(),
