@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprof import RunSpec, Variant
-from attnprof_triton import MASKS, TritonState, executed_pairs, triton_missing
+from attnprof_triton import FP8_VARIANT_NAME, MASKS, TritonState, executed_pairs, triton_missing
 
-VARIANT_NAME = "triton-flash-fp8"
 HEAD_DIMS = (64, 128, 256)
 MIN_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (mma) and Hopper (wgmma)
 E4M3 = "float8_e4m3fn"
@@ -131,7 +130,7 @@ def forward_fp8(q: Any, k: Any, v: Any, causal: bool, state: Any) -> Any:
 def make_fp8_variant() -> Variant:
     """The `triton-flash-fp8` Variant."""
     return Variant(
-        name=VARIANT_NAME,
+        name=FP8_VARIANT_NAME,
         description=DESCRIPTION,
         forward=forward_fp8,
         devices=("cuda",),
