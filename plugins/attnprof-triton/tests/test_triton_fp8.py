@@ -78,17 +78,18 @@ def test_check_reasons(overrides, expected):
 
 
 def test_without_triton_it_says_so(monkeypatch):
-    monkeypatch.setattr(_fp8_variant, "triton_missing", lambda: "needs triton: No module named 'triton'")
+    monkeypatch.setattr(attnprof_triton, "triton_missing", lambda: "needs triton: No module named 'triton'")
     assert _fp8_variant.check_fp8(spec()) == "needs triton: No module named 'triton'"
 
 
 @pytest.mark.parametrize(("capability", "reason"), [
+    ((7, 5), "needs fp8 tensor cores: compute capability 8.9 or newer (got 7.5)"),
     ((8, 6), "needs fp8 tensor cores: compute capability 8.9 or newer (got 8.6)"),
     ((8, 9), None),
     ((9, 0), None),
 ])
 def test_the_gpu_needs_fp8_tensor_cores(monkeypatch, capability, reason):
-    monkeypatch.setattr(_fp8_variant, "triton_missing", lambda: None)
+    monkeypatch.setattr(attnprof_triton, "triton_missing", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert _fp8_variant.check_fp8(spec()) == reason

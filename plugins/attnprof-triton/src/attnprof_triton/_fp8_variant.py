@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprof import RunSpec, Variant
-from attnprof_triton import FP8_VARIANT_NAME, MASKS, TritonState, executed_pairs, triton_missing
+from attnprof_triton import FP8_VARIANT_NAME, MASKS, TritonState, check, executed_pairs
 
 HEAD_DIMS = (64, 128, 256)
 MIN_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (mma) and Hopper (wgmma)
@@ -28,23 +28,16 @@ DESCRIPTION = (
 
 
 def check_fp8(spec: RunSpec) -> str | None:
-    """Why `triton-flash-fp8` cannot run `spec`, or None."""
+    """Why `triton-flash-fp8` cannot run `spec`: its head_dims, a GPU without fp8 tensor cores, then
+    triton-flash's reasons (heads, triton, no CUDA GPU); or None."""
     if spec.head_dim not in HEAD_DIMS:
         return f"head_dim must be 64, 128 or 256 (got {spec.head_dim})"
-    if spec.heads % spec.n_kv_heads:
-        return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
-    missing = triton_missing()
-    if missing:
-        return missing
     if spec.device_type == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
-            return "needs a CUDA GPU (torch sees none)"
-        capability = torch.cuda.get_device_capability(spec.device)
-        if capability < MIN_CAPABILITY:
+        if torch.cuda.is_available() and (capability := torch.cuda.get_device_capability(spec.device)) < MIN_CAPABILITY:
             return f"needs fp8 tensor cores: compute capability 8.9 or newer (got {capability[0]}.{capability[1]})"
-    return None
+    return check(spec)
 
 
 def check_launch(q: Any, k: Any, v: Any, descale_q: Any, descale_k: Any, descale_v: Any) -> None:
