@@ -188,7 +188,7 @@ def test_the_fp8_h200_config_puts_fp8_beside_bf16_at_cudnn_frontends_shape() -> 
     assert {(s.seq, s.dtype, s.mode) for s in specs} == {
         (seq, dtype, mode) for seq in (8192, 16384, 32768) for dtype in ("bf16", "fp8") for mode in ("fwd", "bwd")
     }
-    assert {"cudnn-fe", "cudnn-fe-fp8"} <= set(config.variants)
+    assert {"cudnn-fe", "cudnn-fe-fp8", "triton-flash", "triton-flash-fp8"} <= set(config.variants)
 
 
 def test_the_tables_show_the_quantization_beside_the_latency_and_the_sqnr_beside_the_error() -> None:

@@ -60,6 +60,7 @@ _cache: dict[tuple, LoadedVariants] = {}
 OPTIONAL_PLUGIN_VARIANTS: dict[str, tuple[str, str]] = {
     "flash-attn": ("flash-attn", "attnprof-flash-attn"),
     "triton-flash": ("triton", "attnprof-triton"),
+    "triton-flash-fp8": ("triton", "attnprof-triton"),
     "cudnn-fe": ("cudnn-frontend", "attnprof-cudnn-frontend"),
     "cudnn-fe-fp8": ("cudnn-frontend", "attnprof-cudnn-frontend"),
 }

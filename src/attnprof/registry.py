@@ -281,6 +281,7 @@ class Variant:
     layout: str = "bhsd"
     source: str = "built-in"
     has_backward: bool = True
+    backward_refusal: str | None = None  # why it has none, where more can be said (the bwd skip reason)
     collective: bool = False
     output_rows: RowsFn | None = None
     repeatable_backward: bool = True  # False: its backward cannot run twice on one retained graph
@@ -361,7 +362,7 @@ class Variant:
         if spec.dtype not in self.dtypes:
             return f"needs dtype {'/'.join(self.dtypes)} (got {spec.dtype})"
         if spec.backward and not self.has_backward:
-            return NO_BACKWARD
+            return f"{NO_BACKWARD} ({self.backward_refusal})" if self.backward_refusal else NO_BACKWARD
         if spec.backward and spec.page_size is not None:
             return PAGED_NO_BACKWARD
         if reason := self.masking_reason(spec):

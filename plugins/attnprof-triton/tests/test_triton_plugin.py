@@ -88,7 +88,7 @@ def test_discovered_through_entry_point(monkeypatch):
     loaded = load_variants(refresh=True)
     status = next(p for p in loaded.plugins if p.entry_point == "triton")
     assert status.ok, status.error
-    assert status.variants == ["triton-flash"]
+    assert status.variants == ["triton-flash", "triton-flash-fp8"]
     variant = loaded.registry.get("triton-flash")
     assert variant.source == f"attnprof-triton {version}"
     assert variant.layout == "bhsd" and variant.devices == ("cuda",)

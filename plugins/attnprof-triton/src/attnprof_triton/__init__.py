@@ -196,3 +196,14 @@ def make_variant() -> Variant:
 def register_variants(register: Any) -> None:
     """The `attnprof.variants` entry-point hook."""
     register(make_variant())
+    register_fp8_variant(register)
+
+
+FP8_VARIANT_NAME = "triton-flash-fp8"
+
+
+def register_fp8_variant(register: Any) -> None:
+    """`triton-flash-fp8`, the e4m3 forward (`_fp8_variant`; imports neither torch nor triton)."""
+    from attnprof_triton._fp8_variant import make_fp8_variant
+
+    register(make_fp8_variant())
