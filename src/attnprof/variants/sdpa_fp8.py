@@ -36,9 +36,7 @@ def _quantized_sdpa() -> Any:
 
 
 def check(spec: RunSpec) -> str | None:
-    """Why `sdpa-fp8` cannot run `spec`: the backward, head dims, this torch, FA3 or the GPU; None when it can."""
-    if spec.backward:
-        return "forward only: torch's quantized SDPA has no backward"
+    """Why `sdpa-fp8` cannot run `spec`: heads, this torch, FA3 or the GPU; None when it can."""
     if spec.heads % spec.n_kv_heads:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
     if _quantized_sdpa() is None:
@@ -133,6 +131,8 @@ def variants() -> list[Variant]:
             check=check,
             setup=setup,
             teardown=teardown,
+            has_backward=False,
+            backward_refusal="torch's quantized SDPA is forward only",
             prepare_inputs=prepare_inputs,
             fp8_scaling="per-head",
             fp8_output="bf16",
