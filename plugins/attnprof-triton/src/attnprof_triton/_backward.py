@@ -15,7 +15,11 @@ the exp2 domain, so P = exp2(q·kᵀ · log2(e)/√D − lse) is recomputed tile
   blocks (the bottom of a causal matrix) are launched first, as in the forward;
 * as in the forward, only the boundary tiles evaluate the element mask (`_kernel._keep`); the
   tiles every row keeps whole (`_query_full_range`, `_kernel._key_range`) go without it;
-* dK and dQ are scaled by 1/√D at the end (the scores' scale).
+* dK and dQ are scaled by 1/√D at the end (the scores' scale);
+* sinks: the forward's lse includes each row's sink, so P is already right and delta unchanged (the sink's
+  value is zero); dsinks = −Σ exp2(s·log2(e) − lse)·delta over each head's rows (`sink_grad`, torch ops);
+* a packed batch (VARLEN): as in the forward, the batch index is the sequence; each program's key block
+  (dK/dV) or query tile (dQ) lies in one sequence, and a program past its sequence's end returns.
 
 Each program's accumulators are float32; the gradients are written in the inputs' dtype. The two
 kernels tile differently (dK/dV: few query rows against many keys; dQ: many query rows against
