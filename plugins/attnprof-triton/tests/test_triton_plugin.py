@@ -713,8 +713,9 @@ def test_executed_pairs_of_a_packed_batch_are_each_sequences_own_tiles():
         state = attnprof_triton.TritonState(mask.text, forward_tiles=(16, 16), backward_tiles=((16, 32), (32, 16)))
         per_seq = [attnprof_triton.tile_pairs(mask, n, n, 16, 16) for n in lengths]
         # by hand: without a mask every key of the sequence (tiles cut at its length); causal, the tiles on and
-        # below the diagonal: 17 tokens are one 16x16 tile and a last row of 17 keys, 33 are 3 + 2 x 16 + 33
-        assert per_seq == ([256 + 17, 1, 3 * 256 + 2 * 16 * 16 + 33, 10 * 256] if causal else [n * n for n in lengths])
+        # below the diagonal: 17 tokens are one 16x16 tile and a last row of 17 keys; 33 are rows 0-15 against one
+        # key block, rows 16-31 against two and row 32 against 33 keys; 64 are 1 + 2 + 3 + 4 whole tiles
+        assert per_seq == ([256 + 17, 1, 256 + 2 * 256 + 33, 10 * 256] if causal else [n * n for n in lengths])
         pairs = attnprof_triton.executed_pairs(rs, state)
         assert pairs.forward == 4 * sum(per_seq) and not pairs.padded
         dkdv = sum(attnprof_triton.tile_pairs(mask, n, n, 16, 32) for n in lengths)

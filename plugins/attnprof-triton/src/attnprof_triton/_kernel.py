@@ -418,8 +418,10 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig |
     if sinks is not None and tuple(sinks.shape) != (heads,):
         raise ValueError(f"sinks {tuple(sinks.shape)}: one logit per query head ({heads},) expected")
     mask_text = mask if mask is not None else ("causal" if causal else "none")
-    packed = packed_args(q, k, mask_text, cu_seqlens, max_seqlen)
-    mask_code, mask_size = mask_args(mask_text, packed.max_seqlen if packed else kv_len)
+    packed = None if cu_seqlens is None else packed_args(q, k, mask_text, cu_seqlens, max_seqlen)
+    # the lengths the tiles cover: a packed batch's longest sequence, whose tiles every sequence gets
+    tiles_q, tiles_k = (q_len, kv_len) if packed is None else (packed.max_seqlen, packed.max_seqlen)
+    mask_code, mask_size = mask_args(mask_text, tiles_k)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -429,27 +431,29 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig |
         triton.set_allocator(_scratch)
     qk_scale = LOG2E / (head_dim ** 0.5)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # a packed batch: the sequences stand for the batch (stride 0: each program adds its sequence's start)
-    rows, n_seqs, tiles_of = (batch, 1, q_len) if packed is None else (packed.n_seqs, packed.n_seqs, packed.max_seqlen)
-    lengths = (q_len, kv_len) if packed is None else (packed.max_seqlen, packed.max_seqlen)
-    stride_b = [t.stride(0) if packed is None else 0 for t in (q, k, v, out)]
-    args = (q, k, v, out, lse, sinks if sinks is not None else out, packed.cu_seqlens if packed else out,
+    if packed is None:
+        rows, n_seqs, cu = batch, 1, out
+        stride_b = (q.stride(0), k.stride(0), v.stride(0), out.stride(0))
+    else:  # the sequences stand for the batch (stride 0: each program adds its sequence's start)
+        rows, n_seqs, cu = packed.n_seqs, packed.n_seqs, packed.cu_seqlens
+        stride_b = (0, 0, 0, 0)
+    args = (q, k, v, out, lse, out if sinks is None else sinks, cu,
             stride_b[0], q.stride(1), q.stride(2),
             stride_b[1], k.stride(1), k.stride(2),
             stride_b[2], v.stride(1), v.stride(2),
             stride_b[3], out.stride(1), out.stride(2),
-            heads, heads // kv_heads, *lengths, n_seqs, mask_size, qk_scale)
+            heads, heads // kv_heads, tiles_q, tiles_k, n_seqs, mask_size, qk_scale)
     meta = dict(HEAD_DIM=head_dim, MASK=mask_code, USE_TMA=use_tma, DOT_PRECISION=precision,
                 STORE_LSE=bool(return_lse), SINKS=sinks is not None, VARLEN=packed is not None)
     if config is None and not tunes(q):
-        config = default_config(tiles_of, head_dim, q.element_size())
+        config = default_config(tiles_q, head_dim, q.element_size())
     if config is None:
         def grid(m: dict) -> tuple[int]:
-            return (triton.cdiv(tiles_of, m["BLOCK_M"]) * rows * heads,)
+            return (triton.cdiv(tiles_q, m["BLOCK_M"]) * rows * heads,)
 
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (triton.cdiv(tiles_of, config.block_m) * rows * heads,)
+        grid = (triton.cdiv(tiles_q, config.block_m) * rows * heads,)
         _attn_fwd[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         num_warps=config.num_warps, num_stages=config.num_stages)
     return (out, lse) if return_lse else out
