@@ -384,6 +384,36 @@ def test_autotune_space():
     assert all(c.block_m == 64 for c in _kernel.autotune_space(48, 64))
 
 
+@needs_triton
+def test_tuned_configs_are_read_back_by_key_name(monkeypatch):
+    """The autotuner's cache keys an entry by TUNING_KEY's values then the tensors' dtypes: a dense, a sinks, a
+    packed and an lse-storing entry of one shape each give back their own tiles, and another dtype none."""
+    import triton
+    from attnprof_triton import _backward, _kernel
+
+    q, k = torch.zeros(1, 4, 100, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 100, 64, dtype=torch.bfloat16)
+    dense = dict(q_len=100, kv_len=100, HEAD_DIM=64, MASK=1, USE_TMA=False, STORE_LSE=False, SINKS=False,
+                 VARLEN=False, n_seqs=1)
+
+    def entry(block_m, **changed):
+        key = tuple({**dense, **changed}[name] for name in _kernel.TUNING_KEY) + ("torch.bfloat16",) * 7
+        return key, triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+
+    cache = dict([entry(64), entry(128, SINKS=True), entry(32, STORE_LSE=True),
+                  entry(16, VARLEN=True, q_len=60, kv_len=60, n_seqs=3)])
+    monkeypatch.setattr(_kernel._attn_fwd_tuned, "cache", cache)
+    assert _kernel.best_config(q, k, "causal", lse=False).block_m == 64
+    assert _kernel.best_config(q, k, "causal", sinks=True).block_m == 128
+    assert _kernel.best_config(q, k, "causal", lse=True).block_m == 32
+    assert _kernel.best_config(q, k, "causal", max_seqlen=60, n_seqs=3).block_m == 16
+    assert _kernel.best_config(q, k, "causal", max_seqlen=60, n_seqs=4) is None
+    assert _kernel.best_config(q, k, "none") is None
+    assert _kernel.best_config(q.half(), k.half(), "causal") is None
+    monkeypatch.setattr(_backward._attn_bwd_dkdv_tuned, "cache", {})
+    monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "1")
+    assert _backward.launched_configs(q, k, "causal") is None  # not tuned yet
+
+
 # --- on the GPU -----------------------------------------------------------------------
 
 GPU_CASES = [

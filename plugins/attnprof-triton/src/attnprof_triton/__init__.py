@@ -144,7 +144,7 @@ def setup(spec: RunSpec) -> TritonState:
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     tuned = dict(max_seqlen=state.max_seqlen, n_seqs=len(spec.seq_lens or (1,)))
-    config = _kernel.launched_config(q, k, spec.mask.text, sinks is not None, **tuned)
+    config = _kernel.launched_config(q, k, spec.mask.text, sinks is not None, lse=spec.backward, **tuned)
     backward_tiles = None
     if spec.backward:
         configs = _backward.launched_configs(q, k, spec.mask.text, **tuned)

@@ -498,27 +498,29 @@ def tuned_config(kernel: Any, q: Any, lengths: tuple[int, int], mask: str, **key
     wanted = dict(key, q_len=lengths[0], kv_len=lengths[1], HEAD_DIM=q.shape[3],
                   MASK=mask_args(mask, lengths[1])[0])
     names = kernel.keys
-    dtype = str(q.dtype).replace("torch.", "")
     for cache_key, cfg in kernel.cache.items():
         named = dict(zip(names, cache_key, strict=False))
-        if all(named.get(n) == value for n, value in wanted.items()) and dtype in str(cache_key[len(names):]):
+        # after the key's values, triton appends each tensor argument's dtype, Q's first ("torch.bfloat16")
+        q_dtype = cache_key[len(names)] if len(cache_key) > len(names) else None
+        if all(named.get(n) == value for n, value in wanted.items()) and q_dtype == str(q.dtype):
             return BlockConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
     return None
 
 
 def best_config(q: Any, k: Any, mask: str, sinks: bool = False, max_seqlen: int | None = None,
-                n_seqs: int = 1) -> BlockConfig | None:
+                n_seqs: int = 1, lse: bool | None = None) -> BlockConfig | None:
     """The configuration the autotuner chose for these shapes, mask kind and sinks (a packed batch: its
-    longest sequence and sequence count), once it has run."""
+    longest sequence and sequence count), with the lse stored or not (None: either), once it has run."""
     lengths = (q.shape[2], k.shape[2]) if max_seqlen is None else (max_seqlen, max_seqlen)
+    stored = {} if lse is None else {"STORE_LSE": lse}
     return tuned_config(_attn_fwd_tuned, q, lengths, mask, SINKS=sinks, VARLEN=max_seqlen is not None,
-                        n_seqs=n_seqs)
+                        n_seqs=n_seqs, **stored)
 
 
 def launched_config(q: Any, k: Any, mask: str, sinks: bool = False, max_seqlen: int | None = None,
-                    n_seqs: int = 1) -> BlockConfig | None:
+                    n_seqs: int = 1, lse: bool | None = None) -> BlockConfig | None:
     """The configuration `attention(q, k, v, mask=mask, ...)` launches: the autotuner's pick (None before it has
     run), or `default_config` where it does not tune."""
     if not tunes(q):
         return default_config(max_seqlen or q.shape[2], q.shape[3], q.element_size())
-    return best_config(q, k, mask, sinks, max_seqlen, n_seqs)
+    return best_config(q, k, mask, sinks, max_seqlen, n_seqs, lse)
