@@ -179,7 +179,8 @@ def _interp_cases() -> list[dict]:
                           head_dim=32, config=(32, 16, 4, 1), causal=causal, tma=False, dtype="fp32", seed=5))
     cases.append(dict(id="strided-causal", batch=2, heads=2, kv_heads=None, seq=40, head_dim=16,
                       config=(16, 16, 4, 1), causal=True, tma=False, dtype="fp16", seed=1, strided=True))
-    return cases + MASK_CASES + GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES
+    return cases + MASK_CASES + GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES + SINK_CASES + PACKED_CASES + (
+        VARIANT_CASES)
 
 
 # The sized masks and decode (q_len < kv_len, bottom-right aligned): lengths that are multiples of the
@@ -269,6 +270,51 @@ UNEVEN_GRAD_CASES = [
     ]
 ]
 
+# Attention sinks (make_sinks' logits: large enough that a kernel without them fails), forward and backward with
+# dsinks: causal and none, GQA, q_len < kv_len, a sized mask, ragged lengths, fp16 and fp32, TMA once.
+SINK_CASES = [
+    dict(id=f"sinks-{'grad-' if grad else ''}{mask}-{q_len or s}/{s}x{d}/kv{kv}-{dtype}" + ("-tma" if tma else ""),
+         grad=grad, sinks=True, batch=2, heads=4, kv_heads=kv, seq=s, q_len=q_len, head_dim=d,
+         causal=mask == "causal", mask=mask, tma=tma, dtype=dtype, seed=13, config=(32, 16, 4, 1))
+    for grad in (False, True)
+    for mask, q_len, s, d, kv, dtype, tma in [
+        ("causal", None, 45, 16, 2, "fp16", False),
+        ("none", None, 64, 32, 1, "fp16", False),
+        ("causal", 20, 70, 16, 4, "fp16", False),
+        ("none", 1, 50, 16, 2, "fp16", False),
+        ("sliding_window:9", None, 70, 16, 2, "fp16", False),
+        ("causal", None, 50, 32, 2, "fp32", False),
+        ("none", None, 77, 16, 2, "fp16", True),
+    ]
+    if not (grad and tma)  # the backward takes no TMA path
+]
+
+# Packed batches (cu_seqlens): ragged lengths, one of 1 token, lengths that are and are not multiples of the tiles,
+# a single sequence; GQA; causal and none; the forward at square and uneven tiles, the backward at the default
+# tiles and at uneven ones (dK/dV 16 x 32, dQ 32 x 16).
+PACKED_LENGTHS = [[17, 1, 33, 5], [64, 40, 16], [1], [70], [3, 31, 1, 48, 9]]
+PACKED_CASES = [
+    dict(id=f"packed-{'grad-' if grad else ''}{'-'.join(map(str, lengths))}-{'causal' if causal else 'none'}"
+         + ("-uneven" if uneven else ""),
+         grad=grad, seq_lens=lengths, batch=1, heads=4, kv_heads=2, head_dim=16, causal=causal, tma=False,
+         dtype="fp16", seed=17, config=(32, 16, 4, 1) if uneven else (16, 16, 4, 1),
+         bwd_configs=[(16, 32, 4, 1), (32, 16, 4, 1)] if uneven and grad else None)
+    for grad in (False, True)
+    for lengths in PACKED_LENGTHS
+    for causal in (True, False)
+    for uneven in (False, True)
+    if not (uneven and len(lengths) == 1)
+] + [dict(id="packed-grad-fp32-gqa4", grad=True, seq_lens=[20, 7, 45], batch=1, heads=4, kv_heads=1, head_dim=32,
+          causal=True, tma=False, dtype="fp32", seed=19)]
+
+# Whole steps through the Variant as a cell runs them (setup, `sinks=` through bound_forward, the packed state).
+VARIANT_CASES = [
+    dict(id=f"variant-{what}-{mode}", variant=True, mode=mode, batch=2, heads=4, kv_heads=2, seq=40, head_dim=16,
+         causal=True, dtype="fp16", seed=23, **extra)
+    for what, extra in (("sinks", {"sinks": True}), ("packed", {"seq_lens": [9, 1, 30]}))
+    for mode in ("fwd", "bwd", "fwd+bwd")
+]
+
 INTERP_CASES = _interp_cases()
 
 
@@ -286,7 +332,8 @@ def interp_results() -> dict:
     return results
 
 
-_GRAD_CASES = GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES
+_GRAD_CASES = GRAD_CASES + MASK_GRAD_CASES + UNEVEN_GRAD_CASES + [
+    c for c in SINK_CASES + PACKED_CASES if c["grad"]]
 
 
 @needs_triton
@@ -295,10 +342,23 @@ def test_interpreter_gradients_match_float64_autograd(interp_results, case):
     result = interp_results[case["id"]]
     assert "error" not in result, result["error"]
     assert result["passed"], result["reason"]
-    assert set(result["grad_rel_errors"]) == {"dq", "dk", "dv"}
+    assert set(result["grad_rel_errors"]) == {"dq", "dk", "dv"} | ({"dsinks"} if case.get("sinks") else set())
 
 
-_FORWARD_CASES = [c for c in INTERP_CASES if not c.get("grad")]
+@needs_triton
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=[c["id"] for c in VARIANT_CASES])
+def test_interpreter_variant_step_passes_the_cell_checks(interp_results, case):
+    """setup, the forward with `sinks=` or the packed state, and the backward modes' gradients (dsinks too)."""
+    result = interp_results[case["id"]]
+    assert "error" not in result, result["error"]
+    assert result["passed"], result["reason"]
+    assert result["state"][0] == [64, 32]  # default_config for a short sequence: the tiles executed_pairs counts
+    if case["mode"] != "fwd":
+        assert result["grad_passed"], (result["grad_reason"], result["grad_rel_errors"])
+        assert ("dsinks" in result["grad_rel_errors"]) == bool(case.get("sinks"))
+
+
+_FORWARD_CASES = [c for c in INTERP_CASES if not c.get("grad") and not c.get("variant")]
 
 
 @needs_triton
@@ -322,6 +382,36 @@ def test_autotune_space():
     wide = _kernel.autotune_space(8192, 256)
     assert wide and all(c.block_n <= 64 for c in wide)
     assert all(c.block_m == 64 for c in _kernel.autotune_space(48, 64))
+
+
+@needs_triton
+def test_tuned_configs_are_read_back_by_key_name(monkeypatch):
+    """The autotuner's cache keys an entry by TUNING_KEY's values then the tensors' dtypes: a dense, a sinks, a
+    packed and an lse-storing entry of one shape each give back their own tiles, and another dtype none."""
+    import triton
+    from attnprof_triton import _backward, _kernel
+
+    q, k = torch.zeros(1, 4, 100, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 100, 64, dtype=torch.bfloat16)
+    dense = dict(q_len=100, kv_len=100, HEAD_DIM=64, MASK=1, USE_TMA=False, STORE_LSE=False, SINKS=False,
+                 VARLEN=False, n_seqs=1)
+
+    def entry(block_m, **changed):
+        key = tuple({**dense, **changed}[name] for name in _kernel.TUNING_KEY) + ("torch.bfloat16",) * 7
+        return key, triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+
+    cache = dict([entry(64), entry(128, SINKS=True), entry(32, STORE_LSE=True),
+                  entry(16, VARLEN=True, q_len=60, kv_len=60, n_seqs=3)])
+    monkeypatch.setattr(_kernel._attn_fwd_tuned, "cache", cache)
+    assert _kernel.best_config(q, k, "causal", lse=False).block_m == 64
+    assert _kernel.best_config(q, k, "causal", sinks=True).block_m == 128
+    assert _kernel.best_config(q, k, "causal", lse=True).block_m == 32
+    assert _kernel.best_config(q, k, "causal", max_seqlen=60, n_seqs=3).block_m == 16
+    assert _kernel.best_config(q, k, "causal", max_seqlen=60, n_seqs=4) is None
+    assert _kernel.best_config(q, k, "none") is None
+    assert _kernel.best_config(q.half(), k.half(), "causal") is None
+    monkeypatch.setattr(_backward._attn_bwd_dkdv_tuned, "cache", {})
+    monkeypatch.setenv(_kernel.AUTOTUNE_ENV, "1")
+    assert _backward.launched_configs(q, k, "causal") is None  # not tuned yet
 
 
 # --- on the GPU -----------------------------------------------------------------------
@@ -541,18 +631,53 @@ def test_the_backward_is_declared_and_runs_where_the_forward_does(no_triton):
         assert variant.unavailable_reason(spec(mode=mode)) == variant.unavailable_reason(spec())
 
 
-def test_declares_its_masks_and_decode_but_no_score_mods():
-    """Every mask kind, forward and backward, q_len < kv_len; a score mod is a skipped cell, never run without."""
+def test_declares_its_masks_decode_sinks_and_packed_batches():
+    """Every mask kind, forward and backward, q_len < kv_len, sinks, packed seq_lens; any other score mod is a
+    skipped cell, never run without."""
     variant = attnprof_triton.make_variant()
     assert variant.masks == {"causal", "none", "sliding_window", "documents", "prefix"}
-    assert variant.unequal_lengths and not variant.score_mods and variant.executed_pairs is not None
+    assert variant.unequal_lengths and variant.score_mods == {"sinks"} and variant.executed_pairs is not None
+    assert variant.varlen and not variant.varlen_only and not variant.score_mod_refusals
     for mode in ("fwd", "bwd", "fwd+bwd"):
         for mask in ("sliding_window:16", "documents:4", "prefix:8"):
             assert variant.masking_reason(spec(mask=mask, mode=mode)) is None
+            assert variant.masking_reason(spec(mask=mask, mode=mode, score_mod="sinks")) is None
         assert variant.masking_reason(spec(q_len=1, seq=1024, mode=mode)) is None
+        assert variant.masking_reason(spec(q_len=1, seq=1024, mode=mode, score_mod="sinks")) is None
+        for causal in (True, False):
+            packed = spec(batch=1, seq=70, seq_lens=(17, 1, 52), causal=causal, mode=mode)
+            assert variant.masking_reason(packed) is None
     assert variant.masking_reason(spec(score_mod="softcap:30")) == (
-        "score_mod softcap not supported by triton-flash (it applies none)")
+        "score_mod softcap not supported by triton-flash (it applies sinks)")
     assert "score_mod alibi not supported" in variant.masking_reason(spec(score_mod="alibi", mask="documents:4"))
+
+
+def test_sinks_and_packed_cells_have_the_dense_cells_reasons(no_triton):
+    """A sinks or packed spec is refused for what a dense one is (shape rules, no triton), nothing else."""
+    variant = attnprof_triton.make_variant()
+    for mode in ("fwd", "fwd+bwd"):
+        dense = spec(mode=mode)
+        assert variant.unavailable_reason(spec(mode=mode, score_mod="sinks")) == variant.unavailable_reason(dense)
+        packed = spec(batch=1, seq=300, seq_lens=(100, 200), mode=mode)
+        assert variant.unavailable_reason(packed) == "needs triton: No module named 'triton'"
+    assert attnprof_triton.check(spec(batch=1, seq=60, seq_lens=(30, 30), head_dim=80)).startswith("head_dim must")
+    assert attnprof_triton.check(spec(score_mod="sinks", dtype="fp32", head_dim=256)).startswith("fp32 needs")
+
+
+def test_check_refuses_grids_cuda_cannot_launch(no_triton):
+    """The backward's second grid axis holds (batch or sequences) x heads, at most 65,535; the forward's flat
+    axis the longest sequence's 64-row tiles x sequences x heads, at most 2**31 - 1."""
+    many = tuple([1] * 4096)
+    assert attnprof_triton.check(spec(batch=1, heads=16, seq=4096, seq_lens=many, mode="fwd+bwd")) == (
+        "the backward's grid has sequences x heads = 65,536 rows, above CUDA's 65,535")
+    assert attnprof_triton.check(spec(batch=1, heads=16, seq=4096, seq_lens=many)).startswith("needs triton")
+    assert attnprof_triton.check(spec(batch=4096, heads=16, seq=64, mode="bwd")) == (
+        "the backward's grid has batch x heads = 65,536 rows, above CUDA's 65,535")
+    # one long sequence beside many short ones: every sequence gets the long one's tiles
+    lopsided = (1 << 23, *([1] * 65_000))
+    reason = attnprof_triton.check(spec(batch=1, heads=64, seq=sum(lopsided), seq_lens=lopsided))
+    programs = (1 << 23) // 64 * 65_001 * 64  # the long one's 64-row tiles x sequences x heads
+    assert reason == f"the forward would launch {programs:,} programs, above CUDA's 2,147,483,647 on one axis"
 
 
 def _nonempty_blocks(mask, q_len, kv_len, block_m, block_n):
@@ -604,6 +729,29 @@ def test_executed_pairs_by_hand():
     fwd = attnprof_triton.TritonState("causal", forward_tiles=(4, 4))
     assert attnprof_triton.executed_pairs(spec(batch=2, heads=4, seq=8), fwd) == ExecutedPairs(2 * 4 * 48)
     assert attnprof_triton.executed_pairs(rs, attnprof_triton.TritonState("causal", None)) is None
+
+
+def test_executed_pairs_of_a_packed_batch_are_each_sequences_own_tiles():
+    """Each sequence's tiles, never the padding to the longest: programs past a sequence's last tile exit."""
+    from attnprof.masks import parse_mask
+    from attnprof.varlen import packed_pairs
+
+    lengths = (17, 1, 33, 64)
+    for causal in (True, False):
+        mask = parse_mask("causal" if causal else "none")
+        rs = spec(batch=1, heads=4, kv_heads=2, seq=sum(lengths), seq_lens=lengths, causal=causal, mode="fwd+bwd")
+        state = attnprof_triton.TritonState(mask.text, forward_tiles=(16, 16), backward_tiles=((16, 32), (32, 16)))
+        per_seq = [attnprof_triton.tile_pairs(mask, n, n, 16, 16) for n in lengths]
+        # by hand: without a mask every key of the sequence (tiles cut at its length); causal, the tiles on and
+        # below the diagonal: 17 tokens are one 16x16 tile and a last row of 17 keys; 33 are rows 0-15 against one
+        # key block, rows 16-31 against two and row 32 against 33 keys; 64 are 1 + 2 + 3 + 4 whole tiles
+        assert per_seq == ([256 + 17, 1, 256 + 2 * 256 + 33, 10 * 256] if causal else [n * n for n in lengths])
+        pairs = attnprof_triton.executed_pairs(rs, state)
+        assert pairs.forward == 4 * sum(per_seq) and not pairs.padded
+        dkdv = sum(attnprof_triton.tile_pairs(mask, n, n, 16, 32) for n in lengths)
+        dq = sum(attnprof_triton.tile_pairs(mask, n, n, 32, 16) for n in lengths)
+        assert pairs.backward == round(4 * (4 * dkdv + 3 * dq) / 7)
+        assert packed_pairs(lengths, causal) * 4 <= pairs.forward < 4 * max(lengths) ** 2 * len(lengths)
 
 
 def test_forward_takes_a_sized_mask_from_the_state(monkeypatch):

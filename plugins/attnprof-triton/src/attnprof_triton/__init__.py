@@ -6,11 +6,16 @@ them. The forward kernel lives in `attnprof_triton._kernel`; the backward kernel
 from the row statistics the forward saves) in `attnprof_triton._backward`. `forward` launches
 the bare forward kernel unless autograd is recording (the `bwd` and `fwd+bwd` modes give q, k, v
 `requires_grad=True`); then it goes through `_backward.FlashAttention`, which also saves them.
+
+Attention sinks (score_mod `sinks`) reach `forward` as `sinks=`, one logit per query head, and the
+kernels fold them into each row's softmax (their gradient too). A packed batch (a shape's `seq_lens`)
+comes in as [1, H, total, D]; setup leaves its `cu_seqlens` in the state, and each sequence attends
+within itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnprof import RunSpec, Variant
@@ -25,7 +30,8 @@ MASKS = ("causal", "none", "sliding_window", "documents", "prefix")  # the kerne
 PLAIN_MASKS = ("causal", "none")  # what `forward`'s `causal` argument says alone
 DESCRIPTION = (
     "FlashAttention-style forward and backward in Triton (this plugin): Q/KV tiling, online softmax, "
-    "masks by key-block ranges (causal, sliding window, documents, prefix), decode, GQA; autotuned per shape"
+    "masks by key-block ranges (causal, sliding window, documents, prefix), decode, GQA, attention sinks, "
+    "packed seq_lens (cu_seqlens); autotuned per shape"
 )
 
 
@@ -47,6 +53,8 @@ def check(spec: RunSpec) -> str | None:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
     if spec.dtype == "fp32" and spec.head_dim > 128:
         return f"fp32 needs head_dim <= 128 (got {spec.head_dim}): the tiles would not fit in shared memory"
+    if reason := grid_problem(spec):
+        return reason
     missing = triton_missing()
     if missing:
         return missing
@@ -61,23 +69,50 @@ def check(spec: RunSpec) -> str | None:
     return None
 
 
+MAX_GRID_ROWS = 65_535  # CUDA's limit on a grid's second axis: the backward's (batch or sequences) x heads
+MAX_GRID_PROGRAMS = 2**31 - 1  # and on its first: the forward's flat axis
+SMALLEST_BLOCK_M = 64  # the forward's narrowest query tile (AUTOTUNE_SPACE, default_config)
+
+
+def grid_problem(spec: RunSpec) -> str | None:
+    """Why the kernels' grids cannot hold `spec`, or None: the forward's programs (query tiles of the longest
+    sequence x sequences x heads) on one axis, the backward's (batch or sequences) x heads on the second."""
+    rows, longest = (spec.batch, spec.n_queries) if spec.seq_lens is None else (len(spec.seq_lens), max(spec.seq_lens))
+    what = "batch" if spec.seq_lens is None else "sequences"
+    programs = -(-longest // SMALLEST_BLOCK_M) * rows * spec.heads
+    if programs > MAX_GRID_PROGRAMS:
+        return f"the forward would launch {programs:,} programs, above CUDA's {MAX_GRID_PROGRAMS:,} on one axis"
+    if spec.backward and rows * spec.heads > MAX_GRID_ROWS:
+        return (f"the backward's grid has {what} x heads = {rows * spec.heads:,} rows, "
+                f"above CUDA's {MAX_GRID_ROWS:,}")
+    return None
+
+
 @dataclass(frozen=True)
 class TritonState:
     """What setup leaves for forward and for `executed_pairs`: the cell's mask (its text) and the tiles
     the kernels launch with: the forward's (BLOCK_M, BLOCK_N) as the autotuner chose them, and the
-    backward's kernels' (BLOCK_M, BLOCK_N), dK/dV's then dQ's (None in the fwd mode, or not yet tuned)."""
+    backward's kernels' (BLOCK_M, BLOCK_N), dK/dV's then dQ's (None in the fwd mode, or not yet tuned).
+    A packed batch's: `cu_seqlens` (int32 offsets on the cell's device) and its longest sequence."""
 
     mask: str
     forward_tiles: tuple[int, int] | None
     backward_tiles: tuple[tuple[int, int], tuple[int, int]] | None = None
+    cu_seqlens: Any = None
+    max_seqlen: int | None = None
+
+    def packed(self) -> dict[str, Any]:
+        """The kernels' packed-batch keywords (none when not packed)."""
+        return {} if self.cu_seqlens is None else {"cu_seqlens": self.cu_seqlens, "max_seqlen": self.max_seqlen}
 
 
 def setup(spec: RunSpec) -> TritonState:
-    """Compile and autotune for this shape, mask and mode on throw-away inputs, outside any timed region.
+    """Compile and autotune for this shape, mask, sinks and mode on throw-away inputs, outside any timed region.
 
-    The autotuner keeps its choice per shape and mask kind, so `forward` launches the tuned kernel;
-    the state carries the mask and the tiles it chose (`_kernel.launched_config`). In the backward modes a
-    backward runs as well, which tunes its two kernels (`_backward.launched_configs`).
+    The autotuner keeps its choice per shape and mask kind (with sinks or not, packed or not), so `forward`
+    launches the tuned kernel; the state carries the mask, a packed batch's offsets and the tiles it chose
+    (`_kernel.launched_config`). In the backward modes a backward runs as well, which tunes its two kernels
+    (`_backward.launched_configs`).
     """
     import torch
 
@@ -87,43 +122,57 @@ def setup(spec: RunSpec) -> TritonState:
     q = torch.randn(spec.batch, spec.heads, spec.n_queries, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.n_kv_heads, spec.n_keys, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
+    sinks = torch.zeros(spec.heads, device=spec.device, dtype=dtype) if spec.score_mod == "sinks" else None
+    state = TritonState(spec.mask.text, None)
+    if spec.seq_lens is not None:
+        from attnprof.varlen import cu_seqlens_tensor
+
+        state = TritonState(spec.mask.text, None, None, cu_seqlens_tensor(spec.seq_lens, spec.device),
+                            max(spec.seq_lens))
     # the backward modes' forward saves lse: tune that kernel, and the backward's two
     if spec.backward:
         from attnprof_triton import _backward
 
-        for tensor in (q, k, v):
+        leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
+        for tensor in leaves:
             tensor.requires_grad_(True)
         with torch.enable_grad():
-            out = _backward.FlashAttention.apply(q, k, v, spec.mask.text)
-        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+            out = _backward.FlashAttention.apply(q, k, v, spec.mask.text, sinks, state.cu_seqlens, state.max_seqlen)
+        torch.autograd.grad(out, leaves, torch.randn_like(out))
     else:
-        _kernel.attention(q, k, v, mask=spec.mask.text)
+        _kernel.attention(q, k, v, mask=spec.mask.text, sinks=sinks, **state.packed())
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
-    config = _kernel.launched_config(q, k, spec.mask.text)
+    tuned = dict(max_seqlen=state.max_seqlen, n_seqs=len(spec.seq_lens or (1,)))
+    config = _kernel.launched_config(q, k, spec.mask.text, sinks is not None, lse=spec.backward, **tuned)
     backward_tiles = None
     if spec.backward:
-        configs = _backward.launched_configs(q, k, spec.mask.text)
+        configs = _backward.launched_configs(q, k, spec.mask.text, **tuned)
         if configs is not None:
             backward_tiles = ((configs[0].block_m, configs[0].block_n), (configs[1].block_m, configs[1].block_n))
     forward_tiles = (config.block_m, config.block_n) if config is not None else None
-    return TritonState(spec.mask.text, forward_tiles, backward_tiles)
+    return replace(state, forward_tiles=forward_tiles, backward_tiles=backward_tiles)
 
 
-def forward(q: Any, k: Any, v: Any, causal: bool, state: TritonState | None = None) -> Any:
+def forward(q: Any, k: Any, v: Any, causal: bool, state: TritonState | None = None, sinks: Any = None) -> Any:
     """One attention forward: [B, H, q_len, D] in, [B, H, q_len, D] out, a single kernel launch. The mask
-    is the state's (a sized mask), else causal or none as `causal` says. When autograd records (an
+    is the state's (a sized mask), else causal or none as `causal` says; `sinks` (one logit per query head)
+    join every row's denominator; a packed batch's offsets come from the state. When autograd records (an
     input requires grad), the output's backward is ours too."""
     import torch
 
     from attnprof_triton import _kernel
 
     mask = state.mask if state is not None and state.mask not in PLAIN_MASKS else ("causal" if causal else "none")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    packed = state.packed() if state is not None else {}
+    leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in leaves):
         from attnprof_triton._backward import FlashAttention
 
-        return FlashAttention.apply(q, k, v, mask)
-    return _kernel.attention(q, k, v, mask=mask)
+        return FlashAttention.apply(q, k, v, mask, sinks, packed.get("cu_seqlens"), packed.get("max_seqlen"))
+    if sinks is not None:
+        packed["sinks"] = sinks
+    return _kernel.attention(q, k, v, mask=mask, **packed)
 
 
 def key_range(mask: Mask, p_lo: int, p_hi: int, kv_len: int) -> tuple[int, int]:
@@ -158,15 +207,21 @@ def tile_pairs(mask: Mask, q_len: int, kv_len: int, block_m: int, block_n: int) 
 def executed_pairs(spec: RunSpec, state: TritonState) -> ExecutedPairs | None:
     """The pairs the forward's tiles compute, summed over batch and query heads, and the backward's: its dK/dV
     kernel computes four of the seven tile products (S, dP, dV, dK) over its tiles and dQ three (S, dP, dQ)
-    over its own, so the backward's pairs weigh them 4:3; None when the forward's tiles are unknown."""
+    over its own, so the backward's pairs weigh them 4:3; None when the forward's tiles are unknown. A packed
+    batch's tiles are each sequence's own (a program past its sequence's last tile computes nothing)."""
     if state.forward_tiles is None:
         return None
+    mask = spec.mask
+    lengths = [(spec.n_queries, spec.n_keys)] if spec.seq_lens is None else [(n, n) for n in spec.seq_lens]
     heads = spec.batch * spec.heads
-    mask, q_len, kv_len = spec.mask, spec.n_queries, spec.n_keys
-    forward_pairs = heads * tile_pairs(mask, q_len, kv_len, *state.forward_tiles)
+
+    def pairs(tiles: tuple[int, int]) -> int:
+        return sum(tile_pairs(mask, q_len, kv_len, *tiles) for q_len, kv_len in lengths)
+
+    forward_pairs = heads * pairs(state.forward_tiles)
     if state.backward_tiles is None:
         return ExecutedPairs(forward_pairs)
-    dkdv, dq = (tile_pairs(mask, q_len, kv_len, *tiles) for tiles in state.backward_tiles)
+    dkdv, dq = (pairs(tiles) for tiles in state.backward_tiles)
     return ExecutedPairs(forward_pairs, round(heads * (4 * dkdv + 3 * dq) / 7))
 
 
@@ -184,11 +239,9 @@ def make_variant() -> Variant:
         has_backward=True,  # `_backward.py`: dQ, dK, dV kernels of our own
         # the kernels skip the key blocks no row of a tile keeps and mask only the boundary ones
         masks=frozenset(MASKS),
-        score_mods=frozenset(),
-        score_mod_refusals={
-            "sinks": "its kernels have no sink term yet: none in the running max and denominator, no dsinks"
-        },
+        score_mods=frozenset({"sinks"}),  # in the running max and denominator; dsinks in the backward
         unequal_lengths=True,  # q_len < kv_len, bottom-right aligned, forward and backward
+        varlen=True,  # seq_lens: cu_seqlens, each sequence's own tiles, forward and backward
         executed_pairs=executed_pairs,
     )
 

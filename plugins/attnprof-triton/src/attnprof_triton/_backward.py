@@ -15,7 +15,11 @@ the exp2 domain, so P = exp2(q·kᵀ · log2(e)/√D − lse) is recomputed tile
   blocks (the bottom of a causal matrix) are launched first, as in the forward;
 * as in the forward, only the boundary tiles evaluate the element mask (`_kernel._keep`); the
   tiles every row keeps whole (`_query_full_range`, `_kernel._key_range`) go without it;
-* dK and dQ are scaled by 1/√D at the end (the scores' scale).
+* dK and dQ are scaled by 1/√D at the end (the scores' scale);
+* sinks: the forward's lse includes each row's sink, so P is already right and delta unchanged (the sink's
+  value is zero); dsinks = −Σ exp2(s·log2(e) − lse)·delta over each head's rows (`sink_grad`, torch ops);
+* a packed batch (VARLEN): as in the forward, the batch index is the sequence; each program's key block
+  (dK/dV) or query tile (dQ) lies in one sequence, and a program past its sequence's end returns.
 
 Each program's accumulators are float32; the gradients are written in the inputs' dtype. The two
 kernels tile differently (dK/dV: few query rows against many keys; dQ: many query rows against
@@ -38,8 +42,11 @@ from attnprof_triton._kernel import (
     _block_bounds,
     _keep,
     _key_range,
+    _sequence,
     attention,
     mask_args,
+    packed_args,
+    tuned_config,
     tunes,
 )
 
@@ -129,11 +136,11 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, lo, 
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta,
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlens,
                    stride_qb, stride_qh, stride_qs,
                    stride_kb, stride_kh, stride_ks,
-                   n_heads, n_kv_heads, group, q_len, kv_len, mask_size, qk_scale, sm_scale,
-                   HEAD_DIM: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   n_heads, n_kv_heads, group, q_len, kv_len, n_seqs, mask_size, qk_scale, sm_scale,
+                   HEAD_DIM: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, VARLEN: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
@@ -141,9 +148,16 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta,
     off_kvh = pid % n_kv_heads
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    kv_off = off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    if VARLEN:  # off_b is a packed batch's sequence (the batch strides are 0); past its keys, nothing to do
+        seq_start, q_len, total = _sequence(CuSeqlens, off_b, n_seqs)
+        kv_len = q_len
+        if start_n >= kv_len:
+            return
+        seq_start = seq_start.to(tl.int64)
+        kv_off += seq_start * stride_ks
     keys_in = offs_n[:, None] < kv_len
 
-    kv_off = off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
     kv_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
     k = tl.load(K + kv_off + kv_tile, mask=keys_in, other=0.0)
     v = tl.load(V + kv_off + kv_tile, mask=keys_in, other=0.0)
@@ -162,7 +176,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta,
     for g in range(0, group):
         off_h = off_kvh * group + g
         q_off = off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-        row_off = (off_b * n_heads + off_h).to(tl.int64) * q_len
+        if VARLEN:
+            q_off += seq_start * stride_qs
+            row_off = off_h.to(tl.int64) * total + seq_start
+        else:
+            row_off = (off_b * n_heads + off_h).to(tl.int64) * q_len
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, first, mid_lo, offs_n,
                              offs_d, offset, q_len, kv_len, mask_size, qk_scale, MASK, True, DOT_PRECISION, BLOCK_M)
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, Lse, Delta, q_off, row_off, stride_qs, mid_lo, mid_hi, offs_n,
@@ -202,28 +220,39 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, kv_off, stride_ks, lo, hi, offs_m, of
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta,
+def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, CuSeqlens,
                  stride_qb, stride_qh, stride_qs,
                  stride_kb, stride_kh, stride_ks,
-                 n_heads, group, q_len, kv_len, mask_size, qk_scale, sm_scale,
-                 HEAD_DIM: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 n_heads, group, q_len, kv_len, n_seqs, mask_size, qk_scale, sm_scale,
+                 HEAD_DIM: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, VARLEN: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # The last query tiles (the most key blocks under a causal mask) go out in the first wave.
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    n_tiles = tl.num_programs(0)
     pid = tl.program_id(1)
     off_b = pid // n_heads
     off_h = pid % n_heads
     off_kvh = off_h // group
+    q_off = off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    kv_off = off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    row_off = pid.to(tl.int64) * q_len
+    if VARLEN:  # off_b is a packed batch's sequence (the batch strides are 0); past its rows, nothing to do
+        seq_start, q_len, total = _sequence(CuSeqlens, off_b, n_seqs)
+        kv_len = q_len
+        n_tiles = tl.cdiv(q_len, BLOCK_M)
+        if tl.program_id(0) >= n_tiles:
+            return
+        seq_start = seq_start.to(tl.int64)
+        q_off += seq_start * stride_qs
+        kv_off += seq_start * stride_ks
+        row_off = off_h.to(tl.int64) * total + seq_start
+    start_m = (n_tiles - 1 - tl.program_id(0)) * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows_in = offs_m < q_len
 
-    q_off = off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    kv_off = off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
     q_tile = offs_m[:, None] * stride_qs + offs_d[None, :]
     q = tl.load(Q + q_off + q_tile, mask=rows_in[:, None], other=0.0)
     do = tl.load(DO + q_off + q_tile, mask=rows_in[:, None], other=0.0)
-    row_off = pid.to(tl.int64) * q_len
     lse = tl.load(Lse + row_off + offs_m, mask=rows_in, other=0.0)
     delta = tl.load(Delta + row_off + offs_m, mask=rows_in, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -298,7 +327,7 @@ def _pruner(key_block: bool) -> Any:
     return prune
 
 
-_TUNING_KEY = ["q_len", "kv_len", "HEAD_DIM", "MASK", "DOT_PRECISION"]
+_TUNING_KEY = ["q_len", "kv_len", "HEAD_DIM", "MASK", "DOT_PRECISION", "VARLEN", "n_seqs"]
 _attn_bwd_dkdv_tuned = triton.autotune(configs=[c.as_triton() for c in DKDV_SPACE], key=_TUNING_KEY,
                                        prune_configs_by={"early_config_prune": _pruner(True)})(_attn_bwd_dkdv)
 _attn_bwd_dq_tuned = triton.autotune(configs=[c.as_triton() for c in DQ_SPACE], key=_TUNING_KEY,
@@ -316,34 +345,36 @@ def default_configs(head_dim: int, elem: int) -> tuple[BlockConfig, BlockConfig]
     return cfg, cfg
 
 
-def _tuned_config(kernel: Any, q: Any, k: Any, mask: str) -> BlockConfig | None:
-    q_len, head_dim, kv_len = q.shape[2], q.shape[3], k.shape[2]
-    wanted = (q_len, kv_len, head_dim, mask_args(mask, kv_len)[0])
-    for key, cfg in kernel.cache.items():
-        if tuple(key[:4]) == wanted and str(q.dtype).replace("torch.", "") in str(key):
-            return BlockConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
-    return None
-
-
-def launched_configs(q: Any, k: Any, mask: str) -> tuple[BlockConfig, BlockConfig] | None:
-    """The (dK/dV, dQ) configurations the backward launches for these shapes and mask: the autotuner's
-    picks (None before it has run), or `default_configs` where it does not tune."""
+def launched_configs(q: Any, k: Any, mask: str, max_seqlen: int | None = None,
+                     n_seqs: int = 1) -> tuple[BlockConfig, BlockConfig] | None:
+    """The (dK/dV, dQ) configurations the backward launches for these shapes and mask (a packed batch: its
+    longest sequence and sequence count): the autotuner's picks (None before it has run), or
+    `default_configs` where it does not tune."""
     if not tunes(q):
         return default_configs(q.shape[3], q.element_size())
-    dkdv, dq = _tuned_config(_attn_bwd_dkdv_tuned, q, k, mask), _tuned_config(_attn_bwd_dq_tuned, q, k, mask)
+    lengths = (q.shape[2], k.shape[2]) if max_seqlen is None else (max_seqlen, max_seqlen)
+    packed = dict(VARLEN=max_seqlen is not None, n_seqs=n_seqs)
+    kernels = (_attn_bwd_dkdv_tuned, _attn_bwd_dq_tuned)
+    dkdv, dq = (tuned_config(kernel, q, lengths, mask, **packed) for kernel in kernels)
     return (dkdv, dq) if dkdv is not None and dq is not None else None
 
 
 def attention_backward(do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, mask: str,
-                       configs: tuple[BlockConfig, BlockConfig] | None = None) -> tuple[Any, Any, Any]:
+                       configs: tuple[BlockConfig, BlockConfig] | None = None, sinks: Any = None,
+                       cu_seqlens: Any = None, max_seqlen: int | None = None) -> tuple[Any, ...]:
     """(dq, dk, dv) for q [B, H, q_len, D] and k, v [B, H_kv, kv_len, D], given the forward's output, its
     `lse` (`_kernel.attention(..., return_lse=True)`), the output's gradient `do` and the forward's mask
     (its text: `causal`, `sliding_window:W`, ...). `configs` (dK/dV, dQ) launches those tiles as given;
-    without it the autotuner picks them (or `default_configs`, where it does not tune)."""
+    without it the autotuner picks them (or `default_configs`, where it does not tune). With the forward's
+    `sinks` ([H]), dsinks follows as a fourth gradient: each head's −Σ over its rows of the sink's weight
+    exp2(s·log2(e) − lse) times delta (the lse includes the sink, so dQ, dK, dV need nothing more). A packed
+    batch (`cu_seqlens`, `max_seqlen`) as in `_kernel.attention`."""
     q, k, v, do, out = (t.contiguous() for t in (q, k, v, do, out))
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
-    mask_code, mask_size = mask_args(mask, kv_len)
+    packed = packed_args(q, k, mask, cu_seqlens, max_seqlen)
+    lengths = (q_len, kv_len) if packed is None else (packed.max_seqlen, packed.max_seqlen)
+    mask_code, mask_size = mask_args(mask, lengths[1])
     delta = torch.empty((batch, heads, q_len), device=q.device, dtype=torch.float32)
     _attn_bwd_delta[(triton.cdiv(q_len, DELTA_BLOCK_M), batch * heads)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2), heads, q_len,
@@ -351,42 +382,63 @@ def attention_backward(do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, mask
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     sm_scale = head_dim ** -0.5
     qk_scale = sm_scale * LOG2E
-    meta = dict(HEAD_DIM=head_dim, MASK=mask_code, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
-    dkdv_args = (q, k, v, do, dk, dv, lse, delta, *strides,
-                 heads, kv_heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale)
-    dq_args = (q, k, v, do, dq, lse, delta, *strides,
-               heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale, sm_scale)
+    meta = dict(HEAD_DIM=head_dim, MASK=mask_code, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                VARLEN=packed is not None)
+    # a packed batch: its sequences stand for the batch (stride 0: each program adds its sequence's start)
+    rows, n_seqs = (batch, 1) if packed is None else (packed.n_seqs, packed.n_seqs)
+    strides = (q.stride(0) if packed is None else 0, q.stride(1), q.stride(2),
+               k.stride(0) if packed is None else 0, k.stride(1), k.stride(2))
+    cu = packed.cu_seqlens if packed is not None else delta
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, cu, *strides,
+                 heads, kv_heads, heads // kv_heads, *lengths, n_seqs, mask_size, qk_scale, sm_scale)
+    dq_args = (q, k, v, do, dq, lse, delta, cu, *strides,
+               heads, heads // kv_heads, *lengths, n_seqs, mask_size, qk_scale, sm_scale)
     if configs is None and not tunes(q):
         configs = default_configs(head_dim, q.element_size())
     if configs is None:
-        _attn_bwd_dkdv_tuned[lambda m: (triton.cdiv(kv_len, m["BLOCK_N"]), batch * kv_heads)](*dkdv_args, **meta)
-        _attn_bwd_dq_tuned[lambda m: (triton.cdiv(q_len, m["BLOCK_M"]), batch * heads)](*dq_args, **meta)
+        _attn_bwd_dkdv_tuned[lambda m: (triton.cdiv(lengths[1], m["BLOCK_N"]), rows * kv_heads)](*dkdv_args, **meta)
+        _attn_bwd_dq_tuned[lambda m: (triton.cdiv(lengths[0], m["BLOCK_M"]), rows * heads)](*dq_args, **meta)
     else:
         dkdv_cfg, dq_cfg = configs
-        _attn_bwd_dkdv[(triton.cdiv(kv_len, dkdv_cfg.block_n), batch * kv_heads)](
+        _attn_bwd_dkdv[(triton.cdiv(lengths[1], dkdv_cfg.block_n), rows * kv_heads)](
             *dkdv_args, **meta, BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n,
             num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages)
-        _attn_bwd_dq[(triton.cdiv(q_len, dq_cfg.block_m), batch * heads)](
+        _attn_bwd_dq[(triton.cdiv(lengths[0], dq_cfg.block_m), rows * heads)](
             *dq_args, **meta, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
             num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages)
-    return dq, dk, dv
+    if sinks is None:
+        return dq, dk, dv
+    return dq, dk, dv, sink_grad(sinks, lse, delta)
+
+
+def sink_grad(sinks: Any, lse: Any, delta: Any) -> Any:
+    """dsinks [H] from the forward's lse and the backward's delta ([B, H, S] float32, base 2 lse): the sink is
+    one more softmax column with a zero value, so its dS is −P_sink·delta, summed over batch and rows."""
+    weight = torch.exp2(sinks.float()[None, :, None] * LOG2E - lse)
+    return (weight * delta).sum((0, 2)).neg().to(sinks.dtype)
+
 
 class FlashAttention(torch.autograd.Function):
     """`triton-flash` with its own backward: the forward saves q, k, v, the output and the row
-    statistics; the backward runs `attention_backward` under the same mask."""
+    statistics (and the sinks, a packed batch's offsets); the backward runs `attention_backward` under
+    the same mask, and gives the sinks their gradient."""
 
     @staticmethod
-    def forward(ctx: Any, q: Any, k: Any, v: Any, mask: str) -> Any:
+    def forward(ctx: Any, q: Any, k: Any, v: Any, mask: str, sinks: Any = None, cu_seqlens: Any = None,
+                max_seqlen: int | None = None) -> Any:
         """The forward kernel under `mask` (its text), keeping what the backward needs."""
-        out, lse = attention(q, k, v, return_lse=True, mask=mask)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse = attention(q, k, v, return_lse=True, mask=mask, sinks=sinks, cu_seqlens=cu_seqlens,
+                             max_seqlen=max_seqlen)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, cu_seqlens)
         ctx.mask = mask
+        ctx.max_seqlen = max_seqlen
         return out
 
     @staticmethod
-    def backward(ctx: Any, do: Any) -> tuple[Any, Any, Any, None]:
-        """dq, dk, dv from the saved tensors and the output's gradient."""
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(do, q, k, v, out, lse, ctx.mask)
-        return dq, dk, dv, None
+    def backward(ctx: Any, do: Any) -> tuple[Any, ...]:
+        """dq, dk, dv (and dsinks) from the saved tensors and the output's gradient."""
+        q, k, v, out, lse, sinks, cu_seqlens = ctx.saved_tensors
+        grads = attention_backward(do, q, k, v, out, lse, ctx.mask, sinks=sinks, cu_seqlens=cu_seqlens,
+                                   max_seqlen=ctx.max_seqlen)
+        dsinks = grads[3] if sinks is not None and ctx.needs_input_grad[4] else None
+        return *grads[:3], None, dsinks, None, None

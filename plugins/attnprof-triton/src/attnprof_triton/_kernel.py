@@ -22,6 +22,14 @@ One program computes one BLOCK_M-row tile of queries for one (batch, head):
   from DRAM against cuDNN's 0.34 GB); within a head the query tiles with the most key blocks
   (the bottom rows of a causal matrix) are launched first, which trims the tail of each head;
 * with grouped-query attention, query head h reads key/value head h // (H // H_kv);
+* attention sinks (SINKS, gpt-oss: one logit s_h per query head in the softmax's denominator, never
+  its numerator): each row's running maximum starts at s_h·log2(e) and its running sum at 1, as if
+  the sink were one more key with a zero value; the stored lse includes it, so the backward's P is
+  already right (`_backward.py` adds dsinks);
+* packed variable-length batches (VARLEN, `cu_seqlens`): the "batch" index is a sequence, whose
+  tokens [start, end) of the packed [1, H, total, D] tensors are its queries and keys; the grid
+  covers the longest sequence's tiles for every sequence, and a program past its sequence's last
+  tile returns at once, so only the sequence's own tiles run;
 * tiles move by pointer loads, masked only where a tile crosses the sequence's end; with
   ATTNPROF_TRITON_TMA=1 on Hopper and newer they move by TMA instead, through on-device
   tensor descriptors bounded by one head's [S, D] slab (rows past S read as zero). On an
@@ -43,6 +51,7 @@ LOG2E = 1.4426950408889634
 # A finite "minus infinity" for masked scores: exp2 of it is 0, and a fully masked row can
 # never turn the running maximum into -inf (which would make exp2(-inf - -inf) = NaN).
 MASKED = tl.constexpr(-1.0e6)
+SINK_SCALE = tl.constexpr(LOG2E)  # a sink logit into the exp2 domain of the scaled scores
 
 TMA_ENV = "ATTNPROF_TRITON_TMA"  # "1": TMA descriptor loads on Hopper+ (default: pointer loads)
 AUTOTUNE_ENV = "ATTNPROF_TRITON_AUTOTUNE"  # "0": skip the search, launch default_config()
@@ -77,6 +86,13 @@ def _keep(p, j, kv_len, MASK: tl.constexpr, mask_size):
     if MASK == 4:
         keep = keep & ((j <= p) | (j < mask_size))
     return keep
+
+
+@triton.jit
+def _sequence(CuSeqlens, seq, n_seqs):
+    """A packed batch's sequence `seq`: its first token, its length, and the packed batch's total tokens."""
+    start = tl.load(CuSeqlens + seq)
+    return start, tl.load(CuSeqlens + seq + 1) - start, tl.load(CuSeqlens + n_seqs)
 
 
 @triton.jit
@@ -161,20 +177,21 @@ def _block_bounds(lo, hi, full_lo, full_hi, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse,
+def _attn_fwd(Q, K, V, Out, Lse, Sinks, CuSeqlens,
               stride_qb, stride_qh, stride_qs,
               stride_kb, stride_kh, stride_ks,
               stride_vb, stride_vh, stride_vs,
               stride_ob, stride_oh, stride_os,
-              n_heads, group, q_len, kv_len, mask_size, qk_scale,
+              n_heads, group, q_len, kv_len, n_seqs, mask_size, qk_scale,
               HEAD_DIM: tl.constexpr, MASK: tl.constexpr, USE_TMA: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # One flat axis (no 65,535 limit on batch x heads): one head's query tiles run fastest, from the
     # last one backwards, so the longest causal rows go out first and the programs in flight share
     # that head's K/V in L2; then (batch, head), the query heads of one GQA group next to each other.
+    # VARLEN: the batch index is the sequence, q_len and kv_len the longest one's (its tiles set the grid).
     n_tiles = tl.cdiv(q_len, BLOCK_M)
-    start_m = n_tiles - 1 - tl.program_id(0) % n_tiles
+    tile = tl.program_id(0) % n_tiles
     pid_bh = tl.program_id(0) // n_tiles
     off_b = pid_bh // n_heads
     off_h = pid_bh % n_heads
@@ -184,6 +201,20 @@ def _attn_fwd(Q, K, V, Out, Lse,
     k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     o_base = Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    lse_row = pid_bh.to(tl.int64) * q_len
+    if VARLEN:  # the sequence's own tokens (the batch strides are 0); past its last tile, nothing to do
+        seq_start, q_len, total = _sequence(CuSeqlens, off_b, n_seqs)
+        kv_len = q_len
+        n_tiles = tl.cdiv(q_len, BLOCK_M)
+        if tile >= n_tiles:
+            return
+        seq_start = seq_start.to(tl.int64)
+        q_base += seq_start * stride_qs
+        k_base += seq_start * stride_ks
+        v_base += seq_start * stride_vs
+        o_base += seq_start * stride_os
+        lse_row = off_h.to(tl.int64) * total + seq_start
+    start_m = n_tiles - 1 - tile
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -207,8 +238,12 @@ def _attn_fwd(Q, K, V, Out, Lse,
         k_src = k_base
         v_src = v_base
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SINKS:  # the sink as one more key with a zero value: the running max starts at it, the sum at 1
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + off_h).to(tl.float32) * SINK_SCALE
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     # Bottom-right alignment: query row i sits at key position i + offset.
@@ -231,7 +266,7 @@ def _attn_fwd(Q, K, V, Out, Lse,
                                      MASK, True, USE_TMA, BLOCK_N, DOT_PRECISION)
 
     if STORE_LSE:  # the row's log-sum-exp in the exp2 domain, [B, H, q_len] float32: what the backward needs
-        tl.store(Lse + pid_bh.to(tl.int64) * q_len + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < q_len)
+        tl.store(Lse + lse_row + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < q_len)
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     if USE_TMA:
         desc_o.store([start_m * BLOCK_M, 0], out)
@@ -314,9 +349,11 @@ def autotune_space(seq_len: int, head_dim: int, elem: int = 2) -> list[BlockConf
     return [c for c in AUTOTUNE_SPACE if _keep_config(c, seq_len, head_dim, elem)]
 
 
+#: What the autotuner keys its choice on (besides the tensors' dtypes); `tuned_config` reads the key back.
+TUNING_KEY = ["q_len", "kv_len", "HEAD_DIM", "MASK", "USE_TMA", "STORE_LSE", "SINKS", "VARLEN", "n_seqs"]
 _attn_fwd_tuned = triton.autotune(
     configs=[c.as_triton() for c in AUTOTUNE_SPACE],
-    key=["q_len", "kv_len", "HEAD_DIM", "MASK", "USE_TMA", "STORE_LSE"],
+    key=TUNING_KEY,
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_attn_fwd)
 
@@ -358,7 +395,8 @@ def _scratch(size: int, alignment: int, stream: Any) -> Any:
 
 
 def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig | None = None,
-              return_lse: bool = False, mask: str | None = None) -> Any:
+              return_lse: bool = False, mask: str | None = None, sinks: Any = None, cu_seqlens: Any = None,
+              max_seqlen: int | None = None) -> Any:
     """softmax(q kᵀ / sqrt(D)) v for q [B, H, q_len, D] and k, v [B, H_kv, kv_len, D] (H_kv may divide H).
 
     `mask` is a mask's text (`causal`, `none`, `sliding_window:W`, `documents:N`, `prefix:P`; rules in
@@ -367,6 +405,9 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig |
     shape and mask kind on first use); with it, that configuration is launched as given.
     `return_lse` also returns each row's log-sum-exp ([B, H, q_len] float32, base 2, scores scaled
     by log2(e)/sqrt(D)): the statistics the backward (`_backward.py`) recomputes P from.
+    `sinks` ([H], one logit per query head) join every row's softmax denominator (and its lse).
+    `cu_seqlens` (int32 [N + 1], the sequences' offsets) makes q, k, v a packed batch [1, H, total, D]
+    of N sequences, the longest `max_seqlen` tokens, each attending within itself (causal or none).
     """
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -374,36 +415,75 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True, config: BlockConfig |
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: shapes do not match")
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads")
-    mask_code, mask_size = mask_args(mask if mask is not None else ("causal" if causal else "none"), kv_len)
+    if sinks is not None and tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks {tuple(sinks.shape)}: one logit per query head ({heads},) expected")
+    mask_text = mask if mask is not None else ("causal" if causal else "none")
+    packed = None if cu_seqlens is None else packed_args(q, k, mask_text, cu_seqlens, max_seqlen)
+    # the lengths the tiles cover: a packed batch's longest sequence, whose tiles every sequence gets
+    tiles_q, tiles_k = (q_len, kv_len) if packed is None else (packed.max_seqlen, packed.max_seqlen)
+    mask_code, mask_size = mask_args(mask_text, tiles_k)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, q_len), device=q.device, dtype=torch.float32) if return_lse else out
-    use_tma = _tma_ok(q, k, v, out)
+    use_tma = packed is None and _tma_ok(q, k, v, out)
     if use_tma and not _interpreting():
         triton.set_allocator(_scratch)
     qk_scale = LOG2E / (head_dim ** 0.5)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    args = (q, k, v, out, lse,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            heads, heads // kv_heads, q_len, kv_len, mask_size, qk_scale)
+    if packed is None:
+        rows, n_seqs, cu = batch, 1, out
+        stride_b = (q.stride(0), k.stride(0), v.stride(0), out.stride(0))
+    else:  # the sequences stand for the batch (stride 0: each program adds its sequence's start)
+        rows, n_seqs, cu = packed.n_seqs, packed.n_seqs, packed.cu_seqlens
+        stride_b = (0, 0, 0, 0)
+    args = (q, k, v, out, lse, out if sinks is None else sinks, cu,
+            stride_b[0], q.stride(1), q.stride(2),
+            stride_b[1], k.stride(1), k.stride(2),
+            stride_b[2], v.stride(1), v.stride(2),
+            stride_b[3], out.stride(1), out.stride(2),
+            heads, heads // kv_heads, tiles_q, tiles_k, n_seqs, mask_size, qk_scale)
     meta = dict(HEAD_DIM=head_dim, MASK=mask_code, USE_TMA=use_tma, DOT_PRECISION=precision,
-                STORE_LSE=bool(return_lse))
+                STORE_LSE=bool(return_lse), SINKS=sinks is not None, VARLEN=packed is not None)
     if config is None and not tunes(q):
-        config = default_config(q_len, head_dim, q.element_size())
+        config = default_config(tiles_q, head_dim, q.element_size())
     if config is None:
         def grid(m: dict) -> tuple[int]:
-            return (triton.cdiv(q_len, m["BLOCK_M"]) * batch * heads,)
+            return (triton.cdiv(tiles_q, m["BLOCK_M"]) * rows * heads,)
 
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (triton.cdiv(q_len, config.block_m) * batch * heads,)
+        grid = (triton.cdiv(tiles_q, config.block_m) * rows * heads,)
         _attn_fwd[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         num_warps=config.num_warps, num_stages=config.num_stages)
     return (out, lse) if return_lse else out
+
+
+class PackedArgs(NamedTuple):
+    """A packed batch as the kernels take it: the int32 offsets, their sequence count, the longest length."""
+
+    cu_seqlens: Any
+    n_seqs: int
+    max_seqlen: int
+
+
+def packed_args(q: Any, k: Any, mask: str, cu_seqlens: Any, max_seqlen: int | None) -> PackedArgs | None:
+    """The checked packed batch of `attention`'s arguments (None without `cu_seqlens`); ValueError in one line."""
+    if cu_seqlens is None:
+        return None
+    from attnprof.masks import PLAIN_KINDS, parse_mask
+
+    if q.shape[0] != 1 or q.shape[2] != k.shape[2]:
+        raise ValueError(f"a packed batch is q, k, v [1, H, total, D] (got q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype != torch.int32:
+        raise ValueError("cu_seqlens must be int32 [sequences + 1] offsets")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, q on {q.device}")
+    if parse_mask(mask).kind not in PLAIN_KINDS:
+        raise ValueError(f"a packed batch takes the causal or none mask (got {mask})")
+    if not max_seqlen or max_seqlen < 1:
+        raise ValueError("a packed batch needs max_seqlen, its longest sequence's length")
+    return PackedArgs(cu_seqlens, cu_seqlens.numel() - 1, int(max_seqlen))
 
 
 def tunes(q: Any) -> bool:
@@ -412,19 +492,35 @@ def tunes(q: Any) -> bool:
     return os.environ.get(AUTOTUNE_ENV) != "0" and q.dtype != torch.float32
 
 
-def best_config(q: Any, k: Any, mask: str) -> BlockConfig | None:
-    """The configuration the autotuner chose for these shapes and mask kind, once it has run."""
-    q_len, head_dim, kv_len = q.shape[2], q.shape[3], k.shape[2]
-    wanted = (q_len, kv_len, head_dim, mask_args(mask, kv_len)[0])
-    for key, cfg in _attn_fwd_tuned.cache.items():
-        if tuple(key[:4]) == wanted and str(q.dtype).replace("torch.", "") in str(key):
+def tuned_config(kernel: Any, q: Any, lengths: tuple[int, int], mask: str, **key: Any) -> BlockConfig | None:
+    """The configuration `kernel`'s autotuner chose for q's dtype and head_dim, these (q_len, kv_len) (a packed
+    batch's: its longest sequence's) and mask kind, and the other key values given by name, once it has run."""
+    wanted = dict(key, q_len=lengths[0], kv_len=lengths[1], HEAD_DIM=q.shape[3],
+                  MASK=mask_args(mask, lengths[1])[0])
+    names = kernel.keys
+    for cache_key, cfg in kernel.cache.items():
+        named = dict(zip(names, cache_key, strict=False))
+        # after the key's values, triton appends each tensor argument's dtype, Q's first ("torch.bfloat16")
+        q_dtype = cache_key[len(names)] if len(cache_key) > len(names) else None
+        if all(named.get(n) == value for n, value in wanted.items()) and q_dtype == str(q.dtype):
             return BlockConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
     return None
 
 
-def launched_config(q: Any, k: Any, mask: str) -> BlockConfig | None:
-    """The configuration `attention(q, k, v, mask=mask)` launches: the autotuner's pick (None before it has
+def best_config(q: Any, k: Any, mask: str, sinks: bool = False, max_seqlen: int | None = None,
+                n_seqs: int = 1, lse: bool | None = None) -> BlockConfig | None:
+    """The configuration the autotuner chose for these shapes, mask kind and sinks (a packed batch: its
+    longest sequence and sequence count), with the lse stored or not (None: either), once it has run."""
+    lengths = (q.shape[2], k.shape[2]) if max_seqlen is None else (max_seqlen, max_seqlen)
+    stored = {} if lse is None else {"STORE_LSE": lse}
+    return tuned_config(_attn_fwd_tuned, q, lengths, mask, SINKS=sinks, VARLEN=max_seqlen is not None,
+                        n_seqs=n_seqs, **stored)
+
+
+def launched_config(q: Any, k: Any, mask: str, sinks: bool = False, max_seqlen: int | None = None,
+                    n_seqs: int = 1, lse: bool | None = None) -> BlockConfig | None:
+    """The configuration `attention(q, k, v, mask=mask, ...)` launches: the autotuner's pick (None before it has
     run), or `default_config` where it does not tune."""
     if not tunes(q):
-        return default_config(q.shape[2], q.shape[3], q.element_size())
-    return best_config(q, k, mask)
+        return default_config(max_seqlen or q.shape[2], q.shape[3], q.element_size())
+    return best_config(q, k, mask, sinks, max_seqlen, n_seqs, lse)
