@@ -232,3 +232,20 @@ def test_the_quantization_is_timed_as_a_median_of_repeats_after_a_warm_up(monkey
     quantized = fp8.quantize_inputs(q, q.clone(), q.clone(), "fp8", "per-tensor")
     assert len(calls) == 3 * (1 + fp8.QUANTIZE_REPEATS)  # q, k and v: one warm-up, then the timed repeats
     assert quantized.time_s is not None and quantized.time_s > 0
+
+
+def test_the_accuracy_compares_the_output_where_the_references_are() -> None:
+    """A GPU output against the CPU float64 references: moved to them, not an error (a stand-in device: meta)."""
+    ref = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    out = ref + 1e-3
+
+    class Elsewhere:  # what a CUDA tensor does here: `.detach().to(ref.device)` brings it back
+        def detach(self):
+            return self
+
+        def to(self, device):
+            assert device == ref.device
+            return out
+
+    accuracy = fp8.fp8_accuracy(Elsewhere(), ref, ref, "fp8")
+    assert accuracy.rel_error == pytest.approx(fp8.relative_error(out, ref)) and accuracy.sqnr_db > 40

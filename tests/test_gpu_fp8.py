@@ -75,7 +75,7 @@ def test_sdpa_fp8_runs_on_fa3_or_says_why_not(tmp_path):
     config = parse_config({"device": "cuda", "dtype": "fp8", "output_dir": str(tmp_path), "shapes": [shape]})
     row = cell_row(run_cell(variant, RunSpec("cuda", "fp8", **shape), config, MeasureOptions()))
     if importlib.util.find_spec("flash_attn_interface") is None:
-        assert row.status == "skipped" and row.reason.startswith("needs FlashAttention-3 (flash_attn_interface")
+        assert row.status.startswith("skipped: needs FlashAttention-3 (flash_attn_interface"), row.status
         return
     assert row.status == "ok", row.reason
     assert row.fp8_scaling == "per-head" and row.output_dtype == "bf16" and row.passed and row.sqnr_db > 20

@@ -152,7 +152,10 @@ def _cell(rs: RunSpec, tmp_path):
 
     shape = {"batch": rs.batch, "heads": rs.heads, "kv_heads": rs.n_kv_heads, "seq": rs.seq, "head_dim": rs.head_dim}
     config = parse_config({"device": "cuda", "dtype": "fp8", "output_dir": str(tmp_path), "shapes": [shape]})
-    return cell_row(run_cell(make_fp8_variant(), rs, config, MeasureOptions()))
+    from attnprof.profiling.ceiling import RunCeiling
+
+    # the run's fp8 ceiling (torch._scaled_mm), as compare measures it: TFLOP/s and % of peak need it
+    return cell_row(run_cell(make_fp8_variant(), rs, config, MeasureOptions(), RunCeiling.start("cuda:0", "fp8")))
 
 
 def test_gpu_fp8_cell_through_the_pipeline_with_its_quantize_phase(tmp_path):

@@ -174,12 +174,15 @@ def relative_error(out: Any, ref: Any) -> float:
 
 
 def fp8_accuracy(out: Any, ref_dequantized: Any, ref_source: Any, dtype: str) -> Fp8Accuracy:
-    """`out` (in float, bhsd) against both references, with the threshold of `dtype`."""
+    """`out` (in float, bhsd) against both references, with the threshold of `dtype`; `out` is compared where the
+    references are (the float64 reference is computed on the CPU)."""
+    out = out.detach().to(ref_dequantized.device)
+    source_out = out.to(ref_source.device)
     return Fp8Accuracy(
         rel_error=relative_error(out, ref_dequantized),
         sqnr_db=sqnr_db(out, ref_dequantized),
-        rel_error_vs_bf16=relative_error(out, ref_source),
-        sqnr_db_vs_bf16=sqnr_db(out, ref_source),
+        rel_error_vs_bf16=relative_error(source_out, ref_source),
+        sqnr_db_vs_bf16=sqnr_db(source_out, ref_source),
         threshold=FP8_THRESHOLDS[dtype],
     )
 
