@@ -403,7 +403,7 @@ def test_declares_windows_documents_and_softcap():
     variant = fa.make_variant()
     assert variant.masks == {"causal", "none", "sliding_window", "documents"}
     # q_len < kv_len passes the declaration: `check` allows it over a paged cache only
-    assert variant.score_mods == {"softcap"} and variant.unequal_lengths and variant.paged_kv
+    assert variant.score_mods == {"softcap", "sinks"} and variant.unequal_lengths and variant.paged_kv
     assert variant.masking_reason(spec(mask="prefix:4")).startswith("mask prefix not supported by flash-attn")
     assert variant.masking_reason(spec(score_mod="alibi")).startswith("score_mod alibi not supported by flash-attn")
 
@@ -706,3 +706,74 @@ def test_a_paged_cache_runs_plain_masks_only(fake_flash, monkeypatch):
     for extra in (dict(mask="sliding_window:64"), dict(score_mod="softcap:30")):
         reason = variant.check(RunSpec(**PAGED | extra))
         assert reason is not None and "paged KV cache" in reason and "(use flex)" in reason
+
+
+# --- attention sinks through FA4's learnable_sink, with a stand-in FA4 ----------------------
+
+
+def _fa4_with_sinks(calls: list):
+    """A stand-in FA4 `flash_attn_func` that takes `learnable_sink` (bf16, one logit per query head) and applies it
+    as gpt-oss does: one more logit in each row's softmax denominator."""
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None,
+                        softcap=0.0):
+        calls.append(dict(sink_dtype=None if learnable_sink is None else learnable_sink.dtype, causal=causal))
+        qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
+        group = qt.shape[1] // kt.shape[1]
+        kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+        scores = qt @ kt.transpose(-1, -2) * softmax_scale
+        if causal:
+            s = scores.shape[-1]
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        if learnable_sink is not None:
+            column = learnable_sink.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+            weights = torch.cat([scores, column], -1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        out = (weights @ vt).transpose(1, 2).to(q.dtype).contiguous()
+        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    return flash_attn_func
+
+
+@pytest.fixture
+def fa4_sinks(monkeypatch, no_flash_attn):
+    calls: list = []
+    pkg = types.ModuleType("flash_attn")
+    pkg.__path__ = []
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = _fa4_with_sinks(calls)
+    pkg.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls
+
+
+def test_sinks_go_to_fa4_as_learnable_sink_in_bf16_converted_once(fa4_sinks):
+    from attnprof.profiling.inputs import make_sinks
+
+    rs = spec(score_mod="sinks", kv_heads=2, dtype="fp16")
+    assert fa.check(rs) is None
+    state = fa.setup(rs)
+    q, k, v = make_inputs(rs, seed=0, layout="bshd")
+    sinks = make_sinks(rs, seed=0)
+    out = to_bhsd(fa.forward(q, k, v, True, state, sinks=sinks), "bshd")
+    first = state.sinks[1]
+    fa.forward(q, k, v, True, state, sinks=sinks)
+    assert state.sinks[1] is first  # the timed calls reuse the bf16 copy
+    assert fa4_sinks[-1]["sink_dtype"] == torch.bfloat16
+    qb, kb, vb = make_inputs(rs, seed=0)
+    expected = reference_attention(qb, kb, vb, True, sinks=sinks.to(torch.bfloat16).double())
+    torch.testing.assert_close(out.double(), expected, atol=3e-3, rtol=0)
+
+
+def test_sinks_need_fa4_and_are_forward_only(fake_flash, fa4_sinks):
+    rs = spec(score_mod="sinks")
+    assert fa.check(replace(rs, mode="fwd+bwd")) == (
+        "no backward with sinks: FA4's autograd returns no learnable_sink gradient (dsinks)")
+
+
+def test_an_interface_without_learnable_sink_says_so(fake_flash):
+    fake_flash("fa2")
+    assert fa.check(spec(score_mod="sinks")) == (
+        "sinks needs flash_attn_func(learnable_sink=...), which FA2 (flash_attn) lacks (FA4, flash_attn.cute, has it)")

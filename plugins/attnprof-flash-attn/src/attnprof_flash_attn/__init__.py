@@ -35,13 +35,20 @@ from typing import Any
 
 from attnprof import RunSpec, Variant
 from attnprof.kv_cache import paged_pool, shuffled_page_table
+from attnprof_flash_attn._paged import (
+    KVCACHE_LABEL,
+    PagedCache,
+    call_paged,
+    find_kvcache,
+    first_line,
+    paged_reason,
+    unwrap,
+)
 
 __version__ = "0.1.0"
 
 VARIANT_NAME = "flash-attn"
 BASE_DESCRIPTION = "FlashAttention library (FA4 CuTe DSL, FA3 or FA2, whichever is installed)"
-KVCACHE_LABEL = "FA2 (flash_attn.flash_attn_with_kvcache)"
-FA2_PAGE_MULTIPLE = 256  # FA2's paged kernel: "Paged KV cache block size must be divisible by 256"
 
 
 @dataclass(frozen=True)
@@ -96,11 +103,6 @@ def _not_installed(interface: Interface, exc: BaseException) -> bool:
     return False
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def find_interface(refresh: bool = False) -> Found | str:
     """The first interface that imports, or a one-line reason why none does. Cached."""
     global _found
@@ -123,42 +125,11 @@ def find_interface(refresh: bool = False) -> Found | str:
             broken.append((interface, exc))
     if broken:  # installed but failing (a missing dependency, an ABI mismatch, ...): say so
         interface, exc = broken[0]
-        _found = f"needs flash_attn (FA2/FA3/FA4): {interface.label} is installed but failed: {_first_line(exc)}"
+        _found = f"needs flash_attn (FA2/FA3/FA4): {interface.label} is installed but failed: {first_line(exc)}"
     else:
         fa2 = dict((i.module, e) for i, e in failures)["flash_attn"]
-        _found = f"needs flash_attn (FA2/FA3/FA4): {_first_line(fa2)}"
+        _found = f"needs flash_attn (FA2/FA3/FA4): {first_line(fa2)}"
     return _found
-
-
-def find_kvcache() -> Callable[..., Any] | str:
-    """FA2's `flash_attn.flash_attn_with_kvcache` when it takes a `block_table` (a paged KV cache), or a
-    one-line reason why not. Not cached: the import is, by Python."""
-    why = "a paged KV cache in flash-attn needs FA2's flash_attn.flash_attn_with_kvcache with block_table"
-    try:
-        func = getattr(importlib.import_module("flash_attn"), "flash_attn_with_kvcache", None)
-    except Exception as exc:
-        return f"{why}: {_first_line(exc)}"
-    if func is None:
-        return f"{why}: the installed flash_attn has no flash_attn_with_kvcache"
-    try:
-        takes_table = "block_table" in inspect.signature(func).parameters
-    except (TypeError, ValueError):  # a compiled function without a signature
-        takes_table = False
-    if not takes_table:
-        return f"{why}: the installed one takes no block_table (flash-attn >= 2.5 does)"
-    return func
-
-
-@dataclass
-class PagedCache:
-    """A paged cell's cache, built by `prepare_inputs` outside the timed region: the k and v page pools
-    [pages, page_size, kv_heads, head_dim], the int32 block table [batch, kv_len / page_size] and the
-    int32 cache lengths [batch] (every sequence holds kv_len keys)."""
-
-    k_cache: Any
-    v_cache: Any
-    block_table: Any
-    cache_seqlens: Any
 
 
 @dataclass
@@ -186,19 +157,15 @@ class FlashState:
     causal: bool | None = None
     varlen: Varlen | None = None
     paged: PagedCache | None = None
+    sinks: tuple[Any, Any] | None = None  # the cell's sink logits and their bf16 copy (FA4's learnable_sink)
 
 
 #: The FA2 release that added each masking feature attnprof uses (FA3 and FA4 have them all).
 FA2_ADDED = {"window_size": "2.3", "softcap": "2.6", "flash_attn_varlen_func": "2.0"}
 
 
-def _unwrap(out: Any) -> Any:
-    # FA4 (and some FA3 releases) return (out, softmax_lse).
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 def _call(func: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, **masking: Any) -> Any:
-    return _unwrap(func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **masking))
+    return unwrap(func(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **masking))
 
 
 def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
@@ -216,37 +183,33 @@ def _call_varlen(varlen: Varlen, q: Any, k: Any, v: Any, **masking: Any) -> Any:
         causal=varlen.causal,
         **masking,
     )
-    return _unwrap(out).view(q.shape)
+    return unwrap(out).view(q.shape)
 
 
-def _call_paged(func: Callable[..., Any], q: Any, cache: PagedCache, causal: bool) -> Any:
-    return _unwrap(
-        func(
-            q,
-            cache.k_cache,
-            cache.v_cache,
-            cache_seqlens=cache.cache_seqlens,
-            block_table=cache.block_table,
-            softmax_scale=q.shape[-1] ** -0.5,
-            causal=causal,
-        )
-    )
-
-
-def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = None) -> Any:
+def forward(q: Any, k: Any, v: Any, causal: bool, state: FlashState | None = None, sinks: Any = None) -> Any:
     """One forward on [B, S, H, D] tensors (k, v may have fewer heads); returns [B, S, H, D], under the
     state's mask when setup gave one. A paged cell's state holds its cache, which the forward reads
-    instead of k and v."""
+    instead of k and v. `sinks` (a sinks cell's logits, one per query head) go to FA4 as `learnable_sink`."""
     if state is None:
         found = find_interface()
         if isinstance(found, str):
             raise RuntimeError(found)
         state = FlashState(found.func, found.label)
     if state.paged is not None:
-        return _call_paged(state.func, q, state.paged, causal)
+        return call_paged(state.func, q, state.paged, causal)
+    masking = state.masking if sinks is None else {**state.masking, "learnable_sink": _learnable_sink(state, sinks)}
     if state.varlen is not None:
-        return _call_varlen(state.varlen, q, k, v, **state.masking)
-    return _call(state.func, q, k, v, causal if state.causal is None else state.causal, **state.masking)
+        return _call_varlen(state.varlen, q, k, v, **masking)
+    return _call(state.func, q, k, v, causal if state.causal is None else state.causal, **masking)
+
+
+def _learnable_sink(state: FlashState, sinks: Any) -> Any:
+    """The sink logits in bf16, as FA4 takes them, converted once per cell (not in each timed call)."""
+    if state.sinks is None or state.sinks[0] is not sinks:
+        import torch
+
+        state.sinks = (sinks, sinks.detach().to(torch.bfloat16))
+    return state.sinks[1]
 
 
 def _has(found: Found, function: str, parameter: str | None) -> bool:
@@ -278,6 +241,9 @@ def masking_needs(spec: RunSpec) -> list[tuple[str, str, str | None]]:
         needs.append(("seq_lens", "flash_attn_varlen_func", None))
     if spec.score_mod_kind == "softcap":
         needs.append(("softcap", "flash_attn_varlen_func" if documents else "flash_attn_func", "softcap"))
+    if spec.score_mod_kind == "sinks":
+        packed = documents or spec.seq_lens is not None
+        needs.append(("sinks", "flash_attn_varlen_func" if packed else "flash_attn_func", "learnable_sink"))
     return needs
 
 
@@ -286,6 +252,8 @@ def masking_missing(found: Found, spec: RunSpec) -> str | None:
     for what, function, parameter in masking_needs(spec):
         if not _has(found, function, parameter):
             needed = f"{function}({parameter}=...)" if parameter else function
+            if parameter == "learnable_sink":
+                return f"{what} needs {needed}, which {found.label} lacks (FA4, flash_attn.cute, has it)"
             added = FA2_ADDED[parameter or function]
             return f"{what} needs {needed}, which {found.label} lacks (flash-attn {added} added it)"
     if spec.mask.kind == "documents" and spec.n_queries != spec.n_keys:
@@ -336,6 +304,8 @@ def check(spec: RunSpec) -> str | None:
         return f"heads ({spec.heads}) must be a multiple of kv_heads ({spec.n_kv_heads})"
     if spec.page_size is not None and (reason := paged_reason(spec)):
         return reason
+    if spec.score_mod_kind == "sinks" and spec.backward:
+        return "no backward with sinks: FA4's autograd returns no learnable_sink gradient (dsinks)"
     if spec.page_size is not None and (spec.mask.kind not in ("causal", "none") or spec.score_mod):
         return f"a paged KV cache in {VARIANT_NAME} runs causal or no mask, no score mod (use flex)"
     if spec.page_size is None and spec.n_queries != spec.n_keys:
@@ -366,17 +336,6 @@ def backward_missing(interface: Interface, spec: RunSpec, capability: tuple[int,
             f"(got {capability[0]}.{capability[1]})")
 
 
-def paged_reason(spec: RunSpec) -> str | None:
-    """Why the installed FlashAttention cannot read the spec's paged cache (`find_kvcache`, FA2's page
-    size rule), or None."""
-    found = find_kvcache()
-    if isinstance(found, str):
-        return found
-    if spec.page_size is not None and spec.page_size % FA2_PAGE_MULTIPLE:
-        return f"{KVCACHE_LABEL} needs page_size divisible by {FA2_PAGE_MULTIPLE} (got {spec.page_size})"
-    return None
-
-
 def setup(spec: RunSpec) -> FlashState:
     """Find the interface and call it once on the spec's shape (FA4 compiles here, seconds). A paged cell
     finds `flash_attn_with_kvcache` instead and calls nothing: its cache is built in `prepare_inputs`."""
@@ -397,7 +356,9 @@ def setup(spec: RunSpec) -> FlashState:
     q = torch.randn(spec.batch, spec.seq, spec.heads, spec.head_dim, device=spec.device, dtype=dtype)
     k = torch.randn(spec.batch, spec.seq, spec.n_kv_heads, spec.head_dim, device=spec.device, dtype=dtype)
     v = torch.randn_like(k)
-    forward(q, k, v, spec.causal, state)
+    sinks = torch.zeros(spec.heads, device=spec.device) if spec.score_mod_kind == "sinks" else None
+    forward(q, k, v, spec.causal, state, sinks)  # compiles the kernel the cell runs (with sinks, FA4's sink one)
+    state.sinks = None
     if spec.device_type == "cuda":
         torch.cuda.synchronize(spec.device)
     return state
@@ -434,8 +395,7 @@ def make_variant() -> Variant:
         # window_size, varlen documents and softcap where the installed interface has them (`check` says);
         # q_len < kv_len only over a paged cache (flash_attn_with_kvcache, causal bottom-right)
         masks=frozenset({"causal", "none", "sliding_window", "documents"}),
-        score_mods=frozenset({"softcap"}),
-        score_mod_refusals={"sinks": "this plugin passes no sink logits (FA4's learnable_sink) to flash-attn yet"},
+        score_mods=frozenset({"softcap", "sinks"}),  # sinks: FA4's learnable_sink, forward only (`check`)
         unequal_lengths=True,
         varlen=True,  # seq_lens through flash_attn_varlen_func
 
