@@ -76,3 +76,31 @@ def test_the_judge_keeps_other_findings_and_drops_a_stale_fp8_not_faster() -> No
     assert [f.id for f in judged] == ["fp8-not-faster"]
     fast = Fp8AgainstBf16("fp8", 800.0, "cudnn-fe", 1000.0)
     assert judge_fp8(judged, fast, "step") == []
+
+
+def test_an_fp8_row_is_sped_up_against_the_baselines_bf16_row_when_the_baseline_runs_no_fp8() -> None:
+    from attnprof.pipeline.resume import attach_row_speedups
+    from attnprof.report.columns import speedup_text
+    from attnprof.results.schema import Row
+
+    def row(variant: str, dtype: str, latency: float | None, status: str = "ok") -> Row:
+        return Row(variant=variant, dtype=dtype, device="cuda:0", batch=1, heads=64, kv_heads=8, seq=8192,
+                   head_dim=128, causal=True, mode="fwd", mask="causal", shape="1x64x8192x128/kv8",
+                   status=status, latency_us=latency)
+
+    rows = [
+        row("sdpa-cudnn", "bf16", 2000.0),
+        row("cudnn-fe", "bf16", 1980.0),
+        row("sdpa-cudnn", "fp8", None, "skipped: needs dtype bf16/fp16/fp32 (got fp8)"),
+        row("cudnn-fe-fp8", "fp8", 1250.0),
+        row("cudnn-fe-fp8", "bf16", None, "skipped: needs dtype fp8 (got bf16)"),
+    ]
+    attach_row_speedups(rows, "sdpa-cudnn")
+    base, bf16, _, fp8, _ = rows
+    assert (base.speedup_vs_baseline, base.speedup_vs_dtype) == (1.0, None)
+    assert bf16.speedup_vs_baseline == pytest.approx(2000 / 1980) and bf16.speedup_vs_dtype is None
+    assert fp8.speedup_vs_baseline == pytest.approx(1.6) and fp8.speedup_vs_dtype == "bf16"
+    assert speedup_text(fp8) == "1.60x vs bf16" and speedup_text(bf16) == "1.01x"
+    rows[2] = row("sdpa-cudnn", "fp8", 1000.0)  # a baseline that runs fp8 is the fp8 row's own
+    attach_row_speedups(rows, "sdpa-cudnn")
+    assert rows[3].speedup_vs_baseline == pytest.approx(0.8) and rows[3].speedup_vs_dtype is None

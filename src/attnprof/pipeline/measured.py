@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from attnprof.model_spec import ModelSpec
-from attnprof.registry import RunSpec
+from attnprof.registry import FP8_DTYPES, RunSpec
 from attnprof.results.parts import MaskAlternative
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ class CellResult:
     clock: ClockWindow | None = None
     speedup_vs_baseline: float | None = None
     speedup_reliable: bool | None = None
+    speedup_vs_dtype: str | None = None  # the baseline row's dtype where it is not the row's (fp8 against bf16)
     trace_path: Path | None = None
     timing_window: tuple[float, float] | None = None  # wall time (time.time) of the timed calls
     phases_s: dict[str, float] = field(default_factory=dict)
@@ -268,6 +269,7 @@ class SpeedCell:
     ok: bool
     times: dict[str, float | None]
     unstable: bool
+    dtype: str | None = None  # a cell's (its key's second field); None for a model row
 
 
 def speed_time(result: CellResult, key: str) -> float | None:
@@ -306,28 +308,45 @@ def speed_key(subject: RunSpec | ModelSpec) -> tuple[Any, ...]:
 
 def _speed_cell(result: CellResult) -> SpeedCell:
     times = {key: speed_time(result, key) for key in SPEED_KEYS}
-    return SpeedCell(result.variant, speed_key(result.subject), result.ok, times, unstable(result))
+    dtype = result.subject.dtype if isinstance(result.subject, RunSpec) else None
+    return SpeedCell(result.variant, speed_key(result.subject), result.ok, times, unstable(result), dtype)
 
 
-def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, bool] | None]:
-    """For each cell, (baseline time / its time, reliable) against the ok baseline row of the same
-    cell, or None. The time is the baseline's basis (latency, else GPU time, else CPU time);
-    `reliable` is False when it is computed from latencies and either one is unstable or contended
-    (the baseline's own 1.00x is exact)."""
-    found: list[tuple[float, bool] | None] = [None] * len(cells)
+def speedups(cells: list[SpeedCell], baseline: str | None) -> list[tuple[float, bool, str | None] | None]:
+    """For each cell, (baseline time / its time, reliable, the baseline's dtype where it is not the cell's) against
+    the ok baseline row of the same cell, or None. An fp8 cell without one (a baseline that runs no fp8) is
+    compared with the baseline's row at the same point in its other dtype (bf16, say): what FP8 buys over it.
+    The time is the baseline's basis (latency, else GPU time, else CPU time); `reliable` is False when it is
+    computed from latencies and either one is unstable or contended (the baseline's own 1.00x is exact)."""
+    found: list[tuple[float, bool, str | None] | None] = [None] * len(cells)
     if not baseline:
         return found
-    for base in cells:
-        basis = _basis(base) if base.variant == baseline and base.ok else None
-        if basis is None:
-            continue
-        key, base_time = basis
+    bases = [base for base in cells if base.variant == baseline and base.ok and _basis(base) is not None]
+    for base in bases:
         for i, cell in enumerate(cells):
-            mine = cell.times.get(key) if cell.key == base.key and cell.ok else None
-            if mine is not None:
-                shaky = key == "latency_us" and cell is not base and (base.unstable or cell.unstable)
-                found[i] = (base_time / mine, not shaky)
+            if cell.key == base.key and (speedup := _against(base, cell)) is not None:
+                found[i] = speedup
+    for i, cell in enumerate(cells):
+        if found[i] is None and cell.dtype in FP8_DTYPES:
+            other = [b for b in bases if b.dtype not in FP8_DTYPES and _without_dtype(b) == _without_dtype(cell)]
+            found[i] = _against(other[0], cell, other[0].dtype) if other else None
     return found
+
+
+def _without_dtype(cell: SpeedCell) -> tuple[Any, ...]:
+    return cell.key[:1] + cell.key[2:]
+
+
+def _against(base: SpeedCell, cell: SpeedCell, dtype: str | None = None) -> tuple[float, bool, str | None] | None:
+    """`cell`'s speed-up over `base` on the baseline's basis; None where `cell` has no time of that kind."""
+    basis = _basis(base)
+    assert basis is not None
+    key, base_time = basis
+    mine = cell.times.get(key) if cell.ok else None
+    if mine is None:
+        return None
+    shaky = key == "latency_us" and cell is not base and (base.unstable or cell.unstable)
+    return base_time / mine, not shaky, dtype
 
 
 def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
@@ -335,4 +354,4 @@ def attach_speedups(results: list[CellResult], baseline: str | None) -> None:
     each matched with the baseline's row by `speed_key`."""
     for result, found in zip(results, speedups([_speed_cell(r) for r in results], baseline), strict=True):
         if found is not None:
-            result.speedup_vs_baseline, result.speedup_reliable = found
+            result.speedup_vs_baseline, result.speedup_reliable, result.speedup_vs_dtype = found

@@ -197,8 +197,9 @@ def attach_row_speedups(rows: list[Row], baseline: str | None) -> None:
             row.ok,
             {key: positive(getattr(row, key)) for key in SPEED_KEYS},
             bool(row.unstable) or bool(row.contended),
+            row.dtype if row.subject == "cell" else None,
         )
         for row in rows
     ]
     for row, found in zip(rows, speedups(cells, baseline), strict=True):
-        row.speedup_vs_baseline, row.speedup_reliable = found if found is not None else (None, None)
+        row.speedup_vs_baseline, row.speedup_reliable, row.speedup_vs_dtype = found or (None, None, None)

@@ -156,6 +156,7 @@ def _shared_fields(result: CellResult) -> dict[str, Any]:
         "clock_limits": clock.limits_text if clock else None,
         "speedup_vs_baseline": result.speedup_vs_baseline,
         "speedup_reliable": result.speedup_reliable,
+        "speedup_vs_dtype": result.speedup_vs_dtype,
         "findings": [finding_record(f) for f in judge(result.verdict())],
         "trace": str(result.trace_path) if result.trace_path else None,
         "ncu_report": None if report is None else str(report),

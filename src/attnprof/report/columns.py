@@ -102,9 +102,12 @@ def clock_held_down(row: Row) -> bool:
 
 def speedup_text(row: Row) -> str:
     """`4.00x`; an unreliable speed-up reads `~4.0x?`, to two significant digits (see `tables.UNRELIABLE`);
-    a missing one `n/a`."""
+    a missing one `n/a`; one against the baseline in another dtype names it (`1.58x vs bf16`)."""
     value = row.speedup_vs_baseline
-    return "n/a" if value is None else ratio_text(value, reliable=row.speedup_reliable is not False)
+    if value is None:
+        return "n/a"
+    text = ratio_text(value, reliable=row.speedup_reliable is not False)
+    return text if row.speedup_vs_dtype is None else f"{text} vs {row.speedup_vs_dtype}"
 
 
 def ratio_text(value: float, reliable: bool = True) -> str:

@@ -188,6 +188,7 @@ class Row(Record):
     flops_convention: str | None = None
     speedup_vs_baseline: float | None = None
     speedup_reliable: bool | None = None
+    speedup_vs_dtype: str | None = None  # the baseline row's dtype when not the row's own (an fp8 row against bf16)
     trace: str | None = None
     ncu_report: str | None = None
     ncu_note: str | None = None
@@ -260,7 +261,8 @@ CELL_COLUMNS: tuple[str, ...] = (
     *("latency_p25_us", "latency_p75_us", "latency_min_us", "timing_reps", "warmup_reps"),
     *("forwards_per_sample", "rel_error_threshold", "grad_rel_error_threshold", "correctness_scope"),
     *("fp8_scaling", "output_dtype", "quantize_ms", "sqnr_db", "rel_error_vs_bf16", "sqnr_db_vs_bf16"),
-    *("flops_convention", "speedup_vs_baseline", "speedup_reliable", "findings", "trace", "ncu_report"),
+    *("flops_convention", "speedup_vs_baseline", "speedup_reliable", "speedup_vs_dtype", "findings", "trace"),
+    "ncu_report",
     *("ncu_note", "comm_kernels_per_forward", "comm_time_us", "comm_overlap_pct", "comm_exposed_us"),
     *("rank", "local_rank", "world_size", "hostname", "gpu", "ncu_seconds"),
 )
