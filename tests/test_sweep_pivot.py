@@ -120,3 +120,21 @@ def test_the_sweep_command_prints_the_pivot_and_per_point_prints_every_table(cli
     assert per_point.exit_code == 0, per_point.output
     assert "== 1x2x32x16 fp32 causal fwd on cpu, speed-up vs sdpa-math" in per_point.stdout
     assert "== 1x2x48x16 fp32 causal fwd on cpu, speed-up vs sdpa-math" in per_point.stdout
+
+
+def test_a_dtype_sweeps_tables_leave_out_the_variants_of_the_other_dtype() -> None:
+    from attnprof.report.sweep_tables import pivot_cells
+    from attnprof.results.schema import Row
+
+    def row(variant: str, seq: int, status: str = "ok") -> Row:
+        return Row(variant=variant, dtype="fp8", device="cuda:0", batch=1, heads=8, seq=seq, head_dim=128,
+                   causal=True, mode="fwd", shape=f"1x8x{seq}x128", status=status,
+                   latency_us=100.0 if status == "ok" else None)
+
+    other = "skipped: needs dtype bf16/fp16/fp32 (got fp8)"
+    group = [row("sdpa-cudnn", 1024, other), row("cudnn-fe-fp8", 1024), row("sdpa-cudnn", 2048, other),
+             row("cudnn-fe-fp8", 2048), row("sdpa-cuda", 1024, "skipped: needs CUDA")]
+    _headers, body = pivot_cells(group, "seq")
+    assert [line[0] for line in body] == ["cudnn-fe-fp8", "sdpa-cuda"]  # a skip for another reason stays
+    only_other = [r for r in group if r.variant == "sdpa-cudnn"]
+    assert [line[0] for line in pivot_cells(only_other, "seq")[1]] == ["sdpa-cudnn"]  # never an empty table

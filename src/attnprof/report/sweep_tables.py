@@ -5,7 +5,8 @@ once per variant. Formatting only.
 A cell reads `1,343 (3.23x)`: the median latency in µs and the speed-up against the baseline at that
 point (`~3.2x?` when unreliable, see `tables.UNRELIABLE`). Without a latency in the group (`--no-timing`)
 the cell holds the time the speed-up is computed from instead, GPU µs, else CPU µs, and the title says
-which. A row that did not run shows its status word; the reasons follow as bullets.
+which. A row that did not run shows its status word; the reasons follow as bullets. A variant whose every row in
+a table was skipped for its dtype (a dtype sweep's bf16 variants in the fp8 table) is left out of that table.
 """
 
 from __future__ import annotations
@@ -148,10 +149,17 @@ def pivot_cells(group: list[Row], pivot: str) -> tuple[list[str], list[list[str]
     body = []
     for variant in dict.fromkeys(variant_label(row, group) for row in group):
         mine = [row for row in group if variant_label(row, group) == variant]
+        if all(other_dtype(row) for row in mine) and not all(other_dtype(row) for row in group):
+            continue  # a variant of another dtype (a dtype sweep's bf16 ones in its fp8 table): the bullets say so
         at = {_hashable(axis(row, pivot)): row for row in mine}
         body.append([variant] + [_cell(at.get(v), basis) for v in values] + [_problem_ids(mine)])
     label = pivot.replace("_", " ")
     return ["variant"] + [f"{label} {_axis_text(v)}" for v in values] + ["findings"], body
+
+
+def other_dtype(row: Row) -> bool:
+    """True for a row skipped because its variant runs other dtypes (`needs dtype ...`)."""
+    return row.status.startswith("skipped: needs dtype ")
 
 
 def pivot_table(group: list[Row], pivot: str, fmt: str, width: int | None) -> str:
