@@ -17,6 +17,8 @@ from attnprof.analysis.recreate import IS_CAUSAL, RecordedOp, Replay, fix_plans,
 from attnprof.pipeline.fixes import FixTiming, judged, replay_call, time_fixes
 
 DENSE_MASK_H200 = Path(__file__).parent / "data" / "h200" / "masks" / "dense-mask.json.gz"
+#: A GPT-2-style model in plain user code on the H200, its causal mask a dense boolean given to SDPA (fixes/capture.py)
+GPT2_DENSE_MASK = Path(__file__).parent / "data" / "h200" / "fixes" / "gpt2-dense-mask.json.gz"
 BATCH, HEADS, SEQ = 2, 4, 128
 BUDGET = "4"  # seconds for all the timings of one trace: enough for the few calls of these traces
 
@@ -158,6 +160,20 @@ def test_the_h200_dense_mask_is_recreated_with_is_causal_and_a_block_mask_as_its
     assert causal.dims[3] == () and causal.types[3] == "" and causal.concrete[5] == "True"
     assert causal.dims[:3] == traced.dims[:3]
     assert alternatives["flex BlockMask"].flex
+
+
+def test_a_hand_written_gpt2_s_boolean_mask_is_planned_once_for_its_four_layers():
+    """User code, not attnprof: its region is its own `step`; the four layers' calls share one shape, so one piece."""
+    trace = load_trace(GPT2_DENSE_MASK, every_concrete_input=True)
+    analysis = analyze_trace(trace)
+    assert (analysis.region, analysis.forwards) == ("step", 3)
+    assert analysis.attention.calls_per_forward == 4 and analysis.attention.backends == {"cudnn": 4}
+    (plan,) = fix_plans(analysis, trace, cuda=True)
+    assert plan.finding == "dense-mask"
+    (piece,) = plan.pieces
+    (traced,) = piece.before.ops
+    assert traced.dims[:4] == ((4, 12, 1024, 64),) * 3 + ((1024, 1024),) and traced.types[3] == "bool"
+    assert set(dict(piece.alternatives)) == {IS_CAUSAL, "flex BlockMask"}
 
 
 def test_a_replayed_sdpa_takes_its_keyword_only_inputs_by_name():
