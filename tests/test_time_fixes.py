@@ -6,6 +6,7 @@ recorded shapes, or for a CUDA trace on this machine, the finding says how to ge
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from profiled import capture_cpu
 
 from attnprof.analysis import analyze_trace, load_trace
 from attnprof.analysis.findings import FINDINGS, Finding, FixNotTimed, TimedFix, Verdict, judge
-from attnprof.analysis.recreate import IS_CAUSAL, RecordedOp, Replay, fix_plans, parse_concrete
+from attnprof.analysis.recreate import IS_CAUSAL, RecordedOp, Replay, fix_plans, known_refusal, parse_concrete
 from attnprof.pipeline.fixes import FixTiming, judged, replay_call, time_fixes
 
 DENSE_MASK_H200 = Path(__file__).parent / "data" / "h200" / "masks" / "dense-mask.json.gz"
@@ -174,6 +175,22 @@ def test_a_hand_written_gpt2_s_boolean_mask_is_planned_once_for_its_four_layers(
     (traced,) = piece.before.ops
     assert traced.dims[:4] == ((4, 12, 1024, 64),) * 3 + ((1024, 1024),) and traced.types[3] == "bool"
     assert set(dict(piece.alternatives)) == {IS_CAUSAL, "flex BlockMask"}
+
+
+def test_torch_s_flash_backend_is_not_asked_to_take_a_dense_mask_on_cuda():
+    """It would refuse with torch's own warnings on stderr; the fix's evidence says why it was left out instead."""
+    from attnprof.pipeline.fixes import _Timer
+
+    qkv = ((4, 12, 1024, 64),) * 3
+    types = ("c10::BFloat16",) * 3 + ("bool", "Scalar", "Scalar", "", "Scalar")
+    masked = RecordedOp("aten::scaled_dot_product_attention", (*qkv, (1024, 1024), (), (), (), ()), types, ("",) * 8)
+    causal = replace(masked, dims=(*qkv, (), (), (), (), ()))
+    assert "takes no attn_mask" in known_refusal(Replay((masked,), "flash"), cuda=True)
+    assert known_refusal(Replay((masked,), "flash"), cuda=False) is None  # the CPU's flash path takes masks
+    assert known_refusal(Replay((causal,), "flash"), cuda=True) is None
+    assert known_refusal(Replay((masked,), "cudnn"), cuda=True) is None
+    timer = _Timer("cuda", budget_s=1.0, planned=1)
+    assert "takes no attn_mask" in timer.time(Replay((masked,), "flash")) and timer.count == 0  # never run
 
 
 def test_a_replayed_sdpa_takes_its_keyword_only_inputs_by_name():

@@ -157,6 +157,15 @@ class Replay:
     flex: bool = False
 
 
+def known_refusal(replay: Replay, cuda: bool) -> str | None:
+    """Why torch refuses `replay`, where its recorded inputs alone say so (None: not known): on CUDA, SDPA's
+    flash backend takes no attn_mask, and a refused call would only print torch's own warnings."""
+    masked = any(op.name == SDPA_OP and len(op.dims) > 3 and op.dims[3] != () for op in replay.ops)
+    if cuda and replay.backend == "flash" and masked:
+        return "takes no attn_mask (torch's flash backend; the call passes a dense mask)"
+    return None
+
+
 @dataclass(frozen=True)
 class Piece:
     """One distinct call (GEMM, conversion) a finding names, run `count` times per instance: the work as

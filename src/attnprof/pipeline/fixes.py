@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnprof.analysis.findings import FixNotTimed, TimedFix, Verdict, judge
-from attnprof.analysis.recreate import FixPlan, RecordedOp, Replay, fix_plans, parse_concrete
+from attnprof.analysis.recreate import FixPlan, RecordedOp, Replay, fix_plans, known_refusal, parse_concrete
 from attnprof.errors import AttnprofError, one_line
 from attnprof.profiling.contention import CpuShare, is_contended
 
@@ -184,6 +184,9 @@ class _Timer:
         return self.seen[replay]
 
     def _timed(self, replay: Replay) -> float | str:
+        refusal = known_refusal(replay, self.device.startswith("cuda"))
+        if refusal is not None:
+            return refusal
         import torch
 
         from attnprof.profiling.timing import TimingOptions, time_forward
