@@ -29,8 +29,10 @@ from attnprof.analysis.findings.judge import (
     net_of_recording,
     saved_by,
     settle_cpu_bound,
+    settle_gpu_idle,
     weigh_dense_mask,
 )
+from attnprof.analysis.findings.registry import HostDevice
 from attnprof.model_spec import ModelSpec
 from attnprof.pipeline.measured import CellResult
 from attnprof.registry import RunSpec
@@ -51,6 +53,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
     assert JUDGE_RULES == (
         flag_contention,
         settle_cpu_bound,
+        settle_gpu_idle,
         net_of_recording,
         weigh_dense_mask,
         apply_timed_fixes,
@@ -73,7 +76,7 @@ class _Analysis:
     """What a row's verdict reads of a TraceAnalysis."""
 
     def __init__(self, findings, gpu_time_us):
-        self.findings, self.gpu_time_us, self.kernels = findings, gpu_time_us, []
+        self.findings, self.gpu_time_us, self.kernels, self.per_forward = findings, gpu_time_us, [], []
         self.device, self.attention, self.input_dtype = None, None, None  # a model row's attainable reference
 
 
@@ -103,6 +106,50 @@ def test_cpu_bound_is_settled_by_the_unprofiled_latency(latency, settled, row) -
         assert found.evidence == {"latency_us": 130.0, "gpu_time_us": 126.9, "margin": 1.1, "settled": True}
     else:
         assert found is CPU_BOUND
+
+
+#: gpu-idle on a 1.1B Llama at seq 2048 under the profiler (the H200, 2026-12-03): its work spanned 40,401.7 us
+GPU_IDLE = Finding("gpu-idle", "The GPU sat idle 29,693.5 us of the 40,401.7 us it spanned.", "problem", 29693.5, 72.9)
+LLAMA = HostDevice(cpu_work_us=39800.0, sync_wait_us=16.8, gpu_busy_us=10708.2, gpu_span_us=40401.7)
+
+
+@pytest.mark.parametrize(
+    ("latency", "severity", "impact"),
+    [
+        (26318.0, "problem", 15609.8),  # sdpa's latency: idle 59% of it, more than half
+        (18615.0, "info", None),  # triton-flash's: idle 42%, not more than half
+        (60000.0, "problem", 29693.5),  # slower than the profiled span: the trace's idle time stands
+    ],
+)
+def test_gpu_idle_is_at_most_the_unprofiled_latency_less_the_gpu_s_busy_time(latency, severity, impact) -> None:
+    (found,) = settle_gpu_idle([GPU_IDLE], Verdict(latency_us=latency, host_device=LLAMA))
+    assert found.severity == severity and found.impact_us == pytest.approx(impact)
+    if latency < GPU_IDLE.impact_us:
+        assert found.evidence["unprofiled_idle_us"] == pytest.approx(latency - LLAMA.gpu_busy_us)
+        assert f"a forward takes {latency:,.1f} us" in found.message
+        assert (found.impact_pct is None) == (severity == "info")
+        if found.impact_pct is not None:
+            assert found.impact_pct == pytest.approx(100 * impact / latency)
+    else:
+        assert found == GPU_IDLE
+    assert settle_gpu_idle([GPU_IDLE], Verdict(host_device=LLAMA)) == [GPU_IDLE]  # no latency: it stands
+    assert settle_gpu_idle([GPU_IDLE], Verdict(latency_us=latency)) == [GPU_IDLE]  # no device work: it stands
+
+
+@pytest.mark.parametrize(("latency", "severity"), [(2000.0, "info"), (5000.0, "problem")])
+def test_a_model_row_s_gpu_idle_is_judged_against_its_latency(latency, severity) -> None:
+    """A 2-layer Llama on the H200 (tests/data/h200/model): under the profiler the GPU sat idle 4,635 us of each
+    forward; the row's latency bounds that by the GPU's busy time from the same trace."""
+    trace = H200 / "model" / "llama2l-sdpa.json.gz"
+    result = CellResult("sdpa", "built-in", ModelSpec("llama", "sdpa", 1, 128, "fwd", "bf16", "cuda"))
+    result.analysis = analyze_trace(trace)
+    traced = next(f for f in result.analysis.findings if f.id == "gpu-idle")
+    with patch.object(type(result), "latency_us", property(lambda self: latency)):
+        found = next(f for f in result.findings if f.id == "gpu-idle")
+    busy = found.evidence["gpu_busy_us"]
+    assert 1000 < busy < 2000 and traced.impact_us > latency - busy
+    assert found.severity == severity and found.evidence["unprofiled_idle_us"] == pytest.approx(latency - busy)
+    assert found.impact_us == (pytest.approx(latency - busy) if severity == "problem" else None)
 
 
 def test_cpu_bound_stands_without_a_latency_or_a_device_time() -> None:

@@ -18,8 +18,8 @@ from attnprof.analysis.recreate import IS_CAUSAL, RecordedOp, Replay, fix_plans,
 from attnprof.pipeline.fixes import FixTiming, judged, replay_call, time_fixes
 
 DENSE_MASK_H200 = Path(__file__).parent / "data" / "h200" / "masks" / "dense-mask.json.gz"
-#: A GPT-2-style model in plain user code on the H200, its causal mask a dense boolean given to SDPA (fixes/capture.py)
-GPT2_DENSE_MASK = Path(__file__).parent / "data" / "h200" / "fixes" / "gpt2-dense-mask.json.gz"
+#: A GPT-2-style model in plain user code on the H200, its causal mask a dense boolean given to SDPA
+GPT2_DENSE_MASK = Path(__file__).parent / "data" / "h200-fixes" / "gpt2-dense-mask.json.gz"
 BATCH, HEADS, SEQ = 2, 4, 128
 BUDGET = "4"  # seconds for all the timings of one trace: enough for the few calls of these traces
 

@@ -210,6 +210,7 @@ def row_verdict(
     shipped table of the best known rates by shape (`analysis.attainable`); a cell against its run's fastest
     variant, after the run (`pipeline.best_known`)."""
     from attnprof.analysis.findings import Counted, Verdict
+    from attnprof.analysis.findings.registry import host_device_of
 
     analysis = result.analysis
     kernels = analysis.kernels if analysis is not None else []
@@ -231,6 +232,7 @@ def row_verdict(
         counters=Counted.of(result.counters, kernels) if result.counters is not None else None,
         gpu_health=result.timing.gpu_health if result.timing is not None else None,
         timed=timed(result),
+        host_device=host_device_of(analysis.per_forward) if analysis is not None else None,
         **against,
         timed_fixes=result.fixes.timed if result.fixes is not None else (),
         untimed_fixes=result.fixes.untimed if result.fixes is not None else (),

@@ -11,6 +11,7 @@ merges a finding. Each step is a judge rule, a function `(findings, verdict) -> 
   CPU (everything timed without the profiler rests on it);
 - `settle_cpu_bound`: `cpu-bound` against the unprofiled latency (the profiler's own recording is
   host time too);
+- `settle_gpu_idle`: `gpu-idle` at most the unprofiled latency less the GPU's busy time;
 - `net_of_recording`: `cpu-bound` and `gpu-idle` net of the profiler's own recording, its cost per op
   calibrated on this machine (`analyze` of a trace timed by nothing else);
 - `weigh_dense_mask`: `dense-mask` with the alternatives measured at the same shape and what the
@@ -197,6 +198,38 @@ def settle_cpu_bound(findings: list[Finding], verdict: Verdict) -> list[Finding]
     return _replaced(findings, CPU_BOUND, settle)
 
 
+def settle_gpu_idle(findings: list[Finding], verdict: Verdict) -> list[Finding]:
+    """`gpu-idle` measures the idle time inside the span of the GPU's work under the profiler, whose own
+    recording stretches the host's share of it. Timed without the profiler, an instance leaves the GPU idle
+    at most its latency less the GPU's busy time (`verdict.host_device`): where the profiled idle time is
+    longer, that bound is the finding's impact, or it becomes `info` without impact when the bound is not
+    more than `GPU_IDLE_SHARE` of the latency. Without a latency or device work it stands."""
+    latency, facts = verdict.latency_us, verdict.host_device
+    if not latency or facts is None:
+        return findings
+    idle = max(latency - facts.gpu_busy_us, 0.0)
+    share = idle / latency
+
+    def settle(finding: Finding) -> Finding:
+        if finding.impact_us is None or finding.impact_us <= idle:
+            return finding
+        message = (
+            f"{finding.message} Timed without the profiler, though, a {verdict.unit} takes {us(latency)}: beside "
+            f"the GPU's {us(facts.gpu_busy_us)} of work it sits idle at most {us(idle)}, {share:.0%}"
+        )
+        evidence = finding.evidence | numbers(
+            latency_us=latency, gpu_busy_us=facts.gpu_busy_us, unprofiled_idle_us=idle, settled=True
+        )
+        if share <= GPU_IDLE_SHARE:
+            message += f", not more than {GPU_IDLE_SHARE:.0%}: the idle time above is the profiled run's."
+            return replace(
+                finding, message=message, severity="info", impact_us=None, impact_pct=None, evidence=evidence
+            )
+        return replace(finding, message=message + ".", impact_us=idle, impact_pct=100.0 * share, evidence=evidence)
+
+    return _replaced(findings, GPU_IDLE, settle)
+
+
 def _netted(finding: Finding, note: str, evidence: Numbers, impact_us: float | None) -> Finding:
     """`finding` with `note` after its message and `evidence`: `info` without impact when `impact_us` is None,
     else a problem of that impact (its percentage scaled alike)."""
@@ -236,7 +269,7 @@ def net_of_recording(findings: list[Finding], verdict: Verdict) -> list[Finding]
 
     def gpu_idle(finding: Finding) -> Finding:
         facts, idle = verdict.host_device, finding.impact_us
-        if facts is None or idle is None or finding.evidence.get("net_idle_us") is not None:
+        if facts is None or idle is None or finding.evidence.get("settled") or "net_idle_us" in finding.evidence:
             return finding
         host = facts.cpu_work_us
         part = min(recording.part_us(host), idle)  # the GPU waited on the recording at most all its idle time
@@ -357,6 +390,7 @@ def drop_by_design(findings: list[Finding], verdict: Verdict) -> list[Finding]:
 JUDGE_RULES: tuple[JudgeRule, ...] = (
     flag_contention,
     settle_cpu_bound,
+    settle_gpu_idle,
     net_of_recording,
     weigh_dense_mask,
     apply_timed_fixes,

@@ -130,8 +130,10 @@ def _gap_text(gap: Gap) -> str:
     message gives the typical instance's idle time and span, and its largest gaps: how long, after which
     kernel, and which CPU ops ran meanwhile, which points at the Python code, the synchronisation or the
     data loading that held the CPU. In analyze, with the profiler's cost per op calibrated (--calibrate-profiler),
-    the idle time is judged net of the profiler's own recording, which held the CPU too. Remove syncs (see
-    host-sync), move work off the forward's critical path,
+    the idle time is judged net of the profiler's own recording, which held the CPU too. In run, compare, sweep
+    and model the latency timed without the profiler bounds it: the GPU can have sat idle at most that latency
+    less its busy time, which becomes the impact (info when it is not more than {GPU_IDLE_SHARE:.0%} of the
+    latency). Remove syncs (see host-sync), move work off the forward's critical path,
     launch fewer kernels (a fused kernel, torch.compile), or replay the launches with CUDA graphs.
     """,
     impact=_idle,

@@ -22,7 +22,7 @@ import difflib
 import functools
 import inspect
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -125,6 +125,19 @@ class HostDevice:
         return self.cpu_work_us > self.gpu_busy_us
 
 
+def host_device_of(per_forward: Sequence[ForwardMetrics]) -> HostDevice | None:
+    """The CPU against the GPU over these instances (see `HostDevice`); None without device work."""
+    pairs = [(m, m.stalls) for m in per_forward if m.stalls is not None and m.stalls.span_us > 0]
+    if not pairs:
+        return None
+    return HostDevice(
+        median([m.cpu_work_us - s.sync_wait_us for m, s in pairs]),
+        median([s.sync_wait_us for _, s in pairs]),
+        median([s.busy_us for _, s in pairs]),
+        median([s.span_us for _, s in pairs]),
+    )
+
+
 class GpuHealthReading(Protocol):
     """The GPU over a cell's timed calls, as the gpu-health findings read it (`profiling.gpu_health.GpuHealth`
     is one): NVML samples taken, those in which the GPU was idle, the SM clock's median and lowest (MHz, over
@@ -221,15 +234,7 @@ class FindingContext:
 
     @functools.cached_property
     def _host_device(self) -> HostDevice | None:
-        pairs = [(m, m.stalls) for m in self.per_forward if m.stalls is not None and m.stalls.span_us > 0]
-        if not pairs:
-            return None
-        return HostDevice(
-            median([m.cpu_work_us - s.sync_wait_us for m, s in pairs]),
-            median([s.sync_wait_us for _, s in pairs]),
-            median([s.busy_us for _, s in pairs]),
-            median([s.span_us for _, s in pairs]),
-        )
+        return host_device_of(self.per_forward)
 
     def host_bound(self) -> bool | None:
         """True when the CPU bounds an instance (the cpu-bound test), False when the GPU does, None

@@ -10,9 +10,9 @@ Plain user code, not attnprof: 4 blocks (LayerNorm, fused QKV projection, attent
 d_model 768, 12 heads of 64, batch 4, 1,024 tokens, bf16, forward only under torch.no_grad(); record_shapes=True,
 schedule(wait=1, warmup=1, active=3), each step inside record_function("step").
 
-Run on the H200 from the project root:  OUT=tests/data/h200/fixes python3 tests/data/h200/fixes/capture.py
-then:  attnprof analyze tests/data/h200/fixes/gpt2-unfused.json.gz --time-fixes
-       attnprof analyze tests/data/h200/fixes/gpt2-dense-mask.json.gz --time-fixes
+Run on the H200 from the project root:  OUT=tests/data/h200-fixes python3 tests/data/h200-fixes/capture.py
+then:  attnprof analyze tests/data/h200-fixes/gpt2-unfused.json.gz --time-fixes
+       attnprof analyze tests/data/h200-fixes/gpt2-dense-mask.json.gz --time-fixes
 
 Not a test: pytest does not collect it.
 """
