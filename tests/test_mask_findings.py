@@ -9,6 +9,7 @@ import pytest
 from tracegen import BF16, CUDNN, FILL, WHERE, TraceBuilder, build, fused_forward, math_forward
 
 from attnprof.analysis import analyze_trace
+from attnprof.analysis.findings.masks import _numbered
 
 DATA = Path(__file__).parent / "data" / "h200"
 MASKS = DATA / "masks"
@@ -45,6 +46,19 @@ def test_dense_mask_on_the_real_dense_mask_trace(real):
     assert "converting it takes 12.5 us per forward" in text
     assert "vectorized_elementwise_kernel<FillFunctor> x2, elementwise_kernel<where_kernel_impl>" in text
     assert "beside the attention's own 401.9 us" in text and "is_causal=True" in text
+
+
+def test_dense_mask_names_a_model_s_alike_calls_once():
+    """A GPT-2 written by hand (tests/data/h200-fixes): its four layers' calls alike, named together."""
+    text = message(analyze_trace(DATA.parent / "h200-fixes" / "gpt2-dense-mask.json.gz"), "dense-mask")
+    assert text.startswith("Every forward passes a dense mask to scaled_dot_product_attention: calls 1-4 (cudnn) each "
+                           "got a boolean mask (per its Input type); converting each takes 5.7 us per forward")
+    assert "beside each call's own 58.2 us." in text and "call 2" not in text and "more" not in text
+
+
+@pytest.mark.parametrize(("positions", "text"), [([0, 1, 2, 3], "1-4"), ([0, 2, 4], "1, 3 and 5"), ([1, 2], "2-3")])
+def test_call_numbers_read_as_a_range_or_a_list(positions, text):
+    assert _numbered(positions) == text
 
 
 def test_mask_build_on_the_real_rebuilt_block_mask(real):

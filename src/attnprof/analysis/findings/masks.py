@@ -106,27 +106,13 @@ def _dense_mask_rule(ctx: FindingContext) -> str | None:
             found.setdefault(k, []).append(call)
     if not found:
         return None
-    unit = ctx.unit
-    parts = []
-    for k in sorted(found)[:SHOWN]:
-        calls = found[k]
-        call = calls[0]
-        given = (
-            f"a {_mask_label(call.mask_type)} mask (per its Input type)"
-            if call.mask_type
-            else "a boolean mask (its where kernel converts it; the trace has no Input type)"
-        )
-        text = f"call {k + 1} ({call.backend}) got {given}"
-        prep = median([c.prep_time_us for c in calls])
-        own = median([c.time_us - c.prep_time_us for c in calls])
-        if call.prep_ids:
-            kernels = _counted([short_kernel_name(call.names[n]) for n in call.prep_ids])
-            text += f"; converting it takes {us(prep)} per {unit} ({kernels}) beside the attention's own {us(own)}"
-        else:
-            text += f"; the call takes {us(own)} per {unit}"
-        parts.append(text)
-    if len(found) > SHOWN:
-        parts.append(f"and {len(found) - SHOWN} more")
+    groups: dict[tuple[object, ...], list[int]] = {}  # calls alike (the layers of a model): one part
+    for k in sorted(found):
+        first = found[k][0]
+        groups.setdefault((first.backend, first.mask_type, first.prep_ids), []).append(k)
+    parts = [_dense_mask_part(positions, found, ctx.unit) for positions in list(groups.values())[:SHOWN]]
+    if len(groups) > SHOWN:
+        parts.append(f"and {sum(len(p) for p in list(groups.values())[SHOWN:])} more")
     verb = "passes" if with_mask == len(ctx.per_forward) else "pass"
     return (
         f"{ctx.every(with_mask).capitalize()} {verb} a dense mask to scaled_dot_product_attention: "
@@ -134,6 +120,35 @@ def _dense_mask_rule(ctx: FindingContext) -> str | None:
         + ". The fused kernel reads the mask and computes every query x key block, masked or not; "
         "is_causal=True or a BlockMask (FlexAttention) skips the empty ones."
     )
+
+
+def _dense_mask_part(positions: list[int], found: dict[int, list[CallFacts]], unit: str) -> str:
+    """What the calls at `positions` (alike: backend, mask type and conversion kernels) got and what it cost."""
+    calls = [c for k in positions for c in found[k]]
+    call = calls[0]
+    given = (
+        f"a {_mask_label(call.mask_type)} mask (per its Input type)"
+        if call.mask_type
+        else "a boolean mask (its where kernel converts it; the trace has no Input type)"
+    )
+    one = len(positions) == 1
+    text = f"call {positions[0] + 1}" if one else f"calls {_numbered(positions)}"
+    text += f" ({call.backend}) got {given}" if one else f" ({call.backend}) each got {given}"
+    prep = median([c.prep_time_us for c in calls])
+    own = median([c.time_us - c.prep_time_us for c in calls])
+    if call.prep_ids:
+        kernels = _counted([short_kernel_name(call.names[n]) for n in call.prep_ids])
+        converting, beside = ("converting it", "the attention's own") if one else ("converting each", "each call's own")
+        return text + f"; {converting} takes {us(prep)} per {unit} ({kernels}) beside {beside} {us(own)}"
+    return text + (f"; the call takes {us(own)} per {unit}" if one else f"; each call takes {us(own)} per {unit}")
+
+
+def _numbered(positions: list[int]) -> str:
+    """Call numbers (positions + 1): "1-4" when consecutive, else "1, 3 and 5"."""
+    numbers = [p + 1 for p in positions]
+    if numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
 
 
 def _build_text(kind: str, builds: list[MaskBuild]) -> str:
