@@ -61,6 +61,8 @@ def test_sdpa_eager_and_triton_flash_inside_a_llama(cli, llama_2l, triton_flash)
         assert row["device"].startswith("cuda") and row["dtype"] == "bf16"
         assert row["kernels_per_forward"] > 0 and row["gpu_time_us"] > 0 and row["peak_memory_mib"] > 0
         assert 0 < row["latency_us"] and row["timing_method"].startswith("CUDA events")
+        for idle in (f for f in row["findings"] if f["id"] == "gpu-idle" and f["impact_us"] is not None):
+            assert idle["impact_us"] <= row["latency_us"], idle  # bounded by the forward timed without the profiler
     # labelled by the variant's name (transformers is given attnprof:triton-FLASH: "flash" would send it to the Hub)
     assert rows["triton-flash"]["implementation"] == "attnprof:triton-flash"
     # the implementation that served the calls, from the kernels' names
