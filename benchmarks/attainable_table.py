@@ -25,6 +25,8 @@ Each trace is analysed as `attnprof analyze` does it; each forward attention cal
 its key and its rates over its device time, and the fastest call per key is kept. The header takes the GPU,
 torch, cuDNN, the measured ceilings and the date from RESULTS.json, a results file of a run on that machine,
 and says in `note` which traces it was built from.
+`--runs-dir DIR` keeps each shape's compare output (results.json and traces) in its own folder under DIR, so the
+grid's results can be checked in and the table rebuilt from them with `--from`.
 `--max-seconds` stops starting new shapes once the grid has run that long (the header says so).
 Progress goes to stderr, one line per cell.
 """
@@ -191,7 +193,8 @@ def measure(args: argparse.Namespace) -> Any:
     started = time.perf_counter()
     entries, ceiling, stopped, device = [], None, None, args.device
     plan = [(phase, shape) for phase in phases for shape in grid(args.device, args.quick, phase)]
-    with tempfile.TemporaryDirectory(prefix="attainable-") as runs:
+    with tempfile.TemporaryDirectory(prefix="attainable-") as scratch:
+        runs = args.runs_dir or Path(scratch)
         for index, (phase, shape) in enumerate(plan, 1):
             if args.max_seconds and time.perf_counter() - started > args.max_seconds:
                 stopped = (
@@ -206,7 +209,7 @@ def measure(args: argparse.Namespace) -> Any:
                 modes=[phase],
                 variants=names,
                 schedule=Schedule(wait=0, warmup=1, active=2),
-                output_dir=Path(runs),
+                output_dir=runs / f"{phase}-{shape.label.replace(' ', '-').replace('/', '_')}",
             )
             config, device = start_on_device(config)
             usable = [registry.get(n) for n in names]
@@ -375,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma-separated variant names (default: the fused ones)")
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of timed calls per cell (0.1)")
     parser.add_argument("--max-seconds", type=float, default=500.0, help="start no shape after this (500 s)")
+    parser.add_argument(
+        "--runs-dir", type=Path, default=None, help="keep each shape's compare output here (default: a temporary folder)"
+    )
     parser.add_argument("--from", dest="runs", type=Path, nargs="+", default=None, help="build from these runs instead")
     args = parser.parse_args(argv)
     import msgspec
