@@ -202,3 +202,23 @@ def test_kernel_gbps_gives_way_first_so_a_fitted_compare_is_as_before() -> None:
     ).replace("peak MiB (no room at 120 columns)", "kernel GB/s, peak MiB (no room at 120 columns)")
     assert "kernel GB/s" not in with_column.splitlines()[3] and "4,321" not in with_column
     assert "4,321" in compare_report(filled, "table", "sdpa-math", None)
+
+
+def test_a_cell_whose_ledger_has_no_bytes_divides_its_own_bytes_by_the_kernel_time() -> None:
+    """The H200 trace at the blog shape has no recorded shapes, so its ledger has no bytes (as a Triton kernel
+    under its own op has none): the row's `kernel_gbps` is then the cell's bytes, those its latency figure
+    divides, over the attention calls' device time, beside `kernel_tflops` over the same time."""
+    from attnprof.analysis.roofline import bytes_moved
+
+    result = cudnn_result()
+    assert result.analysis.attention.achieved_gbps is None
+    nbytes = bytes_moved(BLOG)
+    result.throughput = replace(result.throughput, bytes_moved=nbytes, peak_read_gbps=4626.0)
+    row = cell_row(result)
+    assert row.kernel_gbps == pytest.approx(nbytes / 58.432e-6 / 1e9)
+    assert row.kernel_pct_of_read_bandwidth == pytest.approx(100 * row.kernel_gbps / 4626.0, abs=1e-3)
+    assert row.kernel_gbps / (nbytes / 76.9e-6 / 1e9) == pytest.approx(76.9 / 58.432)  # latency against kernels
+    result.throughput = replace(result.throughput, bytes_moved=None)
+    assert cell_row(result).kernel_gbps is None  # no bytes: no figure
+    result.throughput = replace(result.throughput, bytes_moved=nbytes, peak_read_gbps=None)
+    assert cell_row(result).kernel_pct_of_read_bandwidth is None and cell_row(result).kernel_gbps is not None

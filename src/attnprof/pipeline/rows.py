@@ -169,7 +169,27 @@ def _shared_fields(result: CellResult) -> dict[str, Any]:
         **_timing_fields(result),
         **_health_fields(result),
         **_trace_fields(result.analysis, record),
+        **_kernel_bandwidth(result),
     }
+
+
+def _kernel_bandwidth(result: CellResult) -> dict[str, Any]:
+    """`kernel_gbps` of a cell whose ledger has no bytes of its own (its call's recorded inputs are not Q, K and
+    V, as with a Triton kernel under its own op): the cell's bytes (those of `achieved_gbps`) over the attention
+    calls' device time per step, beside `kernel_tflops` over the same time, with its % of the run's read ceiling.
+    {} where the ledger has bytes (its figure stands) or `kernel_tflops` is None."""
+    from attnprof.analysis.instance.ledger import gbps
+
+    ledger = result.analysis.attention if result.analysis is not None else None
+    rates = result.throughput
+    if ledger is None or ledger.achieved_gbps is not None or result.kernel_tflops is None:
+        return {}
+    if rates is None or not rates.bytes_moved:
+        return {}
+    found = gbps(int(rates.bytes_moved), ledger.kernel_time_us)
+    peak = rates.peak_read_gbps
+    pct = _r3(min(100.0, 100.0 * found / peak)) if found is not None and peak else None
+    return {"kernel_gbps": found, "kernel_pct_of_read_bandwidth": pct}
 
 
 def cell_row(result: CellResult) -> Row:
