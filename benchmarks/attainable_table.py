@@ -17,16 +17,21 @@ Usage (on the H200, from the repo root; each call within the device's 10-minute 
     python3 benchmarks/attainable_table.py --phase bwd --merge --out src/attnprof/data/attainable-h200.json
 `--quick` runs three shapes (a minute or so); `--device cpu` a tiny fp32 grid (what the CPU test runs).
 
-Without a GPU at hand, `--from-traces DIR_OR_FILE... --environment RESULTS.json` builds the table from traces
-attnprof already wrote on that GPU (what the shipped table is, until a grid run replaces it):
-    python3 benchmarks/attainable_table.py --out src/attnprof/data/attainable-h200.json \
-        --from-traces tests/data/h200 --environment tests/data/h200/results/decode-kernel-gbps.json
-Each trace is analysed as `attnprof analyze` does it; each forward attention call with recorded shapes gives
-its key and its rates over its device time, and the fastest call per key is kept. The header takes the GPU,
-torch, cuDNN, the measured ceilings and the date from RESULTS.json, a results file of a run on that machine,
-and says in `note` which traces it was built from.
+Without a GPU at hand, `--from DIR_OR_FILE...` builds the table from the results files (results.json) and
+traces attnprof already wrote on that GPU:
+    python3 benchmarks/attainable_table.py --out TABLE.json --from tests/data/h200
+Each ok row of a fused variant gives its kernel figures. Each trace is analysed as `attnprof analyze` does it;
+each forward attention call with recorded shapes gives its key and its rates over its device time. The fastest
+per key is kept. The header takes the GPU,
+torch, cuDNN, the measured ceilings and the date from the latest results file with both ceilings, and says in
+`note` what it was built from.
 `--runs-dir DIR` keeps each shape's compare output (results.json and traces) in its own folder under DIR, so the
 grid's results can be checked in and the table rebuilt from them with `--from`.
+`--add TABLE...` adds tables that grid runs wrote elsewhere (the GPU machine) to `--out`'s, or to what `--from`
+builds; where two entries share a shape, the faster is kept. The shipped H200 table is built so, from checked-in
+files only (tests/data/h200-grid holds the grid runs' tables):
+    python3 benchmarks/attainable_table.py --out src/attnprof/data/attainable-h200.json --from tests/data/h200 \
+        --add tests/data/h200-grid/attainable-bwd.json tests/data/h200-grid/attainable-fwd.json
 `--max-seconds` stops starting new shapes once the grid has run that long (the header says so).
 Progress goes to stderr, one line per cell.
 """
@@ -367,6 +372,37 @@ def from_runs(paths: list[Path]) -> Any:
     return AttainableTable(header=header, entries=entries)
 
 
+def _described(table: Any) -> str:
+    """Where a table's entries come from, in a few words: its note when it was built from runs, else its grid."""
+    head = table.header
+    phases = "/".join(dict.fromkeys(e.phase for e in table.entries))
+    if head.note and head.note.startswith("built from"):
+        return f"{len(table.entries)} shapes {head.note.removesuffix(', not a grid run: only the shapes they hold')}"
+    took = f", {head.seconds:.0f} s" if head.seconds is not None else ""
+    short = f"; {head.note}" if head.note else ""
+    return f"{len(table.entries)} shapes from a {phases} grid run on {head.date} at {head.commit}{took}{short}"
+
+
+def add_tables(base: Any, added: list[Any]) -> Any:
+    """`base` with the entries of the `added` tables (grid runs written elsewhere, e.g. on the GPU machine),
+    keeping the faster entry (kernel TFLOP/s) where two share a shape key. The header is the last added table's
+    (its GPU, ceilings, versions, date and commit), without a time; its note says where each part came from."""
+    import msgspec
+
+    from attnprof.analysis.attainable import AttainableTable
+
+    best: dict[Any, Any] = {}
+    for entry in [e for table in (base, *added) for e in table.entries]:
+        held = best.get(entry.key)
+        if held is None or (entry.tflops or 0.0) >= (held.tflops or 0.0):
+            best[entry.key] = entry
+    merged = [e for table in (base, *added) for e in table.entries if best[e.key] is e]
+    parts = [_described(t) for t in added] + ([_described(base)] if base.entries else [])
+    note = "merged, the faster entry where two share a shape: " + "; ".join(parts) if added else base.header.note
+    header = msgspec.structs.replace(added[-1].header if added else base.header, seconds=None, note=note)
+    return AttainableTable(header=header, entries=merged)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the table file to write")
@@ -379,16 +415,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of timed calls per cell (0.1)")
     parser.add_argument("--max-seconds", type=float, default=500.0, help="start no shape after this (500 s)")
     parser.add_argument(
-        "--runs-dir", type=Path, default=None, help="keep each shape's compare output here (default: a temporary folder)"
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="keep each shape's compare output here (default: a temporary folder)",
     )
     parser.add_argument("--from", dest="runs", type=Path, nargs="+", default=None, help="build from these runs instead")
+    parser.add_argument(
+        "--add", type=Path, nargs="+", default=None, help="add these tables (grid runs) to --out's (or --from's)"
+    )
     args = parser.parse_args(argv)
     import msgspec
 
+    from attnprof.analysis.attainable import load_table
+
     if args.runs:
         table = from_runs(args.runs)
+    elif args.add:
+        table = load_table(args.out)
     else:
         table = measure(args)
+    if args.add:
+        table = add_tables(table, [load_table(path) for path in args.add])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(msgspec.json.format(msgspec.json.encode(table), indent=2) + b"\n")
     took = f", {table.header.seconds:.0f} s" if table.header.seconds is not None else ""
