@@ -193,6 +193,32 @@ def test_torch_s_flash_backend_is_not_asked_to_take_a_dense_mask_on_cuda():
     assert "takes no attn_mask" in timer.time(Replay((masked,), "flash")) and timer.count == 0  # never run
 
 
+def test_a_refusal_s_torch_warnings_go_into_its_reason_not_stderr(monkeypatch, capsys):
+    """A backend refusing a re-created call for a reason the recorded inputs do not show: torch's warnings (its
+    backend checks, each with C++'s "Triggered internally" tail) become the reason's tail, headers left out."""
+    import warnings
+
+    from attnprof.pipeline import fixes
+
+    def refusing(replay, device):
+        warnings.warn("Flash attention kernel not used because: (Triggered internally at sdp_utils.cpp:123.)")
+        warnings.warn("Flash attention requires q, k, v to have the same head dim (Triggered internally at x.h:9.)")
+        warnings.warn("Flash attention requires q, k, v to have the same head dim (Triggered internally at x.h:9.)")
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(fixes, "replay_call", refusing)
+    qkv = ((4, 12, 1024, 64),) * 3
+    op = RecordedOp("aten::scaled_dot_product_attention", (*qkv, (), (), (), (), ()), ("c10::BFloat16",) * 3, ())
+    reason = fixes._Timer("cpu", budget_s=1.0, planned=1).time(Replay((op,), "flash"))
+    assert reason == (
+        "RuntimeError: No available kernel. Aborting execution. "
+        "(torch: Flash attention requires q, k, v to have the same head dim)"
+    )
+    assert capsys.readouterr().err == ""
+    assert fixes.with_torch_reasons("refused", []) == "refused"
+    assert fixes.with_torch_reasons("refused", ["a", "b", "c"], limit=2) == "refused (torch: a; b; and 1 more)"
+
+
 def test_a_replayed_sdpa_takes_its_keyword_only_inputs_by_name():
     """The recorded scale and enable_gqa are SDPA's keyword-only inputs: a replay with 2 key/value heads under 4
     query heads runs only when enable_gqa reaches it."""

@@ -15,7 +15,9 @@ what the budget cannot reach is named as not timed.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -199,17 +201,34 @@ class _Timer:
             warmup_min_s=min(0.01, self.share_s),
         )
         self.count += 1
-        try:
-            with torch.no_grad():
-                call = replay_call(replay, self.device)
-                window = CpuShare.start()
-                median = time_forward(call, self.device, options).median_us
-                self.shares[replay] = window.others()
-                return median
-        except AttnprofError as exc:
-            return exc.message
-        except Exception as exc:  # a backend refusing the shape, an op torch cannot run here
-            return one_line(exc)
+        with warnings.catch_warnings(record=True) as said:  # torch's reasons go into the refusal, not stderr
+            warnings.simplefilter("always")
+            try:
+                with torch.no_grad():
+                    call = replay_call(replay, self.device)
+                    window = CpuShare.start()
+                    median = time_forward(call, self.device, options).median_us
+                    self.shares[replay] = window.others()
+                    return median
+            except AttnprofError as exc:
+                return exc.message
+            except Exception as exc:  # a backend refusing the shape, an op torch cannot run here
+                return with_torch_reasons(one_line(exc), [str(w.message) for w in said])
+
+
+#: The tail torch adds to a warning raised in its C++ code.
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
+
+
+def with_torch_reasons(message: str, warned: list[str], limit: int = 2) -> str:
+    """`message` with the distinct reasons torch warned while refusing (its backend checks say why a kernel was
+    not used), first lines only, at most `limit`; `message` alone when it warned nothing."""
+    lines = [_TRIGGERED.sub("", w.strip().splitlines()[0]) for w in warned if w.strip()]
+    reasons = list(dict.fromkeys(line for line in lines if not line.endswith(":")))  # not "... not used because:"
+    if not reasons:
+        return message
+    more = f"; and {len(reasons) - limit} more" if len(reasons) > limit else ""
+    return f"{message} (torch: {'; '.join(reasons[:limit])}{more})"
 
 
 def replay_call(replay: Replay, device: str) -> Callable[[], Any]:
