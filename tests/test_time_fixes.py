@@ -201,9 +201,12 @@ def test_a_refusal_s_torch_warnings_go_into_its_reason_not_stderr(monkeypatch, c
     from attnprof.pipeline import fixes
 
     def refusing(replay, device):
-        warnings.warn("Flash attention kernel not used because: (Triggered internally at sdp_utils.cpp:123.)")
-        warnings.warn("Flash attention requires q, k, v to have the same head dim (Triggered internally at x.h:9.)")
-        warnings.warn("Flash attention requires q, k, v to have the same head dim (Triggered internally at x.h:9.)")
+        said = (
+            "Flash attention kernel not used because: (Triggered internally at sdp_utils.cpp:123.)",
+            "Flash attention requires q, k, v to have the same head dim (Triggered internally at x.h:9.)",
+        )
+        for message in (*said, said[1]):
+            warnings.warn(message, stacklevel=2)
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(fixes, "replay_call", refusing)
